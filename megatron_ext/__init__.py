@@ -1,0 +1,13 @@
+"""fixedcode: a Megatron-Core extension for LMs whose input table is a fixed code of the token id.
+
+Modules: ``codes`` (the code schemes), ``embedding`` (FixedCodeEmbedding for GPTModel),
+``model`` (the model provider), ``arguments`` (Megatron-LM flags), ``initialize`` (process
+start-up), ``cpu_backend`` (Megatron-Core on CPU for tests and the demo).
+"""
+
+import warnings
+
+# Apex is deliberately not used (Transformer Engine and torch cover the fused ops); its
+# absence is expected, not news.
+warnings.filterwarnings("ignore", message=r".*Apex (is|are) not installed")
+warnings.filterwarnings("ignore", message=r"full scope is deprecated")

@@ -1,0 +1,139 @@
+"""Command-line arguments with Megatron-LM's flag names, plus the fixed-code options.
+
+One parser serves the training entry point and the tools (parameter report, converter), so a
+flag means the same thing everywhere. Defaults are the paper's backbone: RMSNorm, SwiGLU, no
+linear biases, RoPE, untied output head; Megatron-LM's spellings of those choices
+(``--swiglu``, ``--disable-bias-linear``, ``--untie-embeddings-and-output-weights``,
+``--normalization RMSNorm``) are accepted, and each has a ``--no-...`` form.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from typing import Optional, Sequence
+
+# The reference shape of the paper (SmolLM2-1.7B-like).
+PRESETS = {
+    "smollm2-1.7b": dict(num_layers=24, hidden_size=2048, num_attention_heads=32,
+                         ffn_hidden_size=8192, seq_length=2048, max_position_embeddings=2048,
+                         vocab_size=49152, rotary_base=130000),
+}
+
+
+def add_model_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("model")
+    g.add_argument("--preset", choices=sorted(PRESETS),
+                   help="fill the model shape from a named preset (explicit flags still win)")
+    g.add_argument("--num-layers", type=int)
+    g.add_argument("--hidden-size", type=int)
+    g.add_argument("--ffn-hidden-size", type=int, help="default 4 x hidden size")
+    g.add_argument("--num-attention-heads", type=int)
+    g.add_argument("--num-query-groups", type=int, default=None,
+                   help="grouped-query attention groups (default: no GQA)")
+    g.add_argument("--seq-length", type=int)
+    g.add_argument("--max-position-embeddings", type=int, help="default --seq-length")
+    g.add_argument("--position-embedding-type", choices=["rope", "none"], default="rope")
+    g.add_argument("--rotary-base", type=int, default=10000)
+    g.add_argument("--normalization", choices=["RMSNorm", "LayerNorm"], default="RMSNorm")
+    g.add_argument("--norm-epsilon", type=float, default=1e-5)
+    g.add_argument("--swiglu", action=argparse.BooleanOptionalAction, default=True)
+    g.add_argument("--disable-bias-linear", action=argparse.BooleanOptionalAction, default=True)
+    g.add_argument("--untie-embeddings-and-output-weights",
+                   action=argparse.BooleanOptionalAction, default=True)
+    g.add_argument("--init-method-std", type=float, default=0.02)
+    g.add_argument("--hidden-dropout", type=float, default=0.0)
+    g.add_argument("--attention-dropout", type=float, default=0.0)
+    g.add_argument("--make-vocab-size-divisible-by", type=int, default=128)
+    g.add_argument("--bf16", action="store_true")
+    g.add_argument("--fp16", action="store_true")
+    g.add_argument("--transformer-impl", choices=["local", "transformer_engine"],
+                   default="local")
+    g.add_argument("--fp8-format", choices=["e4m3", "hybrid"], default=None,
+                   help="FP8 training with Transformer Engine")
+    g.add_argument("--fp8-amax-history-len", type=int, default=1024)
+    g.add_argument("--fp8-amax-compute-algo", choices=["most_recent", "max"], default="max")
+
+    c = parser.add_argument_group("fixed-code input")
+    c.add_argument("--input-interface", choices=["learned", "binary", "gf2"], default="learned",
+                   help="learned table (control), canonical binary code, or GF(2) affine code")
+    c.add_argument("--code-bits", type=int, default=16, help="bits n of the code (vocab <= 2^n)")
+    c.add_argument("--code-values", choices=["pm1", "01"], default="pm1",
+                   help="bit value mapping: pm1 -> {-1,+1} (default), 01 -> {0,1}")
+    c.add_argument("--code-scale", type=float, default=1.0, help="multiplies the code values")
+    c.add_argument("--code-seed", type=int, default=1234, help="seed drawing A and b (gf2)")
+
+    p = parser.add_argument_group("parallelism")
+    p.add_argument("--tensor-model-parallel-size", type=int, default=1)
+    p.add_argument("--pipeline-model-parallel-size", type=int, default=1)
+    p.add_argument("--sequence-parallel", action="store_true")
+    p.add_argument("--use-distributed-optimizer", action="store_true")
+
+    t = parser.add_argument_group("tokenizer")
+    t.add_argument("--tokenizer-type", default="NullTokenizer",
+                   choices=["NullTokenizer", "SentencePieceTokenizer", "HuggingFaceTokenizer"])
+    t.add_argument("--tokenizer-model", help="sentencepiece .model, tokenizer.json or HF folder")
+    t.add_argument("--vocab-size", type=int, help="vocabulary size (NullTokenizer)")
+
+
+def apply_preset(args: argparse.Namespace, argv: Sequence[str]) -> None:
+    """Fill shape flags from ``--preset`` unless given explicitly on the command line."""
+    if not args.preset:
+        return
+    given = {a.split("=")[0] for a in argv if a.startswith("--")}
+    for key, value in PRESETS[args.preset].items():
+        if "--" + key.replace("_", "-") not in given:
+            setattr(args, key, value)
+
+
+def padded_vocab_size(vocab_size: int, divisible_by: int, tp: int) -> int:
+    """Megatron's padding: a multiple of ``divisible_by x tensor-parallel size``."""
+    multiple = divisible_by * tp
+    return int(math.ceil(vocab_size / multiple) * multiple)
+
+
+def validate_model_args(args: argparse.Namespace) -> None:
+    """Fill derived values and refuse inconsistent model flags with the flag's name."""
+    for flag in ("num_layers", "hidden_size", "num_attention_heads", "seq_length"):
+        if getattr(args, flag) is None:
+            raise SystemExit(f"error: --{flag.replace('_', '-')} is required (or use --preset)")
+    if args.ffn_hidden_size is None:
+        args.ffn_hidden_size = 4 * args.hidden_size
+    if args.max_position_embeddings is None:
+        args.max_position_embeddings = args.seq_length
+    if args.hidden_size % args.num_attention_heads:
+        raise SystemExit(f"error: --hidden-size {args.hidden_size} is not divisible by "
+                         f"--num-attention-heads {args.num_attention_heads}")
+    if args.bf16 and args.fp16:
+        raise SystemExit("error: --bf16 and --fp16 are exclusive")
+    if args.fp8_format and args.transformer_impl != "transformer_engine":
+        raise SystemExit("error: --fp8-format needs --transformer-impl transformer_engine")
+    if args.input_interface != "learned":
+        if not args.untie_embeddings_and_output_weights:
+            raise SystemExit(
+                f"error: --input-interface {args.input_interface} has no input table to tie to "
+                f"the output head; drop --no-untie-embeddings-and-output-weights")
+        if args.hidden_size % args.code_bits:
+            raise SystemExit(
+                f"error: --hidden-size {args.hidden_size} is not a multiple of --code-bits "
+                f"{args.code_bits} (the code is tiled to the model width)")
+
+
+def build_parser(description: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=description, allow_abbrev=False)
+    add_model_args(parser)
+    return parser
+
+
+def parse_model_args(argv: Optional[Sequence[str]], description: str,
+                     extra=None) -> argparse.Namespace:
+    """Parse ``argv`` with the model flags (and ``extra(parser)`` groups), then validate."""
+    import sys
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(description)
+    if extra is not None:
+        extra(parser)
+    args = parser.parse_args(argv)
+    apply_preset(args, argv)
+    validate_model_args(args)
+    return args

@@ -1,0 +1,130 @@
+"""The model provider: a Megatron-Core GPTModel whose input is ``learned``, ``binary`` or ``gf2``.
+
+Shaped like Megatron-LM's ``model_provider`` in pretrain_gpt.py. Every arm is built the same
+way: GPTModel with its standard input table, which a fixed-code arm then replaces by
+:class:`FixedCodeEmbedding`. Building the table first keeps the random-number stream, and so
+the backbone's initial weights, identical across arms for the same ``--seed``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from megatron.core.models.gpt import GPTModel
+from megatron.core.models.gpt.gpt_layer_specs import (
+    get_gpt_layer_local_spec,
+    get_gpt_layer_with_transformer_engine_spec,
+)
+from megatron.core.transformer.transformer_config import TransformerConfig
+
+from .codes import FixedCode
+from .embedding import FixedCodeEmbedding
+
+
+def build_code(args: argparse.Namespace) -> Optional[FixedCode]:
+    """The fixed code the arguments ask for (``None`` for the learned arm).
+
+    ``args.fixed_code``, when present (a dict restored from a checkpoint), wins over drawing
+    a new code from ``--code-seed``: A and b are never regenerated for a saved model."""
+    if args.input_interface == "learned":
+        return None
+    saved = getattr(args, "fixed_code", None)
+    if saved:
+        return FixedCode.from_dict(saved)
+    return FixedCode.create(args.input_interface, num_bits=args.code_bits,
+                            values=args.code_values, scale=args.code_scale, seed=args.code_seed)
+
+
+def params_dtype(args: argparse.Namespace) -> torch.dtype:
+    return torch.bfloat16 if args.bf16 else torch.float16 if args.fp16 else torch.float32
+
+
+def transformer_config_from_args(args: argparse.Namespace, on_cpu: bool) -> TransformerConfig:
+    dtype = params_dtype(args)
+    fp8 = {}
+    if args.fp8_format:
+        fp8 = dict(fp8=args.fp8_format, fp8_recipe="delayed",
+                   fp8_amax_history_len=args.fp8_amax_history_len,
+                   fp8_amax_compute_algo=args.fp8_amax_compute_algo)
+    return TransformerConfig(
+        num_layers=args.num_layers,
+        hidden_size=args.hidden_size,
+        ffn_hidden_size=args.ffn_hidden_size,
+        num_attention_heads=args.num_attention_heads,
+        num_query_groups=args.num_query_groups,
+        normalization=args.normalization,
+        layernorm_epsilon=args.norm_epsilon,
+        gated_linear_unit=args.swiglu,
+        activation_func=F.silu if args.swiglu else F.gelu,
+        add_bias_linear=not args.disable_bias_linear,
+        init_method_std=args.init_method_std,
+        hidden_dropout=args.hidden_dropout,
+        attention_dropout=args.attention_dropout,
+        bf16=args.bf16,
+        fp16=args.fp16,
+        params_dtype=dtype,
+        pipeline_dtype=dtype,
+        tensor_model_parallel_size=args.tensor_model_parallel_size,
+        pipeline_model_parallel_size=args.pipeline_model_parallel_size,
+        sequence_parallel=args.sequence_parallel,
+        use_cpu_initialization=on_cpu,
+        bias_activation_fusion=False,
+        bias_dropout_fusion=False,
+        masked_softmax_fusion=False,
+        persist_layer_norm=False,
+        apply_rope_fusion=False,
+        gradient_accumulation_fusion=False,
+        **fp8,
+    )
+
+
+def layer_spec(args: argparse.Namespace):
+    if args.transformer_impl == "transformer_engine":
+        try:
+            import transformer_engine  # noqa: F401
+        except ImportError as e:
+            raise SystemExit("error: --transformer-impl transformer_engine needs Transformer "
+                             "Engine: pip install '.[gpu]' (or use the NGC container)") from e
+        return get_gpt_layer_with_transformer_engine_spec()
+    return get_gpt_layer_local_spec(normalization=args.normalization)
+
+
+def model_provider(args: argparse.Namespace, pre_process: bool = True,
+                   post_process: bool = True, vp_stage: Optional[int] = None,
+                   on_cpu: bool = False) -> GPTModel:
+    """Build the GPTModel of one pipeline stage for the arm ``args.input_interface``.
+
+    ``args.padded_vocab_size`` must be set (see :func:`megatron_ext.arguments.padded_vocab_size`).
+    """
+    config = transformer_config_from_args(args, on_cpu)
+    code = build_code(args)
+    if code is not None:
+        # Fail before building anything large.
+        code.check_vocab(args.padded_vocab_size)
+        code.check_width(args.hidden_size)
+    model = GPTModel(
+        config=config,
+        transformer_layer_spec=layer_spec(args),
+        vocab_size=args.padded_vocab_size,
+        max_sequence_length=args.max_position_embeddings,
+        pre_process=pre_process,
+        post_process=post_process,
+        parallel_output=True,
+        share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
+        position_embedding_type=args.position_embedding_type,
+        rotary_base=args.rotary_base,
+        vp_stage=vp_stage,
+    )
+    if code is not None and pre_process:
+        model.embedding = FixedCodeEmbedding(
+            config=config,
+            vocab_size=args.padded_vocab_size,
+            max_sequence_length=args.max_position_embeddings,
+            position_embedding_type=args.position_embedding_type,
+            code=code,
+        )
+    return model
