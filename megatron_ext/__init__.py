@@ -11,3 +11,6 @@ import warnings
 # absence is expected, not news.
 warnings.filterwarnings("ignore", message=r".*Apex (is|are) not installed")
 warnings.filterwarnings("ignore", message=r"full scope is deprecated")
+# torch's notices about the APIs dist_checkpointing 0.16.1 uses internally.
+warnings.filterwarnings("ignore", message=r"Please use DTensor instead")
+warnings.filterwarnings("ignore", message=r"`load_state_dict` is deprecated")

@@ -76,6 +76,61 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     t.add_argument("--vocab-size", type=int, help="vocabulary size (NullTokenizer)")
 
 
+def add_training_args(parser: argparse.ArgumentParser) -> None:
+    """Flags of the training entry point (pretrain_fixedcode.py)."""
+    g = parser.add_argument_group("training")
+    g.add_argument("--micro-batch-size", type=int, default=1)
+    g.add_argument("--global-batch-size", type=int, default=None,
+                   help="default micro batch x data-parallel size; accumulation is derived")
+    g.add_argument("--train-iters", type=int)
+    g.add_argument("--train-samples", type=int)
+    g.add_argument("--lr", type=float, default=3e-4)
+    g.add_argument("--min-lr", type=float, default=0.0)
+    g.add_argument("--lr-warmup-iters", type=int, default=0)
+    g.add_argument("--lr-decay-iters", type=int, default=None, help="default --train-iters")
+    g.add_argument("--lr-decay-style", choices=["constant", "linear", "cosine", "WSD"],
+                   default="cosine")
+    g.add_argument("--lr-wsd-decay-iters", type=int, default=None,
+                   help="WSD: length of the final decay phase")
+    g.add_argument("--lr-wsd-decay-style", choices=["linear", "cosine", "exponential",
+                                                     "minus_sqrt"], default="linear")
+    g.add_argument("--weight-decay", type=float, default=0.1)
+    g.add_argument("--adam-beta1", type=float, default=0.9)
+    g.add_argument("--adam-beta2", type=float, default=0.95)
+    g.add_argument("--adam-eps", type=float, default=1e-8)
+    g.add_argument("--clip-grad", type=float, default=1.0, help="0 disables clipping")
+    g.add_argument("--seed", type=int, default=1234)
+    g.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto",
+                   help="auto: GPU when one is visible, else CPU over gloo")
+    g.add_argument("--max-nonfinite-steps", type=int, default=10,
+                   help="stop with an error after this many non-finite losses in a row")
+
+    d = parser.add_argument_group("data")
+    d.add_argument("--data-path", nargs="+", default=None,
+                   help="indexed dataset prefixes, optionally weighted: [W1] P1 [W2] P2 ...")
+    d.add_argument("--split", default="969,30,1", help="train,valid,test proportions")
+    d.add_argument("--mock-data", action="store_true", help="synthetic tokens, no files")
+    d.add_argument("--data-cache-path", default=None, help="where dataset index caches go")
+    d.add_argument("--num-workers", type=int, default=2, help="data loader workers")
+
+    e = parser.add_argument_group("validation and logging")
+    e.add_argument("--eval-interval", type=int, default=1000)
+    e.add_argument("--eval-iters", type=int, default=10)
+    e.add_argument("--log-interval", type=int, default=100)
+    e.add_argument("--tensorboard-dir", default=None)
+
+    c = parser.add_argument_group("checkpointing and exit")
+    c.add_argument("--save", default=None, help="checkpoint directory")
+    c.add_argument("--save-interval", type=int, default=None)
+    c.add_argument("--load", default=None,
+                   help="resume from the latest checkpoint here (none yet: start fresh)")
+    c.add_argument("--exit-signal-handler", action="store_true",
+                   help="on SIGTERM/SIGUSR1: finish the step, save, exit 0")
+    c.add_argument("--exit-duration-in-mins", type=float, default=None)
+    c.add_argument("--exit-interval", type=int, default=None,
+                   help="save and exit when the iteration is a multiple of this")
+
+
 def apply_preset(args: argparse.Namespace, argv: Sequence[str]) -> None:
     """Fill shape flags from ``--preset`` unless given explicitly on the command line."""
     if not args.preset:

@@ -3,7 +3,7 @@
 Megatron-Core assumes CUDA in a handful of places. :func:`enable` redirects them to the CPU,
 once per process, before any model is built:
 
-* ``torch.cuda.current_device()`` and tensor factories/moves that name ``'cuda'`` (a
+* ``torch.cuda.current_device()``, ``torch.cuda.synchronize()`` and tensor factories/moves that name ``'cuda'`` (a
   ``TorchFunctionMode`` rewrites the device to ``'cpu'``);
 * the CUDA RNG state calls (``torch.cuda.{get,set}_rng_state``, ``manual_seed``, and
   Megatron's own ``_get/_set_cuda_rng_state``) become the CPU generator's; the tracker's
@@ -74,6 +74,7 @@ def enable() -> None:
     from megatron.core.tensor_parallel import random as mcore_random
 
     torch.cuda.current_device = lambda: 0
+    torch.cuda.synchronize = lambda device=None: None
     torch.cuda.get_rng_state = lambda device="cuda": torch.get_rng_state()
     torch.cuda.set_rng_state = lambda state, device="cuda": torch.set_rng_state(state)
     torch.cuda.manual_seed = lambda seed: torch.default_generator.manual_seed(int(seed))

@@ -1,0 +1,163 @@
+"""Checkpoints with Megatron-Core ``dist_checkpointing``: save, find the latest, load, refuse
+incompatible ones.
+
+Layout of ``--save DIR``::
+
+    DIR/iter_0000100/                   a dist_checkpointing checkpoint (torch_dist)
+    DIR/latest_checkpointed_iteration.txt   "100", written last
+
+A save goes to ``iter_N.partial/``, which is renamed to ``iter_N/`` once every rank has
+finished, and only then is the marker replaced (atomically). A crash during a save therefore
+never leaves a checkpoint that ``--load`` would pick up.
+
+State saved: ``model`` and ``optimizer`` (sharded), ``rng_state`` (one object per rank), and
+common objects: ``args`` (every argument, as a dict), ``fixed_code`` (scheme, bits, values,
+scale, A, b; ``None`` for the learned arm), ``iteration``, ``consumed_train_samples``,
+``scheduler``, ``nonfinite_skipped``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shutil
+from typing import Optional
+
+import numpy as np
+import torch
+
+from megatron.core import dist_checkpointing, parallel_state, tensor_parallel
+from megatron.core.dist_checkpointing.mapping import ShardedObject
+
+MARKER = "latest_checkpointed_iteration.txt"
+
+# Arguments that define the model and its input: a checkpoint can only be resumed with the same.
+MODEL_DEFINING_ARGS = (
+    "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
+    "padded_vocab_size", "normalization", "swiglu", "disable_bias_linear",
+    "untie_embeddings_and_output_weights", "position_embedding_type", "input_interface",
+    "code_bits", "code_values", "code_scale",
+)
+
+
+def checkpoint_path(save_dir: str, iteration: int) -> str:
+    return os.path.join(save_dir, f"iter_{iteration:07d}")
+
+
+def latest_iteration(load_dir: str) -> Optional[int]:
+    """The iteration of the last completed save in ``load_dir``, or None."""
+    marker = os.path.join(load_dir, MARKER)
+    if not os.path.isfile(marker):
+        return None
+    text = open(marker).read().strip()
+    if not text.isdigit():
+        raise SystemExit(f"error: {marker}: expected an iteration number, found {text!r}")
+    iteration = int(text)
+    if not os.path.isdir(checkpoint_path(load_dir, iteration)):
+        raise SystemExit(f"error: {marker} names iteration {iteration}, but "
+                         f"{checkpoint_path(load_dir, iteration)} is missing")
+    return iteration
+
+
+def load_common(load_dir: str, iteration: Optional[int] = None) -> tuple[str, dict]:
+    """``(path, common objects)`` of a checkpoint (default: the latest)."""
+    if iteration is None:
+        iteration = latest_iteration(load_dir)
+        if iteration is None:
+            raise SystemExit(f"error: no completed checkpoint in {load_dir} (no {MARKER})")
+    path = checkpoint_path(load_dir, iteration)
+    if not os.path.isdir(path):
+        raise SystemExit(f"error: checkpoint {path} does not exist")
+    return path, dist_checkpointing.load_common_state_dict(path)
+
+
+def check_compatible(saved_args: dict, args: argparse.Namespace, path: str) -> None:
+    """Refuse to resume a checkpoint whose model or input differs from ``args``."""
+    diffs = [f"--{k.replace('_', '-')}: checkpoint {saved_args.get(k)!r}, "
+             f"now {getattr(args, k)!r}"
+             for k in MODEL_DEFINING_ARGS if saved_args.get(k) != getattr(args, k)]
+    if diffs:
+        raise SystemExit(f"error: cannot resume {path} with a different model or input:\n  "
+                         + "\n  ".join(diffs))
+
+
+def _rng_state() -> dict:
+    return {
+        "random": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
+        "tracker": tensor_parallel.get_cuda_rng_tracker().get_states(),
+    }
+
+
+def _set_rng_state(state: dict) -> None:
+    random.setstate(state["random"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+    tensor_parallel.get_cuda_rng_tracker().set_states(state["tracker"])
+
+
+def _sharded_state(model, optimizer, rng: Optional[dict], is_loading: bool,
+                   with_rng: bool = True) -> dict:
+    """``model`` is the bare GPTModel (not its DDP wrapper)."""
+    model_sd = model.sharded_state_dict()
+    state = {"model": model_sd,
+             "optimizer": optimizer.sharded_state_dict(model_sd, is_loading=is_loading)}
+    if with_rng:
+        world, rank = torch.distributed.get_world_size(), torch.distributed.get_rank()
+        state["rng_state"] = ShardedObject("rng_state", rng, (world,), (rank,), replica_id=0)
+    return state
+
+
+def save_checkpoint(args: argparse.Namespace, iteration: int, model, optimizer, scheduler,
+                    consumed_train_samples: int, nonfinite_skipped: int) -> str:
+    """Save on every rank; returns the final checkpoint path."""
+    final = checkpoint_path(args.save, iteration)
+    partial = final + ".partial"
+    rank0 = torch.distributed.get_rank() == 0
+    if rank0:
+        # Leftovers of a crashed save: shards without completion, or a completed directory
+        # whose marker was never written. Neither is a checkpoint; both are redone.
+        shutil.rmtree(partial, ignore_errors=True)
+        shutil.rmtree(final, ignore_errors=True)
+        os.makedirs(partial)
+    torch.distributed.barrier()
+    state = _sharded_state(model, optimizer, _rng_state(), is_loading=False)
+    state.update(args={k: v for k, v in vars(args).items() if k != "fixed_code"},
+                 fixed_code=args.fixed_code, iteration=iteration,
+                 consumed_train_samples=consumed_train_samples,
+                 scheduler=scheduler.state_dict(), nonfinite_skipped=nonfinite_skipped)
+    dist_checkpointing.save(state, partial)
+    torch.distributed.barrier()
+    if os.environ.get("FIXEDCODE_FAULT_AFTER_SHARDS") == "1":
+        os._exit(17)  # fault injection for tests: die after the shards, before completion
+    if rank0:
+        os.rename(partial, final)
+        marker = os.path.join(args.save, MARKER)
+        with open(marker + ".tmp", "w") as f:
+            f.write(str(iteration))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(marker + ".tmp", marker)
+    torch.distributed.barrier()
+    return final
+
+
+def load_checkpoint(path: str, common: dict, model, optimizer, scheduler) -> None:
+    """Load model, optimizer, scheduler and RNG state from ``path`` (common objects given)."""
+    world = torch.distributed.get_world_size()
+    same_world = common["args"].get("world_size") == world
+    state = dist_checkpointing.load(
+        _sharded_state(model, optimizer, None, is_loading=True, with_rng=same_world), path)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(common["scheduler"])
+    if same_world:
+        _set_rng_state(state["rng_state"])
+    elif torch.distributed.get_rank() == 0:
+        print(f"[fixedcode] world size changed ({common['args'].get('world_size')} -> {world}): "
+              f"random-number states are re-seeded")

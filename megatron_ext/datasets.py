@@ -1,0 +1,100 @@
+"""Training data: Megatron-Core GPT datasets over indexed ``.bin/.idx`` files, and loaders that
+resume exactly at a number of consumed samples.
+
+``--data-path`` takes Megatron's blend syntax (``P`` or ``W1 P1 W2 P2 ...``), split into
+train/valid/test by ``--split``; ``--mock-data`` gives synthetic tokens. Index caches go to
+``--data-cache-path``. Every rank of a data-parallel replica reads the same micro-batches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Iterator
+
+import torch
+
+from megatron.core import parallel_state
+from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
+from megatron.core.datasets.utils import get_blend_from_list
+
+
+def _check_data_paths(blend) -> None:
+    for prefix in blend[0]:
+        for ext in (".bin", ".idx"):
+            if not os.path.isfile(prefix + ext):
+                raise SystemExit(f"error: --data-path: {prefix + ext} does not exist "
+                                 f"(give dataset prefixes, without .bin/.idx)")
+
+
+def build_datasets(args: argparse.Namespace, tokenizer, num_samples: list[int]):
+    """``(train, valid, test)`` GPT datasets of at least ``num_samples`` sequences each."""
+    if args.mock_data:
+        blend = None
+    elif args.data_path:
+        try:
+            blend = get_blend_from_list(args.data_path)
+        except (AssertionError, ValueError) as e:
+            raise SystemExit(f"error: --data-path {' '.join(args.data_path)}: give prefixes, "
+                             f"or weight/prefix pairs ({e})") from e
+        _check_data_paths(blend)
+    else:
+        raise SystemExit("error: give --data-path (indexed dataset prefixes) or --mock-data")
+    config = GPTDatasetConfig(
+        random_seed=args.seed,
+        sequence_length=args.seq_length,
+        blend=blend,
+        split=args.split,
+        path_to_cache=args.data_cache_path,
+        tokenizer=tokenizer,
+        reset_position_ids=False,
+        reset_attention_mask=False,
+        eod_mask_loss=False,
+        create_attention_mask=False,
+    )
+    cls = MockGPTDataset if args.mock_data else GPTDataset
+    return BlendedMegatronDatasetBuilder(cls, num_samples, lambda: True, config).build()
+
+
+class ResumableBatchSampler:
+    """Yields this data-parallel rank's micro-batches of sample indices, from ``consumed``.
+
+    Each global step of ``micro x dp`` samples gives rank r the slice ``[r*micro, (r+1)*micro)``,
+    so a run resumed at ``consumed`` samples reads exactly what the uninterrupted run read.
+    """
+
+    def __init__(self, total: int, consumed: int, micro_batch_size: int, dp_rank: int,
+                 dp_size: int):
+        self.total, self.consumed = total, consumed
+        self.micro, self.dp_rank, self.dp_size = micro_batch_size, dp_rank, dp_size
+
+    def __iter__(self) -> Iterator[list[int]]:
+        step = self.micro * self.dp_size
+        for start in range(self.consumed, self.total - step + 1, step):
+            first = start + self.dp_rank * self.micro
+            yield list(range(first, first + self.micro))
+
+    def __len__(self) -> int:
+        return max(0, (self.total - self.consumed) // (self.micro * self.dp_size))
+
+
+def build_loader(dataset, micro_batch_size: int, num_workers: int, consumed: int):
+    sampler = ResumableBatchSampler(
+        len(dataset), consumed, micro_batch_size,
+        parallel_state.get_data_parallel_rank(), parallel_state.get_data_parallel_world_size())
+    return torch.utils.data.DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers,
+                                       pin_memory=torch.cuda.is_available(),
+                                       persistent_workers=False)
+
+
+def build_train_valid(args: argparse.Namespace, tokenizer, train_samples: int,
+                      consumed_train: int):
+    """The train micro-batch iterator (from ``consumed_train``) and the validation dataset.
+
+    Every evaluation reads the same first ``--eval-iters`` global batches of the validation
+    split, so validation curves are comparable across steps, arms and resumed runs."""
+    valid_samples = args.eval_iters * args.global_batch_size
+    train_ds, valid_ds, _ = build_datasets(args, tokenizer, [train_samples, valid_samples, 0])
+    train = iter(build_loader(train_ds, args.micro_batch_size, args.num_workers, consumed_train))
+    return train, (valid_ds if args.eval_iters else None)

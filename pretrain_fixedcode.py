@@ -1,0 +1,84 @@
+"""Pretrain a GPT model whose input is a learned table or a fixed code of the token id.
+
+The entry point of the project, shaped like Megatron-LM's pretrain_gpt.py: a model provider,
+a forward step and a datasets provider, handed to the training loop. One process for CPU
+runs; ``torchrun`` (or ``srun`` with one task per GPU) for several::
+
+    python pretrain_fixedcode.py --input-interface binary --num-layers 2 --hidden-size 64 \\
+        --num-attention-heads 4 --seq-length 64 --micro-batch-size 4 --train-iters 20 \\
+        --mock-data --tokenizer-type NullTokenizer --vocab-size 1024
+
+See README.md for every flag; they keep Megatron-LM's names.
+"""
+
+from __future__ import annotations
+
+import sys
+from functools import partial
+
+import torch
+
+import megatron_ext  # noqa: F401  (first: its warning filters must precede megatron.core)
+from megatron.core import parallel_state
+
+from megatron_ext import model as fixedcode_model
+from megatron_ext.arguments import add_training_args, parse_model_args
+from megatron_ext.datasets import build_train_valid
+from megatron_ext.training import NonFiniteLossError, pretrain
+
+
+def model_provider(args, pre_process=True, post_process=True):
+    """GPTModel for this pipeline stage, with the arm's input interface."""
+    return fixedcode_model.model_provider(args, pre_process, post_process,
+                                          on_cpu=args.device == "cpu")
+
+
+def get_batch(data_iterator, device: str):
+    """The micro-batch this pipeline stage needs (middle stages need none)."""
+    if not (parallel_state.is_pipeline_first_stage() or parallel_state.is_pipeline_last_stage()):
+        return None, None, None, None
+    batch = next(data_iterator)
+    move = (lambda t: t.to(device, non_blocking=True)) if device == "cuda" else (lambda t: t)
+    return (move(batch["tokens"]), move(batch["labels"]), move(batch["loss_mask"]),
+            move(batch["position_ids"]))
+
+
+def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
+    """Mean token loss over unmasked tokens; reports ``[sum, count]`` averaged over DP."""
+    losses = output_tensor.float().view(-1)
+    mask = loss_mask.view(-1).float()
+    loss_sum = torch.sum(losses * mask)
+    count = mask.sum()
+    report = torch.stack([loss_sum.detach(), count])
+    torch.distributed.all_reduce(report, group=parallel_state.get_data_parallel_group())
+    return loss_sum / count, {"lm loss": report}
+
+
+def make_forward_step(args):
+    def forward_step(data_iterator, model):
+        tokens, labels, loss_mask, position_ids = get_batch(data_iterator, args.device)
+        output = model(tokens, position_ids, None, labels=labels)
+        return output, partial(loss_func, loss_mask)
+    return forward_step
+
+
+def datasets_provider(args, tokenizer, train_samples, consumed_train_samples):
+    """Train iterator and validation dataset (Megatron GPT datasets, or mock data)."""
+    return build_train_valid(args, tokenizer, train_samples, consumed_train_samples)
+
+
+def parse_args(argv=None):
+    return parse_model_args(argv, __doc__.splitlines()[0], add_training_args)
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    try:
+        return pretrain(args, model_provider, make_forward_step(args), datasets_provider)
+    except NonFiniteLossError as e:
+        print(f"[fixedcode] error: {e}", file=sys.stderr, flush=True)
+        sys.exit(3)
+
+
+if __name__ == "__main__":
+    main()
