@@ -109,6 +109,9 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
     d.add_argument("--data-path", nargs="+", default=None,
                    help="indexed dataset prefixes, optionally weighted: [W1] P1 [W2] P2 ...")
     d.add_argument("--split", default="969,30,1", help="train,valid,test proportions")
+    for split in ("train", "valid", "test"):
+        d.add_argument(f"--{split}-data-path", nargs="+", default=None,
+                       help=f"{split} split from its own prefixes (instead of --data-path/--split)")
     d.add_argument("--mock-data", action="store_true", help="synthetic tokens, no files")
     d.add_argument("--data-cache-path", default=None, help="where dataset index caches go")
     d.add_argument("--num-workers", type=int, default=2, help="data loader workers")

@@ -133,7 +133,7 @@ def save_checkpoint(args: argparse.Namespace, iteration: int, model, optimizer, 
                  scheduler=scheduler.state_dict(), nonfinite_skipped=nonfinite_skipped)
     dist_checkpointing.save(state, partial)
     torch.distributed.barrier()
-    if os.environ.get("FIXEDCODE_FAULT_AFTER_SHARDS") == "1":
+    if os.environ.get("FIXEDCODE_FAULT_AFTER_SHARDS") == str(iteration):
         os._exit(17)  # fault injection for tests: die after the shards, before completion
     if rank0:
         os.rename(partial, final)

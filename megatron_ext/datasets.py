@@ -2,7 +2,8 @@
 resume exactly at a number of consumed samples.
 
 ``--data-path`` takes Megatron's blend syntax (``P`` or ``W1 P1 W2 P2 ...``), split into
-train/valid/test by ``--split``; ``--mock-data`` gives synthetic tokens. Index caches go to
+train/valid/test by ``--split``; or each split gets its own blend (``--train-data-path``,
+``--valid-data-path``, ``--test-data-path``); ``--mock-data`` gives synthetic tokens. Index caches go to
 ``--data-cache-path``. Every rank of a data-parallel replica reads the same micro-batches.
 """
 
@@ -20,32 +21,40 @@ from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, Moc
 from megatron.core.datasets.utils import get_blend_from_list
 
 
-def _check_data_paths(blend) -> None:
+def _blend(flag: str, paths):
+    """Megatron's blend ``(prefixes, weights)`` of a data-path flag, with its files checked."""
+    if not paths:
+        return None
+    try:
+        blend = get_blend_from_list(paths)
+    except (AssertionError, ValueError) as e:
+        raise SystemExit(f"error: {flag} {' '.join(paths)}: give prefixes, or weight/prefix "
+                         f"pairs ({e})") from e
     for prefix in blend[0]:
         for ext in (".bin", ".idx"):
             if not os.path.isfile(prefix + ext):
-                raise SystemExit(f"error: --data-path: {prefix + ext} does not exist "
+                raise SystemExit(f"error: {flag}: {prefix + ext} does not exist "
                                  f"(give dataset prefixes, without .bin/.idx)")
+    return blend
 
 
 def build_datasets(args: argparse.Namespace, tokenizer, num_samples: list[int]):
     """``(train, valid, test)`` GPT datasets of at least ``num_samples`` sequences each."""
-    if args.mock_data:
-        blend = None
-    elif args.data_path:
-        try:
-            blend = get_blend_from_list(args.data_path)
-        except (AssertionError, ValueError) as e:
-            raise SystemExit(f"error: --data-path {' '.join(args.data_path)}: give prefixes, "
-                             f"or weight/prefix pairs ({e})") from e
-        _check_data_paths(blend)
-    else:
-        raise SystemExit("error: give --data-path (indexed dataset prefixes) or --mock-data")
+    per_split = [_blend(f"--{s}-data-path", getattr(args, f"{s}_data_path"))
+                 for s in ("train", "valid", "test")]
+    blend = None if args.mock_data else _blend("--data-path", args.data_path)
+    if any(per_split) and (blend or args.mock_data):
+        raise SystemExit("error: give either --data-path (with --split), --train-data-path/"
+                         "--valid-data-path/--test-data-path, or --mock-data")
+    if not (args.mock_data or blend or per_split[0]):
+        raise SystemExit("error: give --data-path (indexed dataset prefixes), "
+                         "--train-data-path, or --mock-data")
     config = GPTDatasetConfig(
         random_seed=args.seed,
         sequence_length=args.seq_length,
         blend=blend,
-        split=args.split,
+        blend_per_split=per_split if any(per_split) else None,
+        split=None if any(per_split) else args.split,
         path_to_cache=args.data_cache_path,
         tokenizer=tokenizer,
         reset_position_ids=False,

@@ -1,5 +1,6 @@
-"""Training metrics: one readable line per ``--log-interval`` on stdout and the same values
-as TensorBoard scalars (``--tensorboard-dir``), plus validation loss and perplexity.
+"""Training metrics: one readable line per ``--log-interval`` (and at the last iteration) on
+stdout and the same values as TensorBoard scalars (``--tensorboard-dir``), plus validation
+loss and perplexity.
 
 Throughput is tokens per second of the whole job; MFU (GPU only) is model FLOPs per second
 over the devices' dense bf16 peak, with model FLOPs per token = 6 x trainable parameters
@@ -74,7 +75,7 @@ class MetricsLogger:
         if grad_norm is not None:
             self.norms.append(float(grad_norm))
         self.times.append(step_time)
-        if iteration % self.args.log_interval:
+        if iteration % self.args.log_interval and iteration != self.args.train_iters:
             return
         a = self.args
         step_time = sum(self.times) / len(self.times)

@@ -45,8 +45,9 @@ def log(msg: str) -> None:
         print(msg, flush=True)
 
 
-def setup_args(args: argparse.Namespace) -> None:
-    """Derive batch, parallel and vocabulary values; refuse what cannot run."""
+def setup_args(args: argparse.Namespace):
+    """Derive batch, parallel and vocabulary values; refuse what cannot run. Returns the
+    tokenizer."""
     world = torch.distributed.get_world_size()
     args.world_size = world
     args.data_parallel_size = world // (args.tensor_model_parallel_size
@@ -70,6 +71,10 @@ def setup_args(args: argparse.Namespace) -> None:
         raise SystemExit("error: --save-interval needs --save")
     tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model, args.vocab_size)
     args.vocab_size = tokenizer.vocab_size
+    if args.input_interface != "learned" and tokenizer.vocab_size > 2 ** args.code_bits:
+        raise SystemExit(f"error: the tokenizer's {tokenizer.vocab_size} tokens do not fit "
+                         f"--code-bits {args.code_bits} (at most 2^{args.code_bits} = "
+                         f"{2 ** args.code_bits} ids); raise --code-bits")
     args.padded_vocab_size = padded_vocab_size(
         tokenizer.vocab_size, args.make_vocab_size_divisible_by, args.tensor_model_parallel_size)
     return tokenizer

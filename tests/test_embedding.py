@@ -1,0 +1,170 @@
+"""FixedCodeEmbedding inside Megatron-Core's GPTModel, on CPU (one process)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+from megatron.core.transformer.transformer_config import TransformerConfig
+
+from megatron_ext.arguments import padded_vocab_size, parse_model_args
+from megatron_ext.codes import FixedCode
+from megatron_ext.embedding import FixedCodeEmbedding
+from megatron_ext.model import model_provider
+
+VOCAB = 500
+SMALL = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
+         "--seq-length", "16", "--vocab-size", str(VOCAB)]
+
+
+def small_args(arm: str, *extra: str):
+    args = parse_model_args(SMALL + ["--input-interface", arm, *extra], "test")
+    args.padded_vocab_size = padded_vocab_size(VOCAB, 128, 1)
+    return args
+
+
+def reference_embedding(code: FixedCode, ids: torch.Tensor, hidden: int) -> torch.Tensor:
+    """Plain Python: ids [b, s] -> [s, b, h] from the code's definition."""
+    A = code.A.tolist() if code.A is not None else None
+    b = code.b.tolist() if code.b is not None else None
+    n = code.num_bits
+    out = torch.empty(ids.shape[1], ids.shape[0], hidden)
+    for bi in range(ids.shape[0]):
+        for si in range(ids.shape[1]):
+            t = int(ids[bi, si])
+            bits = [(t >> k) & 1 for k in range(n)]
+            if A is not None:
+                bits = [(sum(A[i][k] * bits[k] for k in range(n)) + b[i]) % 2 for i in range(n)]
+            vals = [code.scale * ((2 * c - 1) if code.values == "pm1" else c) for c in bits]
+            out[si, bi] = torch.tensor([vals[j % n] for j in range(hidden)])
+    return out
+
+
+def embedding_config(**kw) -> TransformerConfig:
+    base = dict(num_layers=1, hidden_size=64, num_attention_heads=4, use_cpu_initialization=True,
+                hidden_dropout=0.0)
+    return TransformerConfig(**{**base, **kw})
+
+
+@pytest.mark.parametrize("scheme", ["binary", "gf2"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_embedding_equals_reference(cpu_dist, scheme, dtype):
+    code = FixedCode.create(scheme, values="01" if dtype == torch.float32 else "pm1",
+                            scale=0.5, seed=2)
+    config = embedding_config(params_dtype=dtype, bf16=dtype == torch.bfloat16)
+    emb = FixedCodeEmbedding(config, VOCAB, 16, "rope", code=code)
+    ids = torch.randint(0, VOCAB, (3, 7))
+    out = emb(ids, None)
+    assert out.shape == (7, 3, 64) and out.dtype == dtype
+    assert torch.equal(out.float(), reference_embedding(code, ids, 64))
+    assert sum(p.numel() for p in emb.parameters()) == 0
+
+
+def test_sequence_parallel_ranks_compute_their_own_slices(cpu_dist):
+    """Under SP each TP rank returns exactly its slice of the full [s, b, h] output."""
+    code = FixedCode.create("gf2", seed=4)
+    ids = torch.randint(0, VOCAB, (2, 8))
+    full = FixedCodeEmbedding(embedding_config(), VOCAB, 8, code=code)(ids, None)
+
+    class FakeTPGroup:
+        def __init__(self, rank):
+            self._rank = rank
+
+        def size(self):
+            return 2
+
+        def rank(self):
+            return self._rank
+
+    sp_config = embedding_config(tensor_model_parallel_size=2, sequence_parallel=True)
+    parts = [FixedCodeEmbedding(sp_config, VOCAB, 8, code=code, tp_group=FakeTPGroup(r))(ids, None)
+             for r in range(2)]
+    assert parts[0].shape == (4, 2, 64)
+    assert torch.equal(torch.cat(parts, dim=0), full)
+
+
+def test_embedding_dropout_as_in_megatron(cpu_dist):
+    code = FixedCode.create("binary")
+    emb = FixedCodeEmbedding(embedding_config(hidden_dropout=0.5), VOCAB, 8, code=code)
+    ids = torch.randint(0, VOCAB, (4, 8))
+    emb.eval()
+    clean = emb(ids, None)
+    emb.train()
+    dropped = emb(ids, None)
+    kept = dropped != 0
+    assert 0.3 < kept.float().mean() < 0.7
+    assert torch.allclose(dropped[kept], clean[kept] * 2)
+
+
+@pytest.mark.parametrize("bad", [-1, VOCAB])
+def test_out_of_range_ids_are_a_clear_error(cpu_dist, bad):
+    emb = FixedCodeEmbedding(embedding_config(), VOCAB, 8, code=FixedCode.create("binary"))
+    ids = torch.tensor([[1, 2, bad]])
+    with pytest.raises(ValueError, match=rf"token id {bad} is outside the vocabulary \[0, {VOCAB}\)"):
+        emb(ids, None)
+
+
+def test_learned_positions_are_refused(cpu_dist):
+    with pytest.raises(ValueError, match="learned_absolute"):
+        FixedCodeEmbedding(embedding_config(), VOCAB, 8, "learned_absolute",
+                           code=FixedCode.create("binary"))
+
+
+def test_fixed_code_with_tied_weights_is_a_clear_error():
+    with pytest.raises(SystemExit, match="no input table to tie"):
+        parse_model_args(SMALL + ["--input-interface", "gf2",
+                                  "--no-untie-embeddings-and-output-weights"], "test")
+
+
+def test_vocab_too_large_for_code_bits_is_refused(cpu_dist):
+    args = small_args("binary", "--code-bits", "8")
+    with pytest.raises(ValueError, match=r"512 tokens does not fit a 8-bit code \(at most 2\^8 = 256\)"):
+        model_provider(args, on_cpu=True)
+
+
+@pytest.mark.parametrize("arm", ["learned", "binary", "gf2"])
+def test_gptmodel_forward_backward_and_optimizer(cpu_dist, arm):
+    """All arms train through GPTModel + DDP + Megatron's optimizer; a fixed-code input has
+    no parameters, receives no gradient and holds no optimizer state."""
+    torch.manual_seed(0)
+    model = model_provider(small_args(arm), on_cpu=True)
+    ddp = DistributedDataParallel(model.config, DistributedDataParallelConfig(), model)
+    opt = get_megatron_optimizer(OptimizerConfig(lr=1e-3, clip_grad=1.0), [ddp])
+    ids = torch.randint(0, VOCAB, (2, 16))
+    pos = torch.arange(16).expand(2, 16)
+    before = copy.deepcopy(model.state_dict())
+    loss = ddp(ids, pos, None, labels=ids).mean()
+    loss.backward()
+    ddp.finish_grad_sync()
+    updated, grad_norm, _ = opt.step()
+    assert updated and grad_norm > 0
+    emb_params = list(model.embedding.parameters())
+    state_params = {id(p) for g in opt.param_groups for p in g["params"]}
+    if arm == "learned":
+        assert len(emb_params) == 1
+    else:
+        assert emb_params == [] and isinstance(model.embedding, FixedCodeEmbedding)
+        assert not any(k.startswith("embedding.") for k in model.state_dict())
+    # Every trainable model parameter is in the optimizer, and nothing else is.
+    assert len(state_params) == sum(1 for p in model.parameters() if p.requires_grad)
+    changed = [k for k, v in model.state_dict().items()
+               if isinstance(v, torch.Tensor) and not torch.equal(v, before[k])]
+    assert any(k.startswith("decoder.") for k in changed)
+    assert any(k.startswith("output_layer.") for k in changed)
+
+
+def test_backbone_init_is_identical_across_arms(cpu_dist):
+    """Same --seed, same backbone and head weights in every arm: a fair comparison."""
+    weights = {}
+    for arm in ("learned", "binary", "gf2"):
+        torch.manual_seed(0)
+        sd = model_provider(small_args(arm), on_cpu=True).state_dict()
+        weights[arm] = {k: v for k, v in sd.items()
+                        if not k.startswith("embedding.") and isinstance(v, torch.Tensor)}
+    for arm in ("binary", "gf2"):
+        assert weights[arm].keys() == weights["learned"].keys()
+        assert all(torch.equal(weights[arm][k], weights["learned"][k]) for k in weights[arm])

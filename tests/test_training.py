@@ -1,0 +1,146 @@
+"""The training entry point, pretrain_fixedcode.py, on CPU: learning, exact resume, exits,
+atomic checkpoints and clear errors."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import PRETRAIN, TINY_RUN, run_pretrain, step_losses
+
+MARKER = "latest_checkpointed_iteration.txt"
+
+
+@pytest.mark.parametrize("arm", ["learned", "binary", "gf2"])
+def test_a_few_steps_lower_the_loss(tmp_path, arm):
+    out = run_pretrain(TINY_RUN + ["--input-interface", arm, "--train-iters", "30"]).stdout
+    losses = step_losses(out)
+    assert sorted(losses) == list(range(1, 31))
+    first, last = float(losses[1]), float(losses[30])
+    assert last < first - 0.5, f"{arm}: loss {first} -> {last}"
+    assert "[fixedcode] training done: iteration 30" in out
+
+
+def test_resume_gives_the_same_per_step_losses(tmp_path):
+    run = TINY_RUN + ["--input-interface", "gf2", "--train-iters", "8", "--lr-warmup-iters", "2",
+                      "--eval-iters", "1", "--eval-interval", "4"]
+    straight = step_losses(run_pretrain(run).stdout)
+    ckpt = tmp_path / "ckpt"
+    first = run_pretrain(run + ["--save", ckpt, "--load", ckpt, "--exit-interval", "4"]).stdout
+    assert "--exit-interval 4 reached: exiting at iteration 4" in first
+    assert (ckpt / MARKER).read_text() == "4"
+    second = run_pretrain(run + ["--save", ckpt, "--load", ckpt]).stdout
+    assert f"[fixedcode] resumed from {ckpt}/iter_0000004 at iteration 4" in second
+    resumed = {**step_losses(first), **step_losses(second)}
+    assert sorted(step_losses(second)) == [5, 6, 7, 8]
+    assert resumed == straight
+
+
+def test_data_parallel_resume_matches(tmp_path):
+    """Two processes (data parallel over gloo): resume equals the uninterrupted run."""
+    run = TINY_RUN + ["--input-interface", "binary", "--train-iters", "6",
+                      "--global-batch-size", "8"]
+    straight = step_losses(run_pretrain(run, nproc=2).stdout)
+    ckpt = tmp_path / "ckpt"
+    first = run_pretrain(run + ["--save", ckpt, "--load", ckpt, "--exit-interval", "3"], nproc=2)
+    second = run_pretrain(run + ["--save", ckpt, "--load", ckpt], nproc=2)
+    assert "resumed from" in second.stdout
+    assert {**step_losses(first.stdout), **step_losses(second.stdout)} == straight
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])
+def test_exit_signal_handler_saves_and_exits_zero(tmp_path, sig):
+    ckpt = tmp_path / "ckpt"
+    cmd = [sys.executable, str(PRETRAIN), *TINY_RUN, "--input-interface", "binary",
+           "--train-iters", "100000", "--save", str(ckpt), "--exit-signal-handler"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if "iteration        3/" in line:
+            proc.send_signal(sig)
+            break
+    rest, _ = proc.communicate(timeout=120)
+    out = "".join(lines) + rest
+    assert proc.returncode == 0, out[-2000:]
+    assert f"received {sig.name}: exiting at iteration" in out
+    saved = int((ckpt / MARKER).read_text())
+    assert saved >= 3 and (ckpt / f"iter_{saved:07d}").is_dir()
+    assert f"saved checkpoint {ckpt}/iter_{saved:07d}" in out
+
+
+def test_a_save_killed_midway_is_not_loaded(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    run = TINY_RUN + ["--input-interface", "binary", "--train-iters", "4", "--save", ckpt,
+                      "--load", ckpt, "--save-interval", "2"]
+    # Saves iteration 2, then dies after writing the shards of iteration 4.
+    crashed = run_pretrain(run, env={"FIXEDCODE_FAULT_AFTER_SHARDS": "4"}, check=False)
+    assert crashed.returncode == 17
+    assert (ckpt / "iter_0000004.partial").is_dir()
+    assert not (ckpt / "iter_0000004").exists()
+    assert (ckpt / MARKER).read_text() == "2"
+    again = run_pretrain(run).stdout
+    assert f"resumed from {ckpt}/iter_0000002 at iteration 2" in again
+    assert (ckpt / MARKER).read_text() == "4"
+    assert (ckpt / "iter_0000004").is_dir() and not (ckpt / "iter_0000004.partial").exists()
+
+
+def test_nonfinite_losses_stop_with_a_clear_error(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    proc = run_pretrain(TINY_RUN + ["--input-interface", "binary", "--train-iters", "50",
+                                    "--lr", "1e12", "--clip-grad", "0", "--lr-decay-style",
+                                    "constant", "--max-nonfinite-steps", "3", "--save", ckpt,
+                                    "--save-interval", "1"], check=False)
+    assert proc.returncode == 3
+    assert "3 non-finite losses in a row (--max-nonfinite-steps 3)" in proc.stderr
+    assert "update skipped (1 in a row)" in proc.stdout
+    last_saved = int((ckpt / MARKER).read_text())
+    stopped = int(proc.stderr.split(" at iteration ")[1].split(";")[0])
+    assert last_saved == stopped - 1  # the failing step itself was never saved
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--input-interface", "gf2", "--no-untie-embeddings-and-output-weights"],
+     "has no input table to tie to the output head"),
+    (["--input-interface", "binary", "--code-bits", "8"],
+     "the tokenizer's 512 tokens do not fit --code-bits 8 (at most 2^8 = 256 ids)"),
+    (["--input-interface", "binary", "--data-path", "/nonexistent/corpus_text_document"],
+     "--data-path: /nonexistent/corpus_text_document.bin does not exist"),
+    (["--input-interface", "binary", "--global-batch-size", "5"],
+     "--global-batch-size 5 is not a multiple of --micro-batch-size 2"),
+])
+def test_bad_flags_are_clear_errors(flags, message):
+    args = [a for a in TINY_RUN if a != "--mock-data"] if "--data-path" in flags else TINY_RUN
+    proc = run_pretrain(args + flags + ["--train-iters", "2"], check=False)
+    assert proc.returncode != 0
+    assert message in proc.stderr
+
+
+def test_resuming_with_another_input_interface_is_refused(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    run_pretrain(TINY_RUN + ["--input-interface", "binary", "--train-iters", "1", "--save", ckpt])
+    proc = run_pretrain(TINY_RUN + ["--input-interface", "gf2", "--train-iters", "2",
+                                    "--load", ckpt], check=False)
+    assert proc.returncode != 0
+    assert "cannot resume" in proc.stderr
+    assert "--input-interface: checkpoint 'binary', now 'gf2'" in proc.stderr
+
+
+def test_tensorboard_scalars_are_written(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    tb = tmp_path / "tb"
+    run_pretrain(TINY_RUN + ["--input-interface", "binary", "--train-iters", "4",
+                             "--eval-interval", "2", "--eval-iters", "1",
+                             "--tensorboard-dir", tb])
+    events = EventAccumulator(str(tb))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"lm loss", "learning-rate", "grad-norm", "tokens-per-second",
+            "lm loss validation", "lm loss validation ppl"} <= tags
+    assert [e.step for e in events.Scalars("lm loss")] == [1, 2, 3, 4]
+    assert [e.step for e in events.Scalars("lm loss validation")] == [2, 4]

@@ -1,0 +1,65 @@
+"""Worker for test_tp_parity.py: the same weights at TP=1 and TP=2 must give the same logits.
+
+``save DIR``: one process (TP=1) builds each arm, saves its weights with dist_checkpointing and
+its logits for a fixed batch. ``check DIR``: run under torchrun with 2 processes (TP=2), loads
+those weights (resharded by dist_checkpointing), gathers the vocab-parallel logits and writes
+the largest difference per arm to ``DIR/tp2_diff.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+
+import megatron_ext  # noqa: F401
+from megatron.core import dist_checkpointing, parallel_state
+from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
+
+from megatron_ext.arguments import padded_vocab_size, parse_model_args
+from megatron_ext.initialize import initialize_distributed
+from megatron_ext.model import model_provider
+
+ARMS = ("learned", "binary", "gf2")
+VOCAB = 500
+
+
+def build(arm: str, tp: int):
+    args = parse_model_args(["--num-layers", "2", "--hidden-size", "64",
+                             "--num-attention-heads", "4", "--seq-length", "16",
+                             "--vocab-size", str(VOCAB), "--input-interface", arm,
+                             "--tensor-model-parallel-size", str(tp)], "tp parity")
+    args.padded_vocab_size = padded_vocab_size(VOCAB, 128, tp)
+    return model_provider(args, on_cpu=True).eval()
+
+
+def logits(model) -> torch.Tensor:
+    ids = torch.randint(0, VOCAB, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        out = model(ids, torch.arange(16).expand(2, 16), None)
+    return gather_from_tensor_model_parallel_region(out)[..., :VOCAB]
+
+
+def main(mode: str, root: str) -> None:
+    tp = 1 if mode == "save" else 2
+    initialize_distributed("cpu", tp, 1, seed=1234)
+    diffs = {}
+    for arm in ARMS:
+        model = build(arm, tp)
+        path = os.path.join(root, arm)
+        if mode == "save":
+            os.makedirs(path, exist_ok=True)
+            dist_checkpointing.save(model.sharded_state_dict(), path)
+            torch.save(logits(model), path + ".logits.pt")
+        else:
+            model.load_state_dict(dist_checkpointing.load(model.sharded_state_dict(), path))
+            diffs[arm] = (logits(model) - torch.load(path + ".logits.pt")).abs().max().item()
+    if mode == "check" and parallel_state.get_tensor_model_parallel_rank() == 0:
+        with open(os.path.join(root, "tp2_diff.json"), "w") as f:
+            json.dump(diffs, f)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

@@ -1,0 +1,108 @@
+"""Compare the arms' training runs from their TensorBoard logs: a table of final train and
+validation loss (and perplexity) per arm, and a PNG of the validation-loss curves.
+
+    python tools/training_report.py learned=runs/tb/learned binary=runs/tb/binary \\
+        gf2=runs/tb/gf2 --plot valid_loss.png --markdown report.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from typing import Optional, Sequence
+
+
+def read_scalars(logdir: str) -> dict[str, list[tuple[int, float]]]:
+    """``{tag: [(step, value), ...]}`` of every scalar in a TensorBoard log directory."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    if not os.path.isdir(logdir):
+        raise SystemExit(f"error: TensorBoard directory {logdir} does not exist")
+    events = EventAccumulator(logdir, size_guidance={"scalars": 0})
+    events.Reload()
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)]
+            for tag in events.Tags()["scalars"]}
+
+
+def summarise(runs: dict[str, str]) -> dict[str, dict]:
+    """Final values per arm: iteration, train loss, validation loss and perplexity."""
+    table = {}
+    for arm, logdir in runs.items():
+        scalars = read_scalars(logdir)
+        train = scalars.get("lm loss", [])
+        valid = scalars.get("lm loss validation", [])
+        if not train:
+            raise SystemExit(f"error: {logdir} holds no 'lm loss' scalars: is it a training log?")
+        table[arm] = {
+            "iteration": train[-1][0],
+            "train_loss": train[-1][1],
+            "valid_loss": valid[-1][1] if valid else None,
+            "valid_ppl": math.exp(valid[-1][1]) if valid else None,
+            "valid_curve": valid,
+        }
+    return table
+
+
+def markdown(table: dict[str, dict]) -> str:
+    fmt = lambda v, spec: "—" if v is None else format(v, spec)  # noqa: E731
+    lines = ["| arm | iteration | train loss | validation loss | validation ppl |",
+             "|---|---:|---:|---:|---:|"]
+    for arm, r in table.items():
+        lines.append(f"| {arm} | {r['iteration']} | {fmt(r['train_loss'], '.4f')} | "
+                     f"{fmt(r['valid_loss'], '.4f')} | {fmt(r['valid_ppl'], '.2f')} |")
+    return "\n".join(lines)
+
+
+def plot(table: dict[str, dict], path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
+    for arm, r in table.items():
+        if r["valid_curve"]:
+            steps, values = zip(*r["valid_curve"])
+            ax.plot(steps, values, marker="o", markersize=3, label=arm)
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("validation loss")
+    ax.set_title("Validation loss per input interface")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    tmp = path + ".tmp.png"
+    fig.savefig(tmp)
+    plt.close(fig)
+    os.replace(tmp, path)
+
+
+def parse_runs(specs: Sequence[str]) -> dict[str, str]:
+    runs = {}
+    for spec in specs:
+        arm, sep, logdir = spec.partition("=")
+        if not sep or not arm or not logdir:
+            raise SystemExit(f"error: expected ARM=TENSORBOARD_DIR, got {spec!r}")
+        runs[arm] = logdir
+    return runs
+
+
+def main(argv: Optional[Sequence[str]] = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="+", metavar="ARM=TENSORBOARD_DIR")
+    parser.add_argument("--plot", help="write the validation-loss curves to this PNG")
+    parser.add_argument("--markdown", help="also write the table to this Markdown file")
+    args = parser.parse_args(argv)
+    table = summarise(parse_runs(args.runs))
+    text = markdown(table)
+    print(text)
+    if args.markdown:
+        with open(args.markdown + ".tmp", "w") as f:
+            f.write(text + "\n")
+        os.replace(args.markdown + ".tmp", args.markdown)
+    if args.plot:
+        plot(table, args.plot)
+        print(f"validation-loss plot: {args.plot}")
+    return table
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
