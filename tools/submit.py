@@ -1,0 +1,189 @@
+"""Submit the fixedcode arms to Slurm from one recipe, with one command.
+
+The recipe is a file of pretrain_fixedcode.py flags (model shape, data, schedule; ``#``
+comments allowed) shared by every arm. For each arm this fills slurm/fixedcode.sbatch
+(job name, log, ``--input-interface``, ``--save``/``--load``, ``--tensorboard-dir``), writes
+it to RUN_DIR/ARM/job.sbatch and submits it with sbatch; ``--dry-run`` prints the scripts
+and touches nothing. Usage::
+
+    python tools/submit.py --recipe RECIPE --run-dir RUN_DIR [--nodes 4 --gpus-per-node 8]
+    python tools/submit.py --recipe slurm/recipes/tiny_cpu.args --run-dir runs/tiny \\
+        --gpus-per-node 0 --ntasks-per-node 2 --dry-run
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+REPO = Path(__file__).resolve().parent.parent
+TEMPLATE = REPO / "slurm" / "fixedcode.sbatch"
+ARMS = ("learned", "binary", "gf2")
+# Set here per arm (or always): a recipe that sets them is refused.
+PER_ARM_FLAGS = ("--input-interface", "--save", "--load", "--tensorboard-dir",
+                 "--exit-signal-handler")
+
+
+def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
+    p.add_argument("--recipe", required=True, type=Path,
+                   help="file of pretrain_fixedcode.py flags shared by the arms")
+    p.add_argument("--run-dir", required=True, type=Path,
+                   help="per arm: RUN_DIR/ARM/{checkpoints,tensorboard,slurm-ID.log,job.sbatch}")
+    p.add_argument("--arms", default=",".join(ARMS),
+                   help="comma-separated subset of %s (default: all)" % ",".join(ARMS))
+    p.add_argument("--nodes", type=int, default=1)
+    p.add_argument("--gpus-per-node", type=int, default=8,
+                   help="0: CPU-only job (no GPU request; then --ntasks-per-node is required)")
+    p.add_argument("--ntasks-per-node", type=int,
+                   help="training ranks per node (default: --gpus-per-node, one rank per GPU)")
+    p.add_argument("--cpus-per-task", type=int, help="also sets OMP_NUM_THREADS")
+    p.add_argument("--time", help="sbatch --time limit of each run, e.g. 04:00:00")
+    p.add_argument("--partition")
+    p.add_argument("--account")
+    p.add_argument("--signal-secs", type=int, default=300,
+                   help="SIGUSR1 this many seconds before the time limit: the ranks save and "
+                        "exit, the job requeues itself (default 300; >= one step + one save)")
+    p.add_argument("--max-restarts", type=int, default=20,
+                   help="requeue at most this many times (SLURM_RESTART_COUNT); 0: never")
+    p.add_argument("--container-image",
+                   help="pyxis/enroot image for srun; the repo and RUN_DIR are mounted at "
+                        "their own paths")
+    p.add_argument("--container-mounts", help="extra pyxis mounts, SRC:DST[,SRC:DST...]")
+    p.add_argument("--python",
+                   help="interpreter on the nodes (default: this one; 'python' in a container)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the generated scripts; write and submit nothing")
+    args = p.parse_args(argv)
+
+    args.arms = [a for a in args.arms.split(",") if a]
+    unknown = sorted(set(args.arms) - set(ARMS))
+    if unknown or not args.arms:
+        p.error(f"--arms: unknown arm(s) {unknown or args.arms}; choose from {', '.join(ARMS)}")
+    for flag in ("nodes", "signal_secs"):
+        if getattr(args, flag) < 1:
+            p.error(f"--{flag.replace('_', '-')} must be >= 1")
+    for flag in ("gpus_per_node", "max_restarts"):
+        if getattr(args, flag) < 0:
+            p.error(f"--{flag.replace('_', '-')} must be >= 0")
+    if args.ntasks_per_node is None:
+        if args.gpus_per_node == 0:
+            p.error("--ntasks-per-node is required with --gpus-per-node 0")
+        args.ntasks_per_node = args.gpus_per_node
+    if args.container_mounts and not args.container_image:
+        p.error("--container-mounts needs --container-image")
+    if args.python is None:
+        args.python = "python" if args.container_image else sys.executable
+    args.run_dir = args.run_dir.resolve()
+    if any(c.isspace() for c in str(args.run_dir)):
+        p.error(f"--run-dir {args.run_dir}: no whitespace allowed (it goes into #SBATCH lines)")
+    return args
+
+
+def read_recipe(path: Path) -> List[str]:
+    """The recipe's flags, refusing the ones submit.py sets per arm."""
+    if not path.is_file():
+        raise SystemExit(f"error: --recipe {path}: no such file")
+    flags = shlex.split(path.read_text(), comments=True)
+    if flags and not flags[0].startswith("--"):
+        raise SystemExit(f"error: recipe {path} must start with a --flag, not {flags[0]!r}")
+    for token in flags:
+        if token.split("=")[0] in PER_ARM_FLAGS:
+            raise SystemExit(f"error: recipe {path} sets {token.split('=')[0]}, which "
+                             f"tools/submit.py sets in every job script; remove it")
+    return flags
+
+
+def arm_flags(recipe: List[str], arm: str, arm_dir: Path) -> List[str]:
+    ckpt = str(arm_dir / "checkpoints")
+    return recipe + ["--input-interface", arm, "--save", ckpt, "--load", ckpt,
+                     "--tensorboard-dir", str(arm_dir / "tensorboard"), "--exit-signal-handler"]
+
+
+def flag_lines(flags: List[str]) -> str:
+    """One ``--flag [values]`` per line, shell-quoted, for the TRAIN_ARGS array."""
+    lines: List[List[str]] = []
+    for token in flags:
+        if token.startswith("--") or not lines:
+            lines.append([])
+        lines[-1].append(shlex.quote(token))
+    return "\n".join("    " + " ".join(line) for line in lines)
+
+
+def sbatch_directives(args: argparse.Namespace, arm: str) -> str:
+    options = [("job-name", f"{args.run_dir.name}-{arm}"), ("nodes", args.nodes),
+               ("ntasks-per-node", args.ntasks_per_node)]
+    if args.gpus_per_node:
+        options.append(("gpus-per-node", args.gpus_per_node))
+    for name in ("cpus_per_task", "time", "partition", "account"):
+        if getattr(args, name) is not None:
+            options.append((name.replace("_", "-"), getattr(args, name)))
+    return "\n".join(f"#SBATCH --{name}={value}" for name, value in options)
+
+
+def container_args(args: argparse.Namespace) -> str:
+    if not args.container_image:
+        return ""
+    dirs = [REPO] + ([] if args.run_dir.is_relative_to(REPO) else [args.run_dir])
+    mounts = ",".join([f"{d}:{d}" for d in dirs]
+                      + ([args.container_mounts] if args.container_mounts else []))
+    return " ".join(shlex.quote(a) for a in (f"--container-image={args.container_image}",
+                                             f"--container-mounts={mounts}",
+                                             f"--container-workdir={REPO}"))
+
+
+def render(template: str, fields: dict) -> str:
+    """Fill every ``{{NAME}}``; a missing or an unused field is an error."""
+    names = set(re.findall(r"\{\{(\w+)\}\}", template))
+    if names != set(fields):
+        raise SystemExit(f"error: {TEMPLATE} fields {sorted(names)} do not match "
+                         f"tools/submit.py's {sorted(fields)}")
+    return re.sub(r"\{\{(\w+)\}\}", lambda m: str(fields[m.group(1)]), template)
+
+
+def job_script(args: argparse.Namespace, recipe: List[str], arm: str) -> str:
+    arm_dir = args.run_dir / arm
+    return render(TEMPLATE.read_text(), {
+        "SBATCH_DIRECTIVES": sbatch_directives(args, arm),
+        "LOG": arm_dir / "slurm-%j.log",
+        "SIGNAL_SECS": args.signal_secs,
+        "MAX_RESTARTS": args.max_restarts,
+        "CONTAINER_ARGS": container_args(args),
+        "TRAIN_ARGS": flag_lines(arm_flags(recipe, arm, arm_dir)),
+        "REPO": shlex.quote(str(REPO)),
+        "PYTHON": shlex.quote(args.python),
+    })
+
+
+def submit(script: Path) -> str:
+    if shutil.which("sbatch") is None:
+        raise SystemExit("error: sbatch not found: run on a Slurm login node, or use --dry-run")
+    done = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"error: sbatch {script} failed: {done.stderr.strip()}")
+    return done.stdout.strip().split(";")[0]
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    args = parse_args(argv)
+    recipe = read_recipe(args.recipe)
+    for arm in args.arms:
+        script = job_script(args, recipe, arm)
+        if args.dry_run:
+            print(f"# ===== {arm}: {args.run_dir / arm / 'job.sbatch'} =====\n{script}")
+            continue
+        arm_dir = args.run_dir / arm
+        arm_dir.mkdir(parents=True, exist_ok=True)   # Slurm does not create the log's folder
+        (arm_dir / "job.sbatch").write_text(script)
+        job_id = submit(arm_dir / "job.sbatch")
+        print(f"{arm}: job {job_id}, log {arm_dir / f'slurm-{job_id}.log'}")
+
+
+if __name__ == "__main__":
+    main()
