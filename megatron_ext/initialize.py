@@ -53,16 +53,20 @@ def initialize_distributed(device: str, tensor_parallel_size: int = 1,
             f"error: world size {world_size} is not divisible by --tensor-model-parallel-size "
             f"{tensor_parallel_size} x --pipeline-model-parallel-size {pipeline_parallel_size}")
     if not torch.distributed.is_initialized():
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        if world_size == 1:
-            os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        if world_size == 1 and "MASTER_PORT" not in os.environ:
+            # A lone process rendezvouses with itself on a free port; the environment is left
+            # untouched, so processes it starts pick their own.
+            init_method = f"tcp://127.0.0.1:{_free_port()}"
         elif "MASTER_PORT" not in os.environ:
             raise SystemExit("error: MASTER_PORT is not set for a multi-process run")
+        else:
+            init_method = (f"tcp://{os.environ.get('MASTER_ADDR', '127.0.0.1')}:"
+                           f"{os.environ['MASTER_PORT']}")
         if device == "cuda":
             torch.cuda.set_device(local_rank)
         torch.distributed.init_process_group(
             backend="nccl" if device == "cuda" else "gloo", rank=rank, world_size=world_size,
-            init_method="env://")
+            init_method=init_method)
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(
             tensor_model_parallel_size=tensor_parallel_size,

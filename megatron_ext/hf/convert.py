@@ -1,0 +1,157 @@
+"""Megatron GPTModel weights and training args -> a Hugging Face Llama, or fixed-code Llama.
+
+The learned arm becomes a stock ``LlamaForCausalLM``; the binary and gf2 arms become
+:class:`~megatron_ext.hf.modeling_fixedcode.FixedCodeLlamaForCausalLM` (``trust_remote_code``)
+with the code in ``config.json`` and no input table. Weight mapping, from the TP=1 local-spec
+state dict (L layers, h hidden, f FFN, q heads, g query groups, d = h/q):
+
+===============================================  =============================================
+Megatron                                         Hugging Face Llama
+===============================================  =============================================
+embedding.word_embeddings.weight [V, h]          model.embed_tokens.weight (learned arm only)
+decoder.layers.i.input_layernorm.weight          model.layers.i.input_layernorm.weight
+decoder.layers.i.self_attention.linear_qkv       q_proj / k_proj / v_proj: viewed as
+  .weight [g·(q/g+2)·d, h]                         [g, q/g+2, d, h]; per group q/g query heads,
+                                                   then one key, then one value head
+decoder.layers.i.self_attention.linear_proj      model.layers.i.self_attn.o_proj.weight
+decoder.layers.i.pre_mlp_layernorm.weight        model.layers.i.post_attention_layernorm.weight
+decoder.layers.i.mlp.linear_fc1.weight [2f, h]   gate_proj = rows [0, f), up_proj = rows [f, 2f)
+decoder.layers.i.mlp.linear_fc2.weight           model.layers.i.mlp.down_proj.weight
+decoder.final_layernorm.weight                   model.norm.weight
+output_layer.weight [V, h]                       lm_head.weight (tied: embed_tokens.weight)
+===============================================  =============================================
+
+V is the padded vocabulary (``padded_vocab_size``), kept so that logits match Megatron's.
+RoPE needs no permutation: Megatron's default (non-interleaved) rotary rotates halves like
+HF's ``rotate_half``; ``rotary_base`` becomes ``rope_theta``. RMSNorm: ``norm_epsilon`` ->
+``rms_norm_eps``. Anything else (LayerNorm, GELU MLP, linear biases, non-RoPE positions, an
+unknown weight) is refused by :func:`check_mappable` / :func:`hf_state_dict`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Optional
+
+import torch
+from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+from .configuration_fixedcode import FixedCodeLlamaConfig
+from .modeling_fixedcode import FixedCodeLlamaForCausalLM
+
+ARMS = ("learned", "binary", "gf2")
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+REQUIRED_ARGS = ("input_interface", "num_layers", "hidden_size", "ffn_hidden_size",
+                 "num_attention_heads", "num_query_groups", "normalization", "norm_epsilon",
+                 "swiglu", "disable_bias_linear", "untie_embeddings_and_output_weights",
+                 "position_embedding_type", "rotary_base", "max_position_embeddings",
+                 "seq_length", "padded_vocab_size", "init_method_std", "tokenizer_type",
+                 "tokenizer_model", "vocab_size")
+
+
+def check_mappable(args: argparse.Namespace, fixed_code: Optional[dict], source: str) -> None:
+    """Refuse, with every reason, a checkpoint whose model has no Llama equivalent."""
+    missing = [name for name in REQUIRED_ARGS if not hasattr(args, name)]
+    if missing:
+        raise SystemExit(f"error: {source}: the saved training args lack {missing}; was it "
+                         f"written by pretrain_fixedcode.py?")
+    reasons = []
+    if args.input_interface not in ARMS:
+        reasons.append(f"--input-interface {args.input_interface}: not one of {ARMS}")
+    elif args.input_interface != "learned" and not fixed_code:
+        reasons.append(f"a {args.input_interface} checkpoint without its saved fixed_code: "
+                       f"the code (A, b) is unknown")
+    if args.normalization != "RMSNorm":
+        reasons.append(f"--normalization {args.normalization}: Llama has RMSNorm only")
+    if not args.swiglu:
+        reasons.append("--no-swiglu: Llama's MLP is SwiGLU")
+    if not args.disable_bias_linear:
+        reasons.append("--no-disable-bias-linear: this exporter maps bias-free linears only")
+    if args.position_embedding_type != "rope":
+        reasons.append(f"--position-embedding-type {args.position_embedding_type}: Llama "
+                       f"applies RoPE")
+    if reasons:
+        raise SystemExit(f"error: cannot convert {source} to Hugging Face Llama:\n  - "
+                         + "\n  - ".join(reasons))
+
+
+def hf_state_dict(state: dict, args: argparse.Namespace, dtype: torch.dtype) -> dict:
+    """The HF Llama state dict of a TP=1 Megatron GPTModel state dict (see the module table)."""
+    state = {k: v for k, v in state.items() if not k.endswith("._extra_state")}
+
+    def take(key):
+        if key not in state:
+            raise SystemExit(f"error: the checkpoint has no weight {key}")
+        return state.pop(key).detach().to(dtype)
+
+    h, q = args.hidden_size, args.num_attention_heads
+    g, d = args.num_query_groups or q, args.hidden_size // args.num_attention_heads
+    out = {}
+    if args.input_interface == "learned":
+        out["model.embed_tokens.weight"] = take("embedding.word_embeddings.weight")
+    for i in range(args.num_layers):
+        m, o = f"decoder.layers.{i}.", f"model.layers.{i}."
+        out[o + "input_layernorm.weight"] = take(m + "input_layernorm.weight")
+        qkv = take(m + "self_attention.linear_qkv.weight").view(g, q // g + 2, d, h)
+        out[o + "self_attn.q_proj.weight"] = qkv[:, : q // g].reshape(q * d, h)
+        out[o + "self_attn.k_proj.weight"] = qkv[:, q // g].reshape(g * d, h)
+        out[o + "self_attn.v_proj.weight"] = qkv[:, q // g + 1].reshape(g * d, h)
+        out[o + "self_attn.o_proj.weight"] = take(m + "self_attention.linear_proj.weight")
+        out[o + "post_attention_layernorm.weight"] = take(m + "pre_mlp_layernorm.weight")
+        gate, up = take(m + "mlp.linear_fc1.weight").chunk(2, dim=0)
+        out[o + "mlp.gate_proj.weight"], out[o + "mlp.up_proj.weight"] = gate, up
+        out[o + "mlp.down_proj.weight"] = take(m + "mlp.linear_fc2.weight")
+    out["model.norm.weight"] = take("decoder.final_layernorm.weight")
+    if args.untie_embeddings_and_output_weights:
+        out["lm_head.weight"] = take("output_layer.weight")
+    else:
+        out["lm_head.weight"] = out["model.embed_tokens.weight"]
+    if state:
+        raise SystemExit(f"error: cannot map the checkpoint's weights {sorted(state)} to Llama")
+    return {k: v.contiguous() for k, v in out.items()}
+
+
+def hf_config(args: argparse.Namespace, fixed_code: Optional[dict], dtype: torch.dtype,
+              eos_token_id: int) -> LlamaConfig:
+    """The HF config of the checkpoint's model: Llama's, plus the code for binary/gf2."""
+    shape = dict(
+        vocab_size=args.padded_vocab_size,
+        hidden_size=args.hidden_size,
+        intermediate_size=args.ffn_hidden_size,
+        num_hidden_layers=args.num_layers,
+        num_attention_heads=args.num_attention_heads,
+        num_key_value_heads=args.num_query_groups or args.num_attention_heads,
+        head_dim=args.hidden_size // args.num_attention_heads,
+        hidden_act="silu",
+        max_position_embeddings=args.max_position_embeddings,
+        rms_norm_eps=args.norm_epsilon,
+        rope_parameters={"rope_type": "default", "rope_theta": float(args.rotary_base)},
+        attention_bias=False,
+        mlp_bias=False,
+        initializer_range=args.init_method_std,
+        bos_token_id=None,
+        eos_token_id=eos_token_id,
+        pad_token_id=None,
+        dtype=dtype,
+    )
+    if args.input_interface == "learned":
+        return LlamaConfig(tie_word_embeddings=not args.untie_embeddings_and_output_weights,
+                           architectures=["LlamaForCausalLM"], **shape)
+    return FixedCodeLlamaConfig(fixed_code=fixed_code, tie_word_embeddings=False,
+                                architectures=["FixedCodeLlamaForCausalLM"], **shape)
+
+
+def save_hf_model(config: LlamaConfig, state: dict, output: str) -> None:
+    """Write ``config.json``, safetensors and ``generation_config.json`` (EOD ends and pads a
+    generation), plus the custom code files for binary/gf2."""
+    cls = LlamaForCausalLM
+    if isinstance(config, FixedCodeLlamaConfig):
+        cls = FixedCodeLlamaForCausalLM
+        FixedCodeLlamaConfig.register_for_auto_class()
+        FixedCodeLlamaForCausalLM.register_for_auto_class("AutoModelForCausalLM")
+    with torch.device("meta"):  # weights are assigned, not allocated twice
+        model = cls(config)
+    model.load_state_dict(state, strict=True, assign=True)
+    model.generation_config = GenerationConfig(eos_token_id=config.eos_token_id,
+                                               pad_token_id=config.eos_token_id)
+    model.save_pretrained(output)

@@ -1,0 +1,89 @@
+"""The comparison table of evaluated models, beside the paper's published numbers.
+
+Accuracies are percentages (as the paper prints them), perplexity is as lm-eval gives it;
+``±`` is lm-eval's bootstrap standard error (absent when it was not computed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Optional
+
+# (task, metric) rows of the table, in order.
+METRICS = (("hellaswag", "acc_norm"), ("piqa", "acc"), ("lambada_openai", "acc"),
+           ("lambada_openai", "perplexity"))
+PERCENT = {"acc", "acc_norm"}
+# The paper's binary arm (the only arm it publishes numbers for).
+PAPER = {"binary": {("hellaswag", "acc_norm"): 52.40, ("piqa", "acc"): 70.51,
+                    ("lambada_openai", "acc"): 42.75}}
+
+
+def arm_of(hf_dir: str) -> str:
+    """``learned``, ``binary`` or ``gf2`` from an export's ``config.json``."""
+    with open(os.path.join(hf_dir, "config.json")) as f:
+        config = json.load(f)
+    if config.get("model_type") == "fixedcode_llama":
+        return config["fixed_code"]["scheme"]
+    return "learned" if config.get("model_type") == "llama" else config.get("model_type", "?")
+
+
+def metric_values(results: dict, task: str, metric: str) -> Optional[dict]:
+    """``{"value", "stderr"}`` from lm-eval's ``results[task]`` (stderr None if not computed)."""
+    task_results = results.get(task, {})
+    if f"{metric},none" not in task_results:
+        return None
+    scale = 100.0 if metric in PERCENT else 1.0
+    stderr = task_results.get(f"{metric}_stderr,none")
+    return {"value": task_results[f"{metric},none"] * scale,
+            "stderr": stderr * scale if isinstance(stderr, (int, float)) else None}
+
+
+def build_report(models: list[dict], tasks: list[str]) -> dict:
+    """``models``: ``[{"path", "arm", "results"}]`` (lm-eval's ``results`` dict) -> the report."""
+    rows = []
+    for task, metric in METRICS:
+        if task not in tasks:
+            continue
+        row = {"task": task, "metric": metric, "models": {}}
+        for m in models:
+            row["models"][m["path"]] = metric_values(m["results"], task, metric)
+        row["paper"] = {arm: nums[(task, metric)] for arm, nums in PAPER.items()
+                        if (task, metric) in nums}
+        rows.append(row)
+    return {"models": [{"path": m["path"], "arm": m["arm"], "lm_eval_results": m["results"]}
+                       for m in models], "rows": rows}
+
+
+def _cell(values: Optional[dict]) -> str:
+    if values is None:
+        return "—"
+    if values["stderr"] is None:
+        return f"{values['value']:.2f}"
+    return f"{values['value']:.2f} ± {values['stderr']:.2f}"
+
+
+def markdown(report: dict) -> str:
+    paper_arms = sorted(PAPER)
+    header = (["task", "metric"] + [f"{m['arm']} ({m['path']})" for m in report["models"]]
+              + [f"paper ({arm})" for arm in paper_arms])
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in report["rows"]:
+        cells = [row["task"], row["metric"] + (" (%)" if row["metric"] in PERCENT else "")]
+        cells += [_cell(row["models"][m["path"]]) for m in report["models"]]
+        cells += [f"{row['paper'][arm]:.2f}" if arm in row["paper"] else "—"
+                  for arm in paper_arms]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def write_report(report: dict, output_dir: str) -> tuple[str, str]:
+    """Write ``results.md`` and ``results.json`` into ``output_dir``; their paths."""
+    os.makedirs(output_dir, exist_ok=True)
+    md_path = os.path.join(output_dir, "results.md")
+    json_path = os.path.join(output_dir, "results.json")
+    with open(md_path, "w") as f:
+        f.write(markdown(report) + "\n")
+    with open(json_path, "w") as f:
+        json.dump(report, f, indent=2)
+    return md_path, json_path

@@ -1,0 +1,104 @@
+"""The paper's evaluations as lm-eval's own task definitions, reading local JSONL files.
+
+Each task is the YAML that lm-eval registers under its name (HellaSwag: ``process_docs``
+preprocessing, acc and acc_norm; PIQA: acc and acc_norm; LAMBADA-OpenAI: acc and
+perplexity), loaded unchanged except for where its documents come from:
+``dataset_path: json`` with ``DATA_DIR/<task>.jsonl`` as the split that the official task
+evaluates (no training split: zero-shot). Every row is checked against the official field
+layout first, so that a wrong file fails with its name and line instead of scoring 0.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import lm_eval.tasks
+from lm_eval.tasks import TaskManager
+from lm_eval.tasks._yaml_loader import load_yaml
+
+# task -> its folder among lm-eval's tasks
+SUPPORTED = {"hellaswag": "hellaswag", "piqa": "piqa", "lambada_openai": "lambada"}
+
+
+def _is_str(v) -> bool:
+    return isinstance(v, str)
+
+
+def _is_index(v, n: int) -> bool:
+    return not isinstance(v, bool) and isinstance(v, int) and 0 <= v < n
+
+
+# field -> (check, what the official layout holds there)
+LAYOUTS = {
+    "hellaswag": {
+        "activity_label": (_is_str, "a string"),
+        "ctx_a": (_is_str, "a string"),
+        "ctx_b": (_is_str, "a string"),
+        "endings": (lambda v: isinstance(v, list) and len(v) == 4 and all(map(_is_str, v)),
+                    "a list of 4 strings"),
+        "label": (lambda v: _is_index(v, 4) or v in ("0", "1", "2", "3"),
+                  "0-3 (an int or a digit string)"),
+    },
+    "piqa": {
+        "goal": (_is_str, "a string"),
+        "sol1": (_is_str, "a string"),
+        "sol2": (_is_str, "a string"),
+        "label": (lambda v: _is_index(v, 2), "the int 0 or 1"),
+    },
+    "lambada_openai": {
+        "text": (lambda v: _is_str(v) and v.strip() != "", "a non-empty string"),
+    },
+}
+
+
+def data_file(data_dir: str, task: str) -> str:
+    return os.path.abspath(os.path.join(data_dir, f"{task}.jsonl"))
+
+
+def check_rows(task: str, path: str) -> int:
+    """Check every row of ``path`` against ``task``'s official layout; the number of rows."""
+    if not os.path.isfile(path):
+        raise SystemExit(f"error: --data-dir: no {path} for task {task}")
+    rows = 0
+    with open(path, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise SystemExit(f"error: {path}:{line_no}: not JSON ({e})") from e
+            for field, (ok, expected) in LAYOUTS[task].items():
+                if field not in row:
+                    raise SystemExit(f"error: {path}:{line_no}: no field {field!r} ({task} rows "
+                                     f"have {sorted(LAYOUTS[task])})")
+                if not ok(row[field]):
+                    raise SystemExit(f"error: {path}:{line_no}: {field} must be {expected}, "
+                                     f"got {row[field]!r}")
+            rows += 1
+    if not rows:
+        raise SystemExit(f"error: {path} holds no rows")
+    return rows
+
+
+def official_tasks() -> TaskManager:
+    """lm-eval's index of the supported tasks' own folders only (indexing all its tasks takes
+    seconds)."""
+    root = os.path.dirname(lm_eval.tasks.__file__)
+    folders = [os.path.join(root, d) for d in sorted(set(SUPPORTED.values()))]
+    return TaskManager(include_defaults=False, include_path=folders)
+
+
+def task_config(task: str, task_manager: TaskManager, data_dir: str | None) -> dict:
+    """lm-eval's official config of ``task``; reading ``data_dir`` when given, else the Hub."""
+    if task not in SUPPORTED:
+        raise SystemExit(f"error: --tasks: {task!r} is not one of {', '.join(SUPPORTED)}")
+    config = load_yaml(task_manager.task_index[task].yaml_path, resolve_func=True)
+    if data_dir is None:
+        return config
+    split = config.get("test_split") or config["validation_split"]
+    path = data_file(data_dir, task)
+    check_rows(task, path)
+    return {**config, "dataset_path": "json", "dataset_name": None, "training_split": None,
+            "dataset_kwargs": {"data_files": {split: path}}}

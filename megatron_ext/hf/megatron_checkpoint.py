@@ -1,0 +1,45 @@
+"""Read a training checkpoint (``--save DIR``) into one fp32 CPU GPTModel, whatever its TP/PP.
+
+The checkpoint is found as :mod:`megatron_ext.checkpointing` writes it; its common state holds
+``args`` (the training run's arguments) and ``fixed_code``. The model is rebuilt from those
+args at TP=PP=1 with the local layer spec and the PyTorch fixed code, and
+``dist_checkpointing`` reshards the saved tensors into it (Transformer Engine checkpoints
+share the local spec's sharded keys).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Optional
+
+from megatron.core import dist_checkpointing
+from megatron.core.models.gpt import GPTModel
+
+from ..checkpointing import load_common
+from ..model import model_provider
+
+
+def read_checkpoint(load: str, iteration: Optional[int] = None
+                    ) -> tuple[str, argparse.Namespace, Optional[dict], int]:
+    """``(path, training args, fixed_code or None, iteration)`` of ``load``'s checkpoint
+    (default: the latest completed save)."""
+    path, common = load_common(load, iteration)
+    if not isinstance(common.get("args"), dict):
+        raise SystemExit(f"error: {path} holds no training args (common state 'args')")
+    return path, argparse.Namespace(**common["args"]), common.get("fixed_code"), \
+        common.get("iteration")
+
+
+def load_model(path: str, args: argparse.Namespace, fixed_code: Optional[dict]) -> GPTModel:
+    """The checkpoint's model as one fp32 module on CPU, in eval mode. Needs
+    ``initialize_distributed("cpu")`` (TP=PP=1) first."""
+    args = argparse.Namespace(**vars(args))
+    args.fixed_code = fixed_code  # reuse the saved A and b; never redraw them
+    args.tensor_model_parallel_size = args.pipeline_model_parallel_size = 1
+    args.sequence_parallel = args.use_distributed_optimizer = False
+    args.transformer_impl, args.fp8_format, args.fixed_code_impl = "local", None, "torch"
+    args.bf16 = args.fp16 = False
+    model = model_provider(args, on_cpu=True)
+    state = dist_checkpointing.load({"model": model.sharded_state_dict()}, path)
+    model.load_state_dict(state["model"])
+    return model.eval()

