@@ -1,8 +1,11 @@
 """fixedcode: a Megatron-Core extension for LMs whose input table is a fixed code of the token id.
 
 Modules: ``codes`` (the code schemes), ``embedding`` (FixedCodeEmbedding for GPTModel),
-``model`` (the model provider), ``arguments`` (Megatron-LM flags), ``initialize`` (process
-start-up), ``cpu_backend`` (Megatron-Core on CPU for tests and the demo).
+``kernels`` and ``cuda_extension`` (PyTorch reference vs fused CUDA kernel), ``model`` (the
+model provider), ``arguments`` (Megatron-LM flags), ``initialize`` (process start-up),
+``training``, ``checkpointing``, ``datasets``, ``metrics``, ``exit_conditions`` (the training
+loop and its parts), ``tokenizer``, ``data`` (preprocessing), ``hf`` (Hugging Face export),
+``cpu_backend`` (Megatron-Core on CPU for tests and the demo).
 """
 
 import warnings

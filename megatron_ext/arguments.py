@@ -62,6 +62,9 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
                    help="bit value mapping: pm1 -> {-1,+1} (default), 01 -> {0,1}")
     c.add_argument("--code-scale", type=float, default=1.0, help="multiplies the code values")
     c.add_argument("--code-seed", type=int, default=1234, help="seed drawing A and b (gf2)")
+    c.add_argument("--fixed-code-impl", choices=["auto", "torch", "cuda"], default="auto",
+                   help="auto: fused CUDA kernel on a GPU when it builds, else PyTorch; "
+                        "cuda: the kernel or an error")
 
     p = parser.add_argument_group("parallelism")
     p.add_argument("--tensor-model-parallel-size", type=int, default=1)

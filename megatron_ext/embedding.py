@@ -24,7 +24,8 @@ from .kernels import fixed_code_forward
 
 
 class FixedCodeEmbedding(MegatronModule):
-    """Same constructor and forward signature as ``LanguageModelEmbedding``, plus ``code``.
+    """Same constructor and forward signature as ``LanguageModelEmbedding``, plus ``code``
+    and ``impl`` (``auto``, ``torch`` or ``cuda``: see :mod:`megatron_ext.kernels`).
 
     Only ``position_embedding_type`` ``'rope'`` or ``'none'`` and no token types: a learned
     position table would reintroduce trainable input parameters.
@@ -41,6 +42,7 @@ class FixedCodeEmbedding(MegatronModule):
         tp_group: Optional[torch.distributed.ProcessGroup] = None,
         *,
         code: FixedCode,
+        impl: str = "auto",
     ):
         super().__init__(config=config)
         if position_embedding_type == 'learned_absolute':
@@ -52,6 +54,7 @@ class FixedCodeEmbedding(MegatronModule):
         code.check_vocab(vocab_size)
         code.check_width(config.hidden_size)
         self.code = code
+        self.impl = impl  # see megatron_ext.kernels.IMPLS
         self.vocab_size = vocab_size
         self.max_sequence_length = max_sequence_length
         self.scatter_to_sequence_parallel = scatter_to_sequence_parallel
@@ -90,7 +93,7 @@ class FixedCodeEmbedding(MegatronModule):
             ids = ids[self.tp_group.rank() * local:(self.tp_group.rank() + 1) * local]
         dtype = torch.float32 if self.config.fp32_residual_connection else self.config.params_dtype
         embeddings = fixed_code_forward(self.code, ids, self.code_A, self.code_b,
-                                        self.config.hidden_size, dtype)
+                                        self.config.hidden_size, dtype, self.impl)
         if sequence_parallel:
             with tensor_parallel.get_cuda_rng_tracker().fork():
                 return self.embedding_dropout(embeddings)

@@ -4,7 +4,8 @@ loss and perplexity.
 
 Throughput is tokens per second of the whole job; MFU (GPU only) is model FLOPs per second
 over the devices' dense bf16 peak, with model FLOPs per token = 6 x trainable parameters
-+ 12 x layers x hidden x sequence (attention scores), the PaLM-paper estimate.
+outside the input table (a lookup costs no FLOPs) + 12 x layers x hidden x sequence
+(attention scores), the PaLM-paper estimate.
 """
 
 from __future__ import annotations
@@ -23,14 +24,18 @@ from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
 PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0}
 
 
-def trainable_parameters(model: torch.nn.Module, device: str) -> int:
-    """Trainable parameters of the whole model, summed over tensor and pipeline ranks."""
-    local = sum(p.numel() for p in model.parameters() if p.requires_grad
-                and (parallel_state.get_tensor_model_parallel_rank() == 0
-                     or param_is_not_tensor_parallel_duplicate(p)))
-    t = torch.tensor([local], dtype=torch.float64, device=device)
+def trainable_parameters(model: torch.nn.Module, device: str) -> tuple[int, int]:
+    """``(all, input table)`` trainable parameters of the whole model, summed over tensor and
+    pipeline ranks."""
+    counts = [0, 0]
+    for name, p in model.named_parameters():
+        if p.requires_grad and (parallel_state.get_tensor_model_parallel_rank() == 0
+                                or param_is_not_tensor_parallel_duplicate(p)):
+            counts[0] += p.numel()
+            counts[1] += p.numel() if name.startswith("embedding.") else 0
+    t = torch.tensor(counts, dtype=torch.float64, device=device)
     torch.distributed.all_reduce(t, group=parallel_state.get_model_parallel_group())
-    return int(t.item())
+    return int(t[0].item()), int(t[1].item())
 
 
 def peak_flops(device: str) -> Optional[float]:
@@ -51,8 +56,8 @@ class MetricsLogger:
     def __init__(self, args: argparse.Namespace, model: torch.nn.Module, is_logging_rank: bool):
         self.args = args
         self.is_logging_rank = is_logging_rank
-        self.num_params = trainable_parameters(model, args.device)
-        self.flops_per_token = (6 * self.num_params
+        self.num_params, table = trainable_parameters(model, args.device)
+        self.flops_per_token = (6 * (self.num_params - table)
                                 + 12 * args.num_layers * args.hidden_size * args.seq_length)
         self.peak = peak_flops(args.device)
         self.writer = None

@@ -126,5 +126,6 @@ def model_provider(args: argparse.Namespace, pre_process: bool = True,
             max_sequence_length=args.max_position_embeddings,
             position_embedding_type=args.position_embedding_type,
             code=code,
+            impl=args.fixed_code_impl,
         )
     return model

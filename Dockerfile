@@ -1,0 +1,24 @@
+# fixedcode on NVIDIA's NGC PyTorch image. The image's torch, CUDA toolkit and Transformer
+# Engine are used as they are (never reinstalled: the install is constrained to the image's
+# torch, on top of NGC's own /etc/pip/constraint.txt); the project is installed editable and
+# the fused fixed-code CUDA kernel is built into the image.
+#
+#   docker build -t fixedcode:latest .
+#   enroot import -o fixedcode.sqsh dockerd://fixedcode:latest
+ARG BASE_IMAGE=nvcr.io/nvidia/pytorch:25.09-py3
+FROM ${BASE_IMAGE}
+
+# Ampere, Hopper (H100/H200), Blackwell. Kept at run time: a JIT load with other flags would
+# rebuild the kernel.
+ENV TORCH_CUDA_ARCH_LIST="8.0;9.0;10.0" \
+    TORCH_EXTENSIONS_DIR=/opt/fixedcode/torch_extensions
+
+WORKDIR /workspace/fixedcode
+COPY . .
+RUN python -c "import torch; print(f'torch=={torch.__version__}')" > /tmp/keep-torch.txt \
+ && pip install --no-cache-dir -c /tmp/keep-torch.txt -e ".[dev]" \
+ && python -m megatron_ext.cuda_extension \
+ && chmod -R a+rX /opt/fixedcode \
+ && python -c "import torch, megatron.core, transformer_engine as te; \
+print('torch', torch.__version__, '| megatron-core', megatron.core.__version__, \
+'| transformer-engine', te.__version__)"

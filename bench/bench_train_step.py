@@ -1,0 +1,99 @@
+"""One full training step (forward, backward, Megatron DDP grad reduce and the Megatron Adam
+step) of the same GPTModel with a learned input table and with fixed codes, side by side.
+
+The step is the training loop's own: ``megatron_ext.training.build_model_and_optimizer`` and
+``train_step`` with pretrain_fixedcode.py's forward step, on one fixed synthetic batch. Each
+arm runs in its own process. Model flags are the training flags; the defaults are a small
+model with the reference vocabulary (49,152)::
+
+    python bench/bench_train_step.py
+    python bench/bench_train_step.py --bf16 --num-layers 4 --hidden-size 2048 \\
+        --num-attention-heads 32 --seq-length 2048 --micro-batch-size 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+from pathlib import Path
+
+import torch
+
+import measure
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULTS = ["--num-layers", "2", "--hidden-size", "256", "--num-attention-heads", "4",
+            "--seq-length", "256", "--micro-batch-size", "2", "--vocab-size", "49152",
+            "--tokenizer-type", "NullTokenizer", "--mock-data", "--train-iters", "1"]
+ARMS = ("learned", "binary", "gf2")
+
+
+def child(arm: str, model_argv: list, warmup: int, reps: int) -> None:
+    sys.path.insert(0, str(REPO))
+    from pretrain_fixedcode import make_forward_step, model_provider, parse_args
+    from megatron_ext.initialize import initialize_distributed, resolve_device
+    from megatron_ext.training import build_model_and_optimizer, setup_args, train_step
+
+    args = parse_args(DEFAULTS + model_argv + ["--input-interface", arm])
+    args.device = resolve_device(args.device)
+    initialize_distributed(args.device, seed=args.seed)
+    setup_args(args)
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, args.vocab_size, (args.micro_batch_size, args.seq_length + 1),
+                           generator=gen)
+    batch = {"tokens": tokens[:, :-1], "labels": tokens[:, 1:],
+             "loss_mask": torch.ones(args.micro_batch_size, args.seq_length),
+             "position_ids": torch.arange(args.seq_length).expand(args.micro_batch_size, -1)}
+    batch = {k: v.contiguous().to(args.device) for k, v in batch.items()}
+
+    baseline = measure.memory_now()
+    model, ddp, optimizer, scheduler = build_model_and_optimizer(args, model_provider)
+    measure.reset_peak()
+    forward_step, batches = make_forward_step(args), itertools.repeat(batch)
+
+    def step():
+        train_step(args, forward_step, batches, ddp, optimizer, scheduler)
+
+    step_ms = measure.time_ms(step, warmup, reps)
+    peak = measure.peak_memory() - baseline
+    tokens_per_step = args.global_batch_size * args.seq_length
+    measure.emit({"step_ms": step_ms, "peak_bytes": peak,
+                  "tokens_per_s": tokens_per_step / step_ms["wall"] * 1e3,
+                  "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad),
+                  "shape": f"{args.num_layers} layers, hidden {args.hidden_size}, seq "
+                           f"{args.seq_length}, {args.global_batch_size} x {args.seq_length} "
+                           f"tokens/step, vocab {args.padded_vocab_size}, "
+                           f"{model.config.params_dtype}"})
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--reps", type=int, default=None, help="default 20 GPU, 5 CPU")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args, model_argv = parser.parse_known_args()
+    reps = args.reps if args.reps is not None else (20 if measure.device() == "cuda" else 5)
+    if args.child:
+        return child(args.child, model_argv, args.warmup, reps)
+
+    results = {arm: measure.run_child(__file__, arm, "--warmup", str(args.warmup), "--reps",
+                                      str(reps), *model_argv) for arm in ARMS}
+    base = results["learned"]
+    print(f"# bench_train_step: {base['shape']}; warmup {args.warmup}, reps {reps} (median)\n"
+          f"# machine: {measure.machine()}\n# memory: {measure.MEMORY_KIND}")
+    clocks = measure.clocks()
+    print("| input | trainable | " + " | ".join(f"step {c} ms" for c in clocks)
+          + " | tokens/s (wall) | peak MiB | "
+          + " | ".join(f"learned/this step {c}" for c in clocks) + " | learned/this peak |")
+    print("|---|" + "---:|" * (4 + 2 * len(clocks)))
+    for arm, r in results.items():
+        print(f"| {arm} | {r['trainable']:,} | "
+              + " | ".join(f"{r['step_ms'][c]:.1f}" for c in clocks)
+              + f" | {r['tokens_per_s']:,.0f} | {r['peak_bytes'] / 2**20:.0f} | "
+              + " | ".join(f"{base['step_ms'][c] / r['step_ms'][c]:.2f}x" for c in clocks)
+              + f" | {base['peak_bytes'] / max(r['peak_bytes'], 1):.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
