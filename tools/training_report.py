@@ -46,7 +46,7 @@ def summarise(runs: dict[str, str]) -> dict[str, dict]:
 
 def markdown(table: dict[str, dict]) -> str:
     fmt = lambda v, spec: "—" if v is None else format(v, spec)  # noqa: E731
-    lines = ["| arm | iteration | train loss | validation loss | validation ppl |",
+    lines = ["| arm | iteration | train loss (last log interval) | validation loss | validation ppl |",
              "|---|---:|---:|---:|---:|"]
     for arm, r in table.items():
         lines.append(f"| {arm} | {r['iteration']} | {fmt(r['train_loss'], '.4f')} | "
