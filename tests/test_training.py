@@ -158,3 +158,15 @@ def test_tensorboard_scalars_are_written(tmp_path):
             "lm loss validation", "lm loss validation ppl"} <= tags
     assert [e.step for e in events.Scalars("lm loss")] == [1, 2, 3, 4]
     assert [e.step for e in events.Scalars("lm loss validation")] == [2, 4]
+
+    # tools/training_report.py turns the same logs into the arms' table and plot.
+    from tools import training_report
+    png, md = tmp_path / "valid.png", tmp_path / "report.md"
+    table = training_report.main([f"binary={tb}", "--plot", str(png), "--markdown", str(md)])
+    assert table["binary"]["iteration"] == 4
+    assert table["binary"]["train_loss"] == events.Scalars("lm loss")[-1].value
+    assert table["binary"]["valid_loss"] == events.Scalars("lm loss validation")[-1].value
+    assert png.read_bytes().startswith(b"\x89PNG")
+    assert f"| binary | 4 | {table['binary']['train_loss']:.4f} |" in md.read_text()
+    with pytest.raises(SystemExit, match="expected ARM=TENSORBOARD_DIR"):
+        training_report.main([str(tb)])
