@@ -40,9 +40,14 @@ class NonFiniteLossError(RuntimeError):
     pass
 
 
+def is_logging_rank() -> bool:
+    """The last rank: the one that holds the loss under pipelining."""
+    return torch.distributed.get_rank() == torch.distributed.get_world_size() - 1
+
+
 def log(msg: str) -> None:
-    """Print once, from the last rank (the one that holds the loss under pipelining)."""
-    if torch.distributed.get_rank() == torch.distributed.get_world_size() - 1:
+    """Print once, from the logging rank."""
+    if is_logging_rank():
         print(msg, flush=True)
 
 
@@ -199,8 +204,7 @@ def pretrain(args: argparse.Namespace, model_provider: Callable, forward_step: C
 
     train_iter, valid_dataset = datasets_provider(
         args, tokenizer, args.train_iters * args.global_batch_size, consumed)
-    metrics = MetricsLogger(args, model, is_logging_rank=(
-        torch.distributed.get_rank() == torch.distributed.get_world_size() - 1))
+    metrics = MetricsLogger(args, model, is_logging_rank=is_logging_rank())
     exits = ExitConditions(args, start_time)
     log(f"[fixedcode] {args.input_interface} arm | {metrics.num_params:,} trainable parameters "
         f"| {args.device} x {args.world_size} (tp {args.tensor_model_parallel_size}, "
@@ -217,7 +221,7 @@ def pretrain(args: argparse.Namespace, model_provider: Callable, forward_step: C
             last_saved = iteration
             log(f"[fixedcode] saved checkpoint {path}")
 
-    loss = valid_loss = None
+    loss = valid_loss = reason = None
     nonfinite_in_a_row = 0
     bar = tqdm(total=args.train_iters, initial=iteration, desc="train", unit="it",
                disable=not (sys.stderr.isatty() and metrics.is_logging_rank))
@@ -249,22 +253,20 @@ def pretrain(args: argparse.Namespace, model_provider: Callable, forward_step: C
             metrics.validation(iteration, valid_loss)
         if args.save_interval and iteration % args.save_interval == 0:
             save()
-        reason = exits.check(iteration)
-        if reason and iteration < args.train_iters:
-            save()
-            log(f"[fixedcode] {reason}: exiting at iteration {iteration}")
-            bar.close()
-            metrics.close()
-            return {"iteration": iteration, "train_loss": loss, "valid_loss": valid_loss,
-                    "exit_reason": reason}
+        reason = exits.check(iteration) if iteration < args.train_iters else None
+        if reason:
+            break
     bar.close()
     save()
     metrics.close()
-    summary = f"[fixedcode] training done: iteration {iteration}"
-    if loss is not None:
-        summary += f" | final train loss {loss:.6f}"
-    if valid_loss is not None:
-        summary += f" | final validation loss {valid_loss:.6f}"
-    log(summary)
+    if reason:
+        log(f"[fixedcode] {reason}: exiting at iteration {iteration}")
+    else:
+        summary = f"[fixedcode] training done: iteration {iteration}"
+        if loss is not None:
+            summary += f" | final train loss {loss:.6f}"
+        if valid_loss is not None:
+            summary += f" | final validation loss {valid_loss:.6f}"
+        log(summary)
     return {"iteration": iteration, "train_loss": loss, "valid_loss": valid_loss,
-            "exit_reason": None}
+            "exit_reason": reason}
