@@ -72,6 +72,16 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--sequence-parallel", action="store_true")
     p.add_argument("--use-distributed-optimizer", action="store_true")
 
+    r = parser.add_argument_group("activation recompute")
+    r.add_argument("--recompute-granularity", choices=["full", "selective"], default=None,
+                   help="full: recompute whole transformer layers in the backward pass; "
+                        "selective: only core attention")
+    r.add_argument("--recompute-method", choices=["uniform", "block"], default=None,
+                   help="full recompute: uniform (every layer, in chunks of "
+                        "--recompute-num-layers) or block (the first --recompute-num-layers "
+                        "layers of each pipeline stage)")
+    r.add_argument("--recompute-num-layers", type=int, default=None)
+
     t = parser.add_argument_group("tokenizer")
     t.add_argument("--tokenizer-type", default="NullTokenizer",
                    choices=["NullTokenizer", "SentencePieceTokenizer", "HuggingFaceTokenizer"])
@@ -169,6 +179,7 @@ def validate_model_args(args: argparse.Namespace) -> None:
         raise SystemExit("error: --bf16 and --fp16 are exclusive")
     if args.fp8_format and args.transformer_impl != "transformer_engine":
         raise SystemExit("error: --fp8-format needs --transformer-impl transformer_engine")
+    validate_recompute_args(args)
     if args.input_interface != "learned":
         if not args.untie_embeddings_and_output_weights:
             raise SystemExit(
@@ -178,6 +189,19 @@ def validate_model_args(args: argparse.Namespace) -> None:
             raise SystemExit(
                 f"error: --hidden-size {args.hidden_size} is not a multiple of --code-bits "
                 f"{args.code_bits} (the code is tiled to the model width)")
+
+
+def validate_recompute_args(args: argparse.Namespace) -> None:
+    if args.recompute_granularity == "full":
+        if args.recompute_method is None or args.recompute_num_layers is None:
+            raise SystemExit("error: --recompute-granularity full needs --recompute-method "
+                             "{uniform,block} and --recompute-num-layers")
+        if not 1 <= args.recompute_num_layers <= args.num_layers:
+            raise SystemExit(f"error: --recompute-num-layers {args.recompute_num_layers} is "
+                             f"outside [1, --num-layers {args.num_layers}]")
+    elif args.recompute_method is not None or args.recompute_num_layers is not None:
+        raise SystemExit("error: --recompute-method and --recompute-num-layers apply to "
+                         "--recompute-granularity full only")
 
 
 def build_parser(description: str) -> argparse.ArgumentParser:

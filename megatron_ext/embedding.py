@@ -94,6 +94,10 @@ class FixedCodeEmbedding(MegatronModule):
         dtype = torch.float32 if self.config.fp32_residual_connection else self.config.params_dtype
         embeddings = fixed_code_forward(self.code, ids, self.code_A, self.code_b,
                                         self.config.hidden_size, dtype, self.impl)
+        if self.training and self.config.recompute_granularity == "full":
+            # Recomputed layers run inside an autograd Function, which passes gradients to
+            # the layers' parameters only when one of its inputs requires grad.
+            embeddings.requires_grad_(True)
         if sequence_parallel:
             with tensor_parallel.get_cuda_rng_tracker().fork():
                 return self.embedding_dropout(embeddings)

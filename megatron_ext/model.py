@@ -78,6 +78,12 @@ def transformer_config_from_args(args: argparse.Namespace, on_cpu: bool) -> Tran
         persist_layer_norm=False,
         apply_rope_fusion=False,
         gradient_accumulation_fusion=False,
+        recompute_granularity=args.recompute_granularity,
+        recompute_method=args.recompute_method,
+        recompute_num_layers=args.recompute_num_layers,
+        # Pipeline stages free their sent outputs, and the backward pass calls the autograd
+        # engine directly, as in Megatron-LM.
+        deallocate_pipeline_outputs=True,
         **fp8,
     )
 

@@ -67,6 +67,19 @@ def test_pipeline_parallel_trains(tmp_path):
     assert sorted(step_losses(resumed)) == [13]
 
 
+def test_activation_recompute_gives_the_same_losses():
+    """Recomputing activations changes memory, not results: every recompute mode matches the
+    run that stores them. A fixed-code input requires no gradient of its own, yet the
+    recomputed layers must still receive theirs (the losses would drift otherwise)."""
+    run = TINY_RUN + ["--input-interface", "binary", "--train-iters", "4"]
+    stored = step_losses(run_pretrain(run).stdout)
+    for mode in (["full", "--recompute-method", "uniform", "--recompute-num-layers", "1"],
+                 ["full", "--recompute-method", "block", "--recompute-num-layers", "1"],
+                 ["selective"]):
+        assert step_losses(run_pretrain(run + ["--recompute-granularity", *mode]).stdout) \
+            == stored, mode
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])
 def test_exit_signal_handler_saves_and_exits_zero(tmp_path, sig):
     ckpt = tmp_path / "ckpt"
@@ -127,6 +140,11 @@ def test_nonfinite_losses_stop_with_a_clear_error(tmp_path):
      "--data-path: /nonexistent/corpus_text_document.bin does not exist"),
     (["--input-interface", "binary", "--global-batch-size", "5"],
      "--global-batch-size 5 is not a multiple of --micro-batch-size 2"),
+    (["--recompute-granularity", "full"],
+     "--recompute-granularity full needs --recompute-method {uniform,block} and "
+     "--recompute-num-layers"),
+    (["--recompute-granularity", "full", "--recompute-method", "block",
+      "--recompute-num-layers", "3"], "--recompute-num-layers 3 is outside [1, --num-layers 2]"),
 ])
 def test_bad_flags_are_clear_errors(flags, message):
     args = [a for a in TINY_RUN if a != "--mock-data"] if "--data-path" in flags else TINY_RUN

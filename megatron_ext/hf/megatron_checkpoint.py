@@ -39,6 +39,7 @@ def load_model(path: str, args: argparse.Namespace, fixed_code: Optional[dict]) 
     args.sequence_parallel = args.use_distributed_optimizer = False
     args.transformer_impl, args.fp8_format, args.fixed_code_impl = "local", None, "torch"
     args.bf16 = args.fp16 = False
+    args.recompute_granularity = args.recompute_method = args.recompute_num_layers = None
     model = model_provider(args, on_cpu=True)
     state = dist_checkpointing.load({"model": model.sharded_state_dict()}, path)
     model.load_state_dict(state["model"])
