@@ -71,6 +71,10 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--pipeline-model-parallel-size", type=int, default=1)
     p.add_argument("--sequence-parallel", action="store_true")
     p.add_argument("--use-distributed-optimizer", action="store_true")
+    p.add_argument("--overlap-grad-reduce", action="store_true",
+                   help="reduce gradients bucket by bucket during the backward pass")
+    p.add_argument("--ddp-bucket-size", type=int, default=None,
+                   help="parameters per gradient bucket (default max(40M, 1M x DP size))")
 
     r = parser.add_argument_group("activation recompute")
     r.add_argument("--recompute-granularity", choices=["full", "selective"], default=None,

@@ -73,6 +73,8 @@ def setup_args(args: argparse.Namespace):
     if args.device == "cpu" and (args.sequence_parallel or args.use_distributed_optimizer):
         raise SystemExit("error: --sequence-parallel and --use-distributed-optimizer need GPUs "
                          "(their reduce-scatter is not available on CPU/gloo)")
+    if args.ddp_bucket_size is not None and not args.overlap_grad_reduce:
+        raise SystemExit("error: --ddp-bucket-size applies with --overlap-grad-reduce only")
     if args.save_interval and not args.save:
         raise SystemExit("error: --save-interval needs --save")
     tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model, args.vocab_size)
@@ -108,7 +110,8 @@ def build_model_and_optimizer(args, model_provider: Callable):
     ddp = DistributedDataParallel(
         config=model.config,
         ddp_config=DistributedDataParallelConfig(
-            grad_reduce_in_fp32=True, overlap_grad_reduce=False,
+            grad_reduce_in_fp32=True, overlap_grad_reduce=args.overlap_grad_reduce,
+            bucket_size=args.ddp_bucket_size,
             use_distributed_optimizer=args.use_distributed_optimizer),
         module=model)
     optimizer = get_megatron_optimizer(
@@ -210,6 +213,9 @@ def pretrain(args: argparse.Namespace, model_provider: Callable, forward_step: C
         f"| {args.device} x {args.world_size} (tp {args.tensor_model_parallel_size}, "
         f"pp {args.pipeline_model_parallel_size}, dp {args.data_parallel_size}) "
         f"| {args.num_microbatches} micro-batches per step")
+    if args.overlap_grad_reduce:
+        buckets = sum(len(buffer.buckets) for buffer in ddp.buffers)
+        log(f"[fixedcode] gradient reduction overlaps the backward pass: {buckets} buckets")
 
     last_saved = iteration if resume_path else None
 

@@ -4,6 +4,7 @@ atomic checkpoints and clear errors."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -51,6 +52,20 @@ def test_data_parallel_resume_matches(tmp_path):
     second = run_pretrain(run + ["--save", ckpt, "--load", ckpt], nproc=2)
     assert "resumed from" in second.stdout
     assert {**step_losses(first.stdout), **step_losses(second.stdout)} == straight
+
+
+def test_overlapped_gradient_reduction_matches():
+    """Two processes, gradients reduced bucket by bucket during the backward pass (several
+    buckets, two micro-batches per step): the same losses as one reduction at the end."""
+    run = TINY_RUN + ["--input-interface", "binary", "--train-iters", "4",
+                      "--global-batch-size", "8"]
+    plain = run_pretrain(run, nproc=2).stdout
+    overlapped = run_pretrain(run + ["--overlap-grad-reduce", "--ddp-bucket-size", "20000"],
+                              nproc=2).stdout
+    buckets = re.search(r"gradient reduction overlaps the backward pass: (\d+) buckets",
+                        overlapped)
+    assert buckets and int(buckets.group(1)) > 1
+    assert step_losses(overlapped) == step_losses(plain)
 
 
 def test_pipeline_parallel_trains(tmp_path):
@@ -140,6 +155,7 @@ def test_nonfinite_losses_stop_with_a_clear_error(tmp_path):
      "--data-path: /nonexistent/corpus_text_document.bin does not exist"),
     (["--input-interface", "binary", "--global-batch-size", "5"],
      "--global-batch-size 5 is not a multiple of --micro-batch-size 2"),
+    (["--ddp-bucket-size", "1000"], "--ddp-bucket-size applies with --overlap-grad-reduce only"),
     (["--recompute-granularity", "full"],
      "--recompute-granularity full needs --recompute-method {uniform,block} and "
      "--recompute-num-layers"),
