@@ -54,6 +54,22 @@ def test_data_parallel_resume_matches(tmp_path):
     assert {**step_losses(first.stdout), **step_losses(second.stdout)} == straight
 
 
+def test_resume_on_another_data_parallel_size(tmp_path):
+    """A job requeued on more GPUs: saved with one process, resumed with two. The global
+    batch and the data order stay; only the gradient summation order changes."""
+    run = TINY_RUN + ["--input-interface", "gf2", "--train-iters", "6", "--global-batch-size", "8"]
+    straight = step_losses(run_pretrain(run).stdout)
+    ckpt = tmp_path / "ckpt"
+    first = run_pretrain(run + ["--save", ckpt, "--load", ckpt, "--exit-interval", "3"]).stdout
+    second = run_pretrain(run + ["--save", ckpt, "--load", ckpt], nproc=2).stdout
+    assert "world size changed (1 -> 2): random-number states are re-seeded" in second
+    assert "dp 2) | 2 micro-batches per step" in second
+    resumed = {**step_losses(first), **step_losses(second)}
+    assert sorted(resumed) == sorted(straight) == list(range(1, 7))
+    for it in straight:
+        assert float(resumed[it]) == pytest.approx(float(straight[it]), rel=1e-4), it
+
+
 def test_overlapped_gradient_reduction_matches():
     """Two processes, gradients reduced bucket by bucket during the backward pass (several
     buckets, two micro-batches per step): the same losses as one reduction at the end."""
