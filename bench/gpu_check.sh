@@ -4,8 +4,9 @@
 #   2. check it against the PyTorch reference (tests/test_cuda_kernel.py: random ids, both
 #      schemes, fp32/bf16/fp16, plus the nvcc compile check);
 #   3. time it: bench/bench_embedding.py (learned table vs fixed code, kernel bandwidth);
-#   4. a few training steps of the 1.7B reference shape on one GPU: bf16 (binary and learned),
-#      then FP8 through Transformer Engine when it is importable; tokens/s and MFU.
+#   4. a few training steps of the 1.7B reference shape on one GPU, with Transformer Engine
+#      layers and Megatron-LM's fused kernels when TE imports (else the local layers): bf16
+#      (binary and learned), then FP8 (binary, TE only); tokens/s and MFU.
 # Logs and summary.md go to $OUT/gpu_check when OUT is set, else /tmp/fixedcode_gpu_check.
 # Each step has its own time limit; a failed step is recorded and the next one still runs.
 #
@@ -23,9 +24,11 @@ export PYTHONUNBUFFERED=1
 START=$SECONDS
 BUDGET=${GPU_CHECK_BUDGET_S:-720}
 
+if "$PY" -c "import transformer_engine" 2>/dev/null; then HAVE_TE=1; else HAVE_TE=0; fi
+IMPL=$( ((HAVE_TE)) && echo transformer_engine || echo local)
 TRAIN=(pretrain_fixedcode.py --preset smollm2-1.7b --micro-batch-size 1 --global-batch-size 8
        --seq-length 2048 --train-iters 10 --bf16 --mock-data --tokenizer-type NullTokenizer
-       --vocab-size 49152 --lr 3e-4 --log-interval 1 --eval-iters 0)
+       --vocab-size 49152 --lr 3e-4 --log-interval 1 --eval-iters 0 --transformer-impl "$IMPL")
 
 # step NAME LIMIT_S COMMAND...: run with a time limit, log to $RESULTS/NAME.log, record the
 # outcome; skipped when the overall budget would be exceeded.
@@ -62,6 +65,9 @@ throughput() {
     "$PY" -c "import torch; print('torch', torch.__version__, 'CUDA', torch.version.cuda)"
     "$PY" -c "import transformer_engine as te; print('Transformer Engine', te.__version__)" \
         2>/dev/null || echo "Transformer Engine: not importable"
+    "$PY" -c "import megatron.core.tensor_parallel.layers as l; \
+print('gradient accumulation fusion (apex):', l._grad_accum_fusion_available)"
+    echo "training layers: --transformer-impl $IMPL"
     echo '```'
     echo
 } >"$SUMMARY"
@@ -71,9 +77,8 @@ step parity 180 "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda_kernel.py
 step bench_embedding 240 "$PY" bench/bench_embedding.py --reps 20
 step train_binary_bf16 150 "$PY" "${TRAIN[@]}" --input-interface binary
 step train_learned_bf16 150 "$PY" "${TRAIN[@]}" --input-interface learned
-if "$PY" -c "import transformer_engine" 2>/dev/null; then
-    step train_binary_fp8 150 "$PY" "${TRAIN[@]}" --input-interface binary \
-        --transformer-impl transformer_engine --fp8-format hybrid
+if ((HAVE_TE)); then
+    step train_binary_fp8 150 "$PY" "${TRAIN[@]}" --input-interface binary --fp8-format hybrid
 else
     echo "- train_binary_fp8: skipped (Transformer Engine not importable)" >>"$SUMMARY"
 fi

@@ -53,6 +53,17 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
                    help="FP8 training with Transformer Engine")
     g.add_argument("--fp8-amax-history-len", type=int, default=1024)
     g.add_argument("--fp8-amax-compute-algo", choices=["most_recent", "max"], default="max")
+    # Fused kernels, on by default on GPUs as in Megatron-LM (never used on CPU).
+    g.add_argument("--no-bias-swiglu-fusion", dest="bias_swiglu_fusion", action="store_false",
+                   help="unfused SwiGLU (default: fused on GPUs)")
+    g.add_argument("--no-rope-fusion", dest="rope_fusion", action="store_false",
+                   help="unfused RoPE (default: Transformer Engine's fused RoPE with "
+                        "--transformer-impl transformer_engine)")
+    g.add_argument("--no-gradient-accumulation-fusion", dest="gradient_accumulation_fusion",
+                   action="store_false",
+                   help="weight gradients not accumulated in the GEMM (default: fused when "
+                        "Transformer Engine layers are used and apex's "
+                        "fused_weight_gradient_mlp_cuda is importable)")
 
     c = parser.add_argument_group("fixed-code input")
     c.add_argument("--input-interface", choices=["learned", "binary", "gf2"], default="learned",

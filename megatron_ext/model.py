@@ -43,6 +43,23 @@ def params_dtype(args: argparse.Namespace) -> torch.dtype:
     return torch.bfloat16 if args.bf16 else torch.float16 if args.fp16 else torch.float32
 
 
+def fusions(args: argparse.Namespace, on_cpu: bool) -> dict:
+    """Megatron-Core's fused-kernel switches: on for GPUs as in Megatron-LM, unless a
+    ``--no-...-fusion`` flag says otherwise; off on CPU.
+
+    The output layer is Megatron's own linear even under Transformer Engine, and its fused
+    weight-gradient accumulation needs apex's extension: without it the fusion stays off."""
+    if on_cpu:
+        return dict(bias_activation_fusion=False, apply_rope_fusion=False,
+                    gradient_accumulation_fusion=False)
+    from megatron.core.tensor_parallel.layers import _grad_accum_fusion_available
+    te = args.transformer_impl == "transformer_engine"
+    return dict(bias_activation_fusion=args.bias_swiglu_fusion and args.swiglu,
+                apply_rope_fusion=args.rope_fusion and te,
+                gradient_accumulation_fusion=(args.gradient_accumulation_fusion and te
+                                              and _grad_accum_fusion_available))
+
+
 def transformer_config_from_args(args: argparse.Namespace, on_cpu: bool) -> TransformerConfig:
     dtype = params_dtype(args)
     fp8 = {}
@@ -72,12 +89,10 @@ def transformer_config_from_args(args: argparse.Namespace, on_cpu: bool) -> Tran
         pipeline_model_parallel_size=args.pipeline_model_parallel_size,
         sequence_parallel=args.sequence_parallel,
         use_cpu_initialization=on_cpu,
-        bias_activation_fusion=False,
-        bias_dropout_fusion=False,
-        masked_softmax_fusion=False,
-        persist_layer_norm=False,
-        apply_rope_fusion=False,
-        gradient_accumulation_fusion=False,
+        bias_dropout_fusion=False,  # no biases, dropout 0: the residual add stays plain
+        masked_softmax_fusion=False,  # local attention only; TE's attention is fused anyway
+        persist_layer_norm=False,  # apex only
+        **fusions(args, on_cpu),
         recompute_granularity=args.recompute_granularity,
         recompute_method=args.recompute_method,
         recompute_num_layers=args.recompute_num_layers,

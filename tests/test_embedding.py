@@ -14,7 +14,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron_ext.arguments import padded_vocab_size, parse_model_args
 from megatron_ext.codes import FixedCode
 from megatron_ext.embedding import FixedCodeEmbedding
-from megatron_ext.model import model_provider
+from megatron_ext.model import fusions, model_provider
 
 VOCAB = 500
 SMALL = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
@@ -155,6 +155,26 @@ def test_gptmodel_forward_backward_and_optimizer(cpu_dist, arm):
                if isinstance(v, torch.Tensor) and not torch.equal(v, before[k])]
     assert any(k.startswith("decoder.") for k in changed)
     assert any(k.startswith("output_layer.") for k in changed)
+
+
+def test_fused_kernels_on_gpus_as_in_megatron_lm(monkeypatch):
+    """GPUs get Megatron-LM's fused SwiGLU, TE's fused RoPE and fused weight-gradient
+    accumulation (the last only where apex's extension imports); --no-...-fusion turns each
+    off; CPU runs use none."""
+    from megatron.core.tensor_parallel import layers
+    te = ("--transformer-impl", "transformer_engine")
+    assert not any(fusions(small_args("binary", *te), on_cpu=True).values())
+    monkeypatch.setattr(layers, "_grad_accum_fusion_available", True)
+    assert fusions(small_args("binary", *te), on_cpu=False) == dict(
+        bias_activation_fusion=True, apply_rope_fusion=True, gradient_accumulation_fusion=True)
+    assert fusions(small_args("binary"), on_cpu=False) == dict(
+        bias_activation_fusion=True, apply_rope_fusion=False, gradient_accumulation_fusion=False)
+    assert fusions(small_args("binary", *te, "--no-bias-swiglu-fusion", "--no-rope-fusion",
+                              "--no-gradient-accumulation-fusion"), on_cpu=False) == dict(
+        bias_activation_fusion=False, apply_rope_fusion=False, gradient_accumulation_fusion=False)
+    assert not fusions(small_args("binary", "--no-swiglu"), on_cpu=False)["bias_activation_fusion"]
+    monkeypatch.setattr(layers, "_grad_accum_fusion_available", False)
+    assert not fusions(small_args("binary", *te), on_cpu=False)["gradient_accumulation_fusion"]
 
 
 def test_backbone_init_is_identical_across_arms(cpu_dist):
