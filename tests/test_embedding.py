@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 
 import pytest
 import torch
@@ -155,6 +156,20 @@ def test_gptmodel_forward_backward_and_optimizer(cpu_dist, arm):
                if isinstance(v, torch.Tensor) and not torch.equal(v, before[k])]
     assert any(k.startswith("decoder.") for k in changed)
     assert any(k.startswith("output_layer.") for k in changed)
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--recompute-granularity", "full"],
+     "--recompute-granularity full needs --recompute-method {uniform,block} and "
+     "--recompute-num-layers"),
+    (["--recompute-granularity", "full", "--recompute-method", "block",
+      "--recompute-num-layers", "3"], "--recompute-num-layers 3 is outside [1, --num-layers 2]"),
+    (["--recompute-granularity", "selective", "--recompute-num-layers", "1"],
+     "--recompute-method and --recompute-num-layers apply to --recompute-granularity full only"),
+])
+def test_bad_recompute_flags_are_clear_errors(flags, message):
+    with pytest.raises(SystemExit, match=re.escape(message)):
+        small_args("binary", *flags)
 
 
 def test_fused_kernels_on_gpus_as_in_megatron_lm(monkeypatch):

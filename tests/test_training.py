@@ -105,7 +105,6 @@ def test_activation_recompute_gives_the_same_losses():
     run = TINY_RUN + ["--input-interface", "binary", "--train-iters", "4"]
     stored = step_losses(run_pretrain(run).stdout)
     for mode in (["full", "--recompute-method", "uniform", "--recompute-num-layers", "1"],
-                 ["full", "--recompute-method", "block", "--recompute-num-layers", "1"],
                  ["selective"]):
         assert step_losses(run_pretrain(run + ["--recompute-granularity", *mode]).stdout) \
             == stored, mode
@@ -172,11 +171,6 @@ def test_nonfinite_losses_stop_with_a_clear_error(tmp_path):
     (["--input-interface", "binary", "--global-batch-size", "5"],
      "--global-batch-size 5 is not a multiple of --micro-batch-size 2"),
     (["--ddp-bucket-size", "1000"], "--ddp-bucket-size applies with --overlap-grad-reduce only"),
-    (["--recompute-granularity", "full"],
-     "--recompute-granularity full needs --recompute-method {uniform,block} and "
-     "--recompute-num-layers"),
-    (["--recompute-granularity", "full", "--recompute-method", "block",
-      "--recompute-num-layers", "3"], "--recompute-num-layers 3 is outside [1, --num-layers 2]"),
 ])
 def test_bad_flags_are_clear_errors(flags, message):
     args = [a for a in TINY_RUN if a != "--mock-data"] if "--data-path" in flags else TINY_RUN
