@@ -51,8 +51,13 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
                    default="local")
     g.add_argument("--fp8-format", choices=["e4m3", "hybrid"], default=None,
                    help="FP8 training with Transformer Engine")
-    g.add_argument("--fp8-amax-history-len", type=int, default=1024)
-    g.add_argument("--fp8-amax-compute-algo", choices=["most_recent", "max"], default="max")
+    g.add_argument("--fp8-recipe", choices=["delayed", "tensorwise", "blockwise", "mxfp8"],
+                   default="delayed",
+                   help="FP8 scaling: delayed (amax history), tensorwise (current scaling), "
+                        "blockwise (Hopper, TE >= 2.3), mxfp8 (Blackwell)")
+    g.add_argument("--fp8-amax-history-len", type=int, default=1024, help="delayed recipe")
+    g.add_argument("--fp8-amax-compute-algo", choices=["most_recent", "max"], default="max",
+                   help="delayed recipe")
     # Fused kernels, on by default on GPUs as in Megatron-LM (never used on CPU).
     g.add_argument("--no-bias-swiglu-fusion", dest="bias_swiglu_fusion", action="store_false",
                    help="unfused SwiGLU (default: fused on GPUs)")

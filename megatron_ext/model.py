@@ -64,7 +64,7 @@ def transformer_config_from_args(args: argparse.Namespace, on_cpu: bool) -> Tran
     dtype = params_dtype(args)
     fp8 = {}
     if args.fp8_format:
-        fp8 = dict(fp8=args.fp8_format, fp8_recipe="delayed",
+        fp8 = dict(fp8=args.fp8_format, fp8_recipe=args.fp8_recipe,
                    fp8_amax_history_len=args.fp8_amax_history_len,
                    fp8_amax_compute_algo=args.fp8_amax_compute_algo)
     return TransformerConfig(

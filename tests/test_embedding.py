@@ -15,7 +15,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron_ext.arguments import padded_vocab_size, parse_model_args
 from megatron_ext.codes import FixedCode
 from megatron_ext.embedding import FixedCodeEmbedding
-from megatron_ext.model import fusions, model_provider
+from megatron_ext.model import fusions, model_provider, transformer_config_from_args
 
 VOCAB = 500
 SMALL = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
@@ -170,6 +170,17 @@ def test_gptmodel_forward_backward_and_optimizer(cpu_dist, arm):
 def test_bad_recompute_flags_are_clear_errors(flags, message):
     with pytest.raises(SystemExit, match=re.escape(message)):
         small_args("binary", *flags)
+
+
+@pytest.mark.parametrize("recipe", ["delayed", "tensorwise"])
+def test_fp8_flags_reach_the_transformer_config(recipe):
+    args = small_args("binary", "--transformer-impl", "transformer_engine", "--bf16",
+                      "--fp8-format", "hybrid", "--fp8-recipe", recipe,
+                      "--fp8-amax-history-len", "16", "--fp8-amax-compute-algo", "most_recent")
+    config = transformer_config_from_args(args, on_cpu=True)
+    assert (config.fp8, config.fp8_recipe) == ("hybrid", recipe)
+    assert (config.fp8_amax_history_len, config.fp8_amax_compute_algo) == (16, "most_recent")
+    assert transformer_config_from_args(small_args("binary"), on_cpu=True).fp8 is None
 
 
 def test_fused_kernels_on_gpus_as_in_megatron_lm(monkeypatch):
