@@ -155,6 +155,16 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
     e.add_argument("--log-interval", type=int, default=100)
     e.add_argument("--tensorboard-dir", default=None)
 
+    f = parser.add_argument_group("profiling (see megatron_ext/profiling.py)")
+    f.add_argument("--profile", action="store_true",
+                   help="record iterations --profile-step-start+1 .. --profile-step-end: for "
+                        "Nsight Systems (GPU), or with --use-pytorch-profiler")
+    f.add_argument("--use-pytorch-profiler", action="store_true",
+                   help="a PyTorch profiler trace per rank in --tensorboard-dir")
+    f.add_argument("--profile-step-start", type=int, default=10)
+    f.add_argument("--profile-step-end", type=int, default=12)
+    f.add_argument("--profile-ranks", type=int, nargs="+", default=[0])
+
     c = parser.add_argument_group("checkpointing and exit")
     c.add_argument("--save", default=None, help="checkpoint directory")
     c.add_argument("--save-interval", type=int, default=None)

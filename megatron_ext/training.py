@@ -33,6 +33,7 @@ from .exit_conditions import ExitConditions
 from .initialize import initialize_distributed, resolve_device
 from .metrics import MetricsLogger
 from .model import build_code
+from .profiling import StepProfiler, validate_profile_args
 from .tokenizer import build_tokenizer
 
 
@@ -75,6 +76,7 @@ def setup_args(args: argparse.Namespace):
                          "(their reduce-scatter is not available on CPU/gloo)")
     if args.ddp_bucket_size is not None and not args.overlap_grad_reduce:
         raise SystemExit("error: --ddp-bucket-size applies with --overlap-grad-reduce only")
+    validate_profile_args(args)
     if args.save_interval and not args.save:
         raise SystemExit("error: --save-interval needs --save")
     tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model, args.vocab_size)
@@ -209,6 +211,7 @@ def pretrain(args: argparse.Namespace, model_provider: Callable, forward_step: C
         args, tokenizer, args.train_iters * args.global_batch_size, consumed)
     metrics = MetricsLogger(args, model, is_logging_rank=is_logging_rank())
     exits = ExitConditions(args, start_time)
+    profiler = StepProfiler(args, torch.distributed.get_rank())
     log(f"[fixedcode] {args.input_interface} arm | {metrics.num_params:,} trainable parameters "
         f"| {args.device} x {args.world_size} (tp {args.tensor_model_parallel_size}, "
         f"pp {args.pipeline_model_parallel_size}, dp {args.data_parallel_size}) "
@@ -232,10 +235,12 @@ def pretrain(args: argparse.Namespace, model_provider: Callable, forward_step: C
     bar = tqdm(total=args.train_iters, initial=iteration, desc="train", unit="it",
                disable=not (sys.stderr.isatty() and metrics.is_logging_rank))
     while iteration < args.train_iters:
+        profiler.step_starts(iteration)
         step_start = time.time()
         step_loss, grad_norm, skipped = train_step(args, forward_step, train_iter, ddp,
                                                    optimizer, scheduler)
         iteration += 1
+        profiler.step_ended(iteration)
         consumed += args.global_batch_size
         bar.update(1)
         if skipped:
@@ -263,6 +268,7 @@ def pretrain(args: argparse.Namespace, model_provider: Callable, forward_step: C
         if reason:
             break
     bar.close()
+    profiler.close()
     save()
     metrics.close()
     if reason:

@@ -3,6 +3,7 @@ atomic checkpoints and clear errors."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -13,6 +14,8 @@ import time
 import pytest
 
 from conftest import PRETRAIN, TINY_RUN, run_pretrain, step_losses
+from megatron_ext.profiling import validate_profile_args
+from pretrain_fixedcode import parse_args
 
 MARKER = "latest_checkpointed_iteration.txt"
 
@@ -108,6 +111,32 @@ def test_activation_recompute_gives_the_same_losses():
                  ["selective"]):
         assert step_losses(run_pretrain(run + ["--recompute-granularity", *mode]).stdout) \
             == stored, mode
+
+
+def test_pytorch_profiler_records_the_asked_iterations(tmp_path):
+    tb = tmp_path / "tb"
+    out = run_pretrain(TINY_RUN + ["--input-interface", "gf2", "--train-iters", "5", "--profile",
+                                   "--use-pytorch-profiler", "--profile-step-start", "2",
+                                   "--profile-step-end", "4", "--tensorboard-dir", tb]).stdout
+    assert "rank 0: profiling iterations 3-4" in out
+    (trace,) = tb.glob("rank0.*.pt.trace.json")
+    names = {e.get("name") for e in json.loads(trace.read_text())["traceEvents"]}
+    assert {n for n in names if n and n.startswith("iteration ")} == {"iteration 3",
+                                                                        "iteration 4"}
+    assert "aten::mm" in names  # the steps' operators are in the trace
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--profile-step-start", "4", "--profile-step-end", "4"],
+     "--profile-step-start 4 must be >= 0 and below --profile-step-end 4"),
+    (["--use-pytorch-profiler"], "--use-pytorch-profiler writes its trace to --tensorboard-dir"),
+    ([], "--profile without --use-pytorch-profiler is for Nsight Systems and needs a GPU"),
+])
+def test_bad_profile_flags_are_clear_errors(flags, message):
+    args = parse_args(TINY_RUN + ["--train-iters", "5", "--profile", *flags])
+    args.device = "cpu"
+    with pytest.raises(SystemExit, match=re.escape(message)):
+        validate_profile_args(args)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])
