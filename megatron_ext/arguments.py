@@ -170,6 +170,16 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
     c.add_argument("--save-interval", type=int, default=None)
     c.add_argument("--load", default=None,
                    help="resume from the latest checkpoint here (none yet: start fresh)")
+    c.add_argument("--ckpt-step", type=int, default=None,
+                   help="load this iteration of --load, not the latest")
+    c.add_argument("--override-opt_param-scheduler", "--override-opt-param-scheduler",
+                   dest="override_opt_param_scheduler", action="store_true",
+                   help="on resume: continue with the schedule these flags give (--lr, "
+                        "--lr-decay-iters, ...) where it differs from the checkpoint's")
+    c.add_argument("--use-checkpoint-opt_param-scheduler",
+                   "--use-checkpoint-opt-param-scheduler",
+                   dest="use_checkpoint_opt_param_scheduler", action="store_true",
+                   help="on resume: keep the checkpoint's schedule whatever these flags say")
     c.add_argument("--exit-signal-handler", action="store_true",
                    help="on SIGTERM/SIGUSR1: finish the step, save, exit 0")
     c.add_argument("--exit-duration-in-mins", type=float, default=None)

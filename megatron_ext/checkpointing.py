@@ -82,6 +82,46 @@ def check_compatible(saved_args: dict, args: argparse.Namespace, path: str) -> N
                          + "\n  ".join(diffs))
 
 
+# The learning-rate and weight-decay schedule, by argument, with its flag.
+SCHEDULE_FLAGS = {
+    "lr": "--lr", "min_lr": "--min-lr", "lr_warmup_iters": "--lr-warmup-iters",
+    "lr_decay_iters": "--lr-decay-iters", "lr_decay_style": "--lr-decay-style",
+    "lr_wsd_decay_iters": "--lr-wsd-decay-iters", "lr_wsd_decay_style": "--lr-wsd-decay-style",
+    "weight_decay": "--weight-decay",
+}
+
+
+def _schedule(args: dict) -> dict:
+    """The schedule the arguments define (decay length resolved, WSD values only for WSD)."""
+    schedule = {k: args.get(k) for k in SCHEDULE_FLAGS}
+    schedule["lr_decay_iters"] = schedule["lr_decay_iters"] or args.get("train_iters")
+    if schedule["lr_decay_style"] != "WSD":
+        schedule["lr_wsd_decay_iters"] = schedule["lr_wsd_decay_style"] = None
+    return schedule
+
+
+def reconcile_schedule(saved_args: dict, args: argparse.Namespace, path: str) -> list[str]:
+    """On resume, settle which schedule continues when the flags and the checkpoint differ:
+    the flags' with ``--override-opt_param-scheduler``, the checkpoint's (copied into
+    ``args``) with ``--use-checkpoint-opt_param-scheduler``, else an error naming each
+    difference. Returns the differences, ``["--flag NEW (checkpoint OLD)", ...]``."""
+    if args.override_opt_param_scheduler and args.use_checkpoint_opt_param_scheduler:
+        raise SystemExit("error: --override-opt_param-scheduler and "
+                         "--use-checkpoint-opt_param-scheduler are exclusive")
+    old, new = _schedule(saved_args), _schedule(vars(args))
+    diffs = [f"{SCHEDULE_FLAGS[k]} {new[k]} (checkpoint {old[k]})" for k in old if old[k] != new[k]]
+    if not diffs or args.override_opt_param_scheduler:
+        return diffs
+    if args.use_checkpoint_opt_param_scheduler:
+        for k in SCHEDULE_FLAGS:
+            setattr(args, k, old[k] if old[k] is not None else getattr(args, k))
+        return diffs
+    raise SystemExit(
+        f"error: the learning-rate schedule differs from the one {path} was trained with: "
+        + ", ".join(diffs) + ". Pass --override-opt_param-scheduler to continue with the new "
+        "values, or --use-checkpoint-opt_param-scheduler to keep the checkpoint's")
+
+
 def _rng_state() -> dict:
     return {
         "random": random.getstate(),

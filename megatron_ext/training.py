@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 import time
 from typing import Callable, Optional
@@ -77,6 +78,8 @@ def setup_args(args: argparse.Namespace):
     if args.ddp_bucket_size is not None and not args.overlap_grad_reduce:
         raise SystemExit("error: --ddp-bucket-size applies with --overlap-grad-reduce only")
     validate_profile_args(args)
+    if args.ckpt_step is not None and not args.load:
+        raise SystemExit("error: --ckpt-step needs --load")
     if args.save_interval and not args.save:
         raise SystemExit("error: --save-interval needs --save")
     tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model, args.vocab_size)
@@ -91,12 +94,32 @@ def setup_args(args: argparse.Namespace):
 
 
 def resolve_checkpoint(args: argparse.Namespace):
-    """``(path, common)`` of the checkpoint to resume, or ``(None, None)``; sets the code."""
+    """``(path, common)`` of the checkpoint to resume, or ``(None, None)``; sets the code.
+
+    A ``--save`` directory that holds a checkpoint is the run's own: it is resumed even when
+    ``--load`` names another directory (a requeued branch continues, rather than starting
+    over from where it branched), and a run without ``--load`` refuses to overwrite it."""
+    load = args.load
+    saved = checkpointing.latest_iteration(args.save) if args.save else None
+    if saved is not None and not (load and os.path.realpath(load) == os.path.realpath(args.save)):
+        if not load:
+            raise SystemExit(f"error: --save {args.save} already holds checkpoints (latest: "
+                             f"iteration {saved}); resume them with --load {args.save}, or "
+                             f"save to another directory")
+        log(f"[fixedcode] --save {args.save} holds iteration {saved}: resuming from it, not "
+            f"from --load {load}")
+        load = args.save
+    step = args.ckpt_step if load == args.load else None
     path = common = None
-    if args.load and checkpointing.latest_iteration(args.load) is not None:
-        path, common = checkpointing.load_common(args.load)
+    if load and (step is not None or checkpointing.latest_iteration(load) is not None):
+        path, common = checkpointing.load_common(load, step)
         checkpointing.check_compatible(common["args"], args, path)
         args.fixed_code = common["fixed_code"]  # never regenerate A and b of a saved model
+        changes = checkpointing.reconcile_schedule(common["args"], args, path)
+        if changes:
+            log("[fixedcode] learning-rate schedule " + (
+                "from these flags, not the checkpoint's: " if args.override_opt_param_scheduler
+                else "kept from the checkpoint; ignored: ") + ", ".join(changes))
     else:
         code = build_code(args)
         args.fixed_code = None if code is None else code.to_dict()
@@ -131,7 +154,10 @@ def build_model_and_optimizer(args, model_provider: Callable):
         lr_decay_style=args.lr_decay_style,
         start_wd=args.weight_decay, end_wd=args.weight_decay,
         wd_incr_steps=args.train_iters, wd_incr_style="constant",
-        wsd_decay_steps=args.lr_wsd_decay_iters, lr_wsd_decay_style=args.lr_wsd_decay_style)
+        wsd_decay_steps=args.lr_wsd_decay_iters, lr_wsd_decay_style=args.lr_wsd_decay_style,
+        # The schedule was settled on resume (checkpointing.reconcile_schedule): the
+        # scheduler takes its own values, which are the flags' or the checkpoint's.
+        use_checkpoint_opt_param_scheduler=False, override_opt_param_scheduler=True)
     model.config.finalize_model_grads_func = finalize_model_grads
     model.config.no_sync_func = ddp.no_sync
     if args.fp16:

@@ -14,6 +14,7 @@ import time
 import pytest
 
 from conftest import PRETRAIN, TINY_RUN, run_pretrain, step_losses
+from megatron_ext.checkpointing import reconcile_schedule
 from megatron_ext.profiling import validate_profile_args
 from pretrain_fixedcode import parse_args
 
@@ -43,6 +44,55 @@ def test_resume_gives_the_same_per_step_losses(tmp_path):
     resumed = {**step_losses(first), **step_losses(second)}
     assert sorted(step_losses(second)) == [5, 6, 7, 8]
     assert resumed == straight
+
+
+def step_lrs(stdout: str) -> dict[int, float]:
+    return {int(m.group(1)): float(m.group(2)) for m in
+            re.finditer(r"iteration\s+(\d+)/\d+ \|.*?\| lr: (\S+)", stdout)}
+
+
+def test_a_cooldown_branches_from_a_stable_checkpoint(tmp_path):
+    """WSD: decay from a stable-phase checkpoint into a directory of its own, with a new
+    schedule; a requeue of the branch continues the branch."""
+    stable, branch = tmp_path / "stable", tmp_path / "branch"
+    run = TINY_RUN + ["--input-interface", "binary", "--lr-decay-style", "WSD"]
+    run_pretrain(run + ["--train-iters", "8", "--lr-wsd-decay-iters", "4", "--save", stable,
+                        "--load", stable, "--save-interval", "2", "--exit-interval", "4"])
+    fresh = run_pretrain(run + ["--train-iters", "8", "--save", stable], check=False)
+    assert f"--save {stable} already holds checkpoints (latest: iteration 4); resume them " \
+           f"with --load {stable}" in fresh.stderr
+    # From iteration 2 (not the latest, 4), decaying over the last 2 of 4 iterations.
+    cooldown = run + ["--train-iters", "4", "--lr-wsd-decay-iters", "2", "--save", branch,
+                      "--load", stable, "--ckpt-step", "2", "--override-opt_param-scheduler"]
+    first = run_pretrain(cooldown + ["--exit-interval", "3"]).stdout
+    assert f"resumed from {stable}/iter_0000002 at iteration 2" in first
+    assert "schedule from these flags, not the checkpoint's: --lr-decay-iters 4 (checkpoint " \
+           "8), --lr-wsd-decay-iters 2 (checkpoint 4)" in first
+    requeued = run_pretrain(cooldown).stdout
+    assert f"--save {branch} holds iteration 3: resuming from it" in requeued
+    lr = 3e-3  # TINY_RUN's
+    assert {**step_lrs(first), **step_lrs(requeued)} == pytest.approx({3: lr / 2, 4: 0})
+
+
+def test_a_changed_schedule_needs_a_decision():
+    saved = vars(parse_args(TINY_RUN + ["--train-iters", "8", "--lr-decay-style", "WSD",
+                                        "--lr-wsd-decay-iters", "4"]))
+    cooldown = TINY_RUN + ["--train-iters", "6", "--lr-decay-style", "WSD",
+                           "--lr-wsd-decay-iters", "2", "--lr", "1e-3"]
+    with pytest.raises(SystemExit, match=re.escape(
+            "differs from the one CKPT was trained with: --lr 0.001 (checkpoint 0.003), "
+            "--lr-decay-iters 6 (checkpoint 8), --lr-wsd-decay-iters 2 (checkpoint 4). Pass "
+            "--override-opt_param-scheduler")):
+        reconcile_schedule(saved, parse_args(cooldown), "CKPT")
+    args = parse_args(cooldown + ["--use-checkpoint-opt_param-scheduler"])
+    assert len(reconcile_schedule(saved, args, "CKPT")) == 3
+    assert (args.lr, args.lr_decay_iters, args.lr_wsd_decay_iters) == (3e-3, 8, 4)
+    args = parse_args(cooldown + ["--override-opt_param-scheduler"])
+    assert len(reconcile_schedule(saved, args, "CKPT")) == 3
+    assert (args.lr, args.lr_decay_iters, args.lr_wsd_decay_iters) == (1e-3, None, 2)
+    same = parse_args(TINY_RUN + ["--train-iters", "8", "--lr-decay-style", "WSD",
+                                  "--lr-wsd-decay-iters", "4"])
+    assert reconcile_schedule(saved, same, "CKPT") == []
 
 
 def test_data_parallel_resume_matches(tmp_path):
@@ -200,6 +250,8 @@ def test_nonfinite_losses_stop_with_a_clear_error(tmp_path):
     (["--input-interface", "binary", "--global-batch-size", "5"],
      "--global-batch-size 5 is not a multiple of --micro-batch-size 2"),
     (["--ddp-bucket-size", "1000"], "--ddp-bucket-size applies with --overlap-grad-reduce only"),
+    (["--load", "/nonexistent/ckpt", "--ckpt-step", "7"],
+     "checkpoint /nonexistent/ckpt/iter_0000007 does not exist"),
 ])
 def test_bad_flags_are_clear_errors(flags, message):
     args = [a for a in TINY_RUN if a != "--mock-data"] if "--data-path" in flags else TINY_RUN
