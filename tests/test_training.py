@@ -142,7 +142,7 @@ def test_pipeline_parallel_trains(tmp_path):
     checkpoint of both stages loads back."""
     ckpt = tmp_path / "ckpt"
     run = TINY_RUN + ["--input-interface", "gf2", "--pipeline-model-parallel-size", "2",
-                      "--save", ckpt, "--load", ckpt]
+                      "--save", ckpt, "--load", ckpt, "--lr-decay-iters", "13"]
     out = run_pretrain(run + ["--train-iters", "12"], nproc=2).stdout
     losses = step_losses(out)
     assert float(losses[12]) < float(losses[1])
