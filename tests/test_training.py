@@ -16,6 +16,7 @@ import pytest
 from conftest import PRETRAIN, TINY_RUN, run_pretrain, step_losses
 from megatron_ext.checkpointing import reconcile_schedule
 from megatron_ext.profiling import validate_profile_args
+from megatron_ext.training import resolve_checkpoint
 from pretrain_fixedcode import parse_args
 
 MARKER = "latest_checkpointed_iteration.txt"
@@ -58,9 +59,6 @@ def test_a_cooldown_branches_from_a_stable_checkpoint(tmp_path):
     run = TINY_RUN + ["--input-interface", "binary", "--lr-decay-style", "WSD"]
     run_pretrain(run + ["--train-iters", "8", "--lr-wsd-decay-iters", "4", "--save", stable,
                         "--load", stable, "--save-interval", "2", "--exit-interval", "4"])
-    fresh = run_pretrain(run + ["--train-iters", "8", "--save", stable], check=False)
-    assert f"--save {stable} already holds checkpoints (latest: iteration 4); resume them " \
-           f"with --load {stable}" in fresh.stderr
     # From iteration 2 (not the latest, 4), decaying over the last 2 of 4 iterations.
     cooldown = run + ["--train-iters", "4", "--lr-wsd-decay-iters", "2", "--save", branch,
                       "--load", stable, "--ckpt-step", "2", "--override-opt_param-scheduler"]
@@ -72,6 +70,16 @@ def test_a_cooldown_branches_from_a_stable_checkpoint(tmp_path):
     assert f"--save {branch} holds iteration 3: resuming from it" in requeued
     lr = 3e-3  # TINY_RUN's
     assert {**step_lrs(first), **step_lrs(requeued)} == pytest.approx({3: lr / 2, 4: 0})
+
+
+def test_a_fresh_start_never_overwrites_checkpoints(tmp_path):
+    (tmp_path / "iter_0000004").mkdir()
+    (tmp_path / MARKER).write_text("4")
+    args = parse_args(TINY_RUN + ["--train-iters", "8", "--save", str(tmp_path)])
+    with pytest.raises(SystemExit, match=re.escape(
+            f"--save {tmp_path} already holds checkpoints (latest: iteration 4); resume them "
+            f"with --load {tmp_path}, or save to another directory")):
+        resolve_checkpoint(args)
 
 
 def test_a_changed_schedule_needs_a_decision():
