@@ -16,7 +16,7 @@ import pytest
 from conftest import PRETRAIN, TINY_RUN, run_pretrain, step_losses
 from megatron_ext.checkpointing import reconcile_schedule
 from megatron_ext.profiling import validate_profile_args
-from megatron_ext.training import resolve_checkpoint
+from megatron_ext.training import resolve_checkpoint, setup_args
 from pretrain_fixedcode import parse_args
 
 MARKER = "latest_checkpointed_iteration.txt"
@@ -237,24 +237,34 @@ def test_nonfinite_losses_stop_with_a_clear_error(tmp_path):
     assert last_saved == stopped - 1  # the failing step itself was never saved
 
 
+def test_a_bad_flag_stops_the_run_with_a_clear_error():
+    """End to end: the message reaches stderr and the exit status is non-zero."""
+    args = [a for a in TINY_RUN if a != "--mock-data"]
+    proc = run_pretrain(args + ["--input-interface", "binary", "--data-path",
+                                "/nonexistent/corpus_text_document", "--train-iters", "2"],
+                        check=False)
+    assert proc.returncode != 0
+    assert "--data-path: /nonexistent/corpus_text_document.bin does not exist" in proc.stderr
+
+
 @pytest.mark.parametrize("flags,message", [
     (["--input-interface", "gf2", "--no-untie-embeddings-and-output-weights"],
      "has no input table to tie to the output head"),
     (["--input-interface", "binary", "--code-bits", "8"],
      "the tokenizer's 512 tokens do not fit --code-bits 8 (at most 2^8 = 256 ids)"),
-    (["--input-interface", "binary", "--data-path", "/nonexistent/corpus_text_document"],
-     "--data-path: /nonexistent/corpus_text_document.bin does not exist"),
     (["--input-interface", "binary", "--global-batch-size", "5"],
      "--global-batch-size 5 is not a multiple of --micro-batch-size 2"),
     (["--ddp-bucket-size", "1000"], "--ddp-bucket-size applies with --overlap-grad-reduce only"),
     (["--load", "/nonexistent/ckpt", "--ckpt-step", "7"],
      "checkpoint /nonexistent/ckpt/iter_0000007 does not exist"),
 ])
-def test_bad_flags_are_clear_errors(flags, message):
-    args = [a for a in TINY_RUN if a != "--mock-data"] if "--data-path" in flags else TINY_RUN
-    proc = run_pretrain(args + flags + ["--train-iters", "2"], check=False)
-    assert proc.returncode != 0
-    assert message in proc.stderr
+def test_bad_flags_are_clear_errors(cpu_dist, flags, message):
+    """Checked before anything is built (in this process: the set-up the entry point runs)."""
+    with pytest.raises(SystemExit, match=re.escape(message)):
+        args = parse_args(TINY_RUN + flags + ["--train-iters", "2"])
+        args.device = "cpu"
+        setup_args(args)
+        resolve_checkpoint(args)
 
 
 def test_resuming_with_another_input_interface_is_refused(tmp_path):
