@@ -19,20 +19,29 @@ import torch
 
 from megatron.core import parallel_state
 from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
+from megatron.core.transformer.module import param_is_not_shared
 
 # Dense bf16 peak TFLOP/s per device, by a substring of torch.cuda.get_device_name().
 PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0}
+
+
+def parameters_counted_once(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
+    """``(name, parameter)`` for this rank's trainable parameters that, over the model-parallel
+    group, hold every parameter of the whole model once: one duplicated on every
+    tensor-parallel rank (a norm weight) only on the first, and the last pipeline stage's copy
+    of a tied input table (Megatron's ``shared``) nowhere."""
+    return [(name, p) for name, p in model.named_parameters()
+            if p.requires_grad and param_is_not_tensor_parallel_duplicate(p)
+            and param_is_not_shared(p)]
 
 
 def trainable_parameters(model: torch.nn.Module, device: str) -> tuple[int, int]:
     """``(all, input table)`` trainable parameters of the whole model, summed over tensor and
     pipeline ranks."""
     counts = [0, 0]
-    for name, p in model.named_parameters():
-        if p.requires_grad and (parallel_state.get_tensor_model_parallel_rank() == 0
-                                or param_is_not_tensor_parallel_duplicate(p)):
-            counts[0] += p.numel()
-            counts[1] += p.numel() if name.startswith("embedding.") else 0
+    for name, p in parameters_counted_once(model):
+        counts[0] += p.numel()
+        counts[1] += p.numel() if name.startswith("embedding.") else 0
     t = torch.tensor(counts, dtype=torch.float64, device=device)
     torch.distributed.all_reduce(t, group=parallel_state.get_model_parallel_group())
     return int(t[0].item()), int(t[1].item())
