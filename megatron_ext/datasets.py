@@ -20,6 +20,8 @@ from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegat
 from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
 from megatron.core.datasets.utils import get_blend_from_list
 
+from megatron_ext.data.index_check import check_training_data
+
 
 def _blend(flag: str, paths):
     """Megatron's blend ``(prefixes, weights)`` of a data-path flag, with its files checked."""
@@ -49,6 +51,9 @@ def build_datasets(args: argparse.Namespace, tokenizer, num_samples: list[int]):
     if not (args.mock_data or blend or per_split[0]):
         raise SystemExit("error: give --data-path (indexed dataset prefixes), "
                          "--train-data-path, or --mock-data")
+    if not args.mock_data:
+        check_training_data(blend, per_split if any(per_split) else None,
+                            None if any(per_split) else args.split, args.seq_length, num_samples)
     config = GPTDatasetConfig(
         random_seed=args.seed,
         sequence_length=args.seq_length,
@@ -62,6 +67,10 @@ def build_datasets(args: argparse.Namespace, tokenizer, num_samples: list[int]):
         eod_mask_loss=False,
         create_attention_mask=False,
     )
+    # A split asked for no samples is not built: Megatron-Core counts epochs for ever over an
+    # empty one (the test split of a small dataset), even to draw none from it.
+    if config.split_matrix:
+        config.split_matrix = [r if n else None for r, n in zip(config.split_matrix, num_samples)]
     cls = MockGPTDataset if args.mock_data else GPTDataset
     return BlendedMegatronDatasetBuilder(cls, num_samples, lambda: True, config).build()
 
