@@ -1,6 +1,6 @@
 # The two user-facing targets: `make demo` (the CPU demo of all three arms) and `make test`.
 # Both create .venv when missing: CPU torch 2.13.0 first (any other spec pulls CUDA), then
-# the project with its extras.
+# the project with its extras (wandb: the tests run it offline).
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e ".[eval,dev]"
+	$(BIN)/pip install -q -e ".[eval,dev,wandb]"
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -14,12 +14,17 @@ See README.md for every flag; they keep Megatron-LM's names.
 from __future__ import annotations
 
 import sys
-from functools import partial
 
-import torch
+# Before anything else: with --exit-signal-handler, a SIGTERM/SIGUSR1 that arrives while the
+# job is still starting (importing torch takes seconds) must not kill it. exit_signals
+# imports nothing heavy; its package sets the warning filters megatron.core needs first.
+from megatron_ext import exit_signals
+exit_signals.install_if_requested(sys.argv[1:])
 
-import megatron_ext  # noqa: F401  (first: its warning filters must precede megatron.core)
-from megatron.core import parallel_state
+from functools import partial  # noqa: E402
+
+import torch  # noqa: E402
+from megatron.core import parallel_state  # noqa: E402
 
 from megatron_ext import model as fixedcode_model
 from megatron_ext.arguments import add_training_args, parse_model_args

@@ -3,9 +3,10 @@
 Modules: ``codes`` (the code schemes), ``embedding`` (FixedCodeEmbedding for GPTModel),
 ``kernels`` and ``cuda_extension`` (PyTorch reference vs fused CUDA kernel), ``model`` (the
 model provider), ``arguments`` (Megatron-LM flags), ``initialize`` (process start-up),
-``training``, ``checkpointing``, ``datasets``, ``metrics``, ``exit_conditions`` (the training
-loop and its parts), ``tokenizer``, ``data`` (preprocessing), ``hf`` (Hugging Face export),
-``cpu_backend`` (Megatron-Core on CPU for tests and the demo).
+``training``, ``checkpointing``, ``datasets``, ``metrics``, ``metric_sinks``, ``norms``,
+``exit_conditions``, ``exit_signals``, ``log`` (the training loop and its parts),
+``tokenizer``, ``data`` (preprocessing), ``hf`` (Hugging Face export), ``cpu_backend``
+(Megatron-Core on CPU for tests and the demo).
 """
 
 import warnings

@@ -154,6 +154,25 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
     e.add_argument("--eval-iters", type=int, default=10)
     e.add_argument("--log-interval", type=int, default=100)
     e.add_argument("--tensorboard-dir", default=None)
+    e.add_argument("--metrics-file", default=None,
+                   help="append one JSON line per log interval and validation here (default: "
+                        "metrics.jsonl in --save)")
+    e.add_argument("--log-params-norm", action="store_true",
+                   help="log the L2 norm of all parameters (one extra reduction per log "
+                        "interval)")
+    e.add_argument("--log-num-zeros-in-grad", action="store_true",
+                   help="log the number of zero gradient entries (counted at every step)")
+    e.add_argument("--log-layer-norms", action="store_true",
+                   help="log gradient and parameter norms of the input table, the first, "
+                        "middle and last layer and the output head (one extra reduction per "
+                        "log interval)")
+    e.add_argument("--wandb-project", default=None,
+                   help="log to this Weights & Biases project (needs the wandb extra; "
+                        "WANDB_MODE=offline on clusters without internet, then wandb sync)")
+    e.add_argument("--wandb-exp-name", default=None, help="the wandb run's name")
+    e.add_argument("--wandb-entity", default=None, help="the wandb team or user")
+    e.add_argument("--wandb-save-dir", default=None,
+                   help="where wandb writes its run files (default: --save/wandb)")
 
     f = parser.add_argument_group("profiling (see megatron_ext/profiling.py)")
     f.add_argument("--profile", action="store_true",

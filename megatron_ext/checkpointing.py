@@ -12,25 +12,58 @@ never leaves a checkpoint that ``--load`` would pick up.
 
 State saved: ``model`` and ``optimizer`` (sharded), ``rng_state`` (one object per rank), and
 common objects: ``args`` (every argument, as a dict), ``fixed_code`` (scheme, bits, values,
-scale, A, b; ``None`` for the learned arm), ``iteration``, ``consumed_train_samples``,
-``scheduler``, ``nonfinite_skipped``.
+scale, A, b; ``None`` for the learned arm), ``scheduler``, the :class:`TrainState` fields
+(``iteration``, ``consumed_train_samples``, ``nonfinite_skipped``, ``validation_pending``),
+``wandb_run_id`` and the provenance (``checkpoint_format``, ``megatron_core_version``,
+``fixedcode_version``).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import random
 import shutil
+import time
+from importlib import metadata
 from typing import Optional
 
 import numpy as np
 import torch
 
+import megatron.core
 from megatron.core import dist_checkpointing, parallel_state, tensor_parallel
 from megatron.core.dist_checkpointing.mapping import ShardedObject
 
+from .log import log
+
 MARKER = "latest_checkpointed_iteration.txt"
+
+# The layout of the common objects. 1: before provenance was recorded; 2: provenance,
+# ``validation_pending`` and ``wandb_run_id``. A checkpoint of a newer format is refused.
+CHECKPOINT_FORMAT = 2
+
+
+def provenance() -> dict:
+    """What wrote a checkpoint: its format and the software versions."""
+    return {"checkpoint_format": CHECKPOINT_FORMAT,
+            "megatron_core_version": megatron.core.__version__,
+            "fixedcode_version": metadata.version("fixedcode")}
+
+
+@dataclasses.dataclass
+class TrainState:
+    """Where a run stands; saved in every checkpoint, restored on resume."""
+    iteration: int = 0
+    consumed_train_samples: int = 0
+    nonfinite_skipped: int = 0
+    # An exit signal stopped the validation of ``iteration``: the resumed run does it first.
+    validation_pending: bool = False
+
+    @classmethod
+    def from_common(cls, common: dict) -> "TrainState":
+        return cls(**{f.name: common.get(f.name, f.default) for f in dataclasses.fields(cls)})
 
 # Arguments that define the model and its input: a checkpoint can only be resumed with the same.
 MODEL_DEFINING_ARGS = (
@@ -69,7 +102,15 @@ def load_common(load_dir: str, iteration: Optional[int] = None) -> tuple[str, di
     path = checkpoint_path(load_dir, iteration)
     if not os.path.isdir(path):
         raise SystemExit(f"error: checkpoint {path} does not exist")
-    return path, dist_checkpointing.load_common_state_dict(path)
+    common = dist_checkpointing.load_common_state_dict(path)
+    written = common.get("checkpoint_format", 1)
+    if written > CHECKPOINT_FORMAT:
+        raise SystemExit(
+            f"error: {path} has checkpoint format {written} (written by fixedcode "
+            f"{common.get('fixedcode_version')}, megatron-core "
+            f"{common.get('megatron_core_version')}); this fixedcode "
+            f"{metadata.version('fixedcode')} reads formats up to {CHECKPOINT_FORMAT}: upgrade it")
+    return path, common
 
 
 def check_compatible(saved_args: dict, args: argparse.Namespace, path: str) -> None:
@@ -153,9 +194,10 @@ def _sharded_state(model, optimizer, rng: Optional[dict], is_loading: bool,
     return state
 
 
-def save_checkpoint(args: argparse.Namespace, iteration: int, model, optimizer, scheduler,
-                    consumed_train_samples: int, nonfinite_skipped: int) -> str:
+def save_checkpoint(args: argparse.Namespace, model, optimizer, scheduler, state: TrainState,
+                    fixed_code: Optional[dict], wandb_run_id: Optional[str] = None) -> str:
     """Save on every rank; returns the final checkpoint path."""
+    iteration = state.iteration
     final = checkpoint_path(args.save, iteration)
     partial = final + ".partial"
     rank0 = torch.distributed.get_rank() == 0
@@ -166,15 +208,17 @@ def save_checkpoint(args: argparse.Namespace, iteration: int, model, optimizer, 
         shutil.rmtree(final, ignore_errors=True)
         os.makedirs(partial)
     torch.distributed.barrier()
-    state = _sharded_state(model, optimizer, _rng_state(), is_loading=False)
-    state.update(args={k: v for k, v in vars(args).items() if k != "fixed_code"},
-                 fixed_code=args.fixed_code, iteration=iteration,
-                 consumed_train_samples=consumed_train_samples,
-                 scheduler=scheduler.state_dict(), nonfinite_skipped=nonfinite_skipped)
-    dist_checkpointing.save(state, partial)
+    sharded = _sharded_state(model, optimizer, _rng_state(), is_loading=False)
+    sharded.update(args={k: v for k, v in vars(args).items() if k != "fixed_code"},
+                   fixed_code=fixed_code, scheduler=scheduler.state_dict(),
+                   wandb_run_id=wandb_run_id, **dataclasses.asdict(state), **provenance())
+    dist_checkpointing.save(sharded, partial)
     torch.distributed.barrier()
+    # Test hooks: die after the shards, before completion; or stay inside the save a while
+    # (a window for a signal to arrive in).
     if os.environ.get("FIXEDCODE_FAULT_AFTER_SHARDS") == str(iteration):
-        os._exit(17)  # fault injection for tests: die after the shards, before completion
+        os._exit(17)
+    time.sleep(float(os.environ.get("FIXEDCODE_TEST_SAVE_SECONDS", 0)))
     if rank0:
         os.rename(partial, final)
         marker = os.path.join(args.save, MARKER)
@@ -185,6 +229,29 @@ def save_checkpoint(args: argparse.Namespace, iteration: int, model, optimizer, 
         os.replace(marker + ".tmp", marker)
     torch.distributed.barrier()
     return final
+
+
+class Checkpointer:
+    """The run's save policy: every ``--save-interval`` iterations and when the run ends,
+    only with ``--save``, never the same iteration twice."""
+
+    def __init__(self, args: argparse.Namespace, model, optimizer, scheduler,
+                 fixed_code: Optional[dict], wandb_run_id: Optional[str],
+                 last_saved: Optional[int]):
+        self.args, self.model, self.optimizer, self.scheduler = args, model, optimizer, scheduler
+        self.fixed_code, self.wandb_run_id = fixed_code, wandb_run_id
+        self.last_saved = last_saved
+
+    def due(self, iteration: int) -> bool:
+        return bool(self.args.save_interval) and iteration % self.args.save_interval == 0
+
+    def save(self, state: TrainState) -> None:
+        if not self.args.save or self.last_saved == state.iteration:
+            return
+        path = save_checkpoint(self.args, self.model, self.optimizer, self.scheduler, state,
+                               self.fixed_code, self.wandb_run_id)
+        self.last_saved = state.iteration
+        log(f"[fixedcode] saved checkpoint {path}")
 
 
 def load_checkpoint(path: str, common: dict, model, optimizer, scheduler) -> None:
@@ -198,6 +265,6 @@ def load_checkpoint(path: str, common: dict, model, optimizer, scheduler) -> Non
     scheduler.load_state_dict(common["scheduler"])
     if same_world:
         _set_rng_state(state["rng_state"])
-    elif torch.distributed.get_rank() == 0:
-        print(f"[fixedcode] world size changed ({common['args'].get('world_size')} -> {world}): "
-              f"random-number states are re-seeded")
+    else:
+        log(f"[fixedcode] world size changed ({common['args'].get('world_size')} -> {world}): "
+            f"random-number states are re-seeded")

@@ -1,9 +1,12 @@
-"""When a training job should save and stop early: a signal (``--exit-signal-handler``:
-SIGTERM or SIGUSR1, as sent by Slurm before a time limit or preemption), a wall-clock
-budget (``--exit-duration-in-mins``) or an iteration multiple (``--exit-interval``).
+"""When a training job should stop early: a signal (``--exit-signal-handler``: SIGTERM or
+SIGUSR1, as sent by Slurm before a time limit or on preemption), a wall-clock budget
+(``--exit-duration-in-mins``) or an iteration multiple (``--exit-interval``).
 
-Signals may reach ranks at different moments, so every check is agreed on by all ranks
-(an all-reduce) at the end of a step: they all save the same iteration and exit together.
+Signals are recorded by :mod:`megatron_ext.exit_signals` from process start and may reach
+ranks at different moments, so every decision is agreed on by all ranks (an all-reduce):
+at the end of each start-up phase (:meth:`ExitConditions.signalled`: leave, nothing new to
+save), after each validation batch (stop validating, save, leave) and at the end of each
+training step (:meth:`ExitConditions.check`: save, leave). They all stop at the same point.
 """
 
 from __future__ import annotations
@@ -15,31 +18,36 @@ from typing import Optional
 
 import torch
 
+from . import exit_signals
+
 
 class ExitConditions:
     def __init__(self, args: argparse.Namespace, start_time: float):
         self.args = args
         self.start_time = start_time
-        self.received: Optional[int] = None
+        self.device = "cuda" if args.device == "cuda" else "cpu"
         if args.exit_signal_handler:
-            for sig in (signal.SIGTERM, signal.SIGUSR1):
-                signal.signal(sig, self._on_signal)
+            exit_signals.install()  # already in force when the entry point installed it
 
-    def _on_signal(self, signum, frame) -> None:
-        self.received = signum
+    def _agreed(self, local: list) -> list[int]:
+        flags = torch.tensor([float(x) for x in local], device=self.device)
+        torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
+        return [int(x) for x in flags.tolist()]
+
+    def signalled(self) -> Optional[str]:
+        """``"received SIGUSR1"`` when any rank received an exit signal, else None."""
+        (signum,) = self._agreed([exit_signals.received() or 0])
+        return f"received {signal.Signals(signum).name}" if signum else None
 
     def check(self, iteration: int) -> Optional[str]:
         """The reason to stop after ``iteration``, agreed by all ranks, or None."""
         a = self.args
-        local = [
-            float(self.received or 0),
-            float(a.exit_duration_in_mins is not None
-                  and (time.time() - self.start_time) / 60 >= a.exit_duration_in_mins),
-            float(bool(a.exit_interval) and iteration % a.exit_interval == 0),
-        ]
-        flags = torch.tensor(local, device="cuda" if a.device == "cuda" else "cpu")
-        torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
-        signum, duration, interval = (int(x) for x in flags.tolist())
+        signum, duration, interval = self._agreed([
+            exit_signals.received() or 0,
+            a.exit_duration_in_mins is not None
+            and (time.time() - self.start_time) / 60 >= a.exit_duration_in_mins,
+            bool(a.exit_interval) and iteration % a.exit_interval == 0,
+        ])
         if signum:
             return f"received {signal.Signals(signum).name}"
         if duration:

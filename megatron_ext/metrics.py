@@ -1,6 +1,6 @@
 """Training metrics: one readable line per ``--log-interval`` (and at the last iteration) on
-stdout and the same values as TensorBoard scalars (``--tensorboard-dir``), plus validation
-loss and perplexity.
+stdout, and the same values, with validation loss and perplexity, to the run's metrics file
+(``metrics.jsonl``), TensorBoard and wandb (:mod:`megatron_ext.metric_sinks`).
 
 Throughput is tokens per second of the whole job; MFU (GPU only) is model FLOPs per second
 over the devices' dense bf16 peak, with model FLOPs per token = 6 x trainable parameters
@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+import time
 from typing import Optional
 
 import psutil
@@ -20,6 +22,8 @@ import torch
 from megatron.core import parallel_state
 from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
 from megatron.core.transformer.module import param_is_not_shared
+
+from . import metric_sinks
 
 # Dense bf16 peak TFLOP/s per device, by a substring of torch.cuda.get_device_name().
 PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0}
@@ -61,60 +65,93 @@ def memory_gib(device: str) -> float:
     return psutil.Process().memory_info().rss / 2**30
 
 
+def metrics_path(args: argparse.Namespace) -> Optional[str]:
+    """The run's metrics file: ``--metrics-file``, else ``metrics.jsonl`` in ``--save``."""
+    if args.metrics_file:
+        return args.metrics_file
+    return os.path.join(args.save, "metrics.jsonl") if args.save else None
+
+
 class MetricsLogger:
-    def __init__(self, args: argparse.Namespace, model: torch.nn.Module, is_logging_rank: bool):
+    """Turns each step's values into the log line and the scalars every sink receives
+    (:mod:`megatron_ext.metric_sinks`). Sinks exist on the logging rank only."""
+
+    def __init__(self, args: argparse.Namespace, model: torch.nn.Module, is_logging_rank: bool,
+                 resumed_iteration: int, wandb_run_id: Optional[str]):
         self.args = args
         self.is_logging_rank = is_logging_rank
         self.num_params, table = trainable_parameters(model, args.device)
         self.flops_per_token = (6 * (self.num_params - table)
                                 + 12 * args.num_layers * args.hidden_size * args.seq_length)
         self.peak = peak_flops(args.device)
-        self.writer = None
-        if args.tensorboard_dir and is_logging_rank:
-            from torch.utils.tensorboard import SummaryWriter
-            self.writer = SummaryWriter(log_dir=args.tensorboard_dir, max_queue=100)
+        self.sinks = []
+        if is_logging_rank:
+            if args.tensorboard_dir:
+                self.sinks.append(metric_sinks.TensorBoardSink(args.tensorboard_dir))
+            if metrics_path(args):
+                self.sinks.append(metric_sinks.JsonlSink(metrics_path(args), resumed_iteration))
+            if args.wandb_project:
+                self.sinks.append(metric_sinks.WandbSink(args, wandb_run_id))
         self._reset()
 
     def _reset(self) -> None:
         self.losses, self.times, self.norms = [], [], []
 
-    def _scalar(self, tag: str, value: float, iteration: int) -> None:
-        if self.writer is not None and value is not None:
-            self.writer.add_scalar(tag, value, iteration)
+    def _write(self, kind: str, iteration: int, scalars: dict) -> None:
+        scalars = {k: v for k, v in scalars.items() if v is not None}
+        where = {"iteration": iteration,
+                 "consumed_samples": iteration * self.args.global_batch_size,
+                 "tokens": iteration * self.args.global_batch_size * self.args.seq_length,
+                 "time": time.time()}
+        for sink in self.sinks:
+            sink.write(kind, iteration, scalars, where)
+
+    def is_log_iteration(self, iteration: int) -> bool:
+        return iteration % self.args.log_interval == 0 or iteration == self.args.train_iters
 
     def step(self, iteration: int, loss: Optional[float], grad_norm: Optional[float], lr: float,
-             step_time: float, skipped_total: int) -> None:
+             step_time: float, skipped_total: int, diagnostics: Optional[dict] = None) -> None:
+        """Record one step; at a log iteration, log the interval's means and
+        ``diagnostics`` (scalars measured at this step: norms, zeros in the gradient)."""
         if loss is not None and math.isfinite(loss):
             self.losses.append(loss)
         if grad_norm is not None:
             self.norms.append(float(grad_norm))
         self.times.append(step_time)
-        if iteration % self.args.log_interval and iteration != self.args.train_iters:
+        if not self.is_log_iteration(iteration):
             return
         a = self.args
         step_time = sum(self.times) / len(self.times)
         tokens_per_s = a.global_batch_size * a.seq_length / step_time
-        loss = sum(self.losses) / len(self.losses) if self.losses else float("nan")
+        loss = sum(self.losses) / len(self.losses) if self.losses else None
         grad_norm = sum(self.norms) / len(self.norms) if self.norms else None
         mem = memory_gib(a.device)
+        mfu = (self.flops_per_token * tokens_per_s / (self.peak * a.world_size)
+               if self.peak else None)
+        diagnostics = diagnostics or {}
         parts = [f"iteration {iteration:>8}/{a.train_iters}",
                  f"consumed samples {iteration * a.global_batch_size:>10}",
-                 f"lm loss: {loss:.6E}", f"lr: {lr:.3E}"]
+                 f"lm loss: {float('nan') if loss is None else loss:.6E}", f"lr: {lr:.3E}"]
         if grad_norm is not None:
             parts.append(f"grad norm: {grad_norm:.3f}")
+        if "params-norm" in diagnostics:
+            parts.append(f"params norm: {diagnostics['params-norm']:.3f}")
+        if "num-zeros" in diagnostics:
+            parts.append(f"num zeros: {diagnostics['num-zeros']:,}")
         parts += [f"tokens/s: {tokens_per_s:,.0f}", f"step time: {step_time * 1000:.1f} ms"]
-        mfu = None
-        if self.peak:
-            mfu = self.flops_per_token * tokens_per_s / (self.peak * a.world_size)
+        if mfu is not None:
             parts.append(f"MFU: {100 * mfu:.1f}%")
         parts += [f"mem: {mem:.2f} GiB", f"skipped: {skipped_total}"]
         if self.is_logging_rank:
             print(" | ".join(parts), flush=True)
-        for tag, value in (("lm loss", loss if self.losses else None), ("learning-rate", lr),
-                           ("grad-norm", grad_norm), ("tokens-per-second", tokens_per_s),
-                           ("step-time-ms", step_time * 1000), ("mfu", mfu),
-                           ("memory-gib", mem), ("skipped-iterations", skipped_total)):
-            self._scalar(tag, value, iteration)
+            layers = {k: v for k, v in diagnostics.items() if "/" in k}
+            if layers:
+                print("  norms: " + ", ".join(f"{k} {v:.4g}" for k, v in layers.items()),
+                      flush=True)
+        self._write("train", iteration, {
+            "lm loss": loss, "learning-rate": lr, "grad-norm": grad_norm,
+            "tokens-per-second": tokens_per_s, "step-time-ms": step_time * 1000, "mfu": mfu,
+            "memory-gib": mem, "skipped-iterations": skipped_total, **diagnostics})
         self._reset()
 
     def validation(self, iteration: int, loss: Optional[float]) -> None:
@@ -124,9 +161,9 @@ class MetricsLogger:
         if self.is_logging_rank:
             print(f"validation at iteration {iteration} | lm loss: {loss:.6E} | "
                   f"lm loss PPL: {ppl:.4E}", flush=True)
-        self._scalar("lm loss validation", loss, iteration)
-        self._scalar("lm loss validation ppl", ppl, iteration)
+        self._write("valid", iteration, {"lm loss validation": loss,
+                                         "lm loss validation ppl": ppl})
 
     def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
+        for sink in self.sinks:
+            sink.close()

@@ -3,9 +3,11 @@
 (pipeline parallelism included).
 
 :func:`pretrain` takes the three callables users know from Megatron-LM's pretrain_gpt.py
-(model provider, forward step, datasets provider) and owns everything around them: set-up,
-resume, validation, logging (stdout and TensorBoard), checkpoints, exit conditions
-(signals, duration, interval) and non-finite losses.
+(model provider, forward step, datasets provider) and runs the loop; each policy around it
+belongs to an object: when to save (:class:`~megatron_ext.checkpointing.Checkpointer`), when
+to stop (:class:`~megatron_ext.exit_conditions.ExitConditions`), what to log
+(:class:`~megatron_ext.metrics.MetricsLogger`), how many non-finite losses to bear
+(:class:`NonFiniteGuard`).
 """
 
 from __future__ import annotations
@@ -29,28 +31,21 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from . import checkpointing
 from .arguments import padded_vocab_size
+from .checkpointing import Checkpointer, TrainState
 from .datasets import build_loader
 from .exit_conditions import ExitConditions
 from .initialize import initialize_distributed, resolve_device
+from .log import is_logging_rank, log
+from .metric_sinks import agree_wandb_run_id
 from .metrics import MetricsLogger
 from .model import build_code
+from .norms import NormReporter
 from .profiling import StepProfiler, validate_profile_args
 from .tokenizer import build_tokenizer
 
 
 class NonFiniteLossError(RuntimeError):
     pass
-
-
-def is_logging_rank() -> bool:
-    """The last rank: the one that holds the loss under pipelining."""
-    return torch.distributed.get_rank() == torch.distributed.get_world_size() - 1
-
-
-def log(msg: str) -> None:
-    """Print once, from the logging rank."""
-    if is_logging_rank():
-        print(msg, flush=True)
 
 
 def setup_args(args: argparse.Namespace):
@@ -72,6 +67,9 @@ def setup_args(args: argparse.Namespace):
         raise SystemExit("error: give exactly one of --train-iters and --train-samples")
     if args.train_iters is None:
         args.train_iters = math.ceil(args.train_samples / args.global_batch_size)
+    if args.log_layer_norms and args.use_distributed_optimizer:
+        raise SystemExit("error: --log-layer-norms reads whole gradients, which "
+                         "--use-distributed-optimizer scatters across ranks; drop one")
     if args.device == "cpu" and (args.sequence_parallel or args.use_distributed_optimizer):
         raise SystemExit("error: --sequence-parallel and --use-distributed-optimizer need GPUs "
                          "(their reduce-scatter is not available on CPU/gloo)")
@@ -144,6 +142,7 @@ def build_model_and_optimizer(args, model_provider: Callable):
                         weight_decay=args.weight_decay, adam_beta1=args.adam_beta1,
                         adam_beta2=args.adam_beta2, adam_eps=args.adam_eps,
                         clip_grad=args.clip_grad, bf16=args.bf16, fp16=args.fp16,
+                        log_num_zeros_in_grad=args.log_num_zeros_in_grad,
                         params_dtype=model.config.params_dtype,
                         use_distributed_optimizer=args.use_distributed_optimizer),
         [ddp])
@@ -179,8 +178,31 @@ def _any_rank(flag: bool, device: str) -> bool:
     return bool(t.item())
 
 
-def train_step(args, forward_step, train_iter, ddp, optimizer, scheduler):
-    """One global batch: returns ``(loss or None, grad_norm, skipped)``."""
+class NonFiniteGuard:
+    """Counts steps skipped for a non-finite loss; after ``--max-nonfinite-steps`` in a row,
+    training stops with :class:`NonFiniteLossError` (the last checkpoint is left as it was)."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.in_a_row = 0
+
+    def record(self, iteration: int, skipped: bool) -> None:
+        if not skipped:
+            self.in_a_row = 0
+            return
+        self.in_a_row += 1
+        log(f"[fixedcode] iteration {iteration}: non-finite loss, update skipped "
+            f"({self.in_a_row} in a row)")
+        if self.in_a_row >= self.limit:
+            raise NonFiniteLossError(
+                f"{self.in_a_row} non-finite losses in a row (--max-nonfinite-steps "
+                f"{self.limit}) at iteration {iteration}; the last good checkpoint is intact")
+
+
+def train_step(args, forward_step, train_iter, ddp, optimizer, scheduler,
+               grad_norms: Optional[Callable[[], dict]] = None):
+    """One global batch: returns ``(loss or None, grad_norm, num_zeros, skipped, norms)``;
+    ``norms`` is ``grad_norms()`` measured between the backward pass and the update."""
     ddp.zero_grad_buffer()
     optimizer.zero_grad()
     losses = get_forward_backward_func()(
@@ -188,19 +210,22 @@ def train_step(args, forward_step, train_iter, ddp, optimizer, scheduler):
         num_microbatches=args.num_microbatches, seq_length=args.seq_length,
         micro_batch_size=args.micro_batch_size, forward_only=False)
     loss = _reduce_losses(losses)
+    norms = grad_norms() if grad_norms else {}
     if _any_rank(loss is not None and not math.isfinite(loss), args.device):
-        return loss, None, True
-    updated, grad_norm, _ = optimizer.step()
+        return loss, None, None, True, norms
+    updated, grad_norm, num_zeros = optimizer.step()
     if updated:
         scheduler.step(increment=1)
-    return loss, grad_norm, not updated
+    return loss, grad_norm, num_zeros, not updated, norms
 
 
-def evaluate(args, forward_step, valid_dataset, ddp) -> Optional[float]:
-    """Mean validation loss over the first ``--eval-iters`` global batches."""
+def evaluate(args, forward_step, valid_dataset, ddp,
+             exits: ExitConditions) -> tuple[Optional[float], Optional[str]]:
+    """``(mean validation loss over the first --eval-iters global batches, None)``, or
+    ``(None, reason)`` when an exit signal stopped it after a batch."""
     ddp.eval()
     batches = iter(build_loader(valid_dataset, args.micro_batch_size, args.num_workers, 0))
-    totals = []
+    totals, reason = [], None
     with torch.no_grad():
         for _ in range(args.eval_iters):
             losses = get_forward_backward_func()(
@@ -208,35 +233,77 @@ def evaluate(args, forward_step, valid_dataset, ddp) -> Optional[float]:
                 num_microbatches=args.num_microbatches, seq_length=args.seq_length,
                 micro_batch_size=args.micro_batch_size, forward_only=True)
             totals.extend(losses)
+            reason = exits.signalled()
+            if reason:
+                break
     ddp.train()
-    return _reduce_losses(totals)
+    return (None, reason) if reason else (_reduce_losses(totals), None)
+
+
+def _diagnostics(args, norms: Optional[NormReporter], grad_norms: dict,
+                 num_zeros: Optional[float]) -> dict:
+    """The optional scalars of a log iteration (``--log-params-norm``,
+    ``--log-num-zeros-in-grad``, ``--log-layer-norms``), measured after the update."""
+    out = {}
+    if args.log_params_norm:
+        out["params-norm"] = norms.params_norm()
+    if args.log_num_zeros_in_grad and num_zeros is not None:
+        out["num-zeros"] = int(num_zeros)
+    if args.log_layer_norms:
+        out.update({f"grad-norm/{k}": v for k, v in grad_norms.items()})
+        out.update({f"params-norm/{k}": v for k, v in norms.param_norms().items()})
+    return out
 
 
 def pretrain(args: argparse.Namespace, model_provider: Callable, forward_step: Callable,
              datasets_provider: Callable) -> dict:
     """Run a whole training job; returns ``{"iteration", "train_loss", "valid_loss",
-    "exit_reason"}`` (losses on the last rank only)."""
+    "exit_reason"}`` (losses on the last rank only).
+
+    With ``--exit-signal-handler``, an exit signal during start-up ends the job at the end
+    of the current phase (checkpoint load, dataset building) with nothing saved; during
+    validation, after the current batch, saving a checkpoint that asks the resumed run to
+    validate first; during a training step, after the step, saving."""
     start_time = time.time()
     args.device = resolve_device(args.device)
     initialize_distributed(args.device, args.tensor_model_parallel_size,
                            args.pipeline_model_parallel_size, args.seed)
+    exits = ExitConditions(args, start_time)
     tokenizer = setup_args(args)
     resume_path, common = resolve_checkpoint(args)
     model, ddp, optimizer, scheduler = build_model_and_optimizer(args, model_provider)
 
-    iteration, consumed, skipped_total = 0, 0, 0
+    state = TrainState()
     if resume_path:
         checkpointing.load_checkpoint(resume_path, common, model, optimizer, scheduler)
-        iteration, consumed = common["iteration"], common["consumed_train_samples"]
-        skipped_total = common["nonfinite_skipped"]
-        log(f"[fixedcode] resumed from {resume_path} at iteration {iteration}")
+        state = TrainState.from_common(common)
+        log(f"[fixedcode] resumed from {resume_path} at iteration {state.iteration}")
     elif args.load:
         log(f"[fixedcode] no checkpoint in {args.load} yet: starting from scratch")
 
+    def stopped(reason: str, when: str) -> dict:
+        log(f"[fixedcode] {reason} {when}: exiting at iteration {state.iteration}")
+        return {"iteration": state.iteration, "train_loss": None, "valid_loss": None,
+                "exit_reason": reason}
+
+    reason = exits.signalled()
+    if reason:
+        return stopped(reason, "during start-up, before training (nothing new to save)")
     train_iter, valid_dataset = datasets_provider(
-        args, tokenizer, args.train_iters * args.global_batch_size, consumed)
-    metrics = MetricsLogger(args, model, is_logging_rank=is_logging_rank())
-    exits = ExitConditions(args, start_time)
+        args, tokenizer, args.train_iters * args.global_batch_size,
+        state.consumed_train_samples)
+    reason = exits.signalled()
+    if reason:
+        return stopped(reason, "while building the datasets (nothing new to save)")
+
+    own_run = bool(resume_path and args.save) and (
+        os.path.realpath(os.path.dirname(resume_path)) == os.path.realpath(args.save))
+    wandb_run_id = agree_wandb_run_id(args, common["wandb_run_id"] if own_run else None)
+    metrics = MetricsLogger(args, model, is_logging_rank(), state.iteration, wandb_run_id)
+    checkpointer = Checkpointer(args, model, optimizer, scheduler, args.fixed_code,
+                                wandb_run_id, last_saved=state.iteration if resume_path else None)
+    norms = NormReporter(model) if args.log_params_norm or args.log_layer_norms else None
+    guard = NonFiniteGuard(args.max_nonfinite_steps)
     profiler = StepProfiler(args, torch.distributed.get_rank())
     log(f"[fixedcode] {args.input_interface} arm | {metrics.num_params:,} trainable parameters "
         f"| {args.device} x {args.world_size} (tp {args.tensor_model_parallel_size}, "
@@ -246,65 +313,65 @@ def pretrain(args: argparse.Namespace, model_provider: Callable, forward_step: C
         buckets = sum(len(buffer.buckets) for buffer in ddp.buffers)
         log(f"[fixedcode] gradient reduction overlaps the backward pass: {buckets} buckets")
 
-    last_saved = iteration if resume_path else None
+    loss = valid_loss = None
 
-    def save():
-        nonlocal last_saved
-        if args.save and last_saved != iteration:
-            path = checkpointing.save_checkpoint(args, iteration, model, optimizer, scheduler,
-                                                 consumed, skipped_total)
-            last_saved = iteration
-            log(f"[fixedcode] saved checkpoint {path}")
-
-    loss = valid_loss = reason = None
-    nonfinite_in_a_row = 0
-    bar = tqdm(total=args.train_iters, initial=iteration, desc="train", unit="it",
-               disable=not (sys.stderr.isatty() and metrics.is_logging_rank))
-    while iteration < args.train_iters:
-        profiler.step_starts(iteration)
-        step_start = time.time()
-        step_loss, grad_norm, skipped = train_step(args, forward_step, train_iter, ddp,
-                                                   optimizer, scheduler)
-        iteration += 1
-        profiler.step_ended(iteration)
-        consumed += args.global_batch_size
-        bar.update(1)
-        if skipped:
-            skipped_total += 1
-            nonfinite_in_a_row += 1
-            log(f"[fixedcode] iteration {iteration}: non-finite loss, update skipped "
-                f"({nonfinite_in_a_row} in a row)")
-            if nonfinite_in_a_row >= args.max_nonfinite_steps:
-                raise NonFiniteLossError(
-                    f"{nonfinite_in_a_row} non-finite losses in a row (--max-nonfinite-steps "
-                    f"{args.max_nonfinite_steps}) at iteration {iteration}; the last good "
-                    f"checkpoint is intact")
-        else:
-            nonfinite_in_a_row = 0
-            loss = step_loss
-        metrics.step(iteration, step_loss, grad_norm, scheduler.get_lr(optimizer.param_groups[0]),
-                     time.time() - step_start, skipped_total)
-        if valid_dataset is not None and (iteration % args.eval_interval == 0
-                                          or iteration == args.train_iters):
-            valid_loss = evaluate(args, forward_step, valid_dataset, ddp)
-            metrics.validation(iteration, valid_loss)
-        if args.save_interval and iteration % args.save_interval == 0:
-            save()
-        reason = exits.check(iteration) if iteration < args.train_iters else None
+    def validate() -> Optional[str]:
+        """Validate at the current iteration; the exit reason if a signal stopped it."""
+        nonlocal valid_loss
+        valid_loss, reason = evaluate(args, forward_step, valid_dataset, ddp, exits)
+        state.validation_pending = bool(reason)
         if reason:
-            break
+            log(f"[fixedcode] {reason}: validation at iteration {state.iteration} stopped; "
+                f"the resumed run validates first")
+        else:
+            metrics.validation(state.iteration, valid_loss)
+        return reason
+
+    reason = None
+    if state.validation_pending:  # a signal stopped it before the checkpoint was saved
+        reason = validate() if valid_dataset is not None else None
+        state.validation_pending = bool(reason)
+    bar = tqdm(total=args.train_iters, initial=state.iteration, desc="train", unit="it",
+               disable=not (sys.stderr.isatty() and metrics.is_logging_rank))
+    while state.iteration < args.train_iters and not reason:
+        profiler.step_starts(state.iteration)
+        step_start = time.time()
+        log_now = metrics.is_log_iteration(state.iteration + 1)
+        step_loss, grad_norm, num_zeros, skipped, grad_norms = train_step(
+            args, forward_step, train_iter, ddp, optimizer, scheduler,
+            (lambda: norms.grad_norms(optimizer.get_loss_scale().item()))
+            if log_now and args.log_layer_norms else None)
+        state.iteration += 1
+        state.consumed_train_samples += args.global_batch_size
+        profiler.step_ended(state.iteration)
+        bar.update(1)
+        state.nonfinite_skipped += skipped
+        guard.record(state.iteration, skipped)
+        if not skipped:
+            loss = step_loss
+        metrics.step(state.iteration, step_loss, grad_norm,
+                     scheduler.get_lr(optimizer.param_groups[0]), time.time() - step_start,
+                     state.nonfinite_skipped,
+                     _diagnostics(args, norms, grad_norms, num_zeros) if log_now else None)
+        if valid_dataset is not None and (state.iteration % args.eval_interval == 0
+                                          or state.iteration == args.train_iters):
+            reason = validate()
+        if checkpointer.due(state.iteration):
+            checkpointer.save(state)
+        if not reason and state.iteration < args.train_iters:
+            reason = exits.check(state.iteration)
     bar.close()
     profiler.close()
-    save()
+    checkpointer.save(state)
     metrics.close()
     if reason:
-        log(f"[fixedcode] {reason}: exiting at iteration {iteration}")
+        log(f"[fixedcode] {reason}: exiting at iteration {state.iteration}")
     else:
-        summary = f"[fixedcode] training done: iteration {iteration}"
+        summary = f"[fixedcode] training done: iteration {state.iteration}"
         if loss is not None:
             summary += f" | final train loss {loss:.6f}"
         if valid_loss is not None:
             summary += f" | final validation loss {valid_loss:.6f}"
         log(summary)
-    return {"iteration": iteration, "train_loss": loss, "valid_loss": valid_loss,
+    return {"iteration": state.iteration, "train_loss": loss, "valid_loss": valid_loss,
             "exit_reason": reason}

@@ -33,18 +33,39 @@ def cpu_dist():
 
 def run_pretrain(args, nproc: int = 1, env=None, check: bool = True,
                  timeout: int = 300) -> subprocess.CompletedProcess:
-    """Run pretrain_fixedcode.py (under torchrun when nproc > 1); returns the completed run.
+    """Run pretrain_fixedcode.py (under torchrun when nproc > 1); returns the completed run,
+    with ``.metrics``: the records of the run's metrics file (``--metrics-file``, else
+    ``--save``'s ``metrics.jsonl``; a temporary one when the arguments name neither).
 
     Output goes through files, not pipes, and the run gets its own process group, killed at
     the end: helper processes orphaned by a crash (multiprocessing's resource tracker) must
     neither hold the test's pipes open nor outlive it."""
+    from megatron_ext.metric_sinks import read_metrics
+    args = [str(a) for a in args]
+    with tempfile.TemporaryDirectory() as scratch:
+        if "--metrics-file" in args:
+            metrics = args[args.index("--metrics-file") + 1]
+        elif "--save" in args:
+            metrics = os.path.join(args[args.index("--save") + 1], "metrics.jsonl")
+        else:
+            metrics = os.path.join(scratch, "metrics.jsonl")
+            args += ["--metrics-file", metrics]
+        result = _run(args, nproc, env, timeout)
+        result.metrics = read_metrics(metrics) if os.path.exists(metrics) else []
+    if check and result.returncode != 0:
+        raise AssertionError(f"pretrain failed ({result.returncode}):\n{result.stdout[-3000:]}\n"
+                             f"{result.stderr[-5000:]}")
+    return result
+
+
+def _run(args, nproc: int, env, timeout: int) -> subprocess.CompletedProcess:
     if nproc > 1:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
                "--master-port", str(_free_port()), str(PRETRAIN)]
     else:
         cmd = [sys.executable, str(PRETRAIN)]
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen(cmd + [str(a) for a in args], stdout=out, stderr=err, text=True,
+        proc = subprocess.Popen(cmd + args, stdout=out, stderr=err, text=True,
                                 env={**os.environ, **(env or {})}, start_new_session=True)
         try:
             returncode = proc.wait(timeout=timeout)
@@ -55,18 +76,18 @@ def run_pretrain(args, nproc: int = 1, env=None, check: bool = True,
                 pass
         out.seek(0)
         err.seek(0)
-        result = subprocess.CompletedProcess(proc.args, returncode, out.read(), err.read())
-    if check and result.returncode != 0:
-        raise AssertionError(f"pretrain failed ({result.returncode}):\n{result.stdout[-3000:]}\n"
-                             f"{result.stderr[-5000:]}")
-    return result
+        return subprocess.CompletedProcess(proc.args, returncode, out.read(), err.read())
 
 
-def step_losses(stdout: str) -> dict[int, str]:
-    """``{iteration: 'lm loss' as printed}`` from the training log (--log-interval 1)."""
-    import re
-    return {int(m.group(1)): m.group(2) for m in
-            re.finditer(r"iteration\s+(\d+)/\d+ \|.*?lm loss: (\S+) \|", stdout)}
+def step_losses(run: subprocess.CompletedProcess) -> dict[int, float]:
+    """``{iteration: train loss}`` from a run's metrics file (--log-interval 1: each step's
+    loss, at full precision); a resumed run's records start after its checkpoint."""
+    return {r["iteration"]: r["lm loss"] for r in run.metrics
+            if r["kind"] == "train" and "lm loss" in r}
+
+
+def valid_losses(run: subprocess.CompletedProcess) -> dict[int, float]:
+    return {r["iteration"]: r["lm loss validation"] for r in run.metrics if r["kind"] == "valid"}
 
 
 def _free_port() -> int:

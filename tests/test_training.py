@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from conftest import PRETRAIN, TINY_RUN, run_pretrain, step_losses
+from conftest import PRETRAIN, TINY_RUN, run_pretrain, step_losses, valid_losses
 from megatron_ext.checkpointing import reconcile_schedule
 from megatron_ext.profiling import validate_profile_args
 from megatron_ext.training import resolve_checkpoint, setup_args
@@ -24,32 +24,37 @@ MARKER = "latest_checkpointed_iteration.txt"
 
 @pytest.mark.parametrize("arm", ["learned", "binary", "gf2"])
 def test_a_few_steps_lower_the_loss(tmp_path, arm):
-    out = run_pretrain(TINY_RUN + ["--input-interface", arm, "--train-iters", "30"]).stdout
-    losses = step_losses(out)
+    run = run_pretrain(TINY_RUN + ["--input-interface", arm, "--train-iters", "30"])
+    losses = step_losses(run)
     assert sorted(losses) == list(range(1, 31))
-    first, last = float(losses[1]), float(losses[30])
+    first, last = losses[1], losses[30]
     assert last < first - 0.5, f"{arm}: loss {first} -> {last}"
-    assert "[fixedcode] training done: iteration 30" in out
+    assert f"[fixedcode] training done: iteration 30 | final train loss {last:.6f}" in run.stdout
 
 
 def test_resume_gives_the_same_per_step_losses(tmp_path):
     run = TINY_RUN + ["--input-interface", "gf2", "--train-iters", "8", "--lr-warmup-iters", "2",
                       "--eval-iters", "1", "--eval-interval", "4"]
-    straight = step_losses(run_pretrain(run).stdout)
+    straight = run_pretrain(run)
     ckpt = tmp_path / "ckpt"
-    first = run_pretrain(run + ["--save", ckpt, "--load", ckpt, "--exit-interval", "4"]).stdout
-    assert "--exit-interval 4 reached: exiting at iteration 4" in first
-    assert (ckpt / MARKER).read_text() == "4"
-    second = run_pretrain(run + ["--save", ckpt, "--load", ckpt]).stdout
-    assert f"[fixedcode] resumed from {ckpt}/iter_0000004 at iteration 4" in second
-    resumed = {**step_losses(first), **step_losses(second)}
-    assert sorted(step_losses(second)) == [5, 6, 7, 8]
-    assert resumed == straight
+    # The interrupted run logs iterations 1-5 to --save's metrics file, but saves at 4.
+    first = run_pretrain(run + ["--save", ckpt, "--load", ckpt, "--save-interval", "4",
+                                "--exit-interval", "5"])
+    assert "--exit-interval 5 reached: exiting at iteration 5" in first.stdout
+    assert sorted(step_losses(first)) == [1, 2, 3, 4, 5]
+    (ckpt / MARKER).write_text("4")  # as if preempted between the two saves
+    second = run_pretrain(run + ["--save", ckpt, "--load", ckpt])
+    assert f"[fixedcode] resumed from {ckpt}/iter_0000004 at iteration 4" in second.stdout
+    # The metrics file holds each iteration once, at full precision, equal to the
+    # uninterrupted run's: training and validation.
+    assert [(r["kind"], r["iteration"]) for r in second.metrics] == \
+        [(r["kind"], r["iteration"]) for r in straight.metrics]
+    assert step_losses(second) == step_losses(straight)
+    assert valid_losses(second) == valid_losses(straight) and len(valid_losses(straight)) == 2
 
 
-def step_lrs(stdout: str) -> dict[int, float]:
-    return {int(m.group(1)): float(m.group(2)) for m in
-            re.finditer(r"iteration\s+(\d+)/\d+ \|.*?\| lr: (\S+)", stdout)}
+def step_lrs(run) -> dict[int, float]:
+    return {r["iteration"]: r["learning-rate"] for r in run.metrics if r["kind"] == "train"}
 
 
 def test_a_cooldown_branches_from_a_stable_checkpoint(tmp_path):
@@ -62,14 +67,14 @@ def test_a_cooldown_branches_from_a_stable_checkpoint(tmp_path):
     # From iteration 2 (not the latest, 4), decaying over the last 2 of 4 iterations.
     cooldown = run + ["--train-iters", "4", "--lr-wsd-decay-iters", "2", "--save", branch,
                       "--load", stable, "--ckpt-step", "2", "--override-opt_param-scheduler"]
-    first = run_pretrain(cooldown + ["--exit-interval", "3"]).stdout
-    assert f"resumed from {stable}/iter_0000002 at iteration 2" in first
+    first = run_pretrain(cooldown + ["--exit-interval", "3"])
+    assert f"resumed from {stable}/iter_0000002 at iteration 2" in first.stdout
     assert "schedule from these flags, not the checkpoint's: --lr-decay-iters 4 (checkpoint " \
-           "8), --lr-wsd-decay-iters 2 (checkpoint 4)" in first
-    requeued = run_pretrain(cooldown).stdout
-    assert f"--save {branch} holds iteration 3: resuming from it" in requeued
+           "8), --lr-wsd-decay-iters 2 (checkpoint 4)" in first.stdout
+    requeued = run_pretrain(cooldown)
+    assert f"--save {branch} holds iteration 3: resuming from it" in requeued.stdout
     lr = 3e-3  # TINY_RUN's
-    assert {**step_lrs(first), **step_lrs(requeued)} == pytest.approx({3: lr / 2, 4: 0})
+    assert step_lrs(requeued) == pytest.approx({3: lr / 2, 4: 0})
 
 
 def test_a_fresh_start_never_overwrites_checkpoints(tmp_path):
@@ -114,24 +119,25 @@ def test_data_parallel_resume_overlapped_reduction_and_fewer_processes(tmp_path)
     """
     run = TINY_RUN + ["--input-interface", "binary", "--train-iters", "6",
                       "--global-batch-size", "8"]
-    straight = step_losses(run_pretrain(run, nproc=2).stdout)
+    straight = step_losses(run_pretrain(run, nproc=2))
     ckpt, single = tmp_path / "ckpt", tmp_path / "single"
     overlapped = run + ["--overlap-grad-reduce", "--ddp-bucket-size", "20000"]
     first = run_pretrain(overlapped + ["--save", ckpt, "--load", ckpt, "--exit-interval", "3"],
-                         nproc=2).stdout
-    buckets = re.search(r"gradient reduction overlaps the backward pass: (\d+) buckets", first)
+                         nproc=2)
+    buckets = re.search(r"gradient reduction overlaps the backward pass: (\d+) buckets",
+                        first.stdout)
     assert buckets and int(buckets.group(1)) > 1
-    second = run_pretrain(overlapped + ["--save", ckpt, "--load", ckpt], nproc=2).stdout
-    assert f"resumed from {ckpt}/iter_0000003 at iteration 3" in second
-    assert {**step_losses(first), **step_losses(second)} == straight
+    second = run_pretrain(overlapped + ["--save", ckpt, "--load", ckpt], nproc=2)
+    assert f"resumed from {ckpt}/iter_0000003 at iteration 3" in second.stdout
+    assert step_losses(second) == straight
 
-    fewer = run_pretrain(run + ["--save", single, "--load", ckpt, "--ckpt-step", "3"]).stdout
-    assert "world size changed (2 -> 1): random-number states are re-seeded" in fewer
-    assert "dp 1) | 4 micro-batches per step" in fewer
+    fewer = run_pretrain(run + ["--save", single, "--load", ckpt, "--ckpt-step", "3"])
+    assert "world size changed (2 -> 1): random-number states are re-seeded" in fewer.stdout
+    assert "dp 1) | 4 micro-batches per step" in fewer.stdout
     resumed = {**step_losses(first), **step_losses(fewer)}
     assert sorted(resumed) == sorted(straight) == list(range(1, 7))
     for it in straight:
-        assert float(resumed[it]) == pytest.approx(float(straight[it]), rel=1e-4), it
+        assert resumed[it] == pytest.approx(straight[it], rel=1e-4), it
 
 
 def test_pipeline_parallel_trains(tmp_path):
@@ -140,12 +146,11 @@ def test_pipeline_parallel_trains(tmp_path):
     ckpt = tmp_path / "ckpt"
     run = TINY_RUN + ["--input-interface", "gf2", "--pipeline-model-parallel-size", "2",
                       "--save", ckpt, "--load", ckpt, "--lr-decay-iters", "13"]
-    out = run_pretrain(run + ["--train-iters", "12"], nproc=2).stdout
-    losses = step_losses(out)
-    assert float(losses[12]) < float(losses[1])
-    resumed = run_pretrain(run + ["--train-iters", "13"], nproc=2).stdout
-    assert f"resumed from {ckpt}/iter_0000012 at iteration 12" in resumed
-    assert sorted(step_losses(resumed)) == [13]
+    losses = step_losses(run_pretrain(run + ["--train-iters", "12"], nproc=2))
+    assert losses[12] < losses[1]
+    resumed = run_pretrain(run + ["--train-iters", "13"], nproc=2)
+    assert f"resumed from {ckpt}/iter_0000012 at iteration 12" in resumed.stdout
+    assert sorted(step_losses(resumed)) == list(range(1, 14))
 
 
 def test_activation_recompute_gives_the_same_losses():
@@ -153,10 +158,10 @@ def test_activation_recompute_gives_the_same_losses():
     run that stores them. A fixed-code input requires no gradient of its own, yet the
     recomputed layers must still receive theirs (the losses would drift otherwise)."""
     run = TINY_RUN + ["--input-interface", "binary", "--train-iters", "4"]
-    stored = step_losses(run_pretrain(run).stdout)
+    stored = step_losses(run_pretrain(run))
     for mode in (["full", "--recompute-method", "uniform", "--recompute-num-layers", "1"],
                  ["selective"]):
-        assert step_losses(run_pretrain(run + ["--recompute-granularity", *mode]).stdout) \
+        assert step_losses(run_pretrain(run + ["--recompute-granularity", *mode])) \
             == stored, mode
 
 
@@ -186,25 +191,86 @@ def test_bad_profile_flags_are_clear_errors(flags, message):
         validate_profile_args(args)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])
-def test_exit_signal_handler_saves_and_exits_zero(tmp_path, sig):
-    ckpt = tmp_path / "ckpt"
-    cmd = [sys.executable, str(PRETRAIN), *TINY_RUN, "--input-interface", "binary",
-           "--train-iters", "100000", "--save", str(ckpt), "--exit-signal-handler"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+def signal_run(args, sig, when=None, delay: float = 0.0, env=None):
+    """Run pretrain_fixedcode.py and send it ``sig`` ``delay`` seconds after the first line
+    of output containing ``when`` (None: ``delay`` seconds after the start); returns
+    ``(exit code, output, metrics records)``."""
+    from megatron_ext.metric_sinks import read_metrics
+    metrics = args[args.index("--save") + 1] / "metrics.jsonl"
+    proc = subprocess.Popen([sys.executable, str(PRETRAIN), *map(str, args)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, **(env or {})})
     lines = []
-    for line in proc.stdout:
-        lines.append(line)
-        if "iteration        3/" in line:
-            proc.send_signal(sig)
-            break
-    rest, _ = proc.communicate(timeout=120)
+    if when is not None:
+        for line in proc.stdout:
+            lines.append(line)
+            if when in line:
+                break
+    time.sleep(delay)
+    proc.send_signal(sig)
+    rest, _ = proc.communicate(timeout=180)
     out = "".join(lines) + rest
-    assert proc.returncode == 0, out[-2000:]
+    return proc.returncode, out, read_metrics(str(metrics)) if metrics.exists() else []
+
+
+SIGNAL_RUN = TINY_RUN + ["--input-interface", "binary", "--exit-signal-handler"]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])
+def test_exit_signal_during_training_saves_and_exits_zero(tmp_path, sig):
+    ckpt = tmp_path / "ckpt"
+    rc, out, _ = signal_run(SIGNAL_RUN + ["--train-iters", "100000", "--save", ckpt], sig,
+                            when="iteration        3/")
+    assert rc == 0, out[-2000:]
     assert f"received {sig.name}: exiting at iteration" in out
     saved = int((ckpt / MARKER).read_text())
     assert saved >= 3 and (ckpt / f"iter_{saved:07d}").is_dir()
     assert f"saved checkpoint {ckpt}/iter_{saved:07d}" in out
+
+
+def test_exit_signal_during_start_up_exits_zero_without_a_save(tmp_path):
+    """0.5 s after the start the process is still importing torch: before the handler was
+    installed first thing, Python's default action killed it (exit -10)."""
+    ckpt = tmp_path / "ckpt"
+    rc, out, _ = signal_run(SIGNAL_RUN + ["--train-iters", "5", "--save", ckpt],
+                            signal.SIGUSR1, delay=0.5)
+    assert rc == 0, out[-2000:]
+    assert "received SIGUSR1 during start-up, before training (nothing new to save): " \
+           "exiting at iteration 0" in out
+    assert not (ckpt / MARKER).exists() and "iteration        1/" not in out
+
+
+def test_exit_signal_during_validation_saves_and_the_resumed_run_validates_first(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    run = SIGNAL_RUN + ["--train-iters", "6", "--eval-interval", "3", "--eval-iters", "300",
+                        "--save", ckpt, "--load", ckpt]
+    straight = run_pretrain(run[:run.index("--save")] + run[run.index("--load") + 2:])
+    rc, out, _ = signal_run(run, signal.SIGUSR1, when="iteration        3/", delay=0.2)
+    assert rc == 0, out[-2000:]
+    assert "received SIGUSR1: validation at iteration 3 stopped; the resumed run validates " \
+           "first" in out
+    assert (ckpt / MARKER).read_text() == "3" and "validation at iteration 3 |" not in out
+    resumed = run_pretrain(run)
+    assert resumed.stdout.index("validation at iteration 3 |") \
+        < resumed.stdout.index("iteration        4/")
+    # The metrics file then holds what the uninterrupted run logged: every validation.
+    timing = {"time", "tokens-per-second", "step-time-ms", "memory-gib"}
+    untimed = lambda run: [{k: v for k, v in r.items() if k not in timing}  # noqa: E731
+                           for r in run.metrics]
+    assert untimed(resumed) == untimed(straight)
+    assert sorted(valid_losses(straight)) == [3, 6]
+
+
+def test_exit_signal_during_a_save_lets_the_save_finish(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    rc, out, _ = signal_run(SIGNAL_RUN + ["--train-iters", "100", "--save", ckpt,
+                                          "--save-interval", "2"], signal.SIGTERM,
+                            when="iteration        2/", delay=0.5,
+                            env={"FIXEDCODE_TEST_SAVE_SECONDS": "3"})
+    assert rc == 0, out[-2000:]
+    assert out.index(f"saved checkpoint {ckpt}/iter_0000002") \
+        < out.index("received SIGTERM: exiting at iteration 2")
+    assert (ckpt / MARKER).read_text() == "2" and not (ckpt / "iter_0000002.partial").exists()
 
 
 def test_a_save_killed_midway_is_not_loaded(tmp_path):
@@ -255,6 +321,8 @@ def test_a_bad_flag_stops_the_run_with_a_clear_error():
     (["--input-interface", "binary", "--global-batch-size", "5"],
      "--global-batch-size 5 is not a multiple of --micro-batch-size 2"),
     (["--ddp-bucket-size", "1000"], "--ddp-bucket-size applies with --overlap-grad-reduce only"),
+    (["--log-layer-norms", "--use-distributed-optimizer"],
+     "--log-layer-norms reads whole gradients, which --use-distributed-optimizer scatters"),
     (["--load", "/nonexistent/ckpt", "--ckpt-step", "7"],
      "checkpoint /nonexistent/ckpt/iter_0000007 does not exist"),
 ])
@@ -275,30 +343,3 @@ def test_resuming_with_another_input_interface_is_refused(tmp_path):
     assert proc.returncode != 0
     assert "cannot resume" in proc.stderr
     assert "--input-interface: checkpoint 'binary', now 'gf2'" in proc.stderr
-
-
-def test_tensorboard_scalars_are_written(tmp_path):
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    tb = tmp_path / "tb"
-    run_pretrain(TINY_RUN + ["--input-interface", "binary", "--train-iters", "4",
-                             "--eval-interval", "2", "--eval-iters", "1",
-                             "--tensorboard-dir", tb])
-    events = EventAccumulator(str(tb))
-    events.Reload()
-    tags = set(events.Tags()["scalars"])
-    assert {"lm loss", "learning-rate", "grad-norm", "tokens-per-second",
-            "lm loss validation", "lm loss validation ppl"} <= tags
-    assert [e.step for e in events.Scalars("lm loss")] == [1, 2, 3, 4]
-    assert [e.step for e in events.Scalars("lm loss validation")] == [2, 4]
-
-    # tools/training_report.py turns the same logs into the arms' table and plot.
-    from tools import training_report
-    png, md = tmp_path / "valid.png", tmp_path / "report.md"
-    table = training_report.main([f"binary={tb}", "--plot", str(png), "--markdown", str(md)])
-    assert table["binary"]["iteration"] == 4
-    assert table["binary"]["train_loss"] == events.Scalars("lm loss")[-1].value
-    assert table["binary"]["valid_loss"] == events.Scalars("lm loss validation")[-1].value
-    assert png.read_bytes().startswith(b"\x89PNG")
-    assert f"| binary | 4 | {table['binary']['train_loss']:.4f} |" in md.read_text()
-    with pytest.raises(SystemExit, match="expected ARM=TENSORBOARD_DIR"):
-        training_report.main([str(tb)])

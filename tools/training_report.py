@@ -1,8 +1,10 @@
-"""Compare the arms' training runs from their TensorBoard logs: a table of final train and
+"""Compare the arms' training runs from their metrics files: a table of final train and
 validation loss (and perplexity) per arm, and a PNG of the validation-loss curves.
 
-    python tools/training_report.py learned=runs/tb/learned binary=runs/tb/binary \\
-        gf2=runs/tb/gf2 --plot valid_loss.png --markdown report.md
+    python tools/training_report.py learned=runs/learned binary=runs/binary gf2=runs/gf2 \\
+        --plot valid_loss.png --markdown report.md
+
+Each run is its ``--save`` directory (which holds ``metrics.jsonl``) or a metrics file.
 """
 
 from __future__ import annotations
@@ -13,27 +15,21 @@ import os
 import sys
 from typing import Optional, Sequence
 
-
-def read_scalars(logdir: str) -> dict[str, list[tuple[int, float]]]:
-    """``{tag: [(step, value), ...]}`` of every scalar in a TensorBoard log directory."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    if not os.path.isdir(logdir):
-        raise SystemExit(f"error: TensorBoard directory {logdir} does not exist")
-    events = EventAccumulator(logdir, size_guidance={"scalars": 0})
-    events.Reload()
-    return {tag: [(e.step, e.value) for e in events.Scalars(tag)]
-            for tag in events.Tags()["scalars"]}
+from megatron_ext.metric_sinks import read_metrics
 
 
 def summarise(runs: dict[str, str]) -> dict[str, dict]:
     """Final values per arm: iteration, train loss, validation loss and perplexity."""
     table = {}
-    for arm, logdir in runs.items():
-        scalars = read_scalars(logdir)
-        train = scalars.get("lm loss", [])
-        valid = scalars.get("lm loss validation", [])
+    for arm, path in runs.items():
+        records = read_metrics(path)
+        train = [(r["iteration"], r["lm loss"]) for r in records
+                 if r["kind"] == "train" and "lm loss" in r]
+        # The last record of an iteration wins (a validation redone after an interruption).
+        valid = sorted({r["iteration"]: r["lm loss validation"] for r in records
+                        if r["kind"] == "valid"}.items())
         if not train:
-            raise SystemExit(f"error: {logdir} holds no 'lm loss' scalars: is it a training log?")
+            raise SystemExit(f"error: {path} holds no training losses: is it a training run?")
         table[arm] = {
             "iteration": train[-1][0],
             "train_loss": train[-1][1],
@@ -80,14 +76,16 @@ def parse_runs(specs: Sequence[str]) -> dict[str, str]:
     for spec in specs:
         arm, sep, logdir = spec.partition("=")
         if not sep or not arm or not logdir:
-            raise SystemExit(f"error: expected ARM=TENSORBOARD_DIR, got {spec!r}")
+            raise SystemExit(f"error: expected ARM=RUN_DIR (a --save directory or a "
+                             f"metrics.jsonl), got {spec!r}")
         runs[arm] = logdir
     return runs
 
 
 def main(argv: Optional[Sequence[str]] = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("runs", nargs="+", metavar="ARM=TENSORBOARD_DIR")
+    parser.add_argument("runs", nargs="+", metavar="ARM=RUN_DIR",
+                        help="an arm's name and its --save directory or metrics.jsonl")
     parser.add_argument("--plot", help="write the validation-loss curves to this PNG")
     parser.add_argument("--markdown", help="also write the table to this Markdown file")
     args = parser.parse_args(argv)

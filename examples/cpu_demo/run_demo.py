@@ -6,7 +6,7 @@
 3. data: Megatron indexed binaries (tools/preprocess_data.py);
 4. training: the learned, binary and gf2 arms of one tiny model (pretrain_fixedcode.py);
 5. report: final train/validation loss per arm and a PNG of the validation curves
-   (tools/training_report.py).
+   (tools/training_report.py, from each run's metrics.jsonl).
 
 Every step is idempotent: a second run reuses what exists (training resumes from, or ends at,
 its checkpoint). Outputs go to ``--workdir`` (default ``demo/``).
@@ -95,7 +95,7 @@ def main() -> None:
              "--save", ckpt, "--load", ckpt, "--tensorboard-dir", work / "tensorboard" / arm])
 
     run([py, REPO / "tools" / "training_report.py",
-         *[f"{arm}={work / 'tensorboard' / arm}" for arm in ARMS],
+         *[f"{arm}={work / 'checkpoints' / arm}" for arm in ARMS],
          "--plot", work / "valid_loss.png", "--markdown", work / "report.md"])
     print(f"TensorBoard: tensorboard --logdir {work / 'tensorboard'}")
 

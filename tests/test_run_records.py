@@ -1,0 +1,150 @@
+"""What a training run records besides its checkpoints: the metrics file, TensorBoard and
+wandb (the same scalars in all three, one wandb run across a resume), the optional norm
+diagnostics, checkpoint provenance, and tools/training_report.py over the metrics files."""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import shutil
+import struct
+
+import pytest
+import torch
+
+from conftest import TINY_RUN, run_pretrain, step_losses
+from megatron_ext import checkpointing
+
+TIMING = {"time", "tokens-per-second", "step-time-ms", "memory-gib"}
+
+
+def wandb_records(path: str):
+    """The protobuf records of a wandb ``.wandb`` run file (LevelDB-log framing: a 7-byte
+    file header, then 32 KiB blocks of records with a 7-byte header: crc, length, type)."""
+    from wandb.proto.wandb_internal_pb2 import Record
+    data = open(path, "rb").read()
+    assert data[:4] == b":W&B", path
+    pos, payload = 7, b""
+    while pos + 7 <= len(data):
+        left = 32768 - pos % 32768
+        if left < 7:  # block trailer
+            pos += left
+            continue
+        length, kind = struct.unpack("<HB", data[pos + 4:pos + 7])
+        payload += data[pos + 7:pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):  # a full record, or the last piece of one
+            yield Record.FromString(payload)
+            payload = b""
+
+
+def wandb_history(wandb_dir) -> tuple[set, dict]:
+    """``(run ids, {(step, key): value})`` over every offline run under ``wandb_dir``."""
+    import json
+    ids, history = set(), {}
+    for path in glob.glob(f"{wandb_dir}/wandb/offline-run-*/run-*.wandb"):
+        for record in wandb_records(path):
+            kind = record.WhichOneof("record_type")
+            if kind == "run":
+                ids.add(record.run.run_id)
+            elif kind == "history":
+                items = {i.key or "/".join(i.nested_key): json.loads(i.value_json)
+                         for i in record.history.item}
+                step = items.pop("_step")
+                history.update({(step, k): v for k, v in items.items()
+                                if not k.startswith("_")})
+    return ids, history
+
+
+@pytest.fixture(scope="module")
+def resumed_run(tmp_path_factory):
+    """A learned-arm run interrupted at iteration 2 and resumed to 4, with every record on:
+    ``(save dir, TensorBoard dir, first run, resumed run)``."""
+    tmp = tmp_path_factory.mktemp("records")
+    ckpt, tb = tmp / "ckpt", tmp / "tb"
+    run = TINY_RUN + ["--input-interface", "learned", "--train-iters", "4",
+                      "--eval-interval", "2", "--eval-iters", "1", "--save", ckpt,
+                      "--load", ckpt, "--tensorboard-dir", tb, "--wandb-project", "fixedcode",
+                      "--log-params-norm", "--log-num-zeros-in-grad", "--log-layer-norms"]
+    env = {"WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+    first = run_pretrain(run + ["--exit-interval", "2"], env=env)
+    second = run_pretrain(run, env=env)
+    assert "resumed from" in second.stdout
+    return ckpt, tb, first, second
+
+
+def test_the_metrics_file_holds_each_iteration_once_with_the_diagnostics(resumed_run):
+    _, _, first, second = resumed_run
+    records = second.metrics
+    assert [(r["kind"], r["iteration"]) for r in records] == [
+        ("train", 1), ("train", 2), ("valid", 2), ("train", 3), ("train", 4), ("valid", 4)]
+    assert records[:3] == first.metrics  # the first run's records are kept as written
+    assert [r["tokens"] for r in records if r["kind"] == "train"] == [128, 256, 384, 512]
+    train = records[-2]
+    for key in ("params-norm", "num-zeros", "grad-norm/input-table", "grad-norm/layer-01",
+                "grad-norm/layer-02", "grad-norm/output-layer", "params-norm/input-table",
+                "params-norm/output-layer"):
+        assert key in train, key
+    assert train["params-norm"] > train["params-norm/layer-01"] > 0
+    assert "  norms: grad-norm/input-table" in second.stdout
+
+
+def test_tensorboard_holds_the_metrics_file_scalars(resumed_run):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    _, tb, _, second = resumed_run
+    events = EventAccumulator(str(tb), size_guidance={"scalars": 0})
+    events.Reload()
+    for r in second.metrics:
+        for key, value in r.items():
+            if key not in {"kind", "iteration", "consumed_samples", "tokens", "time"}:
+                logged = {e.step: e.value for e in events.Scalars(key)}
+                assert logged[r["iteration"]] == pytest.approx(value, rel=1e-6), key
+
+
+def test_wandb_offline_holds_the_same_scalars_in_one_run_across_the_resume(resumed_run):
+    ckpt, _, _, second = resumed_run
+    ids, history = wandb_history(ckpt / "wandb")
+    assert len(ids) == 1 and len(glob.glob(f"{ckpt}/wandb/wandb/offline-run-*")) == 2
+    (saved_id,) = ids
+    assert checkpointing.load_common(str(ckpt))[1]["wandb_run_id"] == saved_id
+    for r in second.metrics:
+        for key, value in r.items():
+            if key not in TIMING | {"kind", "iteration", "consumed_samples", "tokens"}:
+                assert history[(r["iteration"], key)] == value, key
+
+
+def test_a_checkpoint_records_provenance_and_a_newer_format_is_refused(resumed_run, tmp_path):
+    import megatron.core
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(resumed_run[0] / "iter_0000004", ckpt / "iter_0000004")
+    path, common = checkpointing.load_common(str(ckpt), 4)
+    assert common["checkpoint_format"] == checkpointing.CHECKPOINT_FORMAT
+    assert common["megatron_core_version"] == megatron.core.__version__ == "0.16.1"
+    assert common["fixedcode_version"] == "0.1.0"
+    common_file = os.path.join(path, "common.pt")
+    saved = torch.load(common_file, weights_only=False)
+    torch.save({**saved, "checkpoint_format": 99, "fixedcode_version": "9.9"}, common_file)
+    with pytest.raises(SystemExit, match=re.escape(
+            f"{path} has checkpoint format 99 (written by fixedcode 9.9, megatron-core 0.16.1); "
+            f"this fixedcode 0.1.0 reads formats up to {checkpointing.CHECKPOINT_FORMAT}")):
+        checkpointing.load_common(str(ckpt), 4)
+
+
+def test_training_report_reads_run_directories_and_metrics_files(resumed_run, tmp_path):
+    from tools import training_report
+    ckpt, _, _, second = resumed_run
+    png, md = tmp_path / "valid.png", tmp_path / "report.md"
+    table = training_report.main([f"learned={ckpt}", f"again={ckpt / 'metrics.jsonl'}",
+                                  "--plot", str(png), "--markdown", str(md)])
+    for arm in ("learned", "again"):
+        assert table[arm]["iteration"] == 4
+        assert table[arm]["train_loss"] == step_losses(second)[4]
+        assert table[arm]["valid_loss"] == second.metrics[-1]["lm loss validation"]
+        assert f"| {arm} | 4 | {table[arm]['train_loss']:.4f} |" in md.read_text()
+    assert png.read_bytes().startswith(b"\x89PNG")
+    with pytest.raises(SystemExit, match="expected ARM=RUN_DIR"):
+        training_report.main([str(ckpt)])
+    (tmp_path / "bad.jsonl").write_text('{"kind": "train", "iteration": 1}\nnot json\n')
+    with pytest.raises(SystemExit, match=re.escape(f"{tmp_path / 'bad.jsonl'}:2: not a JSON")):
+        training_report.main([f"x={tmp_path / 'bad.jsonl'}"])
