@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import multiprocessing
 import os
 import random
 import shutil
@@ -35,6 +36,7 @@ import torch
 import megatron.core
 from megatron.core import dist_checkpointing, parallel_state, tensor_parallel
 from megatron.core.dist_checkpointing.mapping import ShardedObject
+from megatron.core.dist_checkpointing.strategies import filesystem_async
 
 from .log import log
 
@@ -194,6 +196,15 @@ def _sharded_state(model, optimizer, rng: Optional[dict], is_loading: bool,
     return state
 
 
+def _fork_writer_results_queue() -> None:
+    """megatron-core's torch_dist writer reports through a ``Manager`` queue that it starts,
+    on a rank's first save, with the *spawn* method: the new process re-imports the entry
+    point (torch, megatron-core), 4-6 s of CPU per rank. A Manager forked from this process
+    serves the same queue within milliseconds (the writers themselves are forked too)."""
+    if filesystem_async._results_queue is None:
+        filesystem_async._results_queue = multiprocessing.get_context("fork").Manager().Queue()
+
+
 def save_checkpoint(args: argparse.Namespace, model, optimizer, scheduler, state: TrainState,
                     fixed_code: Optional[dict], wandb_run_id: Optional[str] = None) -> str:
     """Save on every rank; returns the final checkpoint path."""
@@ -208,6 +219,7 @@ def save_checkpoint(args: argparse.Namespace, model, optimizer, scheduler, state
         shutil.rmtree(final, ignore_errors=True)
         os.makedirs(partial)
     torch.distributed.barrier()
+    _fork_writer_results_queue()
     sharded = _sharded_state(model, optimizer, _rng_state(), is_loading=False)
     sharded.update(args={k: v for k, v in vars(args).items() if k != "fixed_code"},
                    fixed_code=fixed_code, scheduler=scheduler.state_dict(),
