@@ -31,16 +31,19 @@ def test_train_script_refuses_an_unknown_arm():
 
 
 def test_train_script_passes_the_recipe_and_the_arm(tmp_path):
-    """train.sh hands torchrun exactly the recipe's flags plus the arm's own."""
+    """train.sh hands torchrun exactly the recipe's flags plus the arm's own, with
+    CUDA_DEVICE_MAX_CONNECTIONS=1 in its environment."""
     fake = tmp_path / "bin"
     fake.mkdir()
-    (fake / "torchrun").write_text('#!/bin/sh\nfor a in "$@"; do echo "$a"; done\n')
+    (fake / "torchrun").write_text('#!/bin/sh\necho "$CUDA_DEVICE_MAX_CONNECTIONS"\n'
+                                   'for a in "$@"; do echo "$a"; done\n')
     (fake / "torchrun").chmod(0o755)
     run_dir = tmp_path / "runs"
     proc = subprocess.run(["bash", str(RECIPE.with_name("train.sh")), "gf2", str(run_dir)],
                           capture_output=True, text=True, check=True,
                           env={"PATH": f"{fake}:/usr/bin:/bin", "GPUS_PER_NODE": "4"})
-    argv = proc.stdout.split("\n")[:-1]
+    connections, *argv = proc.stdout.split("\n")[:-1]
+    assert connections == "1"
     assert argv[:3] == ["--nproc-per-node", "4", str(REPO / "pretrain_fixedcode.py")]
     ckpt = str(run_dir / "gf2" / "checkpoints")
     assert argv[3:] == read_recipe(RECIPE) + [

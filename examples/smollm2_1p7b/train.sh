@@ -13,6 +13,9 @@ repo=$(cd "$here/../.." && pwd)
 # The recipe's flags, comments dropped.
 mapfile -t recipe < <(sed -e 's/#.*//' "$here/recipe.args" | tr -s ' \t' '\n' | sed '/^$/d')
 mkdir -p "$run_dir/$arm"
+# One CUDA work queue per GPU, as Megatron-LM requires for overlapping tensor-parallel
+# communication with computation on Hopper (slurm/fixedcode.sbatch sets it too).
+export CUDA_DEVICE_MAX_CONNECTIONS=1
 exec torchrun --nproc-per-node "${GPUS_PER_NODE:-8}" "$repo/pretrain_fixedcode.py" \
     "${recipe[@]}" \
     --input-interface "$arm" \
