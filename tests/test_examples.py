@@ -49,3 +49,17 @@ def test_train_script_passes_the_recipe_and_the_arm(tmp_path):
     assert argv[3:] == read_recipe(RECIPE) + [
         "--input-interface", "gf2", "--save", ckpt, "--load", ckpt,
         "--tensorboard-dir", str(run_dir / "gf2" / "tensorboard"), "--exit-signal-handler"]
+
+
+@pytest.mark.parametrize("name, seeds, samples", [("study_100b.toml", (1234,), 48828125),
+                                                   ("study_seeds_10b.toml", (1, 2, 3), 4882813)])
+def test_paper_study_files_define_the_three_arms(name, seeds, samples):
+    from megatron_ext.study import spec
+    from pretrain_fixedcode import parse_args
+    path = RECIPE.with_name(name)
+    study = spec.build_study(spec.read_study_file(str(path)), path.parent)
+    assert [a.name for a in study.arms] == ["learned", "binary", "gf2"]
+    assert study.seeds == seeds and study.control == "learned"
+    assert study.eval.tasks == ("hellaswag", "piqa", "lambada_openai")
+    args = parse_args([*study.recipe, *study.arm("gf2").training_flags(), "--seed", "1"])
+    assert args.train_samples == samples and args.hidden_size == 2048

@@ -22,6 +22,8 @@ import sys
 from pathlib import Path
 from typing import List, Optional, Sequence
 
+from megatron_ext import recipes
+
 REPO = Path(__file__).resolve().parent.parent
 TEMPLATE = REPO / "slurm" / "fixedcode.sbatch"
 ARMS = ("learned", "binary", "gf2")
@@ -30,14 +32,8 @@ PER_ARM_FLAGS = ("--input-interface", "--save", "--load", "--tensorboard-dir",
                  "--exit-signal-handler")
 
 
-def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
-    p.add_argument("--recipe", required=True, type=Path,
-                   help="file of pretrain_fixedcode.py flags shared by the arms")
-    p.add_argument("--run-dir", required=True, type=Path,
-                   help="per arm: RUN_DIR/ARM/{checkpoints,tensorboard,slurm-ID.log,job.sbatch}")
-    p.add_argument("--arms", default=",".join(ARMS),
-                   help="comma-separated subset of %s (default: all)" % ",".join(ARMS))
+def add_job_args(p: argparse.ArgumentParser) -> None:
+    """The job options (resources, preemption, container), shared with tools/study.py."""
     p.add_argument("--nodes", type=int, default=1)
     p.add_argument("--gpus-per-node", type=int, default=8,
                    help="0: CPU-only job (no GPU request; then --ntasks-per-node is required)")
@@ -53,19 +49,16 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--max-restarts", type=int, default=20,
                    help="requeue at most this many times (SLURM_RESTART_COUNT); 0: never")
     p.add_argument("--container-image",
-                   help="pyxis/enroot image for srun; the repo and RUN_DIR are mounted at "
-                        "their own paths")
+                   help="pyxis/enroot image for srun; the repo and the run folder are mounted "
+                        "at their own paths")
     p.add_argument("--container-mounts", help="extra pyxis mounts, SRC:DST[,SRC:DST...]")
     p.add_argument("--python",
                    help="interpreter on the nodes (default: this one; 'python' in a container)")
-    p.add_argument("--dry-run", action="store_true",
-                   help="print the generated scripts; write and submit nothing")
-    args = p.parse_args(argv)
 
-    args.arms = [a for a in args.arms.split(",") if a]
-    unknown = sorted(set(args.arms) - set(ARMS))
-    if unknown or not args.arms:
-        p.error(f"--arms: unknown arm(s) {unknown or args.arms}; choose from {', '.join(ARMS)}")
+
+def check_job_args(p: argparse.ArgumentParser, args: argparse.Namespace,
+                   run_dir: Path) -> None:
+    """Validate the job options (errors name the flag) and fill their defaults."""
     for flag in ("nodes", "signal_secs"):
         if getattr(args, flag) < 1:
             p.error(f"--{flag.replace('_', '-')} must be >= 1")
@@ -80,30 +73,43 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
         p.error("--container-mounts needs --container-image")
     if args.python is None:
         args.python = "python" if args.container_image else sys.executable
+    if any(c.isspace() for c in str(run_dir)):
+        p.error(f"{run_dir}: no whitespace allowed (it goes into #SBATCH lines)")
+
+
+def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
+    p.add_argument("--recipe", required=True, type=Path,
+                   help="file of pretrain_fixedcode.py flags shared by the arms")
+    p.add_argument("--run-dir", required=True, type=Path,
+                   help="per arm: RUN_DIR/ARM/{checkpoints,tensorboard,slurm-ID.log,job.sbatch}")
+    p.add_argument("--arms", default=",".join(ARMS),
+                   help="comma-separated subset of %s (default: all)" % ",".join(ARMS))
+    add_job_args(p)
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the generated scripts; write and submit nothing")
+    args = p.parse_args(argv)
+
+    args.arms = [a for a in args.arms.split(",") if a]
+    unknown = sorted(set(args.arms) - set(ARMS))
+    if unknown or not args.arms:
+        p.error(f"--arms: unknown arm(s) {unknown or args.arms}; choose from {', '.join(ARMS)}")
     args.run_dir = args.run_dir.resolve()
-    if any(c.isspace() for c in str(args.run_dir)):
-        p.error(f"--run-dir {args.run_dir}: no whitespace allowed (it goes into #SBATCH lines)")
+    check_job_args(p, args, args.run_dir)
     return args
 
 
 def read_recipe(path: Path) -> List[str]:
     """The recipe's flags, refusing the ones submit.py sets per arm."""
-    if not path.is_file():
-        raise SystemExit(f"error: --recipe {path}: no such file")
-    flags = shlex.split(path.read_text(), comments=True)
-    if flags and not flags[0].startswith("--"):
-        raise SystemExit(f"error: recipe {path} must start with a --flag, not {flags[0]!r}")
-    for token in flags:
-        if token.split("=")[0] in PER_ARM_FLAGS:
-            raise SystemExit(f"error: recipe {path} sets {token.split('=')[0]}, which "
-                             f"tools/submit.py sets in every job script; remove it")
-    return flags
+    return recipes.read_recipe(path, PER_ARM_FLAGS, "tools/submit.py sets in every job script")
 
 
-def arm_flags(recipe: List[str], arm: str, arm_dir: Path) -> List[str]:
-    ckpt = str(arm_dir / "checkpoints")
-    return recipe + ["--input-interface", arm, "--save", ckpt, "--load", ckpt,
-                     "--tensorboard-dir", str(arm_dir / "tensorboard"), "--exit-signal-handler"]
+def run_flags(recipe: List[str], run_dir: Path, own: List[str]) -> List[str]:
+    """A run's training flags: the recipe, the run's ``own`` flags, and where it saves."""
+    ckpt = str(run_dir / "checkpoints")
+    return recipe + own + ["--save", ckpt, "--load", ckpt,
+                           "--tensorboard-dir", str(run_dir / "tensorboard"),
+                           "--exit-signal-handler"]
 
 
 def flag_lines(flags: List[str]) -> str:
@@ -116,8 +122,8 @@ def flag_lines(flags: List[str]) -> str:
     return "\n".join("    " + " ".join(line) for line in lines)
 
 
-def sbatch_directives(args: argparse.Namespace, arm: str) -> str:
-    options = [("job-name", f"{args.run_dir.name}-{arm}"), ("nodes", args.nodes),
+def sbatch_directives(args: argparse.Namespace, job_name: str) -> str:
+    options = [("job-name", job_name), ("nodes", args.nodes),
                ("ntasks-per-node", args.ntasks_per_node)]
     if args.gpus_per_node:
         options.append(("gpus-per-node", args.gpus_per_node))
@@ -127,10 +133,10 @@ def sbatch_directives(args: argparse.Namespace, arm: str) -> str:
     return "\n".join(f"#SBATCH --{name}={value}" for name, value in options)
 
 
-def container_args(args: argparse.Namespace) -> str:
+def container_args(args: argparse.Namespace, run_dir: Path) -> str:
     if not args.container_image:
         return ""
-    dirs = [REPO] + ([] if args.run_dir.is_relative_to(REPO) else [args.run_dir])
+    dirs = [REPO] + ([] if run_dir.is_relative_to(REPO) else [run_dir])
     mounts = ",".join([f"{d}:{d}" for d in dirs]
                       + ([args.container_mounts] if args.container_mounts else []))
     return " ".join(shlex.quote(a) for a in (f"--container-image={args.container_image}",
@@ -147,15 +153,17 @@ def render(template: str, fields: dict) -> str:
     return re.sub(r"\{\{(\w+)\}\}", lambda m: str(fields[m.group(1)]), template)
 
 
-def job_script(args: argparse.Namespace, recipe: List[str], arm: str) -> str:
-    arm_dir = args.run_dir / arm
+def job_script(args: argparse.Namespace, job_name: str, run_dir: Path, flags: List[str],
+               mount_dir: Path) -> str:
+    """The batch script of one run (training ``flags``, log in ``run_dir``); ``mount_dir``
+    is mounted into a container."""
     return render(TEMPLATE.read_text(), {
-        "SBATCH_DIRECTIVES": sbatch_directives(args, arm),
-        "LOG": arm_dir / "slurm-%j.log",
+        "SBATCH_DIRECTIVES": sbatch_directives(args, job_name),
+        "LOG": run_dir / "slurm-%j.log",
         "SIGNAL_SECS": args.signal_secs,
         "MAX_RESTARTS": args.max_restarts,
-        "CONTAINER_ARGS": container_args(args),
-        "TRAIN_ARGS": flag_lines(arm_flags(recipe, arm, arm_dir)),
+        "CONTAINER_ARGS": container_args(args, mount_dir),
+        "TRAIN_ARGS": flag_lines(flags),
         "REPO": shlex.quote(str(REPO)),
         "PYTHON": shlex.quote(args.python),
     })
@@ -170,18 +178,24 @@ def submit(script: Path) -> str:
     return done.stdout.strip().split(";")[0]
 
 
+def write_and_submit(run_dir: Path, script: str) -> str:
+    """Write ``run_dir/job.sbatch`` and submit it; the job id."""
+    run_dir.mkdir(parents=True, exist_ok=True)   # Slurm does not create the log's folder
+    (run_dir / "job.sbatch").write_text(script)
+    return submit(run_dir / "job.sbatch")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
     args = parse_args(argv)
     recipe = read_recipe(args.recipe)
     for arm in args.arms:
-        script = job_script(args, recipe, arm)
-        if args.dry_run:
-            print(f"# ===== {arm}: {args.run_dir / arm / 'job.sbatch'} =====\n{script}")
-            continue
         arm_dir = args.run_dir / arm
-        arm_dir.mkdir(parents=True, exist_ok=True)   # Slurm does not create the log's folder
-        (arm_dir / "job.sbatch").write_text(script)
-        job_id = submit(arm_dir / "job.sbatch")
+        script = job_script(args, f"{args.run_dir.name}-{arm}", arm_dir,
+                            run_flags(recipe, arm_dir, ["--input-interface", arm]), args.run_dir)
+        if args.dry_run:
+            print(f"# ===== {arm}: {arm_dir / 'job.sbatch'} =====\n{script}")
+            continue
+        job_id = write_and_submit(arm_dir, script)
         print(f"{arm}: job {job_id}, log {arm_dir / f'slurm-{job_id}.log'}")
 
 

@@ -1,0 +1,165 @@
+"""Evaluate every saved checkpoint of a study's runs once: the loss on one fixed held-out
+token set (the same tokens for every run and checkpoint) and, optionally, the downstream
+tasks of tools/evaluate.py with lm-eval's per-item results kept (for item-paired
+comparisons between arms).
+
+Results are cached per checkpoint in ``RUN/eval/iter_NNNNNNN.json`` with the settings they
+were computed under: evaluation is incremental while training continues, and a cache made
+under other settings is recomputed. Runs in one CPU process (checkpoints of any TP/PP are
+resharded to one model).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from .spec import EvalSettings, Study, run_dir
+
+# The downstream metric a study compares, per task (tools/evaluate.py's table's first).
+TASK_METRIC = {"hellaswag": "acc_norm", "piqa": "acc", "lambada_openai": "acc"}
+
+
+def completed_iterations(ckpt_dir: Path) -> list[int]:
+    """Iterations of the completed saves in a ``--save`` directory (never ``.partial``),
+    up to its latest marker."""
+    from megatron_ext.checkpointing import latest_iteration
+    latest = latest_iteration(str(ckpt_dir)) if ckpt_dir.is_dir() else None
+    if latest is None:
+        return []
+    found = (re.fullmatch(r"iter_(\d{7})", p.name) for p in ckpt_dir.iterdir())
+    return sorted(i for i in (int(m.group(1)) for m in found if m) if i <= latest)
+
+
+def cache_path(run: Path, iteration: int) -> Path:
+    return run / "eval" / f"iter_{iteration:07d}.json"
+
+
+def held_out_tokens(prefix: str, count: int, seq_length: int) -> np.ndarray:
+    """``[n, seq_length + 1]`` token windows: the first ``count`` tokens of the indexed
+    dataset ``prefix`` (its documents in order, end-of-document tokens included), cut into
+    ``n = count // seq_length`` consecutive windows that overlap by one token (the label of
+    a window's last position)."""
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+    dataset = IndexedDataset(prefix)
+    n = count // seq_length
+    need, parts, have = n * seq_length + 1, [], 0
+    for i in range(len(dataset)):
+        if have >= need:
+            break
+        parts.append(np.asarray(dataset[i], dtype=np.int64))
+        have += len(parts[-1])
+    if n == 0 or have < need:
+        raise SystemExit(f"error: eval data {prefix} holds {have:,} tokens; the held-out set "
+                         f"needs {need:,} (eval tokens {count:,} of sequence length "
+                         f"{seq_length}): lower the eval tokens")
+    stream = np.concatenate(parts)[:need]
+    index = np.arange(n)[:, None] * seq_length + np.arange(seq_length + 1)[None, :]
+    return stream[index]
+
+
+def held_out_loss(model, windows: np.ndarray, batch_size: int) -> float:
+    """Mean next-token loss of ``model`` over every position of ``windows``."""
+    import torch
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for start in range(0, len(windows), batch_size):
+            batch = torch.from_numpy(windows[start:start + batch_size])
+            tokens, labels = batch[:, :-1], batch[:, 1:]
+            positions = torch.arange(tokens.shape[1]).expand_as(tokens)
+            losses = model(tokens, positions, None, labels=labels)
+            total += float(losses.double().sum())
+            count += losses.numel()
+    return total / count
+
+
+def downstream(load: Path, iteration: int, settings: EvalSettings, export_hf) -> dict:
+    """``{task: {"metric", "value", "items"}}``: the checkpoint exported to Hugging Face
+    (temporarily, by ``export_hf(load, iteration, folder)``) and scored by lm-eval on the
+    study's tasks; ``items`` is the per-document score (0/1) in document order."""
+    os.environ["HF_HUB_OFFLINE"] = os.environ["HF_DATASETS_OFFLINE"] = "1"
+    from lm_eval import simple_evaluate
+    from lm_eval.models.huggingface import HFLM
+
+    from megatron_ext.hf.eval_tasks import official_tasks, task_config
+    with tempfile.TemporaryDirectory() as hf_dir:
+        export_hf(load, iteration, hf_dir)
+        manager = official_tasks()
+        configs = [task_config(t, manager, settings.data_dir) for t in settings.tasks]
+        lm = HFLM(pretrained=hf_dir, trust_remote_code=True, device="cpu", dtype="float32",
+                  batch_size=settings.batch_size)
+        out = simple_evaluate(model=lm, tasks=configs, task_manager=manager,
+                              limit=settings.limit, bootstrap_iters=0, log_samples=True,
+                              random_seed=0, numpy_random_seed=0, torch_random_seed=0,
+                              fewshot_random_seed=0)
+    result = {}
+    for task in settings.tasks:
+        metric = TASK_METRIC[task]
+        samples = sorted(out["samples"][task], key=lambda s: s["doc_id"])
+        items = [float(s[metric]) for s in samples]
+        result[task] = {"metric": metric, "value": float(np.mean(items)), "items": items}
+    return result
+
+
+def evaluate_checkpoint(run: Path, iteration: int, settings: EvalSettings, export_hf) -> dict:
+    from megatron_ext.hf.megatron_checkpoint import load_model, read_checkpoint
+    ckpt = run / "checkpoints"
+    path, train_args, fixed_code, _ = read_checkpoint(str(ckpt), iteration)
+    record = {"iteration": iteration, "settings": _settings_json(settings)}
+    if settings.data_path:
+        windows = held_out_tokens(settings.data_path, settings.tokens, train_args.seq_length)
+        loss = held_out_loss(load_model(path, train_args, fixed_code), windows,
+                             settings.batch_size)
+        record.update(valid_loss=loss, valid_ppl=math.exp(min(loss, 50.0)),
+                      valid_tokens=int(windows.shape[0] * train_args.seq_length))
+    if settings.tasks:
+        record["tasks"] = downstream(ckpt, iteration, settings, export_hf)
+    return record
+
+
+def read_cached(run: Path, iteration: int, settings: EvalSettings) -> Optional[dict]:
+    path = cache_path(run, iteration)
+    if not path.exists():
+        return None
+    record = json.loads(path.read_text())
+    return record if record.get("settings") == _settings_json(settings) else None
+
+
+def _settings_json(settings: EvalSettings) -> dict:
+    """The settings as their cache file holds them (tuples become lists)."""
+    return json.loads(json.dumps(dataclasses.asdict(settings)))
+
+
+def evaluate_study(study: Study, study_dir: Path, export_hf, progress=print) -> dict:
+    """Evaluate what is not cached yet; ``{"evaluated": n, "cached": m}``. ``export_hf``
+    writes a checkpoint as a Hugging Face model (tools/convert_to_hf.py) for the tasks."""
+    from megatron_ext.initialize import initialize_distributed
+    counts = {"evaluated": 0, "cached": 0}
+    todo = []
+    for arm, seed in study.runs():
+        run = run_dir(study_dir, arm, seed)
+        for iteration in completed_iterations(run / "checkpoints"):
+            if read_cached(run, iteration, study.eval) is None:
+                todo.append((run, iteration))
+            else:
+                counts["cached"] += 1
+    if todo:
+        initialize_distributed("cpu", 1, 1)
+    for i, (run, iteration) in enumerate(todo, 1):
+        progress(f"[eval {i}/{len(todo)}] {run} iteration {iteration}")
+        record = evaluate_checkpoint(run, iteration, study.eval, export_hf)
+        path = cache_path(run, iteration)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(record) + "\n")
+        os.replace(tmp, path)
+        counts["evaluated"] += 1
+    return counts

