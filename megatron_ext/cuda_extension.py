@@ -3,7 +3,8 @@
 Built once per torch/CUDA/Python version with ``torch.utils.cpp_extension.load`` into
 ``$TORCH_EXTENSIONS_DIR`` when set, else ``~/.cache/fixedcode``; later processes reuse the
 build; a build directory that is read-only (an image with the module prebuilt) is imported
-as it is. Architectures come from ``TORCH_CUDA_ARCH_LIST``, else from the visible GPUs.
+as it is, provided the build record next to it (``sources.json``) names the current sources'
+hash: an image older than the checkout it runs on must not run a stale kernel. Architectures come from ``TORCH_CUDA_ARCH_LIST``, else from the visible GPUs.
 :mod:`megatron_ext.kernels` decides when to use it. ``python -m megatron_ext.cuda_extension``
 builds it ahead of time (the Dockerfile does).
 """
@@ -11,7 +12,9 @@ builds it ahead of time (the Dockerfile does).
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib.util
+import json
 import os
 import sys
 import warnings
@@ -22,6 +25,7 @@ import torch
 NAME = "fixedcode_cuda"
 CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = (CSRC / "binding.cpp", CSRC / "fixed_code.cu")
+RECORD = "sources.json"  # {"sources_sha256": ..., "file": the module's file name}
 
 
 def build_directory() -> Path:
@@ -31,6 +35,31 @@ def build_directory() -> Path:
     return Path(root) / tag / NAME
 
 
+def sources_hash() -> str:
+    digest = hashlib.sha256()
+    for source in SOURCES:
+        digest.update(source.name.encode() + b"\0" + source.read_bytes())
+    return digest.hexdigest()
+
+
+def _load_prebuilt(directory: Path):
+    """``(module, None)`` from a read-only build directory whose record names the current
+    sources, else ``(None, reason)``. torch's loader would need to write its lock file
+    there, so the module is imported directly."""
+    record_path = directory / RECORD
+    record = json.loads(record_path.read_text()) if record_path.is_file() else {}
+    if record.get("sources_sha256") != sources_hash():
+        found = "a build of other sources" if record else f"no build record ({RECORD})"
+        return None, (f"{directory} is read-only and holds {found}, not a build of "
+                      f"{CSRC} as it is now; rebuild the image, or set TORCH_EXTENSIONS_DIR to "
+                      f"a writable directory (built there on first use)")
+    path = directory / record["file"]
+    spec = importlib.util.spec_from_file_location(path.name.split(".")[0], path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module, None
+
+
 @functools.lru_cache(maxsize=None)
 def _build():
     """``(module, None)``, or ``(None, reason)``: built (or failed) once per process."""
@@ -38,18 +67,21 @@ def _build():
         return None, f"torch {torch.__version__} is a CPU-only build"
     from torch.utils.cpp_extension import load as jit_load
     directory = build_directory()
-    prebuilt = directory / f"{NAME}.so"
     try:
-        if prebuilt.exists() and not os.access(directory, os.W_OK):
-            # A read-only image (the Docker image under enroot) with the module built in:
-            # torch's loader would need to write its lock file, so import the module directly.
-            spec = importlib.util.spec_from_file_location(NAME, prebuilt)
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-            return module, None
+        if directory.is_dir() and not os.access(directory, os.W_OK):
+            # A read-only image (the Docker image under enroot) with the module built in.
+            return _load_prebuilt(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        return jit_load(name=NAME, sources=[str(s) for s in SOURCES],
-                        build_directory=str(directory), verbose=False), None
+        module = jit_load(name=NAME, sources=[str(s) for s in SOURCES],
+                          build_directory=str(directory), verbose=False)
+        # torch rebuilds when the sources change (as NAME_v1.so, ...): record which file
+        # holds the build of which sources, for the read-only case. Ranks sharing the
+        # directory write the same record; each replaces it whole.
+        partial = directory / f"{RECORD}.{os.getpid()}"
+        partial.write_text(json.dumps({"sources_sha256": sources_hash(),
+                                       "file": Path(module.__file__).name}))
+        os.replace(partial, directory / RECORD)
+        return module, None
     except Exception as e:  # no compiler, a compile error, an ABI mismatch: all mean "none"
         return None, f"building or loading it in {directory} failed: {e}"
 

@@ -91,6 +91,54 @@ def test_unknown_impl_is_refused():
                                    torch.float32, "triton")
 
 
+@pytest.fixture
+def fresh_build(monkeypatch, tmp_path):
+    """``_build`` as on a CUDA torch, its build directory ``tmp_path/ext``, its cache
+    cleared before and after; returns the directory."""
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+    monkeypatch.setattr(cuda_extension, "build_directory", lambda: tmp_path / "ext")
+    cuda_extension._build.cache_clear()
+    yield tmp_path / "ext"
+    cuda_extension._build.cache_clear()
+
+
+def test_a_build_records_its_sources(fresh_build, monkeypatch):
+    module = type("Module", (), {"__file__": str(fresh_build / "fixedcode_cuda_v1.so")})
+    monkeypatch.setattr(torch.utils.cpp_extension, "load", lambda **kwargs: module)
+    assert cuda_extension._build() == (module, None)
+    assert json.loads((fresh_build / cuda_extension.RECORD).read_text()) == {
+        "sources_sha256": cuda_extension.sources_hash(), "file": "fixedcode_cuda_v1.so"}
+
+
+def test_a_read_only_prebuilt_kernel_of_other_sources_is_refused(fresh_build, monkeypatch):
+    """An image's build directory is read-only under enroot, and the image may be older
+    than the checkout it runs: its module is imported only when its record names the
+    current sources' hash."""
+    def no_build(**kwargs):
+        raise AssertionError("a read-only build directory was rebuilt")
+    monkeypatch.setattr(torch.utils.cpp_extension, "load", no_build)
+    monkeypatch.setattr(cuda_extension.os, "access", lambda path, mode: False)
+    fresh_build.mkdir()
+    (fresh_build / "fixedcode_cuda.so").write_bytes(b"not a shared object")
+    record = fresh_build / cuda_extension.RECORD
+    for content, refused in ((None, "no build record (sources.json)"),
+                             ({"sources_sha256": "0" * 64, "file": "fixedcode_cuda.so"},
+                              "a build of other sources")):
+        if content:
+            record.write_text(json.dumps(content))
+        cuda_extension._build.cache_clear()
+        module, reason = cuda_extension._build()
+        assert module is None and f"{fresh_build} is read-only and holds {refused}" in reason
+        assert "rebuild the image, or set TORCH_EXTENSIONS_DIR" in reason
+    # The current sources' record: the module is imported (this fake one then fails).
+    record.write_text(json.dumps({"sources_sha256": cuda_extension.sources_hash(),
+                                  "file": "fixedcode_cuda.so"}))
+    cuda_extension._build.cache_clear()
+    module, reason = cuda_extension._build()
+    assert module is None and reason.startswith(f"building or loading it in {fresh_build} "
+                                                f"failed") and "fixedcode_cuda.so" in reason
+
+
 # Through the flag, in a fresh process (the CPU backend patches torch process-wide).
 FLAG_SCRIPT = textwrap.dedent("""
     import json, sys, torch
