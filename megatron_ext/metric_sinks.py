@@ -3,7 +3,8 @@ run's metrics file (``metrics.jsonl``) and Weights & Biases (``--wandb-project``
 
 :class:`megatron_ext.metrics.MetricsLogger` computes one dict of scalars per log interval
 and per validation, and hands the same dict to every sink, so the three records hold the
-same values; ``where`` (iteration, consumed samples, tokens, time) goes to the metrics file. Only the logging rank builds sinks.
+same values; ``where`` (iteration, consumed samples, tokens, time) goes to the metrics
+file. Only the logging rank builds sinks.
 
 ``metrics.jsonl``: one JSON object per line, ``{"kind": "train" | "valid", "iteration",
 "consumed_samples", "tokens", "time" (Unix seconds), <scalar>: <value>, ...}`` with the

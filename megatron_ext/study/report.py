@@ -112,18 +112,26 @@ def _differences(study: Study, runs: dict, final: int, names: list[str]) -> dict
         if arm.name == study.control:
             continue
         seeds = runs[arm.name]
+        shared = sorted(set(seeds) & set(control))
         row = {}
         for name in names:
-            per_seed = lambda rs: {s: _metric(r["evals"][final], name)  # noqa: E731
-                                   for s, r in rs.items()}
-            row[name] = {"by_seed": paired_difference(per_seed(seeds), per_seed(control))}
+            row[name] = {"by_seed": paired_difference(_final_by_seed(seeds, final, name),
+                                                      _final_by_seed(control, final, name))}
             if name != "valid_loss":
-                shared = sorted(set(seeds) & set(control))
-                items = lambda rs: np.mean([rs[s]["evals"][final]["tasks"][name]["items"]  # noqa: E731,E501
-                                            for s in shared], axis=0)
-                row[name]["by_item"] = paired_bootstrap(items(seeds), items(control))
+                row[name]["by_item"] = paired_bootstrap(
+                    _items_over_seeds(seeds, shared, final, name),
+                    _items_over_seeds(control, shared, final, name))
         out[arm.name] = row
     return out
+
+
+def _final_by_seed(seeds: dict, final: int, name: str) -> dict:
+    return {s: _metric(r["evals"][final], name) for s, r in seeds.items()}
+
+
+def _items_over_seeds(seeds: dict, shared: list, final: int, name: str) -> np.ndarray:
+    """Each item's score at ``final``, averaged over the ``shared`` seeds."""
+    return np.mean([seeds[s]["evals"][final]["tasks"][name]["items"] for s in shared], axis=0)
 
 
 def _fmt(interval: Optional[dict], digits: int = 4) -> str:
