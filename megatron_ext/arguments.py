@@ -45,10 +45,14 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--hidden-dropout", type=float, default=0.0)
     g.add_argument("--attention-dropout", type=float, default=0.0)
     g.add_argument("--make-vocab-size-divisible-by", type=int, default=128)
-    g.add_argument("--bf16", action="store_true")
-    g.add_argument("--fp16", action="store_true")
+    g.add_argument("--bf16", action="store_true",
+                   help="bf16 weights and activations, fp32 main weights in the optimizer")
+    g.add_argument("--fp16", action="store_true",
+                   help="fp16 weights and activations, fp32 main weights, dynamic loss scaling")
     g.add_argument("--transformer-impl", choices=["local", "transformer_engine"],
-                   default="local")
+                   default=None,
+                   help="transformer layers (default: transformer_engine on a GPU where "
+                        "Transformer Engine imports, as in Megatron-LM; local otherwise)")
     g.add_argument("--fp8-format", choices=["e4m3", "hybrid"], default=None,
                    help="FP8 training with Transformer Engine")
     g.add_argument("--fp8-recipe", choices=["delayed", "tensorwise", "blockwise", "mxfp8"],
@@ -64,6 +68,10 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--no-rope-fusion", dest="rope_fusion", action="store_false",
                    help="unfused RoPE (default: Transformer Engine's fused RoPE with "
                         "--transformer-impl transformer_engine)")
+    g.add_argument("--no-masked-softmax-fusion", dest="masked_softmax_fusion",
+                   action="store_false",
+                   help="unfused attention softmax in the local layers (default: fused where "
+                        "apex's softmax kernels import)")
     g.add_argument("--no-gradient-accumulation-fusion", dest="gradient_accumulation_fusion",
                    action="store_false",
                    help="weight gradients not accumulated in the GEMM (default: fused when "
@@ -136,7 +144,9 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto",
                    help="auto: GPU when one is visible, else CPU over gloo")
     g.add_argument("--max-nonfinite-steps", type=int, default=10,
-                   help="stop with an error after this many non-finite losses in a row")
+                   help="stop with an error after this many updates in a row skipped for a "
+                        "non-finite loss, non-finite gradients, or an fp16 overflow at the "
+                        "minimum loss scale (overflows above it only lower the scale)")
 
     d = parser.add_argument_group("data")
     d.add_argument("--data-path", nargs="+", default=None,
@@ -199,6 +209,11 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
                    "--use-checkpoint-opt-param-scheduler",
                    dest="use_checkpoint_opt_param_scheduler", action="store_true",
                    help="on resume: keep the checkpoint's schedule whatever these flags say")
+    c.add_argument("--dist-ckpt-optim-fully-reshardable", action="store_true",
+                   help="--use-distributed-optimizer: save the optimizer state gathered per "
+                        "parameter on data-parallel rank 0, so it resumes at any TP/PP size "
+                        "(default: dp_reshardable, written by every rank in parallel, resumes "
+                        "at another data-parallel size only), as in Megatron-LM")
     c.add_argument("--exit-signal-handler", action="store_true",
                    help="on SIGTERM/SIGUSR1: finish the step, save, exit 0")
     c.add_argument("--exit-duration-in-mins", type=float, default=None)
@@ -236,8 +251,6 @@ def validate_model_args(args: argparse.Namespace) -> None:
                          f"--num-attention-heads {args.num_attention_heads}")
     if args.bf16 and args.fp16:
         raise SystemExit("error: --bf16 and --fp16 are exclusive")
-    if args.fp8_format and args.transformer_impl != "transformer_engine":
-        raise SystemExit("error: --fp8-format needs --transformer-impl transformer_engine")
     validate_recompute_args(args)
     if args.input_interface != "learned":
         if not args.untie_embeddings_and_output_weights:

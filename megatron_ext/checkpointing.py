@@ -6,6 +6,11 @@ Layout of ``--save DIR``::
     DIR/iter_0000100/                   a dist_checkpointing checkpoint (torch_dist)
     DIR/latest_checkpointed_iteration.txt   "100", written last
 
+Every rank writes its part of a save, as in Megatron-LM: weights replicated over data-parallel
+ranks are spread among them (``FullyParallelSaveStrategyWrapper``), and the distributed
+optimizer's state is stored in the layout the checkpoint's content metadata names
+(:func:`content_metadata`), which loading reads back.
+
 A save goes to ``iter_N.partial/``, which is renamed to ``iter_N/`` once every rank has
 finished, and only then is the marker replaced (atomically). A crash during a save therefore
 never leaves a checkpoint that ``--load`` would pick up.
@@ -13,7 +18,8 @@ never leaves a checkpoint that ``--load`` would pick up.
 State saved: ``model`` and ``optimizer`` (sharded), ``rng_state`` (one object per rank), and
 common objects: ``args`` (every argument, as a dict), ``fixed_code`` (scheme, bits, values,
 scale, A, b; ``None`` for the learned arm), ``scheduler``, the :class:`TrainState` fields
-(``iteration``, ``consumed_train_samples``, ``nonfinite_skipped``, ``validation_pending``),
+(``iteration``, ``consumed_train_samples``, ``nonfinite_skipped``, ``overflow_skipped``,
+``validation_pending``),
 ``wandb_run_id`` and the provenance (``checkpoint_format``, ``megatron_core_version``,
 ``fixedcode_version``).
 """
@@ -36,7 +42,12 @@ import torch
 import megatron.core
 from megatron.core import dist_checkpointing, parallel_state, tensor_parallel
 from megatron.core.dist_checkpointing.mapping import ShardedObject
+from megatron.core.dist_checkpointing.serialization import get_default_save_sharded_strategy
 from megatron.core.dist_checkpointing.strategies import filesystem_async
+from megatron.core.dist_checkpointing.strategies.fully_parallel import (
+    FullyParallelSaveStrategyWrapper,
+)
+from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 
 from .log import log
 
@@ -59,7 +70,8 @@ class TrainState:
     """Where a run stands; saved in every checkpoint, restored on resume."""
     iteration: int = 0
     consumed_train_samples: int = 0
-    nonfinite_skipped: int = 0
+    nonfinite_skipped: int = 0  # updates skipped for a failure (training.FAILURES)
+    overflow_skipped: int = 0  # fp16 updates skipped while the loss scaler lowered its scale
     # An exit signal stopped the validation of ``iteration``: the resumed run does it first.
     validation_pending: bool = False
 
@@ -184,12 +196,55 @@ def _set_rng_state(state: dict) -> None:
     tensor_parallel.get_cuda_rng_tracker().set_states(state["tracker"])
 
 
+def content_metadata(args: argparse.Namespace) -> dict:
+    """What a save stores as its content metadata, as Megatron-LM's
+    ``_build_sharded_state_dict_metadata`` does: with ``--use-distributed-optimizer`` the
+    optimizer-state layout, ``dp_reshardable`` (each rank writes its own buffers, no
+    gathering; resumes at another data-parallel size only) or, with
+    ``--dist-ckpt-optim-fully-reshardable``, ``fully_reshardable`` (gathered per parameter on
+    data-parallel rank 0; resumes at any TP/PP size). Without one, megatron-core takes the
+    deprecated ``fully_sharded_model_space``: how checkpoints before this metadata were
+    written, and so how they still load."""
+    metadata = {"singleton_local_shards": False, "chained_optim_avoid_prefix": True}
+    if args.use_distributed_optimizer:
+        metadata["distrib_optim_sharding_type"] = (
+            "fully_reshardable" if args.dist_ckpt_optim_fully_reshardable else "dp_reshardable")
+    return metadata
+
+
+def saved_content_metadata(common: dict) -> dict:
+    """The content metadata of a checkpoint (its common objects given); ``{}`` before it."""
+    return dist_checkpointing.load_content_metadata(preloaded_state_dict=common) or {}
+
+
+def check_optimizer_resharding(common: dict, args: argparse.Namespace, path: str) -> None:
+    """Refuse to resume distributed-optimizer state at a TP/PP size its layout cannot take."""
+    saved_args = common["args"]
+    layout = saved_content_metadata(common).get("distrib_optim_sharding_type")
+    if layout is None or layout in DistributedOptimizer.checkpoint_fully_reshardable_formats:
+        return
+    changed = [f"--{k.replace('_', '-')} {saved_args.get(k)} (now {getattr(args, k)})"
+               for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size")
+               if saved_args.get(k) != getattr(args, k)]
+    if changed:
+        raise SystemExit(
+            f"error: {path} holds distributed-optimizer state in the {layout} layout, which "
+            f"resumes at another data-parallel size only, but it was saved with "
+            f"{', '.join(changed)}: resume at the saved sizes (save there with "
+            f"--dist-ckpt-optim-fully-reshardable to change them)")
+
+
 def _sharded_state(model, optimizer, rng: Optional[dict], is_loading: bool,
-                   with_rng: bool = True) -> dict:
-    """``model`` is the bare GPTModel (not its DDP wrapper)."""
-    model_sd = model.sharded_state_dict()
+                   metadata: dict, with_rng: bool = True) -> dict:
+    """``model`` is the bare GPTModel (not its DDP wrapper); ``metadata`` the checkpoint's
+    content metadata."""
+    # Transformer Engine layers and the distributed optimizer shard over this group.
+    metadata = {**metadata,
+                "dp_cp_group": parallel_state.get_data_parallel_group(with_context_parallel=True)}
+    model_sd = model.sharded_state_dict(metadata=metadata)
     state = {"model": model_sd,
-             "optimizer": optimizer.sharded_state_dict(model_sd, is_loading=is_loading)}
+             "optimizer": optimizer.sharded_state_dict(model_sd, is_loading=is_loading,
+                                                       metadata=metadata)}
     if with_rng:
         world, rank = torch.distributed.get_world_size(), torch.distributed.get_rank()
         state["rng_state"] = ShardedObject("rng_state", rng, (world,), (rank,), replica_id=0)
@@ -220,11 +275,15 @@ def save_checkpoint(args: argparse.Namespace, model, optimizer, scheduler, state
         os.makedirs(partial)
     torch.distributed.barrier()
     _fork_writer_results_queue()
-    sharded = _sharded_state(model, optimizer, _rng_state(), is_loading=False)
+    metadata = content_metadata(args)
+    sharded = _sharded_state(model, optimizer, _rng_state(), is_loading=False, metadata=metadata)
     sharded.update(args={k: v for k, v in vars(args).items() if k != "fixed_code"},
                    fixed_code=fixed_code, scheduler=scheduler.state_dict(),
                    wandb_run_id=wandb_run_id, **dataclasses.asdict(state), **provenance())
-    dist_checkpointing.save(sharded, partial)
+    strategy = FullyParallelSaveStrategyWrapper(
+        get_default_save_sharded_strategy(),
+        parallel_state.get_data_parallel_group(with_context_parallel=True))
+    dist_checkpointing.save(sharded, partial, strategy, content_metadata=metadata)
     torch.distributed.barrier()
     # Test hooks: die after the shards, before completion; or stay inside the save a while
     # (a window for a signal to arrive in).
@@ -271,7 +330,9 @@ def load_checkpoint(path: str, common: dict, model, optimizer, scheduler) -> Non
     world = torch.distributed.get_world_size()
     same_world = common["args"].get("world_size") == world
     state = dist_checkpointing.load(
-        _sharded_state(model, optimizer, None, is_loading=True, with_rng=same_world), path)
+        _sharded_state(model, optimizer, None, is_loading=True,
+                       metadata=saved_content_metadata(common),
+                       with_rng=same_world), path)
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(common["scheduler"])

@@ -10,7 +10,12 @@ once per process, before any model is built:
   "CPU RNG state changed within GPU RNG context" warning is then expected and filtered;
 * gradient clipping: Megatron's ``clip_grad_by_total_norm_fp32`` asserts CUDA tensors, so
   it is replaced by the same scaling on CPU tensors (the norm itself is computed by
-  Megatron's fallback path, which works on CPU).
+  Megatron's fallback path, which works on CPU);
+* ``Tensor.type()`` (the query, no argument) names a CPU tensor by its CUDA type: the
+  mixed-precision optimizer sorts parameters into fp16/bf16 (given an fp32 main copy) and
+  fp32 by those strings, and refuses any other. With that, ``--bf16`` and ``--fp16`` train
+  on CPU through megatron-core's own mixed-precision optimizer: fp32 main parameters, loss
+  scaling, overflow skips.
 
 Not supported on gloo: sequence parallelism and the distributed optimizer (reduce-scatter).
 """
@@ -34,12 +39,16 @@ def _is_cuda(device) -> bool:
 
 
 class _CudaToCpu(TorchFunctionMode):
-    """Rewrites ``device='cuda'`` (or a GPU index) to CPU, and ``.cuda()`` to a no-op."""
+    """Rewrites ``device='cuda'`` (or a GPU index) to CPU, ``.cuda()`` to a no-op, and
+    ``.type()`` of a CPU tensor to its CUDA name (``torch.BFloat16Tensor`` ->
+    ``torch.cuda.BFloat16Tensor``)."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is torch.Tensor.cuda:
             return args[0]
+        if func is torch.Tensor.type and len(args) == 1 and not kwargs:
+            return func(*args).replace("torch.", "torch.cuda.", 1)
         if "device" in kwargs and _is_cuda(kwargs["device"]):
             kwargs = {**kwargs, "device": "cpu"}
         if func is torch.Tensor.to and len(args) > 1 and _is_cuda(args[1]):

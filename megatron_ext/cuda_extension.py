@@ -4,9 +4,10 @@ Built once per torch/CUDA/Python version with ``torch.utils.cpp_extension.load``
 ``$TORCH_EXTENSIONS_DIR`` when set, else ``~/.cache/fixedcode``; later processes reuse the
 build; a build directory that is read-only (an image with the module prebuilt) is imported
 as it is, provided the build record next to it (``sources.json``) names the current sources'
-hash: an image older than the checkout it runs on must not run a stale kernel. Architectures come from ``TORCH_CUDA_ARCH_LIST``, else from the visible GPUs.
-:mod:`megatron_ext.kernels` decides when to use it. ``python -m megatron_ext.cuda_extension``
-builds it ahead of time (the Dockerfile does).
+hash: an image older than the checkout it runs on must not run a stale kernel. Architectures
+come from ``TORCH_CUDA_ARCH_LIST``, else from the visible GPUs. :mod:`megatron_ext.kernels`
+decides when to use it. ``python -m megatron_ext.cuda_extension`` builds it ahead of time
+(the Dockerfile does).
 """
 
 from __future__ import annotations

@@ -3,9 +3,10 @@ stdout, and the same values, with validation loss and perplexity, to the run's m
 (``metrics.jsonl``), TensorBoard and wandb (:mod:`megatron_ext.metric_sinks`).
 
 Throughput is tokens per second of the whole job; MFU (GPU only) is model FLOPs per second
-over the devices' dense bf16 peak, with model FLOPs per token = 6 x trainable parameters
-outside the input table (a lookup costs no FLOPs) + 12 x layers x hidden x sequence
-(attention scores), the PaLM-paper estimate.
+over the devices' dense peak for the run's precision (FP8 with ``--fp8-format``, else
+bf16/fp16), with model FLOPs per token = 6 x trainable parameters outside the input table (a
+lookup costs no FLOPs) + 12 x layers x hidden x sequence (attention scores), the PaLM-paper
+estimate.
 """
 
 from __future__ import annotations
@@ -24,9 +25,19 @@ from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
 from megatron.core.transformer.module import param_is_not_shared
 
 from . import metric_sinks
+from .log import log
 
-# Dense bf16 peak TFLOP/s per device, by a substring of torch.cuda.get_device_name().
-PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0}
+# Dense (not 2:4-sparse) peak TFLOP/s per GPU, (bf16/fp16, FP8), from NVIDIA's data sheets, by
+# a substring of torch.cuda.get_device_name() ("NVIDIA H100 80GB HBM3" is the SXM part). The
+# first match wins: the PCIe and NVL parts come before the SXM figures of their family.
+PEAK_TFLOPS = (
+    ("H100 PCIe", 756.0, 1513.0),
+    ("H100 NVL", 835.0, 1671.0),
+    ("H200 NVL", 835.0, 1671.0),
+    ("H100", 989.0, 1979.0),
+    ("H200", 989.0, 1979.0),  # also GH200
+    ("A100", 312.0, None),  # no FP8
+)
 
 
 def parameters_counted_once(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
@@ -51,11 +62,14 @@ def trainable_parameters(model: torch.nn.Module, device: str) -> tuple[int, int]
     return int(t[0].item()), int(t[1].item())
 
 
-def peak_flops(device: str) -> Optional[float]:
-    if device != "cuda":
-        return None
-    name = torch.cuda.get_device_name()
-    return next((v * 1e12 for k, v in PEAK_TFLOPS.items() if k in name), None)
+def peak_flops(device_name: str, fp8: bool) -> Optional[float]:
+    """The dense peak FLOP/s of one ``device_name`` GPU in FP8 or bf16/fp16; None when not
+    in :data:`PEAK_TFLOPS`."""
+    for key, bf16, fp8_peak in PEAK_TFLOPS:
+        if key in device_name:
+            peak = fp8_peak if fp8 else bf16
+            return None if peak is None else peak * 1e12
+    return None
 
 
 def memory_gib(device: str) -> float:
@@ -83,7 +97,13 @@ class MetricsLogger:
         self.num_params, table = trainable_parameters(model, args.device)
         self.flops_per_token = (6 * (self.num_params - table)
                                 + 12 * args.num_layers * args.hidden_size * args.seq_length)
-        self.peak = peak_flops(args.device)
+        self.peak = None
+        if args.device == "cuda":
+            name, precision = torch.cuda.get_device_name(), "FP8" if args.fp8_format else "bf16"
+            self.peak = peak_flops(name, bool(args.fp8_format))
+            log(f"[fixedcode] MFU against the dense {precision} peak of {name}: "
+                f"{self.peak / 1e12:,.0f} TFLOP/s per GPU" if self.peak else
+                f"[fixedcode] MFU not shown: no dense {precision} peak known for {name}")
         self.sinks = []
         if is_logging_rank:
             if args.tensorboard_dir:
@@ -132,6 +152,8 @@ class MetricsLogger:
         parts = [f"iteration {iteration:>8}/{a.train_iters}",
                  f"consumed samples {iteration * a.global_batch_size:>10}",
                  f"lm loss: {float('nan') if loss is None else loss:.6E}", f"lr: {lr:.3E}"]
+        if "loss-scale" in diagnostics:
+            parts.append(f"loss scale: {diagnostics['loss-scale']:.1f}")
         if grad_norm is not None:
             parts.append(f"grad norm: {grad_norm:.3f}")
         if "params-norm" in diagnostics:
@@ -142,6 +164,8 @@ class MetricsLogger:
         if mfu is not None:
             parts.append(f"MFU: {100 * mfu:.1f}%")
         parts += [f"mem: {mem:.2f} GiB", f"skipped: {skipped_total}"]
+        if "overflow-skipped-iterations" in diagnostics:
+            parts.append(f"overflow skipped: {diagnostics['overflow-skipped-iterations']}")
         if self.is_logging_rank:
             print(" | ".join(parts), flush=True)
             layers = {k: v for k, v in diagnostics.items() if "/" in k}

@@ -9,6 +9,7 @@ the backbone's initial weights, identical across arms for the same ``--seed``.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 from typing import Optional
 
 import torch
@@ -18,6 +19,10 @@ from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import (
     get_gpt_layer_local_spec,
     get_gpt_layer_with_transformer_engine_spec,
+)
+from megatron.core.transformer.transformer_block import (
+    TransformerBlockSubmodules,
+    get_num_layers_to_build,
 )
 from megatron.core.transformer.transformer_config import TransformerConfig
 
@@ -43,21 +48,33 @@ def params_dtype(args: argparse.Namespace) -> torch.dtype:
     return torch.bfloat16 if args.bf16 else torch.float16 if args.fp16 else torch.float32
 
 
+def fused_softmax_available() -> bool:
+    """Whether the fused attention-softmax kernels (apex's extensions) import: megatron-core
+    imports them only inside the forward pass, so a fusion switched on without them fails
+    mid-step instead of falling back."""
+    return all(importlib.util.find_spec(name) is not None
+               for name in ("scaled_upper_triang_masked_softmax_cuda",
+                            "scaled_masked_softmax_cuda"))
+
+
 def fusions(args: argparse.Namespace, on_cpu: bool) -> dict:
     """Megatron-Core's fused-kernel switches: on for GPUs as in Megatron-LM, unless a
     ``--no-...-fusion`` flag says otherwise; off on CPU.
 
     The output layer is Megatron's own linear even under Transformer Engine, and its fused
-    weight-gradient accumulation needs apex's extension: without it the fusion stays off."""
+    weight-gradient accumulation needs apex's extension: without it the fusion stays off.
+    The fused softmax serves the local layers' attention (TE's attention is fused anyway),
+    where its kernels import."""
     if on_cpu:
         return dict(bias_activation_fusion=False, apply_rope_fusion=False,
-                    gradient_accumulation_fusion=False)
+                    gradient_accumulation_fusion=False, masked_softmax_fusion=False)
     from megatron.core.tensor_parallel.layers import _grad_accum_fusion_available
     te = args.transformer_impl == "transformer_engine"
     return dict(bias_activation_fusion=args.bias_swiglu_fusion and args.swiglu,
                 apply_rope_fusion=args.rope_fusion and te,
                 gradient_accumulation_fusion=(args.gradient_accumulation_fusion and te
-                                              and _grad_accum_fusion_available))
+                                              and _grad_accum_fusion_available),
+                masked_softmax_fusion=args.masked_softmax_fusion and fused_softmax_available())
 
 
 def transformer_config_from_args(args: argparse.Namespace, on_cpu: bool) -> TransformerConfig:
@@ -90,7 +107,6 @@ def transformer_config_from_args(args: argparse.Namespace, on_cpu: bool) -> Tran
         sequence_parallel=args.sequence_parallel,
         use_cpu_initialization=on_cpu,
         bias_dropout_fusion=False,  # no biases, dropout 0: the residual add stays plain
-        masked_softmax_fusion=False,  # local attention only; TE's attention is fused anyway
         persist_layer_norm=False,  # apex only
         **fusions(args, on_cpu),
         recompute_granularity=args.recompute_granularity,
@@ -103,15 +119,35 @@ def transformer_config_from_args(args: argparse.Namespace, on_cpu: bool) -> Tran
     )
 
 
-def layer_spec(args: argparse.Namespace):
+def local_layer_spec(args: argparse.Namespace):
+    """Megatron-Core's local (PyTorch) transformer layer for the chosen normalization."""
+    return get_gpt_layer_local_spec(normalization=args.normalization)
+
+
+def decoder_spec(args: argparse.Namespace, config: TransformerConfig,
+                 vp_stage: Optional[int] = None) -> TransformerBlockSubmodules:
+    """This pipeline stage's transformer layers and the decoder's final norm.
+
+    Given a layer spec alone, megatron-core builds the final norm from Transformer Engine
+    whenever TE imports (``transformer_block.LayerNormImpl``), whatever the layers are: local
+    layers on a machine with TE (the NGC image) then get TE's CUDA-only norm, and every CPU
+    forward fails there. So the final norm is chosen with the layers: TE's for TE layers,
+    the local layers' own norm otherwise. (megatron-core's ``get_gpt_decoder_block_spec``
+    takes apex's LayerNorm for local layers, which refuses RMSNorm.)"""
     if args.transformer_impl == "transformer_engine":
         try:
             import transformer_engine  # noqa: F401
         except ImportError as e:
             raise SystemExit("error: --transformer-impl transformer_engine needs Transformer "
                              "Engine: pip install '.[gpu]' (or use the NGC container)") from e
-        return get_gpt_layer_with_transformer_engine_spec()
-    return get_gpt_layer_local_spec(normalization=args.normalization)
+        from megatron.core.extensions.transformer_engine import TENorm
+        layer, final_norm = get_gpt_layer_with_transformer_engine_spec(), TENorm
+    else:
+        layer = local_layer_spec(args)
+        final_norm = layer.submodules.input_layernorm
+    return TransformerBlockSubmodules(
+        layer_specs=[layer] * get_num_layers_to_build(config, vp_stage=vp_stage),
+        layer_norm=final_norm)
 
 
 def model_provider(args: argparse.Namespace, pre_process: bool = True,
@@ -129,7 +165,7 @@ def model_provider(args: argparse.Namespace, pre_process: bool = True,
         code.check_width(args.hidden_size)
     model = GPTModel(
         config=config,
-        transformer_layer_spec=layer_spec(args),
+        transformer_layer_spec=decoder_spec(args, config, vp_stage),
         vocab_size=args.padded_vocab_size,
         max_sequence_length=args.max_position_embeddings,
         pre_process=pre_process,

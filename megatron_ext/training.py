@@ -6,13 +6,14 @@
 (model provider, forward step, datasets provider) and runs the loop; each policy around it
 belongs to an object: when to save (:class:`~megatron_ext.checkpointing.Checkpointer`), when
 to stop (:class:`~megatron_ext.exit_conditions.ExitConditions`), what to log
-(:class:`~megatron_ext.metrics.MetricsLogger`), how many non-finite losses to bear
+(:class:`~megatron_ext.metrics.MetricsLogger`), how many non-finite steps to bear
 (:class:`NonFiniteGuard`).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import sys
@@ -28,6 +29,8 @@ from megatron.core.distributed import finalize_model_grads
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.pipeline_parallel import get_forward_backward_func
+from megatron.core.transformer.module import Float16Module
+from megatron.core.transformer.torch_norm import WrappedTorchNorm
 
 from . import checkpointing
 from .arguments import padded_vocab_size
@@ -38,7 +41,7 @@ from .initialize import initialize_distributed, resolve_device
 from .log import is_logging_rank, log
 from .metric_sinks import agree_wandb_run_id
 from .metrics import MetricsLogger
-from .model import build_code
+from .model import build_code, local_layer_spec
 from .norms import NormReporter
 from .profiling import StepProfiler, validate_profile_args
 from .tokenizer import build_tokenizer
@@ -70,9 +73,7 @@ def setup_args(args: argparse.Namespace):
     if args.log_layer_norms and args.use_distributed_optimizer:
         raise SystemExit("error: --log-layer-norms reads whole gradients, which "
                          "--use-distributed-optimizer scatters across ranks; drop one")
-    if args.device == "cpu" and (args.sequence_parallel or args.use_distributed_optimizer):
-        raise SystemExit("error: --sequence-parallel and --use-distributed-optimizer need GPUs "
-                         "(their reduce-scatter is not available on CPU/gloo)")
+    resolve_layers(args)
     if args.ddp_bucket_size is not None and not args.overlap_grad_reduce:
         raise SystemExit("error: --ddp-bucket-size applies with --overlap-grad-reduce only")
     validate_profile_args(args)
@@ -89,6 +90,46 @@ def setup_args(args: argparse.Namespace):
     args.padded_vocab_size = padded_vocab_size(
         tokenizer.vocab_size, args.make_vocab_size_divisible_by, args.tensor_model_parallel_size)
     return tokenizer
+
+
+def _transformer_engine_imports() -> bool:
+    try:
+        import transformer_engine  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def resolve_layers(args: argparse.Namespace) -> None:
+    """Settle the transformer layers, FP8 and sequence parallelism for ``args.device`` as
+    Megatron-LM settles them (megatron/training/arguments.py): Transformer Engine layers by
+    default on a GPU where TE imports (local layers otherwise, said in the log), sequence
+    parallelism turned off with a warning at TP=1, refused where the layers cannot run it."""
+    if args.transformer_impl is None:
+        te = args.device == "cuda" and _transformer_engine_imports()
+        args.transformer_impl = "transformer_engine" if te else "local"
+        if args.device == "cuda":
+            log(f"[fixedcode] --transformer-impl {args.transformer_impl} (the default on a GPU: "
+                + ("Transformer Engine imports)" if te else
+                   "Transformer Engine does not import; pip install '.[gpu]' for it)"))
+    elif args.transformer_impl == "transformer_engine" and args.device == "cpu":
+        raise SystemExit("error: --transformer-impl transformer_engine needs a GPU (Transformer "
+                         "Engine's layers run on CUDA only); use --transformer-impl local")
+    if args.fp8_format and args.transformer_impl != "transformer_engine":
+        raise SystemExit("error: --fp8-format needs --transformer-impl transformer_engine "
+                         "(Transformer Engine layers, on a GPU)")
+    if args.sequence_parallel and args.tensor_model_parallel_size == 1:
+        log("[fixedcode] warning: --sequence-parallel turned off: it splits activations over "
+            "tensor-parallel ranks, and --tensor-model-parallel-size is 1 (as in Megatron-LM)")
+        args.sequence_parallel = False
+    if args.device == "cpu" and (args.sequence_parallel or args.use_distributed_optimizer):
+        raise SystemExit("error: --sequence-parallel and --use-distributed-optimizer need GPUs "
+                         "(their reduce-scatter is not available on CPU/gloo)")
+    if (args.sequence_parallel and args.transformer_impl == "local"
+            and local_layer_spec(args).submodules.input_layernorm is WrappedTorchNorm):
+        raise SystemExit(f"error: --sequence-parallel needs --transformer-impl "
+                         f"transformer_engine: the local layers' {args.normalization} (torch's) "
+                         f"does not support sequence parallelism")
 
 
 def resolve_checkpoint(args: argparse.Namespace):
@@ -112,6 +153,7 @@ def resolve_checkpoint(args: argparse.Namespace):
     if load and (step is not None or checkpointing.latest_iteration(load) is not None):
         path, common = checkpointing.load_common(load, step)
         checkpointing.check_compatible(common["args"], args, path)
+        checkpointing.check_optimizer_resharding(common, args, path)
         args.fixed_code = common["fixed_code"]  # never regenerate A and b of a saved model
         changes = checkpointing.reconcile_schedule(common["args"], args, path)
         if changes:
@@ -130,13 +172,18 @@ def build_model_and_optimizer(args, model_provider: Callable):
     model = model_provider(args, pre_process=pre, post_process=post)
     if args.device == "cuda":
         model.cuda(torch.cuda.current_device())
+    # As Megatron-LM: under --bf16/--fp16 every parameter (norms included, which the local
+    # layers create in fp32) is cast to the training dtype, and so are the first stage's
+    # float inputs; the last stage's output comes back in fp32. ``model`` stays the bare
+    # GPTModel (checkpoints, metrics, norms); the wrapper shares its parameters.
+    module = Float16Module(model.config, model) if args.bf16 or args.fp16 else model
     ddp = DistributedDataParallel(
         config=model.config,
         ddp_config=DistributedDataParallelConfig(
             grad_reduce_in_fp32=True, overlap_grad_reduce=args.overlap_grad_reduce,
             bucket_size=args.ddp_bucket_size,
             use_distributed_optimizer=args.use_distributed_optimizer),
-        module=model)
+        module=module)
     optimizer = get_megatron_optimizer(
         OptimizerConfig(optimizer="adam", lr=args.lr, min_lr=args.min_lr,
                         weight_decay=args.weight_decay, adam_beta1=args.adam_beta1,
@@ -172,37 +219,81 @@ def _reduce_losses(loss_dicts: list) -> Optional[float]:
     return (total[0] / total[1]).item()
 
 
-def _any_rank(flag: bool, device: str) -> bool:
-    t = torch.tensor([1.0 if flag else 0.0], device=device)
+def _any_rank(flags: list, device: str) -> list[bool]:
+    """Each flag (a bool or a one-element tensor) true on any rank, in one all-reduce."""
+    t = torch.stack([torch.as_tensor(f, dtype=torch.float32, device=device).reshape(())
+                     for f in flags])
     torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
-    return bool(t.item())
+    return [bool(v) for v in t.tolist()]
+
+
+def _nonfinite_grads(ddp: DistributedDataParallel) -> torch.Tensor:
+    """Whether this rank holds a NaN or infinite gradient: one norm per gradient buffer, the
+    measure of megatron-core's ``check_for_nan_in_grad`` (per bucket). Read after the
+    data-parallel reduction, over the whole buffer: under the distributed optimizer a rank's
+    buffer then holds its reduced shard and, elsewhere, its own unreduced gradients, so every
+    NaN is seen by some rank."""
+    norms = [buffer.grad_data.norm() for buffer in ddp.buffers + ddp.expert_parallel_buffers]
+    return ~torch.isfinite(torch.stack(norms)).all()
+
+
+# Why a step's update was skipped. The first three are failures, counted by NonFiniteGuard;
+# an fp16 overflow above the minimum loss scale is the dynamic loss scaler at work (it
+# lowers the scale, the next step retries): from its initial 2^32 the scale comes down in
+# the first ~20 steps of every fp16 run.
+NONFINITE_LOSS = "non-finite loss"
+NONFINITE_GRADS = "non-finite gradients with a finite loss"
+OVERFLOW_AT_MIN_SCALE = "fp16 gradients overflow at the minimum loss scale"
+OVERFLOW = "fp16 gradients overflow; loss scale lowered"
+FAILURES = (NONFINITE_LOSS, NONFINITE_GRADS, OVERFLOW_AT_MIN_SCALE)
+
+
+@dataclasses.dataclass
+class StepResult:
+    loss: Optional[float]  # None on ranks that are not the last pipeline stage
+    grad_norm: Optional[float] = None
+    num_zeros: Optional[float] = None
+    skip: Optional[str] = None  # why the update was skipped (NONFINITE_LOSS, ...), or None
+    norms: dict = dataclasses.field(default_factory=dict)  # grad_norms() of train_step
 
 
 class NonFiniteGuard:
-    """Counts steps skipped for a non-finite loss; after ``--max-nonfinite-steps`` in a row,
-    training stops with :class:`NonFiniteLossError` (the last checkpoint is left as it was)."""
+    """Counts updates skipped for a failure (:data:`FAILURES`); after
+    ``--max-nonfinite-steps`` in a row, training stops with :class:`NonFiniteLossError` (the
+    last checkpoint is left as it was: no failing update ever reached the weights). fp16
+    overflows above the minimum loss scale neither count nor break a row."""
 
     def __init__(self, limit: int):
         self.limit = limit
         self.in_a_row = 0
 
-    def record(self, iteration: int, skipped: bool) -> None:
-        if not skipped:
+    def record(self, iteration: int, skip: Optional[str]) -> None:
+        if skip == OVERFLOW:
+            return
+        if skip is None:
             self.in_a_row = 0
             return
         self.in_a_row += 1
-        log(f"[fixedcode] iteration {iteration}: non-finite loss, update skipped "
+        log(f"[fixedcode] iteration {iteration}: {skip}, update skipped "
             f"({self.in_a_row} in a row)")
         if self.in_a_row >= self.limit:
             raise NonFiniteLossError(
-                f"{self.in_a_row} non-finite losses in a row (--max-nonfinite-steps "
-                f"{self.limit}) at iteration {iteration}; the last good checkpoint is intact")
+                f"{self.in_a_row} non-finite steps in a row (--max-nonfinite-steps "
+                f"{self.limit}) at iteration {iteration}, the last: {skip}; the last good "
+                f"checkpoint is intact")
 
 
 def train_step(args, forward_step, train_iter, ddp, optimizer, scheduler,
-               grad_norms: Optional[Callable[[], dict]] = None):
-    """One global batch: returns ``(loss or None, grad_norm, num_zeros, skipped, norms)``;
-    ``norms`` is ``grad_norms()`` measured between the backward pass and the update."""
+               grad_norms: Optional[Callable[[], dict]] = None) -> StepResult:
+    """One global batch; ``StepResult.norms`` is ``grad_norms()`` measured between the
+    backward pass and the update.
+
+    A non-finite loss, or a NaN/infinite gradient with a finite loss, skips the update on
+    every rank (agreed in one all-reduce). Megatron-LM instead raises at once on the rank
+    that sees a NaN gradient (DDP's ``check_for_nan_in_grad``); skipping keeps one policy for
+    both, ``--max-nonfinite-steps``, and all ranks take the same decision. Under fp16 the
+    gradients are left to the dynamic loss scaler, whose overflows are expected (Megatron-LM
+    turns its check off there too)."""
     ddp.zero_grad_buffer()
     optimizer.zero_grad()
     losses = get_forward_backward_func()(
@@ -211,12 +302,19 @@ def train_step(args, forward_step, train_iter, ddp, optimizer, scheduler,
         micro_batch_size=args.micro_batch_size, forward_only=False)
     loss = _reduce_losses(losses)
     norms = grad_norms() if grad_norms else {}
-    if _any_rank(loss is not None and not math.isfinite(loss), args.device):
-        return loss, None, None, True, norms
+    bad_loss, bad_grads = _any_rank(
+        [loss is not None and not math.isfinite(loss), not args.fp16 and _nonfinite_grads(ddp)],
+        args.device)
+    if bad_loss or bad_grads:
+        return StepResult(loss, skip=NONFINITE_LOSS if bad_loss else NONFINITE_GRADS,
+                          norms=norms)
+    scale = optimizer.get_loss_scale().item() if args.fp16 else None
     updated, grad_norm, num_zeros = optimizer.step()
-    if updated:
-        scheduler.step(increment=1)
-    return loss, grad_norm, num_zeros, not updated, norms
+    if not updated:  # only fp16's loss scaler declines a step
+        return StepResult(loss, skip=OVERFLOW_AT_MIN_SCALE
+                          if scale <= optimizer.config.min_loss_scale else OVERFLOW, norms=norms)
+    scheduler.step(increment=1)
+    return StepResult(loss, grad_norm, num_zeros, None, norms)
 
 
 def evaluate(args, forward_step, valid_dataset, ddp,
@@ -241,10 +339,14 @@ def evaluate(args, forward_step, valid_dataset, ddp,
 
 
 def _diagnostics(args, norms: Optional[NormReporter], grad_norms: dict,
-                 num_zeros: Optional[float]) -> dict:
+                 num_zeros: Optional[float], optimizer, state: TrainState) -> dict:
     """The optional scalars of a log iteration (``--log-params-norm``,
-    ``--log-num-zeros-in-grad``, ``--log-layer-norms``), measured after the update."""
+    ``--log-num-zeros-in-grad``, ``--log-layer-norms``; under ``--fp16`` the loss scale and
+    the overflow skips so far), measured after the update."""
     out = {}
+    if args.fp16:
+        out["loss-scale"] = optimizer.get_loss_scale().item()
+        out["overflow-skipped-iterations"] = state.overflow_skipped
     if args.log_params_norm:
         out["params-norm"] = norms.params_norm()
     if args.log_num_zeros_in_grad and num_zeros is not None:
@@ -337,7 +439,7 @@ def pretrain(args: argparse.Namespace, model_provider: Callable, forward_step: C
         profiler.step_starts(state.iteration)
         step_start = time.time()
         log_now = metrics.is_log_iteration(state.iteration + 1)
-        step_loss, grad_norm, num_zeros, skipped, grad_norms = train_step(
+        step = train_step(
             args, forward_step, train_iter, ddp, optimizer, scheduler,
             (lambda: norms.grad_norms(optimizer.get_loss_scale().item()))
             if log_now and args.log_layer_norms else None)
@@ -345,14 +447,16 @@ def pretrain(args: argparse.Namespace, model_provider: Callable, forward_step: C
         state.consumed_train_samples += args.global_batch_size
         profiler.step_ended(state.iteration)
         bar.update(1)
-        state.nonfinite_skipped += skipped
-        guard.record(state.iteration, skipped)
-        if not skipped:
-            loss = step_loss
-        metrics.step(state.iteration, step_loss, grad_norm,
+        state.nonfinite_skipped += step.skip in FAILURES
+        state.overflow_skipped += step.skip == OVERFLOW
+        guard.record(state.iteration, step.skip)
+        if step.skip is None:
+            loss = step.loss
+        metrics.step(state.iteration, step.loss, step.grad_norm,
                      scheduler.get_lr(optimizer.param_groups[0]), time.time() - step_start,
                      state.nonfinite_skipped,
-                     _diagnostics(args, norms, grad_norms, num_zeros) if log_now else None)
+                     _diagnostics(args, norms, step.norms, step.num_zeros, optimizer, state)
+                     if log_now else None)
         if valid_dataset is not None and (state.iteration % args.eval_interval == 0
                                           or state.iteration == args.train_iters):
             reason = validate()

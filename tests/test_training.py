@@ -296,10 +296,10 @@ def test_nonfinite_losses_stop_with_a_clear_error(tmp_path):
                                     "constant", "--max-nonfinite-steps", "3", "--save", ckpt,
                                     "--save-interval", "1"], check=False)
     assert proc.returncode == 3
-    assert "3 non-finite losses in a row (--max-nonfinite-steps 3)" in proc.stderr
+    assert "3 non-finite steps in a row (--max-nonfinite-steps 3)" in proc.stderr
     assert "update skipped (1 in a row)" in proc.stdout
     last_saved = int((ckpt / MARKER).read_text())
-    stopped = int(proc.stderr.split(" at iteration ")[1].split(";")[0])
+    stopped = int(proc.stderr.split(" at iteration ")[1].split(",")[0])
     assert last_saved == stopped - 1  # the failing step itself was never saved
 
 

@@ -1,0 +1,282 @@
+"""What a first GPU run depends on, tested on CPU where the mechanism runs there (issue #17):
+mixed precision through megatron-core's own optimizer (fp16 loss scaling, bf16 main
+parameters), the skip policy for non-finite steps, the layers and sequence parallelism a GPU
+gets by default, the decoder's final norm, the distributed-optimizer checkpoint layout and the
+MFU peaks. Training runs here are in process (the ``cpu_dist`` fixture's process group)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+
+import pytest
+import torch
+
+from megatron.core.optimizer.optimizer import Float16OptimizerWithFloat16Params
+from megatron.core.transformer.module import Float16Module
+
+from conftest import TINY_RUN
+from megatron_ext import checkpointing, training
+from megatron_ext.hf.megatron_checkpoint import load_model, read_checkpoint
+from megatron_ext.metric_sinks import read_metrics
+from megatron_ext.metrics import peak_flops
+from megatron_ext.model import model_provider as build_gpt
+from megatron_ext.training import (NonFiniteLossError, build_model_and_optimizer, pretrain,
+                                   resolve_layers, setup_args, train_step)
+from pretrain_fixedcode import datasets_provider, make_forward_step, model_provider, parse_args
+from test_embedding import small_args
+
+NAN = float("nan")
+
+
+def poisoned_at(args, iterations, poison):
+    """A callable for the once-per-micro-batch calls of training (forward steps, gradient
+    hooks): ``poison(x)`` during ``iterations``, ``x`` otherwise."""
+    calls = itertools.count()
+    return lambda x: poison(x) if next(calls) // args.num_microbatches + 1 in iterations else x
+
+
+def test_fp16_overflows_are_counted_apart_and_a_nan_loss_still_stops(cpu_dist, tmp_path):
+    """--fp16 on the CPU backend, through megatron-core's mixed-precision optimizer: the
+    dynamic loss scaler starts at 2^32 and skips the first steps while it comes down; those
+    skips are counted apart (more of them than --max-nonfinite-steps, and training goes on
+    with updates), while NaN losses from iteration 24 on stop the run after 3."""
+    metrics = tmp_path / "metrics.jsonl"
+    args = parse_args(TINY_RUN + ["--input-interface", "binary", "--fp16", "--train-iters", "40",
+                                  "--max-nonfinite-steps", "3", "--metrics-file", str(metrics)])
+    step = make_forward_step(args)
+    nan_loss = poisoned_at(args, range(24, 41), lambda output: output * NAN)
+
+    def forward_step(data_iterator, model):
+        output, loss_func = step(data_iterator, model)
+        return nan_loss(output), loss_func
+
+    with pytest.raises(NonFiniteLossError, match=re.escape(
+            "3 non-finite steps in a row (--max-nonfinite-steps 3) at iteration 26, the last: "
+            "non-finite loss; the last good checkpoint is intact")):
+        pretrain(args, model_provider, forward_step, datasets_provider)
+    train = {r["iteration"]: r for r in read_metrics(str(metrics)) if r["kind"] == "train"}
+    assert sorted(train) == list(range(1, 26))
+    updated = [i for i in range(1, 24) if "grad-norm" in train[i]]
+    overflows = 23 - len(updated)
+    assert train[23]["overflow-skipped-iterations"] == overflows > 3
+    assert updated[-5:] == [19, 20, 21, 22, 23]  # the scale has settled
+    assert train[1]["loss-scale"] == 2.0 ** 32 > train[23]["loss-scale"]
+    assert train[23]["skipped-iterations"] == 0 and train[25]["skipped-iterations"] == 2
+    assert train[23]["lm loss"] < train[updated[0]]["lm loss"]
+    assert "lm loss" not in train[25]  # a non-finite loss is not averaged into the log
+
+
+def test_bf16_wraps_the_model_and_keeps_fp32_main_parameters(cpu_dist):
+    """As Megatron-LM: every parameter in bf16 (the local layers' norms included), the
+    optimizer's fp32 main copies, one update through them."""
+    args = parse_args(TINY_RUN + ["--input-interface", "gf2", "--bf16", "--train-iters", "1"])
+    args.device = "cpu"
+    setup_args(args)
+    model, ddp, optimizer, scheduler = build_model_and_optimizer(args, model_provider)
+    assert isinstance(ddp.module, Float16Module) and ddp.module.module is model
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    (inner,) = optimizer.chained_optimizers
+    assert isinstance(inner, Float16OptimizerWithFloat16Params)
+    main = [p.main_param for p in model.parameters()]  # set by the optimizer, per parameter
+    assert {p.dtype for p in main} == {torch.float32}
+    before = [p.detach().clone() for p in main]
+    tokens = torch.randint(0, args.vocab_size, (args.micro_batch_size, args.seq_length + 1))
+    batch = {"tokens": tokens[:, :-1], "labels": tokens[:, 1:],
+             "loss_mask": torch.ones(args.micro_batch_size, args.seq_length),
+             "position_ids": torch.arange(args.seq_length).expand(args.micro_batch_size, -1)}
+    step = train_step(args, make_forward_step(args), itertools.repeat(batch), ddp, optimizer,
+                      scheduler)
+    assert step.skip is None and math.isfinite(step.loss) and step.grad_norm > 0
+    assert all(not torch.equal(p, b) for p, b in zip(main, before))
+    assert all(torch.equal(p.detach(), p.main_param.bfloat16()) for p in model.parameters())
+
+
+def test_a_nan_gradient_with_a_finite_loss_is_never_applied(cpu_dist, tmp_path):
+    """One NaN in one gradient at iteration 4 (the loss stays finite): that update is
+    skipped and counted, training goes on, and no checkpoint holds a NaN."""
+    ckpt = tmp_path / "ckpt"
+    args = parse_args(TINY_RUN + ["--input-interface", "gf2", "--train-iters", "6",
+                                  "--save", str(ckpt), "--save-interval", "1"])
+
+    def one_nan(grad):
+        grad = grad.clone()
+        grad.view(-1)[0] = NAN
+        return grad
+
+    def provider(args, pre_process=True, post_process=True):
+        model = model_provider(args, pre_process, post_process)
+        model.output_layer.weight.register_hook(poisoned_at(args, {4}, one_nan))
+        return model
+
+    result = pretrain(args, provider, make_forward_step(args), datasets_provider)
+    assert result["iteration"] == 6
+    train = {r["iteration"]: r for r in read_metrics(str(ckpt)) if r["kind"] == "train"}
+    assert [train[i]["skipped-iterations"] for i in range(1, 7)] == [0, 0, 0, 1, 1, 1]
+    assert "grad-norm" not in train[4] and math.isfinite(train[4]["lm loss"])
+    weights = {}
+    for iteration in (3, 4, 6):
+        path, saved_args, code, _ = read_checkpoint(str(ckpt), iteration)
+        weights[iteration] = dict(load_model(path, saved_args, code).named_parameters())
+        assert all(torch.isfinite(w).all() for w in weights[iteration].values())
+    assert all(torch.equal(weights[3][k], weights[4][k]) for k in weights[3])  # skipped
+    assert not torch.equal(weights[4]["output_layer.weight"], weights[6]["output_layer.weight"])
+
+
+@pytest.fixture
+def te_imports(monkeypatch):
+    """``te_imports(True/False)``: whether Transformer Engine 'imports' for resolve_layers."""
+    return lambda imports: monkeypatch.setattr(training, "_transformer_engine_imports",
+                                               lambda: imports)
+
+
+def gpu_args(*flags):
+    args = parse_args(TINY_RUN + ["--train-iters", "1", *flags])
+    args.device = "cuda"
+    return args
+
+
+def test_a_gpu_gets_transformer_engine_layers_by_default(te_imports, capsys):
+    te_imports(True)
+    args = gpu_args()
+    resolve_layers(args)
+    assert args.transformer_impl == "transformer_engine"
+    te_imports(False)
+    args = gpu_args()
+    resolve_layers(args)
+    assert args.transformer_impl == "local"
+    assert capsys.readouterr().out.count("[fixedcode] --transformer-impl local (the default on "
+                                         "a GPU: Transformer Engine does not import") == 1
+    args = gpu_args("--transformer-impl", "local")
+    resolve_layers(args)
+    assert args.transformer_impl == "local" and capsys.readouterr().out == ""
+    args = gpu_args()
+    args.device = "cpu"  # TE importable or not, a CPU run keeps the local layers
+    te_imports(True)
+    resolve_layers(args)
+    assert args.transformer_impl == "local"
+
+
+@pytest.mark.parametrize("device,flags,message", [
+    ("cpu", ["--transformer-impl", "transformer_engine"],
+     "--transformer-impl transformer_engine needs a GPU"),
+    ("cuda", ["--fp8-format", "hybrid"],
+     "--fp8-format needs --transformer-impl transformer_engine"),
+    ("cuda", ["--tensor-model-parallel-size", "2", "--sequence-parallel"],
+     "--sequence-parallel needs --transformer-impl transformer_engine: the local layers' "
+     "RMSNorm (torch's) does not support sequence parallelism"),
+])
+def test_layer_flags_that_cannot_run_are_clear_errors(te_imports, device, flags, message):
+    te_imports(False)
+    args = gpu_args(*flags)
+    args.device = device
+    with pytest.raises(SystemExit, match=re.escape(message)):
+        resolve_layers(args)
+
+
+def test_sequence_parallel_is_turned_off_at_tp1_and_kept_with_te_layers(te_imports, capsys):
+    te_imports(False)
+    args = gpu_args("--sequence-parallel")
+    resolve_layers(args)
+    assert not args.sequence_parallel
+    assert "warning: --sequence-parallel turned off" in capsys.readouterr().out
+    te_imports(True)
+    args = gpu_args("--tensor-model-parallel-size", "2", "--sequence-parallel")
+    resolve_layers(args)
+    assert args.sequence_parallel and args.transformer_impl == "transformer_engine"
+
+
+def test_the_final_norm_never_comes_from_transformer_engine(cpu_dist, monkeypatch):
+    """Where Transformer Engine imports (the NGC image), megatron-core's transformer block
+    takes TE's norm as the final norm of any layer spec (``LayerNormImpl``, settled when it
+    is imported); TE's norm is CUDA-only. Simulated: ``LayerNormImpl`` is what TE's import
+    makes it, a norm that fails when built. The local layers get their own norm."""
+    from megatron.core.transformer import transformer_block
+
+    class TENormStub:
+        def __new__(cls, *args, **kwargs):
+            raise AssertionError("Transformer Engine's norm was built for the local layers")
+
+    monkeypatch.setattr(transformer_block, "LayerNormImpl", TENormStub)
+    model = build_gpt(small_args("binary"), on_cpu=True)
+    norm = model.decoder.final_layernorm
+    assert type(norm) is type(model.decoder.layers[0].input_layernorm) is torch.nn.RMSNorm
+    ids = torch.randint(0, 500, (2, 16))
+    assert torch.isfinite(model(ids, torch.arange(16).expand(2, 16), None)).all()
+
+
+class Recorder:
+    """A model or optimizer that records the metadata its sharded state is asked with."""
+
+    def __init__(self):
+        self.metadata = None
+
+    def sharded_state_dict(self, *args, metadata=None, **kwargs):
+        self.metadata = metadata
+        return {}
+
+
+@pytest.mark.parametrize("flags,layout", [
+    (["--use-distributed-optimizer"], "dp_reshardable"),
+    (["--use-distributed-optimizer", "--dist-ckpt-optim-fully-reshardable"],
+     "fully_reshardable"),
+    ([], None),
+])
+def test_checkpoints_name_their_optimizer_layout_and_save_in_parallel(
+        cpu_dist, monkeypatch, tmp_path, flags, layout):
+    """The metadata Megatron-LM passes: the distributed optimizer's layout (not the
+    deprecated default fully_sharded_model_space) and the data-parallel group, to the model
+    and the optimizer; stored as the checkpoint's content metadata (without the group); the
+    save spread over data-parallel ranks."""
+    from megatron.core import parallel_state
+    from megatron.core.dist_checkpointing.strategies.fully_parallel import (
+        FullyParallelSaveStrategyWrapper)
+
+    saved = {}
+    monkeypatch.setattr(checkpointing.dist_checkpointing, "save",
+                        lambda sharded, path, strategy, content_metadata: saved.update(
+                            strategy=strategy, content_metadata=content_metadata))
+    args = parse_args(TINY_RUN + ["--train-iters", "1", "--save", str(tmp_path), *flags])
+    model, optimizer = Recorder(), Recorder()
+    scheduler = type("Scheduler", (), {"state_dict": lambda self: {}})()
+    checkpointing.save_checkpoint(args, model, optimizer, scheduler, checkpointing.TrainState(),
+                                  None)
+    dp_group = parallel_state.get_data_parallel_group(with_context_parallel=True)
+    expected = {"singleton_local_shards": False, "chained_optim_avoid_prefix": True}
+    if layout:
+        expected["distrib_optim_sharding_type"] = layout
+    assert saved["content_metadata"] == expected
+    assert model.metadata == optimizer.metadata == {**expected, "dp_cp_group": dp_group}
+    assert isinstance(saved["strategy"], FullyParallelSaveStrategyWrapper)
+    assert saved["strategy"].parallelization_group is dp_group
+
+
+def test_dp_reshardable_optimizer_state_refuses_another_tp_size():
+    saved_args = vars(parse_args(TINY_RUN + ["--train-iters", "1",
+                                             "--tensor-model-parallel-size", "2"]))
+    args = parse_args(TINY_RUN + ["--train-iters", "1"])
+    # megatron-core keeps a checkpoint's content metadata under this key of the common state
+    from megatron.core.dist_checkpointing.serialization import _CONTENT_METADATA_KEY
+    for layout, refused in (("dp_reshardable", True), ("fully_reshardable", False)):
+        common = {"args": saved_args,
+                  _CONTENT_METADATA_KEY: {"distrib_optim_sharding_type": layout}}
+        if refused:
+            with pytest.raises(SystemExit, match=re.escape(
+                    "CKPT holds distributed-optimizer state in the dp_reshardable layout, "
+                    "which resumes at another data-parallel size only, but it was saved with "
+                    "--tensor-model-parallel-size 2 (now 1)")):
+                checkpointing.check_optimizer_resharding(common, args, "CKPT")
+        else:
+            checkpointing.check_optimizer_resharding(common, args, "CKPT")
+
+
+@pytest.mark.parametrize("name,fp8,tflops", [
+    ("NVIDIA H100 80GB HBM3", False, 989), ("NVIDIA H100 80GB HBM3", True, 1979),
+    ("NVIDIA H100 PCIe", False, 756), ("NVIDIA H100 PCIe", True, 1513),
+    ("NVIDIA H100 NVL", False, 835), ("NVIDIA H200 NVL", True, 1671),
+    ("NVIDIA H200", True, 1979), ("NVIDIA A100-SXM4-80GB", False, 312),
+    ("NVIDIA A100-SXM4-80GB", True, None), ("NVIDIA L4", False, None),
+])
+def test_mfu_divides_by_the_device_and_precision_peak(name, fp8, tflops):
+    assert peak_flops(name, fp8) == (None if tflops is None else tflops * 1e12)
