@@ -83,6 +83,9 @@ def main(argv=None) -> dict:
     except NonFiniteLossError as e:
         print(f"[fixedcode] error: {e}", file=sys.stderr, flush=True)
         sys.exit(3)
+    finally:
+        if args.exit_signal_handler:
+            exit_signals.ignore()  # a signal after this point has nothing left to stop
 
 
 if __name__ == "__main__":

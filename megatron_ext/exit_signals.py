@@ -39,6 +39,14 @@ def install_if_requested(argv: Sequence[str]) -> None:
         install()
 
 
+def ignore() -> None:
+    """Ignore SIGTERM/SIGUSR1 from now on: for a rank that has finished, whose Python would
+    otherwise restore the default action while shutting down and die of a late signal
+    (exit 138/143, which the batch script must read as "killed before handling it")."""
+    for sig in EXIT_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+
+
 def received() -> Optional[int]:
     """The last exit signal this process received, or None."""
     return _received

@@ -1,11 +1,15 @@
 """Slurm submission (tools/submit.py, slurm/fixedcode.sbatch), down to a real cluster.
 
 The first tests render the job scripts with ``--dry-run`` and run their batch logic with
-stand-ins for srun and scontrol. The last one brings up Debian's
-Slurm on localhost (slurm/localcluster.sh, installing it when absent), submits the tiny CPU
-recipe twice with 2 tasks, preempts one run by hand mid-training and checks that it was
-requeued, resumed from its checkpoint and ended with the uninterrupted run's losses. It
-fails, with the reason, when Slurm cannot start.
+stand-ins for srun and scontrol, down to a signal that comes before srun is started and one
+that srun drops while it starts the tasks. The last one brings up Debian's Slurm on
+localhost (slurm/localcluster.sh, installing it when absent), submits a tiny CPU recipe
+twice with 2 tasks and preempts one of the jobs by hand four times, in four phases of its
+runs: mid-training, during a requeued run's start-up, during validation and during a save.
+It checks that each run stopped where it should, the job requeued itself and the next run
+resumed from the right checkpoint, and that the job ended with the uninterrupted one's
+per-step and final losses and the same metrics file. It fails, with the reason, when Slurm
+cannot start.
 """
 
 from __future__ import annotations
@@ -93,44 +97,78 @@ def test_missing_recipe_is_refused_naming_the_file(tmp_path):
 
 
 FAKE_SRUN = """#!/bin/bash
-trap 'echo "srun got USR1"; exit $FAKE_RC' USR1
-touch "$FAKE_DIR/ready"
+# Drops the first $FAKE_DROPS signals, as srun does before it has started the tasks.
+dropped=0
+trap 'if (( dropped < ${FAKE_DROPS:-0} )); then dropped=$((dropped + 1))
+      else echo "srun got USR1"; exit $FAKE_RC; fi' USR1
+touch "$FAKE_DIR/srun.started" "$FAKE_DIR/ready"
 while :; do sleep 0.05; done
 """
 FAKE_SCONTROL = """#!/bin/bash
 echo "$*" >>"$FAKE_DIR/scontrol.calls"
-[[ $1 == show ]] && echo localhost
+if [[ $1 == show ]]; then
+    echo localhost
+    # With FAKE_SLOW_SHOW, the batch script is held here, before srun, for the signal.
+    if [[ -n $FAKE_SLOW_SHOW ]]; then touch "$FAKE_DIR/ready"; sleep 1; fi
+fi
 exit 0
 """
 
 
-@pytest.mark.parametrize("restart_count, train_rc, requeued, job_rc, says", [
-    ("", 0, True, 0, "checkpoint saved: requeueing job 7"),
-    ("1", 0, True, 0, "checkpoint saved: requeueing job 7"),
-    ("2", 0, False, 1, "restart cap 2 reached: not requeueing"),
-    ("", 1, False, 1, "training exited with 1: not requeueing"),
-])
-def test_usr1_reaches_srun_and_requeues_up_to_the_cap(tmp_path, restart_count, train_rc,
-                                                     requeued, job_rc, says):
-    """The batch logic alone, with stand-ins for srun and scontrol on PATH."""
+def run_batch_logic(tmp_path, **fake_env) -> tuple[str, list, int]:
+    """Run the binary arm's job script with stand-ins for srun and scontrol on PATH, send
+    its shell SIGUSR1 once the stand-in says ``ready``; ``(output, scontrol calls, exit
+    status)``."""
     script = dry_run_scripts("--recipe", str(RECIPE), "--run-dir", str(tmp_path / "run"),
                              "--arms", "binary", "--max-restarts", "2", *CPU_JOB)["binary"]
     for name, text in (("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL)):
         (tmp_path / name).write_text(text)
         (tmp_path / name).chmod(0o755)
     env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}", "FAKE_DIR": str(tmp_path),
-           "FAKE_RC": str(train_rc), "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "localhost"}
-    if restart_count:
-        env["SLURM_RESTART_COUNT"] = restart_count
+           "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "localhost", **fake_env}
     job = subprocess.Popen(["bash", "-c", script], env=env, stdout=subprocess.PIPE, text=True)
     end = time.monotonic() + 30
     while not (tmp_path / "ready").exists() and time.monotonic() < end:
         time.sleep(0.05)
     job.send_signal(signal.SIGUSR1)
     out, _ = job.communicate(timeout=30)
-    calls = (tmp_path / "scontrol.calls").read_text().splitlines()
+    return out, (tmp_path / "scontrol.calls").read_text().splitlines(), job.returncode
+
+
+@pytest.mark.parametrize("restart_count, train_rc, requeued, job_rc, says", [
+    ("", 0, True, 0, "preempted: requeueing job 7"),
+    ("1", 0, True, 0, "preempted: requeueing job 7"),
+    ("2", 0, False, 1, "restart cap 2 reached: not requeueing"),
+    # A rank killed by the forwarded signal itself (still starting): requeued.
+    ("", 128 + 10, True, 0, "killed by the forwarded signal (exit 138)"),
+    ("", 128 + 15, True, 0, "killed by the forwarded signal (exit 143)"),
+    # Any other failure after the signal is a crash.
+    ("", 1, False, 1, "training exited with 1 after the signal: a crash, not requeueing"),
+])
+def test_usr1_reaches_srun_and_requeues_up_to_the_cap(tmp_path, restart_count, train_rc,
+                                                     requeued, job_rc, says):
+    """The batch logic alone, with stand-ins for srun and scontrol on PATH."""
+    fake_env = {"FAKE_RC": str(train_rc)}
+    if restart_count:
+        fake_env["SLURM_RESTART_COUNT"] = restart_count
+    out, calls, rc = run_batch_logic(tmp_path, **fake_env)
     assert "srun got USR1" in out and says in out, out
-    assert ("requeue 7" in calls) == requeued and job.returncode == job_rc, (out, calls)
+    assert ("requeue 7" in calls) == requeued and rc == job_rc, (out, calls)
+
+
+def test_a_signal_before_srun_starts_requeues_without_starting_it(tmp_path):
+    out, calls, rc = run_batch_logic(tmp_path, FAKE_SLOW_SHOW="1")
+    assert "[slurm] the signal came before training was started: nothing new to save" in out
+    assert not (tmp_path / "srun.started").exists(), out
+    assert "requeue 7" in calls and rc == 0, (out, calls)
+
+
+def test_a_signal_that_srun_dropped_while_starting_is_passed_on_again(tmp_path):
+    """A real srun drops a signal that comes before it has started the tasks: the script
+    passes it on again (every second while srun is in its first 10 s)."""
+    out, calls, rc = run_batch_logic(tmp_path, FAKE_RC="0", FAKE_DROPS="2")
+    assert "srun got USR1" in out and "preempted: requeueing job 7" in out, out
+    assert "requeue 7" in calls and rc == 0, (out, calls)
 
 
 # ---------------------------------------------------------------------------- real Slurm
@@ -157,21 +195,28 @@ def job_field(job_id: str, field: str, env) -> str:
     return re.search(rf"\b{field}=(\S+)", shown).group(1)
 
 
-def wait_until(condition, what: str, job_id: str, log: Path, env, deadline: float):
+def wait_until(condition, what: str, job_id: str, log: Path, env, deadline: float,
+               poll: float = 0.2):
+    """Poll ``condition`` every ``poll`` seconds (the job's state about every second) until
+    it holds; fail, with the log, when the job ended first or ``deadline`` passed."""
+    checked = 0.0
     while not condition():
-        state = job_field(job_id, "JobState", env)
-        if state in ("FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"):
-            pytest.fail(f"job {job_id} is {state} while waiting for {what}; log:\n"
-                        f"{log.read_text() if log.exists() else '(none)'}")
-        if time.monotonic() > deadline:
-            pytest.fail(f"no {what} in time (job {job_id} {state}); log:\n"
-                        f"{log.read_text() if log.exists() else '(none)'}")
-        time.sleep(0.2)
+        if time.monotonic() - checked >= 1.0:
+            checked = time.monotonic()
+            state = job_field(job_id, "JobState", env)
+            if state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL",
+                         "OUT_OF_MEMORY") and not condition():
+                pytest.fail(f"job {job_id} is {state} while waiting for {what}; log:\n"
+                            f"{log.read_text() if log.exists() else '(none)'}")
+            if checked > deadline:
+                pytest.fail(f"no {what} in time (job {job_id} {state}); log:\n"
+                            f"{log.read_text() if log.exists() else '(none)'}")
+        time.sleep(poll)
 
 
-def submit_tiny_binary_job(run_dir: Path, env):
-    done = submit("--recipe", str(RECIPE), "--run-dir", str(run_dir), "--arms", "binary",
-                  "--max-restarts", "1", *CPU_JOB, env=env)
+def submit_tiny_binary_job(run_dir: Path, env, recipe: Path = RECIPE, max_restarts: int = 1):
+    done = submit("--recipe", str(recipe), "--run-dir", str(run_dir), "--arms", "binary",
+                  "--max-restarts", str(max_restarts), *CPU_JOB, env=env)
     assert done.returncode == 0, done.stderr
     job_id, log = re.fullmatch(r"binary: job (\d+), log (\S+)\n", done.stdout).groups()
     return job_id, Path(log)
@@ -179,43 +224,162 @@ def submit_tiny_binary_job(run_dir: Path, env):
 
 ITERATION = re.compile(r"iteration\s+(\d+)/\s*\d+.*?lm loss: (\S+)")
 FINAL = re.compile(r"final train loss (\S+)")
+RUN_START = re.compile(r"^\[slurm\] job \d+ on \S+, SLURM_RESTART_COUNT=(\d+),", re.M)
+TIMING = {"time", "tokens-per-second", "step-time-ms", "memory-gib"}
 
 
 def losses(text: str) -> dict:
     return {int(it): loss for it, loss in ITERATION.findall(text)}
 
 
-@pytest.mark.timeout(900)
+def runs(log: Path) -> list[str]:
+    """The log of each run of a requeued job (all append to one file), in order: the text
+    from its ``SLURM_RESTART_COUNT=N`` line to the next run's."""
+    text = log.read_text() if log.exists() else ""
+    starts = list(RUN_START.finditer(text))
+    assert [int(m.group(1)) for m in starts] == list(range(len(starts))), text
+    ends = [m.start() for m in starts[1:]] + [len(text)]
+    return [text[m.start():end] for m, end in zip(starts, ends)]
+
+
+def untimed_metrics(run_dir: Path) -> list[dict]:
+    """The run's metrics.jsonl without the wall-clock keys."""
+    from megatron_ext.metric_sinks import read_metrics
+    return [{k: v for k, v in record.items() if k not in TIMING}
+            for record in read_metrics(str(run_dir / "binary" / "checkpoints"))]
+
+
+# The real-Slurm recipe: tiny_cpu.args with a periodic checkpoint every SAVE_EVERY
+# iterations and a validation of EVAL_ITERS batches (about 3 s on two idle cores) at
+# EVAL_AT and at the end. The preempted job stops mid-training at SAVE_EVERY + 2 or a little
+# later (the signal takes a moment; any iteration before EVAL_AT will do), in the validation
+# at EVAL_AT, and in the save at SAVE_AT (not a validation iteration).
+TRAIN_ITERS, SAVE_EVERY, EVAL_AT, EVAL_ITERS = 30, 9, 25, 100
+SAVE_AT = 27
+
+
+def write_recipe(path: Path) -> Path:
+    text = RECIPE.read_text()
+    for old, new in (("--save-interval 10", f"--save-interval {SAVE_EVERY}"),
+                     ("--eval-iters 0", f"--eval-iters {EVAL_ITERS} --eval-interval {EVAL_AT}"),
+                     ("--train-iters 30", f"--train-iters {TRAIN_ITERS}")):
+        assert old in text, f"{RECIPE} no longer says {old!r}: update this test"
+        text = text.replace(old, new)
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.timeout(1200)
 def test_preempted_job_requeues_resumes_and_ends_with_the_uninterrupted_loss(
         slurm_env, tmp_path):
-    env = slurm_env
-    deadline = time.monotonic() + 720   # ~2 min on an idle 2-core machine; slack for a busy one
-    plain_id, plain_log = submit_tiny_binary_job(tmp_path / "uninterrupted", env)
-    job_id, log = submit_tiny_binary_job(tmp_path / "preempted", env)
+    """Two jobs of one recipe: one runs straight through; the other is preempted four times
+    (``scancel --signal=USR1 --batch``, as Slurm does before a time limit), each time in
+    another phase of a run, and must requeue itself each time and end like the first:
 
-    # Preempt after the first periodic checkpoint (iteration 10), as the time limit would.
-    wait_until(lambda: log.exists() and any(it >= 12 for it in losses(log.read_text())),
-               "iteration 12 in the log", job_id, log, env, deadline)
-    subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], env=env, check=True)
+    0. mid-training, after the first periodic checkpoint: the run finishes its step, saves
+       and stops there;
+    1. as soon as the requeued run's batch script has started (whichever instant that lands
+       in: before srun, while srun starts the tasks, before Python's handler, during
+       start-up): the run ends without training a step or saving;
+    2. during the validation at EVAL_AT: the run stops validating, saves, and the next run
+       validates EVAL_AT before it trains on;
+    3. during the save at SAVE_AT (FIXEDCODE_TEST_SAVE_SECONDS holds every save open 3 s):
+       the save completes, then the run stops, and the next one resumes from it.
+
+    At the end: 4 restarts (0 for the other job), both COMPLETED, the same final loss and
+    every run's logged per-step losses equal to the uninterrupted job's, and the same
+    metrics.jsonl but for the timings (so every validation happened exactly once)."""
+    env = {**slurm_env, "FIXEDCODE_TEST_SAVE_SECONDS": "3"}   # sbatch passes it to the job
+    deadline = time.monotonic() + 900   # ~2.5 min on an idle 2-core machine; slack for a busy one
+    recipe = write_recipe(tmp_path / "recipe.args")
+    plain_dir, run_dir = tmp_path / "uninterrupted", tmp_path / "preempted"
+    plain_id, plain_log = submit_tiny_binary_job(plain_dir, env, recipe, max_restarts=4)
+    job_id, log = submit_tiny_binary_job(run_dir, env, recipe, max_restarts=4)
+    ckpt = run_dir / "binary" / "checkpoints"
+
+    def preempt():
+        subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], env=env, check=True)
+
+    def wait_for_run(n: int, condition=lambda text: True, what: str = "", poll: float = 0.2):
+        """Until run ``n`` has started and its log meets ``condition``."""
+        def met():
+            parts = runs(log)
+            return len(parts) > n and condition(parts[n])
+        wait_until(met, f"run {n}{what}", job_id, log, env, deadline, poll)
+
+    # 0. Mid-training, after the first periodic checkpoint.
+    wait_for_run(0, lambda text: any(it >= SAVE_EVERY + 2 for it in losses(text)),
+                 f": iteration {SAVE_EVERY + 2}")
+    preempt()
+    # 1. The requeued run, as soon as its batch script has started.
+    wait_for_run(1, poll=0.02)
+    preempt()
+    # 2. The next one during the validation at EVAL_AT.
+    wait_for_run(2, lambda text: EVAL_AT in losses(text), f": iteration {EVAL_AT}")
+    preempt()
+    # 3. The next one during the save at SAVE_AT.
+    wait_for_run(3, lambda text: SAVE_AT in losses(text), f": iteration {SAVE_AT}")
+    time.sleep(0.5)
+    preempt()
+    wait_for_run(4, lambda text: "[slurm] training exited by itself" in text, ": the end")
     for jid, jlog in ((job_id, log), (plain_id, plain_log)):
         wait_until(lambda: job_field(jid, "JobState", env) == "COMPLETED",
                    "COMPLETED state", jid, jlog, env, deadline)
 
-    text = log.read_text()
-    assert job_field(job_id, "Restarts", env) == "1", text
-    assert job_field(plain_id, "Restarts", env) == "0"
-    first, requeued = text.split("SLURM_RESTART_COUNT=1", 1)
-    assert "[slurm] checkpoint saved: requeueing" in first, text
-    assert "[fixedcode] resumed from" not in first, text
-    assert re.search(r"^\[fixedcode\] resumed from", requeued, flags=re.M), text
-    # The first run stopped mid-training; the second went on from the step it saved at.
-    stopped_at, resumed_at = max(losses(first)), min(losses(requeued))
-    assert 12 <= stopped_at < 30 and resumed_at == stopped_at + 1, text
+    text, plain_text = log.read_text(), plain_log.read_text()
+    assert job_field(job_id, "Restarts", env) == "4", text
+    assert job_field(plain_id, "Restarts", env) == "0", plain_text
+    parts = runs(log)
+    assert len(parts) == 5, text
+    for part in parts[:4]:
+        assert "[slurm] SIGUSR1: training saves and exits" in part, text
+        assert f"[slurm] preempted: requeueing job {job_id}" in part, text
 
-    plain_text = plain_log.read_text()
+    # 0: stopped mid-training at S0, after its step, with a checkpoint of S0.
+    stopped = max(losses(parts[0]))
+    assert SAVE_EVERY + 2 <= stopped < EVAL_AT, parts[0]
+    assert f"[fixedcode] saved checkpoint {ckpt}/iter_{stopped:07d}" in parts[0], parts[0]
+    assert f"[fixedcode] received SIGUSR1: exiting at iteration {stopped}" in parts[0], parts[0]
+    # 1: ended without training a step, saving nothing, and was requeued.
+    assert not losses(parts[1]) and "saved checkpoint" not in parts[1], parts[1]
+    assert any(how in parts[1] for how in (
+        "received SIGUSR1 during start-up, before training (nothing new to save): exiting at "
+        f"iteration {stopped}",
+        f"received SIGUSR1 while building the datasets (nothing new to save): exiting at "
+        f"iteration {stopped}",
+        "[slurm] the signal came before training was started: nothing new to save",
+        "[slurm] training was killed by the forwarded signal")), parts[1]
+    # 2: resumed from S0, stopped in the validation at EVAL_AT and saved it as pending.
+    assert f"[fixedcode] resumed from {ckpt}/iter_{stopped:07d} at iteration {stopped}" \
+        in parts[2], parts[2]
+    assert min(losses(parts[2])) == stopped + 1 and max(losses(parts[2])) == EVAL_AT, parts[2]
+    assert f"received SIGUSR1: validation at iteration {EVAL_AT} stopped; the resumed run " \
+           f"validates first" in parts[2], parts[2]
+    assert f"validation at iteration {EVAL_AT} |" not in parts[2], parts[2]
+    assert f"[fixedcode] saved checkpoint {ckpt}/iter_{EVAL_AT:07d}" in parts[2], parts[2]
+    # 3: validated EVAL_AT first, then trained on; the signal came during the save at
+    # SAVE_AT, which completed before the run stopped there.
+    assert f"[fixedcode] resumed from {ckpt}/iter_{EVAL_AT:07d} at iteration {EVAL_AT}" \
+        in parts[3], parts[3]
+    assert parts[3].index(f"validation at iteration {EVAL_AT} |") \
+        < re.search(rf"^iteration\s+{EVAL_AT + 1}/", parts[3], flags=re.M).start(), parts[3]
+    assert max(losses(parts[3])) == SAVE_AT, parts[3]
+    assert parts[3].index(f"[fixedcode] saved checkpoint {ckpt}/iter_{SAVE_AT:07d}") \
+        < parts[3].index(f"[fixedcode] received SIGUSR1: exiting at iteration {SAVE_AT}"), \
+        parts[3]
+    # 4: resumed from SAVE_AT and trained to the end.
+    assert f"[fixedcode] resumed from {ckpt}/iter_{SAVE_AT:07d} at iteration {SAVE_AT}" \
+        in parts[4], parts[4]
+    assert sorted(losses(parts[4])) == list(range(SAVE_AT + 1, TRAIN_ITERS + 1)), parts[4]
+
+    # Every run's losses are the uninterrupted job's, down to the final one.
+    plain_losses = losses(plain_text)
+    assert sorted(plain_losses) == list(range(1, TRAIN_ITERS + 1)), plain_text
     assert FINAL.findall(plain_text) and FINAL.findall(text), (text, plain_text)
     assert FINAL.findall(text)[-1] == FINAL.findall(plain_text)[-1], (text, plain_text)
-    plain_losses = losses(plain_text)
-    assert sorted(plain_losses) == list(range(1, 31))
-    for part in (first, requeued):
+    for part in parts:
         assert losses(part) == {it: plain_losses[it] for it in losses(part)}, (part, plain_text)
+    # The metrics files hold the same records: each iteration and validation exactly once.
+    metrics = untimed_metrics(run_dir)
+    assert metrics == untimed_metrics(plain_dir), text
+    assert [r["iteration"] for r in metrics if r["kind"] == "valid"] == [EVAL_AT, TRAIN_ITERS]

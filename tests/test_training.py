@@ -191,10 +191,11 @@ def test_bad_profile_flags_are_clear_errors(flags, message):
         validate_profile_args(args)
 
 
-def signal_run(args, sig, when=None, delay: float = 0.0, env=None):
+def signal_run(args, sig, when=None, delay: float = 0.0, env=None, again_when=None):
     """Run pretrain_fixedcode.py and send it ``sig`` ``delay`` seconds after the first line
-    of output containing ``when`` (None: ``delay`` seconds after the start); returns
-    ``(exit code, output, metrics records)``."""
+    of output containing ``when`` (None: ``delay`` seconds after the start), and once more
+    on the first line containing ``again_when``; returns ``(exit code, output, metrics
+    records)``."""
     from megatron_ext.metric_sinks import read_metrics
     metrics = args[args.index("--save") + 1] / "metrics.jsonl"
     proc = subprocess.Popen([sys.executable, str(PRETRAIN), *map(str, args)],
@@ -208,6 +209,13 @@ def signal_run(args, sig, when=None, delay: float = 0.0, env=None):
                 break
     time.sleep(delay)
     proc.send_signal(sig)
+    if again_when is not None:
+        for line in proc.stdout:
+            lines.append(line)
+            if again_when in line:
+                time.sleep(0.5)  # into the interpreter's shutdown
+                proc.send_signal(sig)
+                break
     rest, _ = proc.communicate(timeout=180)
     out = "".join(lines) + rest
     return proc.returncode, out, read_metrics(str(metrics)) if metrics.exists() else []
@@ -219,8 +227,10 @@ SIGNAL_RUN = TINY_RUN + ["--input-interface", "binary", "--exit-signal-handler"]
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])
 def test_exit_signal_during_training_saves_and_exits_zero(tmp_path, sig):
     ckpt = tmp_path / "ckpt"
+    # A second signal while the finished process shuts down must not kill it (exit 128+n):
+    # the batch script would take that for a rank killed before it could handle the first.
     rc, out, _ = signal_run(SIGNAL_RUN + ["--train-iters", "100000", "--save", ckpt], sig,
-                            when="iteration        3/")
+                            when="iteration        3/", again_when="exiting at iteration")
     assert rc == 0, out[-2000:]
     assert f"received {sig.name}: exiting at iteration" in out
     saved = int((ckpt / MARKER).read_text())
