@@ -28,7 +28,7 @@ if "$PY" -c "import transformer_engine" 2>/dev/null; then HAVE_TE=1; else HAVE_T
 IMPL=$( ((HAVE_TE)) && echo transformer_engine || echo local)
 TRAIN=(pretrain_fixedcode.py --preset smollm2-1.7b --micro-batch-size 1 --global-batch-size 8
        --seq-length 2048 --train-iters 10 --bf16 --mock-data --tokenizer-type NullTokenizer
-       --vocab-size 49152 --lr 3e-4 --log-interval 1 --eval-iters 0 --transformer-impl "$IMPL")
+       --vocab-size 49151 --lr 3e-4 --log-interval 1 --eval-iters 0 --transformer-impl "$IMPL")
 
 # step NAME LIMIT_S COMMAND...: run with a time limit, log to $RESULTS/NAME.log, record the
 # outcome; skipped when the overall budget would be exceeded.

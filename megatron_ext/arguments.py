@@ -13,6 +13,8 @@ import argparse
 import math
 from typing import Optional, Sequence
 
+from .tokenizer import TOKENIZER_TYPES
+
 # The reference shape of the paper (SmolLM2-1.7B-like).
 PRESETS = {
     "smollm2-1.7b": dict(num_layers=24, hidden_size=2048, num_attention_heads=32,
@@ -103,10 +105,11 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     r.add_argument("--recompute-num-layers", type=int, default=None)
 
     t = parser.add_argument_group("tokenizer")
-    t.add_argument("--tokenizer-type", default="NullTokenizer",
-                   choices=["NullTokenizer", "SentencePieceTokenizer", "HuggingFaceTokenizer"])
+    t.add_argument("--tokenizer-type", default="NullTokenizer", choices=TOKENIZER_TYPES,
+                   help="as in Megatron-LM (megatron_ext/tokenizer.py; default: NullTokenizer)")
     t.add_argument("--tokenizer-model", help="sentencepiece .model, tokenizer.json or HF folder")
-    t.add_argument("--vocab-size", type=int, help="vocabulary size (NullTokenizer)")
+    t.add_argument("--vocab-size", type=int,
+                   help="NullTokenizer: ids 0 .. V-1, and EOD V (V + 1 ids, as in Megatron-LM)")
 
 
 def add_training_args(parser: argparse.ArgumentParser) -> None:

@@ -250,7 +250,7 @@ def test_skipping_the_unasked_test_split_leaves_the_train_samples_alone(cpu_dist
                              "--data-cache-path", tmp_path / "cache")
     config = GPTDatasetConfig(
         random_seed=1234, sequence_length=32, blend=([prefix], None), split="969,30,1",
-        path_to_cache=str(tmp_path / "megatron"), tokenizer=NullTokenizer(512),
+        path_to_cache=str(tmp_path / "megatron"), tokenizer=NullTokenizer(511),
         reset_position_ids=False, reset_attention_mask=False, eod_mask_loss=False,
         create_attention_mask=False)
     megatrons, _, test = BlendedMegatronDatasetBuilder(GPTDataset, [8, 4, 0], lambda: True,
@@ -336,8 +336,8 @@ def test_the_tool_lists_every_problem(tmp_path, capsys):
 @pytest.mark.parametrize("flags,ok", [
     (["--vocab-size", "99"], True),
     (["--vocab-size", "98"], False),
-    (["--tokenizer-type", "NullTokenizer", "--vocab-size", "99"], True),
-    (["--tokenizer-type", "NullTokenizer", "--vocab-size", "98"], False),
+    (["--tokenizer-type", "NullTokenizer", "--vocab-size", "98"], True),  # EOD 98: 99 ids
+    (["--tokenizer-type", "NullTokenizer", "--vocab-size", "97"], False),
     (["--code-bits", "7"], True),
     (["--code-bits", "6"], False),
     (["--seq-length", "32", "--eval-iters", "0"], True),

@@ -1,6 +1,6 @@
-"""tools/preprocess_data.py: round trips, equality with Megatron-LM's tool, inputs (JSONL, text,
-Parquet, save_to_disk folders), workers, bad input, atomicity and resumption. Tokenizers are trained here on two Shakespeare plays; documents
-are the scenes of a third."""
+"""tools/preprocess_data.py: round trips, equality with Megatron-LM's tool and tokenizers, inputs
+(JSONL, text, Parquet, save_to_disk folders), workers, bad input, atomicity and resumption.
+Tokenizers are trained here on two Shakespeare plays; documents are the scenes of a third."""
 
 import argparse
 import gzip
@@ -24,6 +24,7 @@ import zstandard
 from megatron.core.datasets.indexed_dataset import DType, IndexedDataset, IndexedDatasetBuilder
 from megatron.core.tokenizers.text.utils.build_tokenizer import build_tokenizer
 
+from megatron_ext import tokenizer
 from megatron_ext.data import merge, parts
 from megatron_ext.data.merge import merge_datasets
 from tools import preprocess_data, train_tokenizer
@@ -122,15 +123,58 @@ def test_round_trip_through_megatron_indexed_dataset(kind, toks, documents, tmp_
         assert tok.decode(ids[:-1].tolist()) == text
 
 
-def megatron_lm_reference(tok: Tok, source: Path, prefix: Path) -> None:
+def megatron_core_tokenizer(tokenizer_type: str, model=None, vocab_size=None):
+    """The tokenizer Megatron-LM builds for training and preprocessing (megatron.core's)."""
+    return build_tokenizer(argparse.Namespace(
+        tokenizer_type=tokenizer_type, tokenizer_model=model, tokenizer_sentencepiece_legacy=False,
+        tokenizer_special_tokens=None, tokenizer_metadata=None, vocab_file=None, merge_file=None,
+        tokenizer_hf_use_fast=False, trust_remote_code=False,
+        tokenizer_hf_include_special_tokens=False, vocab_size=vocab_size))
+
+
+NAMES = [("GPTSentencePieceTokenizer", "sentencepiece"),
+         ("SentencePieceTokenizer", "sentencepiece"), ("HuggingFaceTokenizer", "huggingface")]
+
+
+@pytest.mark.parametrize("name,kind", NAMES)
+def test_tokenizer_names_give_megatron_core_ids(name, kind, toks, documents, tmp_path):
+    model = toks[kind].model
+    if kind == "huggingface":  # EOD is the eos_token its tokenizer_config.json names
+        model = tmp_path / "hf"
+        model.mkdir()
+        (model / "tokenizer.json").write_bytes((Path(toks[kind].model) / "tokenizer.json")
+                                               .read_bytes())
+        (model / "tokenizer_config.json").write_text(json.dumps(
+            {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "e", "bos_token": "<s>"}))
+    ours = tokenizer.build_tokenizer(name, str(model))
+    theirs = megatron_core_tokenizer(name, str(model))
+    assert (ours.vocab_size, ours.eod) == (theirs.vocab_size, theirs.eod)
+    texts = documents[:3] + ["</s> <s> <unk> <|endoftext|> <EOD> <pad>", " lead  and trail "]
+    assert [ours.tokenize(t) for t in texts] == [theirs.tokenize(t) for t in texts]
+
+
+def test_null_tokenizer_is_megatron_cores(toks, tmp_path):
+    ours, theirs = tokenizer.build_tokenizer("NullTokenizer", None, 100), \
+        megatron_core_tokenizer("NullTokenizer", vocab_size=100)
+    assert (ours.vocab_size, ours.eod) == (theirs.vocab_size, theirs.eod) == (101, 100)
+    assert ours.tokenize("7 0 99") == theirs.tokenize("7 0 99") == [7, 0, 99]
+
+    source = write_jsonl(tmp_path / "ids.jsonl", [{"text": "1 2 3"}, {"text": "99"},
+                                                   {"text": "4  5"}])
+    flags = ["--tokenizer-type", "NullTokenizer", "--vocab-size", "100", "--append-eod"]
+    with pytest.raises(SystemExit, match=r"ids\.jsonl:3: not token ids"):
+        preprocess_data.main(["--input", str(source), "--output-prefix", str(tmp_path / "o"),
+                              *flags])
+    preprocess_data.main(["--input", str(source), "--output-prefix", str(tmp_path / "o"),
+                          *flags, "--skip-bad-lines", "--resume"])
+    assert [d.tolist() for d in read_documents(tmp_path / "o")] == [[1, 2, 3, 100], [99, 100]]
+
+
+def megatron_lm_reference(tok: Tok, source: Path, prefix: Path, tokenizer_type=None) -> None:
     """What Megatron-LM's tools/preprocess_data.py writes for ``--input source --append-eod``:
     megatron.core's tokenizer and builder, one document per JSON line, a list value being
     sentences, sentences without tokens dropped, EOD appended to the last sentence."""
-    tokenizer = build_tokenizer(argparse.Namespace(
-        tokenizer_type=tok.type, tokenizer_model=tok.model, tokenizer_sentencepiece_legacy=False,
-        tokenizer_special_tokens=None, tokenizer_metadata=None, vocab_file=None, merge_file=None,
-        tokenizer_hf_use_fast=False, trust_remote_code=False,
-        tokenizer_hf_include_special_tokens=False, vocab_size=None))
+    tokenizer = megatron_core_tokenizer(tokenizer_type or tok.type, tok.model)
     builder = IndexedDatasetBuilder(f"{prefix}_text_document.bin",
                                     dtype=DType.optimal_dtype(tokenizer.vocab_size))
     with open(source, encoding="utf-8") as f:
@@ -149,13 +193,15 @@ def megatron_lm_reference(tok: Tok, source: Path, prefix: Path) -> None:
     builder.finalize(f"{prefix}_text_document.idx")
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_output_equals_megatron_lm_tool(kind, toks, documents, tmp_path):
+@pytest.mark.parametrize("name,kind", NAMES)
+def test_output_equals_megatron_lm_tool(name, kind, toks, documents, tmp_path):
     records = [{"text": d} for d in documents[:8]]
     records.insert(3, {"text": ["First sentence.", "", " Second sentence, after an empty one."]})
     source = write_jsonl(tmp_path / "docs.jsonl", records)
-    megatron_lm_reference(toks[kind], source, tmp_path / "reference")
-    run(toks[kind], [source], tmp_path / "ours", "--append-eod", "--workers", "2")
+    megatron_lm_reference(toks[kind], source, tmp_path / "reference", name)
+    preprocess_data.main(["--input", str(source), "--output-prefix", str(tmp_path / "ours"),
+                          "--tokenizer-type", name, "--tokenizer-model", toks[kind].model,
+                          "--append-eod", "--workers", "2"])
     assert output_bytes(tmp_path / "ours") == output_bytes(tmp_path / "reference")
 
 

@@ -36,7 +36,7 @@ from megatron_ext.data.merge import merge_datasets, publish_dataset
 from megatron_ext.data.parts import WorkDir, dataset_prefix
 from megatron_ext.data.readers import (TEXT_DOCUMENT_MODES, describe_bad_input, expand_inputs,
                                        input_kind, iter_batches)
-from megatron_ext.tokenizer import build_tokenizer
+from megatron_ext.tokenizer import TOKENIZER_TYPES, build_tokenizer
 
 
 @dataclasses.dataclass
@@ -80,11 +80,13 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                        help="count and skip malformed JSON, missing keys, invalid UTF-8 and empty "
                             "documents instead of stopping at the first")
     group = parser.add_argument_group("tokenizer")
-    group.add_argument("--tokenizer-type", required=True,
-                       choices=("SentencePieceTokenizer", "HuggingFaceTokenizer"),
-                       help="as for training: megatron_ext/tokenizer.py")
-    group.add_argument("--tokenizer-model", required=True,
+    group.add_argument("--tokenizer-type", required=True, choices=TOKENIZER_TYPES,
+                       help="as in Megatron-LM and for training: megatron_ext/tokenizer.py")
+    group.add_argument("--tokenizer-model",
                        help="sentencepiece .model; or a tokenizer.json or Hugging Face folder")
+    group.add_argument("--vocab-size", type=int,
+                       help="NullTokenizer: ids 0 .. V-1 (the text is ids separated by spaces), "
+                            "EOD V")
     group.add_argument("--append-eod", action="store_true",
                        help="append the tokenizer's EOD token to the end of each document")
     group = parser.add_argument_group("output data")
@@ -225,13 +227,13 @@ def main(argv: Optional[list[str]] = None) -> Summary:
         if input_kind(path) == "text" and len(args.json_keys) > 1:
             raise SystemExit(f"error: --json-keys: plain-text input {path} has one text; "
                              "give one key")
-    tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model)
+    tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model, args.vocab_size)
     dtype = DType.optimal_dtype(tokenizer.vocab_size)
 
     work = WorkDir(args.output_prefix)
-    settings = {"--tokenizer-type": args.tokenizer_type,
-                "--tokenizer-model": [os.path.abspath(args.tokenizer_model),
-                                      file_fingerprint(args.tokenizer_model)],
+    model = args.tokenizer_model
+    settings = {"--tokenizer-type": args.tokenizer_type, "--vocab-size": args.vocab_size,
+                "--tokenizer-model": model and [os.path.abspath(model), file_fingerprint(model)],
                 "--append-eod": args.append_eod, "--json-keys": args.json_keys,
                 "--text-document": args.text_document}
     inputs = [[os.path.abspath(path), file_fingerprint(path)] for path in paths]
