@@ -150,6 +150,9 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
                        help=f"{split} split from its own prefixes (instead of --data-path/--split)")
     d.add_argument("--mock-data", action="store_true", help="synthetic tokens, no files")
     d.add_argument("--data-cache-path", default=None, help="where dataset index caches go")
+    d.add_argument("--max-data-epochs", type=float, default=None,
+                   help="refuse to start when the train samples would read a data file's train "
+                        "split more than this many times (default: only warn above 1)")
     d.add_argument("--num-workers", type=int, default=2, help="data loader workers")
 
     e = parser.add_argument_group("validation and logging")
