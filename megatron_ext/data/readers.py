@@ -165,7 +165,11 @@ class TableFile:
     stand for."""
 
     def __init__(self, path: str, kind: str, keys: list[str]):
-        import pyarrow
+        try:
+            import pyarrow
+        except ImportError:
+            raise SystemExit(f"error: --input {path}: reading {kind.capitalize()} needs pyarrow "
+                             "(pip install -e '.[data]')") from None
 
         self.path, self.kind, self.keys = path, kind, keys
         self.size = os.path.getsize(path)
