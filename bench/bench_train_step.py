@@ -24,7 +24,7 @@ import measure
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULTS = ["--num-layers", "2", "--hidden-size", "256", "--num-attention-heads", "4",
-            "--seq-length", "256", "--micro-batch-size", "2", "--vocab-size", "49152",
+            "--seq-length", "256", "--micro-batch-size", "2", "--vocab-size", "49151",
             "--tokenizer-type", "NullTokenizer", "--mock-data", "--train-iters", "1"]
 ARMS = ("learned", "binary", "gf2")
 

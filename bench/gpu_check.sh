@@ -36,7 +36,7 @@ START=$SECONDS
 BUDGET=${GPU_CHECK_BUDGET_S:-870}
 
 if "$PY" -c "import transformer_engine" 2>/dev/null; then HAVE_TE=1; else HAVE_TE=0; fi
-COMMON=(--mock-data --tokenizer-type NullTokenizer --vocab-size 49152 --lr 3e-4
+COMMON=(--mock-data --tokenizer-type NullTokenizer --vocab-size 49151 --lr 3e-4
         --lr-warmup-iters 2 --log-interval 1 --eval-iters 0 --num-workers 2 --bf16)
 SMALL=(pretrain_fixedcode.py "${COMMON[@]}" --num-layers 4 --hidden-size 1024
        --ffn-hidden-size 4096 --num-attention-heads 16 --seq-length 1024

@@ -13,6 +13,8 @@ import argparse
 import math
 from typing import Optional, Sequence
 
+from .tokenizer import TOKENIZER_TYPES
+
 # The reference shape of the paper (SmolLM2-1.7B-like).
 PRESETS = {
     "smollm2-1.7b": dict(num_layers=24, hidden_size=2048, num_attention_heads=32,
@@ -111,10 +113,11 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     r.add_argument("--recompute-num-layers", type=int, default=None)
 
     t = parser.add_argument_group("tokenizer")
-    t.add_argument("--tokenizer-type", default="NullTokenizer",
-                   choices=["NullTokenizer", "SentencePieceTokenizer", "HuggingFaceTokenizer"])
+    t.add_argument("--tokenizer-type", default="NullTokenizer", choices=TOKENIZER_TYPES,
+                   help="as in Megatron-LM (megatron_ext/tokenizer.py; default: NullTokenizer)")
     t.add_argument("--tokenizer-model", help="sentencepiece .model, tokenizer.json or HF folder")
-    t.add_argument("--vocab-size", type=int, help="vocabulary size (NullTokenizer)")
+    t.add_argument("--vocab-size", type=int,
+                   help="NullTokenizer: ids 0 .. V-1, and EOD V (V + 1 ids, as in Megatron-LM)")
 
 
 def add_training_args(parser: argparse.ArgumentParser) -> None:
@@ -157,6 +160,9 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
                        help=f"{split} split from its own prefixes (instead of --data-path/--split)")
     d.add_argument("--mock-data", action="store_true", help="synthetic tokens, no files")
     d.add_argument("--data-cache-path", default=None, help="where dataset index caches go")
+    d.add_argument("--max-data-epochs", type=float, default=None,
+                   help="refuse to start when the train samples would read a data file's train "
+                        "split more than this many times (default: only warn above 1)")
     d.add_argument("--num-workers", type=int, default=2, help="data loader workers")
 
     e = parser.add_argument_group("validation and logging")

@@ -20,7 +20,7 @@ from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegat
 from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
 from megatron.core.datasets.utils import get_blend_from_list
 
-from megatron_ext.data.index_check import check_training_data
+from megatron_ext.data.index_check import check_train_epochs, check_training_data
 
 
 def _blend(flag: str, paths):
@@ -54,6 +54,9 @@ def build_datasets(args: argparse.Namespace, tokenizer, num_samples: list[int]):
     if not args.mock_data:
         check_training_data(blend, per_split if any(per_split) else None,
                             None if any(per_split) else args.split, args.seq_length, num_samples)
+        check_train_epochs(blend, per_split if any(per_split) else None,
+                           None if any(per_split) else args.split, args.seq_length,
+                           num_samples[0], args.max_data_epochs)
     config = GPTDatasetConfig(
         random_seed=args.seed,
         sequence_length=args.seq_length,

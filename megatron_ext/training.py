@@ -82,7 +82,6 @@ def setup_args(args: argparse.Namespace):
     if args.save_interval and not args.save:
         raise SystemExit("error: --save-interval needs --save")
     tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model, args.vocab_size)
-    args.vocab_size = tokenizer.vocab_size
     if args.input_interface != "learned" and tokenizer.vocab_size > 2 ** args.code_bits:
         raise SystemExit(f"error: the tokenizer's {tokenizer.vocab_size} tokens do not fit "
                          f"--code-bits {args.code_bits} (at most 2^{args.code_bits} = "

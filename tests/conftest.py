@@ -19,7 +19,7 @@ PRETRAIN = REPO / "pretrain_fixedcode.py"
 TINY_MODEL = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
               "--ffn-hidden-size", "128", "--seq-length", "32"]
 TINY_RUN = TINY_MODEL + ["--micro-batch-size", "2", "--global-batch-size", "4", "--lr", "3e-3",
-                         "--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "512",
+                         "--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "511",
                          "--log-interval", "1", "--eval-iters", "0", "--num-workers", "0"]
 
 

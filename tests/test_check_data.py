@@ -20,8 +20,9 @@ from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 from megatron.core.datasets.indexed_dataset import IndexedDataset, IndexedDatasetBuilder
 
 from conftest import REPO, TINY_RUN
-from megatron_ext.data.index_check import (IndexCheckError, read_index, split_problems,
-                                           split_ranges, token_id_range)
+from megatron_ext.data.index_check import (IndexCheckError, check_train_epochs, read_index,
+                                           split_problems, split_ranges, token_id_range,
+                                           train_epochs)
 from megatron_ext.datasets import build_train_valid
 from megatron_ext.tokenizer import NullTokenizer
 from megatron_ext.training import setup_args
@@ -250,7 +251,7 @@ def test_skipping_the_unasked_test_split_leaves_the_train_samples_alone(cpu_dist
                              "--data-cache-path", tmp_path / "cache")
     config = GPTDatasetConfig(
         random_seed=1234, sequence_length=32, blend=([prefix], None), split="969,30,1",
-        path_to_cache=str(tmp_path / "megatron"), tokenizer=NullTokenizer(512),
+        path_to_cache=str(tmp_path / "megatron"), tokenizer=NullTokenizer(511),
         reset_position_ids=False, reset_attention_mask=False, eod_mask_loss=False,
         create_attention_mask=False)
     megatrons, _, test = BlendedMegatronDatasetBuilder(GPTDataset, [8, 4, 0], lambda: True,
@@ -336,8 +337,8 @@ def test_the_tool_lists_every_problem(tmp_path, capsys):
 @pytest.mark.parametrize("flags,ok", [
     (["--vocab-size", "99"], True),
     (["--vocab-size", "98"], False),
-    (["--tokenizer-type", "NullTokenizer", "--vocab-size", "99"], True),
-    (["--tokenizer-type", "NullTokenizer", "--vocab-size", "98"], False),
+    (["--tokenizer-type", "NullTokenizer", "--vocab-size", "98"], True),  # EOD 98: 99 ids
+    (["--tokenizer-type", "NullTokenizer", "--vocab-size", "97"], False),
     (["--code-bits", "7"], True),
     (["--code-bits", "6"], False),
     (["--seq-length", "32", "--eval-iters", "0"], True),
@@ -366,3 +367,25 @@ def test_the_tool_starts_without_torch_or_megatron():
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
                          check=True).stdout
     assert out.strip() == "[]"
+
+
+# --- epochs of the train data -------------------------------------------------------------------
+
+def test_repeated_train_data_warns_or_refuses_with_the_epochs(cpu_dist, tmp_path, capsys):
+    big = make_dataset(tmp_path / "big", [20] * 300)  # 6,000 tokens
+    small = make_dataset(tmp_path / "small", [20] * 100)  # 2,000 tokens
+    blend = ([big, small], [3.0, 1.0])
+    check_train_epochs(blend, None, "100,0,0", 32, 100, None)  # 0.40 and 0.40 epochs
+    assert capsys.readouterr().err == ""
+    check_train_epochs(blend, None, "100,0,0", 32, 300, None)  # 1.20 and 1.20
+    err = capsys.readouterr().err
+    assert err.count("WARNING") == 2
+    assert f"{small}: its train split would be read 1.20 times by the 300 train samples" in err
+    with pytest.raises(SystemExit, match=r"1\.20 times .* more than --max-data-epochs 1;"):
+        check_train_epochs(blend, None, "100,0,0", 32, 300, 1.0)
+    check_train_epochs(blend, None, "100,0,0", 32, 300, 1.5)
+    assert train_epochs(None, [([small], None), None, None], None, 32, 125) == [(small, 2.0)]
+
+    with pytest.raises(SystemExit, match="more than --max-data-epochs 1"):  # training refuses
+        training_data("--data-path", small, "--split", "100,0,0", "--eval-iters", "0",
+                      "--train-iters", "100", "--max-data-epochs", "1")

@@ -219,7 +219,7 @@ def test_null_tokenizer_export_warns_and_has_no_tokenizer(ckpts, tmp_path, cpu_d
         convert_to_hf.main(["--load", ckpts["binary_pp2"], "--output", str(tmp_path / "hf")])
     assert not list(tmp_path.glob("hf/tokenizer*"))
     generation = json.loads((tmp_path / "hf/generation_config.json").read_text())
-    assert generation["eos_token_id"] == 511  # NullTokenizer's EOD: the last id
+    assert generation["eos_token_id"] == 511  # NullTokenizer's EOD: --vocab-size 511
 
 
 def test_bf16_export_is_bf16_and_validates(ckpts, tmp_path, cpu_dist):

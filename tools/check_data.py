@@ -27,7 +27,7 @@ from tqdm import tqdm
 from megatron_ext.data.files import write_json
 from megatron_ext.data.index_check import (SPLITS, IndexCheckError, read_index, split_problems,
                                            split_ranges, token_id_range)
-from megatron_ext.tokenizer import build_tokenizer
+from megatron_ext.tokenizer import TOKENIZER_TYPES, build_tokenizer
 
 
 def _split(text: str) -> str:
@@ -44,9 +44,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                         help="dataset prefixes, without .bin/.idx (as for --data-path)")
     group = parser.add_argument_group("token ids")
     group.add_argument("--vocab-size", type=int,
-                       help="token ids must be below this (NullTokenizer's vocabulary size)")
-    group.add_argument("--tokenizer-type",
-                       choices=("NullTokenizer", "SentencePieceTokenizer", "HuggingFaceTokenizer"),
+                       help="token ids must be below this; with --tokenizer-type NullTokenizer, "
+                            "below this + 1 (its EOD), as for training")
+    group.add_argument("--tokenizer-type", choices=TOKENIZER_TYPES,
                        help="token ids must be below this tokenizer's vocabulary size, as "
                             "for training")
     group.add_argument("--tokenizer-model",

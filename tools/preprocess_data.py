@@ -7,7 +7,8 @@ megatron.core's ``IndexedDatasetBuilder`` with the dtype Megatron-LM picks
 that does not grow with their size, stops at bad input naming file and line (or counts and skips
 it: ``--skip-bad-lines``), never leaves a partial dataset under the final names, and resumes an
 interrupted job (``--resume``) from its last complete part (see megatron_ext/data/parts.py).
-Inputs: see megatron_ext/data/readers.py. The tokenizer is the one training builds
+Inputs (JSONL, text, Parquet, ``datasets.save_to_disk`` folders): see
+megatron_ext/data/readers.py. The tokenizer is the one training builds
 (megatron_ext/tokenizer.py), so EOD and vocabulary size agree with training.
 
     python -m tools.preprocess_data --input 'corpus/*.jsonl.zst' --output-prefix data/corpus \\
@@ -34,8 +35,8 @@ from megatron_ext.data.files import file_fingerprint
 from megatron_ext.data.merge import merge_datasets, publish_dataset
 from megatron_ext.data.parts import WorkDir, dataset_prefix
 from megatron_ext.data.readers import (TEXT_DOCUMENT_MODES, describe_bad_input, expand_inputs,
-                                       is_jsonl, iter_batches)
-from megatron_ext.tokenizer import build_tokenizer
+                                       input_kind, iter_batches)
+from megatron_ext.tokenizer import TOKENIZER_TYPES, build_tokenizer
 
 
 @dataclasses.dataclass
@@ -65,10 +66,13 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     group = parser.add_argument_group("input data")
     group.add_argument("--input", nargs="+", required=True, metavar="FILE_OR_GLOB",
-                       help="input files or glob patterns (quoted): *.jsonl/*.json are JSONL, "
-                            "anything else plain text; each may end in .gz or .zst")
+                       help="input files, folders or glob patterns (quoted): *.jsonl/*.json are "
+                            "JSONL, *.parquet Parquet, anything else plain text (each may end in "
+                            ".gz or .zst); a folder is a datasets.save_to_disk folder or else "
+                            "every *.parquet under it (a Hugging Face dataset)")
     group.add_argument("--json-keys", nargs="+", default=["text"],
-                       help="JSON keys to extract, one dataset each (default: text)")
+                       help="JSON keys (Parquet/Arrow columns) to extract, one dataset each "
+                            "(default: text)")
     group.add_argument("--text-document", choices=TEXT_DOCUMENT_MODES, default="file",
                        help="plain-text inputs: one document per file (default), or per "
                             "non-blank line")
@@ -76,11 +80,13 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                        help="count and skip malformed JSON, missing keys, invalid UTF-8 and empty "
                             "documents instead of stopping at the first")
     group = parser.add_argument_group("tokenizer")
-    group.add_argument("--tokenizer-type", required=True,
-                       choices=("SentencePieceTokenizer", "HuggingFaceTokenizer"),
-                       help="as for training: megatron_ext/tokenizer.py")
-    group.add_argument("--tokenizer-model", required=True,
+    group.add_argument("--tokenizer-type", required=True, choices=TOKENIZER_TYPES,
+                       help="as in Megatron-LM and for training: megatron_ext/tokenizer.py")
+    group.add_argument("--tokenizer-model",
                        help="sentencepiece .model; or a tokenizer.json or Hugging Face folder")
+    group.add_argument("--vocab-size", type=int,
+                       help="NullTokenizer: ids 0 .. V-1 (the text is ids separated by spaces), "
+                            "EOD V")
     group.add_argument("--append-eod", action="store_true",
                        help="append the tokenizer's EOD token to the end of each document")
     group = parser.add_argument_group("output data")
@@ -151,7 +157,7 @@ def _encode_parts(args, paths: list[str], tokenizer, dtype, work: WorkDir,
         args.workers, initializer=init_worker, initargs=(tokenizer, args.json_keys, eod))
     progress = _Progress(paths, start_input)
     try:
-        batches = iter_batches(paths, args.text_document, start_input, after_line)
+        batches = iter_batches(paths, args.text_document, args.json_keys, start_input, after_line)
         for encoded in _in_order(pool, batches, window=2 * args.workers):
             if encoded.bad and not args.skip_bad_lines:
                 where = describe_bad_input(paths[encoded.input_index], *encoded.bad[0])
@@ -218,16 +224,16 @@ def main(argv: Optional[list[str]] = None) -> Summary:
                          "twice")
     paths = expand_inputs(args.input)
     for path in paths:
-        if not is_jsonl(path) and len(args.json_keys) > 1:
+        if input_kind(path) == "text" and len(args.json_keys) > 1:
             raise SystemExit(f"error: --json-keys: plain-text input {path} has one text; "
                              "give one key")
-    tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model)
+    tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model, args.vocab_size)
     dtype = DType.optimal_dtype(tokenizer.vocab_size)
 
     work = WorkDir(args.output_prefix)
-    settings = {"--tokenizer-type": args.tokenizer_type,
-                "--tokenizer-model": [os.path.abspath(args.tokenizer_model),
-                                      file_fingerprint(args.tokenizer_model)],
+    model = args.tokenizer_model
+    settings = {"--tokenizer-type": args.tokenizer_type, "--vocab-size": args.vocab_size,
+                "--tokenizer-model": model and [os.path.abspath(model), file_fingerprint(model)],
                 "--append-eod": args.append_eod, "--json-keys": args.json_keys,
                 "--text-document": args.text_document}
     inputs = [[os.path.abspath(path), file_fingerprint(path)] for path in paths]

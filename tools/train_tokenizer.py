@@ -9,7 +9,8 @@ back): sentencepiece with identity normalization, whitespace kept and byte fallb
 by construction. Their EOS token (``</s>``, ``<|endoftext|>``) serves as EOD.
 
 Inputs are read as tools/preprocess_data.py reads them (megatron_ext/data/readers.py): JSONL
-(``--json-keys``) or plain text, optionally compressed; sentencepiece trains on their lines.
+(``--json-keys``), Parquet, ``save_to_disk`` folders or plain text, optionally compressed;
+sentencepiece trains on their lines.
 
 Idempotent: when ``P.train.json`` records the same inputs (size, mtime) and options, nothing is
 trained. Atomic: training happens in a temporary folder whose results are renamed into place,
@@ -32,8 +33,8 @@ import sentencepiece
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from megatron_ext.data.files import file_fingerprint, fsync_path, publish, read_json, write_json
-from megatron_ext.data.readers import (BadInput, describe_bad_input, expand_inputs, is_jsonl,
-                                       iter_batches, parse_unit)
+from megatron_ext.data.readers import (BadInput, describe_bad_input, expand_inputs, iter_batches,
+                                       parse_unit)
 
 MODEL_TYPES = ("bpe", "unigram", "hf-bpe")
 HF_EOS = "<|endoftext|>"
@@ -50,7 +51,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     parser.add_argument("--input", nargs="+", required=True, metavar="FILE_OR_GLOB",
                         help="training files or glob patterns (quoted), as for preprocess_data")
     parser.add_argument("--json-keys", nargs="+", default=["text"],
-                        help="JSON keys to train on, for JSONL inputs (default: text)")
+                        help="JSON keys (table columns) to train on (default: text)")
     parser.add_argument("--model-type", choices=MODEL_TYPES, required=True,
                         help="sentencepiece bpe or unigram, or Hugging Face byte-level BPE")
     parser.add_argument("--vocab-size", type=int, required=True,
@@ -62,10 +63,10 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
 
 
 def _texts(paths: list[str], keys: list[str]) -> Iterator[str]:
-    for batch in iter_batches(paths, "file"):
+    for batch in iter_batches(paths, "file", keys):
         for line, raw in batch.units:
             try:
-                texts = parse_unit(raw, line, is_jsonl(batch.path), keys)
+                texts = parse_unit(raw, line, batch.kind, keys)
             except BadInput as e:
                 where = describe_bad_input(batch.path, e.line, e.kind, e.detail)
                 raise SystemExit(f"error: {where}") from None

@@ -16,8 +16,8 @@ from typing import Optional
 
 import numpy as np
 
-from megatron_ext.data.readers import Batch, BadInput, is_jsonl, parse_unit
-from megatron_ext.tokenizer import SentencePieceTokenizer
+from megatron_ext.data.readers import Batch, BadInput, parse_unit, unit_bytes
+from megatron_ext.tokenizer import HuggingFaceTokenizer, NullTokenizer, SentencePieceTokenizer
 
 
 @dataclasses.dataclass
@@ -57,7 +57,19 @@ def _encode_texts(tokenizer, texts: list[str]) -> list[list[int]]:
     """``[tokenizer.tokenize(text) for text in texts]``, in one call into the library."""
     if isinstance(tokenizer, SentencePieceTokenizer):
         return tokenizer.sp.encode(texts, num_threads=1)
-    return [e.ids for e in tokenizer.tok.encode_batch_fast(texts, add_special_tokens=False)]
+    if isinstance(tokenizer, HuggingFaceTokenizer):
+        return [e.ids for e in tokenizer.tok.encode_batch_fast(texts, add_special_tokens=False)]
+    return [tokenizer.tokenize(text) for text in texts]
+
+
+def _check_ids(tokenizer: NullTokenizer, parsed: dict[str, list[str]], line: int) -> None:
+    """NullTokenizer's texts must be ids separated by single spaces."""
+    for key, texts in parsed.items():
+        for text in texts:
+            try:
+                tokenizer.tokenize(text)
+            except ValueError as e:
+                raise BadInput(line, "not token ids", f"key {key!r}: {e}") from None
 
 
 def _encoded_key(documents: list[list[list[int]]]) -> EncodedKey:
@@ -71,13 +83,14 @@ def _encoded_key(documents: list[list[list[int]]]) -> EncodedKey:
 
 def encode_batch(batch: Batch) -> EncodedBatch:
     tokenizer, keys, eod = _worker_state
-    jsonl = is_jsonl(batch.path)
     lines, bad = [], []
     texts = {key: [] for key in keys}
     text_counts = {key: [] for key in keys}
     for line, raw in batch.units:
         try:
-            parsed = parse_unit(raw, line, jsonl, keys)
+            parsed = parse_unit(raw, line, batch.kind, keys)
+            if isinstance(tokenizer, NullTokenizer):
+                _check_ids(tokenizer, parsed, line)
         except BadInput as e:
             bad.append((e.line, e.kind, e.detail))
             continue
@@ -102,5 +115,6 @@ def encode_batch(batch: Batch) -> EncodedBatch:
 
     return EncodedBatch(
         input_index=batch.input_index, end_line=batch.end_line, disk_bytes=batch.disk_bytes,
-        text_bytes=sum(len(raw) for _, raw in batch.units), documents=len(documents[keys[0]]),
+        text_bytes=sum(unit_bytes(raw) for _, raw in batch.units),
+        documents=len(documents[keys[0]]),
         keys={key: _encoded_key(documents[key]) for key in keys}, bad=sorted(bad))

@@ -21,6 +21,7 @@ import itertools
 import os
 import re
 import struct
+import sys
 from typing import Callable, Optional
 
 import numpy as np
@@ -194,6 +195,43 @@ def split_problems(blend, blend_per_split, split: Optional[str], seq_length: int
                     f"({tokens:,} tokens), fewer than the --seq-length {seq_length} + 1 = "
                     f"{needed:,} tokens of one sample; {_REMEDY[name][ranges is None]}")
     return problems
+
+
+def train_epochs(blend, blend_per_split, split: Optional[str], seq_length: int,
+                 train_samples: int) -> list[tuple[str, float]]:
+    """``(prefix, epochs)`` per file of the train blend: how many times ``train_samples`` samples
+    read its train split, each file drawing its normalized blend weight of them (megatron.core's
+    margin of 0.5% aside) and each sample taking ``seq_length`` new tokens."""
+    prefixes, weights = blend_per_split[0] if blend_per_split else blend
+    weights = weights or [1.0] * len(prefixes)
+    epochs = []
+    for prefix, weight in zip(prefixes, weights):
+        index = read_index(prefix)
+        begin, end = ((0, index.sequences) if blend_per_split
+                      else split_ranges(split, index.sequences)[0] or (0, 0))
+        tokens = index.tokens(begin, end)
+        needed = weight / sum(weights) * train_samples * seq_length
+        epochs.append((prefix, needed / tokens if tokens else float("inf")))
+    return epochs
+
+
+def check_train_epochs(blend, blend_per_split, split: Optional[str], seq_length: int,
+                       train_samples: int, max_epochs: Optional[float]) -> None:
+    """Refuse (``SystemExit``) when a file's train split would be read more than ``max_epochs``
+    times; without a limit, warn on stderr when it would be read more than once."""
+    over = [(prefix, epochs) for prefix, epochs in
+            train_epochs(blend, blend_per_split, split, seq_length, train_samples)
+            if epochs > (max_epochs or 1.0)]
+    if not over:
+        return
+    lines = [f"{prefix}: its train split would be read {epochs:,.2f} times by the "
+             f"{train_samples:,} train samples of {seq_length} tokens" for prefix, epochs in over]
+    if max_epochs is not None:
+        raise SystemExit("\n".join(f"error: {line}, more than --max-data-epochs {max_epochs:g}; "
+                                    "give more data or fewer samples, or raise it"
+                                    for line in lines))
+    print("\n".join(f"WARNING: {line}: the data repeats (pass --max-data-epochs to refuse)"
+                    for line in lines), file=sys.stderr)
 
 
 def check_training_data(blend, blend_per_split, split: Optional[str], seq_length: int,

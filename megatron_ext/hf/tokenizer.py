@@ -60,6 +60,7 @@ def hf_tokenizer(tokenizer, model_max_length: int) -> Optional[PreTrainedTokeniz
                      split_special_tokens=True)
     else:
         backend, extra = _from_tokenizer_json(tokenizer.model_file), {}
+        backend.add_special_tokens(tokenizer.special_tokens)  # as training's tokenizer has
     return PreTrainedTokenizerFast(tokenizer_object=backend,
                                    eos_token=backend.id_to_token(tokenizer.eod),
                                    model_max_length=model_max_length, **extra)
