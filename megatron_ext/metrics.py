@@ -99,7 +99,8 @@ class MetricsLogger:
                                 + 12 * args.num_layers * args.hidden_size * args.seq_length)
         self.peak = None
         if args.device == "cuda":
-            name, precision = torch.cuda.get_device_name(), "FP8" if args.fp8_format else "bf16"
+            name = torch.cuda.get_device_name()
+            precision = "FP8" if args.fp8_format else "bf16/fp16"
             self.peak = peak_flops(name, bool(args.fp8_format))
             log(f"[fixedcode] MFU against the dense {precision} peak of {name}: "
                 f"{self.peak / 1e12:,.0f} TFLOP/s per GPU" if self.peak else
