@@ -229,3 +229,17 @@ def test_bad_inputs_are_named(tmp_path, probed_study):
     with pytest.raises(SystemExit, match="exceed model checkpoints's context of 32"):
         probe.main([str(study_dir / "binary/seed1/checkpoints"), "--data-path",
                     str(probed_study[0] / "heldout"), "--seq-length", "64", "--tokens", "640"])
+
+
+@pytest.mark.parametrize("probes, message", [
+    ({"colour": 1}, "unknown probes setting(s) ['colour']"),
+    ({}, "[probes] needs data_path (or [eval] data_path)"),
+    ({"data_path": "x", "sample": 0}, "probes: sample must be positive, got 0"),
+])
+def test_bad_probe_settings_are_refused(tmp_path, probes, message):
+    from megatron_ext.study import spec
+    recipe = tmp_path / "recipe.args"
+    recipe.write_text(" ".join(TINY_RUN) + " --train-iters 2\n")
+    with pytest.raises(SystemExit, match=re.escape(message)):
+        spec.build_study({"recipe": str(recipe), "arms": ["learned"], "seeds": [1],
+                          "probes": probes}, tmp_path)

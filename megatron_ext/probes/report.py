@@ -98,6 +98,7 @@ def plot(curves: list[dict], chance: dict, path: Path, title: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
     panels = [(m, t) for m, t in PANELS if any(m in c["values"] for c in curves)]
     columns = 3
     rows = -(-(len(panels) + 1) // columns)  # one more slot holds the legend
@@ -119,6 +120,9 @@ def plot(curves: list[dict], chance: dict, path: Path, title: str) -> None:
                 ax.fill_between(x, *zip(*band), color=colour, alpha=0.2)
         if chance.get(metric) is not None:
             legend.setdefault("chance", ax.axhline(chance[metric], color="grey", lw=1))
+        legend.setdefault("layer 0: the input (binary, gf2: the code itself)",
+                          ax.axvspan(-0.25, 0.25, color="grey", alpha=0.15, lw=0))
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_title(text, fontsize=9)
         ax.set_xlabel("layer (0 = input)")
         ax.grid(alpha=0.3)

@@ -65,17 +65,16 @@ class Targets:
             lookup = dict(zip(top.tolist(), range(len(top))))
             self.top[task] = top
             self.classes[task] = np.array([lookup.get(int(t), len(top)) for t in ids])
-        blocks, self.columns, start = [], {}, 0
-        for task, ids in bits.items():
-            blocks.append(2.0 * bits_of(torch.from_numpy(ids), NUM_BITS).double() - 1)
+        blocks = {task: 2.0 * bits_of(torch.from_numpy(ids), NUM_BITS).double() - 1
+                  for task, ids in bits.items()}
         for task in CLASS_TASKS:
-            k = len(self.top[task])
-            blocks.append(torch.nn.functional.one_hot(torch.from_numpy(self.classes[task]),
-                                                      k + 1).double())
-        for task, block in zip(BIT_TASKS + CLASS_TASKS, blocks):
+            blocks[task] = torch.nn.functional.one_hot(torch.from_numpy(self.classes[task]),
+                                                       len(self.top[task]) + 1).double()
+        self.columns, start = {}, 0
+        for task, block in blocks.items():
             self.columns[task] = slice(start, start + block.shape[1])
             start += block.shape[1]
-        self.matrix = torch.cat(blocks, dim=1)
+        self.matrix = torch.cat(list(blocks.values()), dim=1)
         train = torch.from_numpy(sample.train)
         self.varying = {task: (self.matrix[train, self.columns[task]].std(0) > 0)
                         for task in BIT_TASKS}

@@ -16,12 +16,12 @@ class ProbeSettings:
     ``ridge``: the ridge penalty, relative to the mean eigenvalue of the features' covariance;
     ``batch_size``: windows per forward pass."""
     data_path: Optional[str] = None
-    tokens: int = 32768
+    tokens: int = 16384
     sample: int = 8192
     top_k: int = 64
     ridge: float = 1e-3
     seed: int = 0
-    batch_size: int = 8
+    batch_size: int = 16
 
     def check(self) -> None:
         for name in ("tokens", "sample", "top_k", "batch_size"):

@@ -1,8 +1,8 @@
 """What a study is: a recipe (the flag file tools/submit.py reads), named arms, seeds, the
 control arm, how checkpoints are evaluated and, optionally, how the final ones are probed
-(``[probes]``, :class:`megatron_ext.probes.settings.ProbeSettings`). Read from a TOML study file and/or flags,
-checked once, and frozen into ``STUDY_DIR/definition.json`` by the first command, so that every
-later command (and the report) uses exactly the same definition.
+(``[probes]``, :class:`megatron_ext.probes.settings.ProbeSettings`). Read from a TOML study
+file and/or flags, checked once, and frozen into ``STUDY_DIR/definition.json`` by the first
+command, so that every later command (and the report) uses exactly the same definition.
 
 An arm is ``[NAME:]INTERFACE[@--flag=value[@--flag ...]]``: ``binary``,
 ``gf2@--code-seed=7``, ``small:binary@--code-scale=0.02``. Its name (default: the whole
