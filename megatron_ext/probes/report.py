@@ -17,7 +17,8 @@ COLUMNS = (("id_bits", "id bits (sel.)"), ("id_topk", "id top-K"),
            ("prev_bits", "prev bits (sel.)"), ("prev_topk", "prev top-K"),
            ("lens_loss", "lens loss"), ("lens_acc", "lens acc"),
            ("readout_loss", "read-out loss"), ("readout_acc", "read-out acc"))
-TRANSFER = ("id_bits", "id_topk", "prev_bits", "prev_topk")
+TRANSFER = (("id_bits", "id bits"), ("id_topk", "id top-K"), ("prev_bits", "prev bits"),
+            ("prev_topk", "prev top-K"))
 PANELS = (("id_bits", "current token: id bits accuracy"),
           ("id_topk", "current token: top-K accuracy"),
           ("prev_bits", "previous token: id bits accuracy"),
@@ -72,13 +73,13 @@ def markdown(result: dict) -> str:
               + "; ".join(f"{note} ({', '.join(sorted(set(n)))})" for note, n in notes.items())
               + ".", "",
               "Position transfer: probes fitted on positions < S/2, scored on positions ≥ S/2.",
-              "", "| model | layer | " + " | ".join(TRANSFER) + " |",
+              "", "| model | layer | " + " | ".join(t for _, t in TRANSFER) + " |",
               "|---|---|" + "---:|" * len(TRANSFER)]
     for name, entry in result["models"].items():
         for init, suffix in INITS:
             for row in entry[init]:
                 lines.append(f"| {name}{suffix} | {_layer(row)} | " + " | ".join(
-                    _num(row[f"{t}_position_transfer"]) for t in TRANSFER) + " |")
+                    _num(row[f"{t}_position_transfer"]) for t, _ in TRANSFER) + " |")
     if result["cka"]:
         layers = max(len(p["trained"]) for p in result["cka"])
         lines += ["", "Linear CKA on the scoring tokens (random initialisations in brackets).",

@@ -202,7 +202,7 @@ def _probe_layer(model, states, layer, targets: Targets, penalty, train, score, 
 def _memory(models: Sequence[ModelInfo], sample: Sample, scored: int, cka: bool) -> str:
     mib = lambda rows, m: rows * (m.num_layers + 1) * m.hidden_size * 4 / 2 ** 20  # noqa: E731
     biggest = max(models, key=lambda m: (m.num_layers + 1) * m.hidden_size)
-    text = (f"hidden states kept: {len(sample):,} sampled tokens x (layers + 1) x hidden fp32 "
+    text = (f"Hidden states kept: {len(sample):,} sampled tokens x (layers + 1) x hidden fp32 "
             f"for the model being probed (at most {mib(len(sample), biggest):,.1f} MiB)")
     if cka:
         text += (f", plus the {scored:,} scoring tokens of every model for CKA "
