@@ -41,6 +41,7 @@ class ModelInfo:
     vocab_size: int    # ids the model reads and predicts (the padded vocabulary)
     context: int       # the training sequence length, else max_position_embeddings
     tokenizer: Optional[dict]  # {"name", "probe_ids"}; None: the model reads ids only
+    seed: Optional[int]  # the training --seed (checkpoints): draws the random initialisation
     load: Callable[[], torch.nn.Module] = dataclasses.field(repr=False, compare=False)
 
     def to_json(self) -> dict:
@@ -77,7 +78,7 @@ def _describe_export(path: str, name: str) -> ModelInfo:
     return ModelInfo(name=name, source=path, arm=code["scheme"] if code else "learned",
                      num_layers=config.num_hidden_layers, hidden_size=config.hidden_size,
                      vocab_size=config.vocab_size, context=config.max_position_embeddings,
-                     tokenizer=tokenizer, load=lambda: load_hf(path))
+                     tokenizer=tokenizer, seed=None, load=lambda: load_hf(path))
 
 
 def _describe_checkpoint(path: str, name: str, iteration: Optional[int]) -> ModelInfo:
@@ -108,7 +109,7 @@ def _describe_checkpoint(path: str, name: str, iteration: Optional[int]) -> Mode
     return ModelInfo(name=name, source=f"{path} iteration {saved}", arm=train.input_interface,
                      num_layers=train.num_layers, hidden_size=train.hidden_size,
                      vocab_size=train.padded_vocab_size, context=train.seq_length,
-                     tokenizer=described, load=load)
+                     tokenizer=described, seed=train.seed, load=load)
 
 
 def difference(a: ModelInfo, b: ModelInfo) -> Optional[str]:

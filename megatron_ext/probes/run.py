@@ -14,7 +14,8 @@ probe fitted on the training windows' sampled tokens and scored on the other win
   tokens; refused for models whose token ids mean different text (:func:`models.difference`).
 
 Controls, computed with every score: the same probes on a randomly initialised model of the
-same arm and shape (:func:`models.random_twin`); control tasks (Hewitt & Liang 2019): each
+same arm and shape (:func:`models.random_twin`, drawn from a checkpoint's training seed,
+else from the probes' seed); control tasks (Hewitt & Liang 2019): each
 token type gets the 16 bits of another type's id (a fixed random permutation of the types
 in the sample), and ``selectivity`` = bit accuracy - control accuracy; position transfer:
 the probes fitted on positions < S/2 and scored on positions >= S/2. The ``top_k``
@@ -128,7 +129,8 @@ def run_probes(models: Sequence[ModelInfo], windows: np.ndarray, settings: Probe
         trained = info.load()
         entry = {"info": info.to_json()}
         for init in ("trained", "random_init"):
-            model = trained if init == "trained" else random_twin(trained, settings.seed)
+            model = trained if init == "trained" else random_twin(
+                trained, settings.seed if info.seed is None else info.seed)
             progress(f"[probes] {info.name} ({init.replace('_', ' ')}): hidden states of "
                      f"{len(sample):,} tokens x {info.num_layers + 1} layers")
             states = hidden_states(model, windows, sample, settings.batch_size, device)
