@@ -4,7 +4,7 @@ intervals across seeds and differences against the control.
     python tools/study.py run STUDY_DIR --study examples/cpu_study/study.toml
     python tools/study.py run STUDY_DIR --recipe R.args --arms learned,binary,gf2 \\
         --seeds 1,2,3 --eval-data-path data/valid_text_document [--launcher slurm ...]
-    python tools/study.py eval STUDY_DIR      # evaluate new checkpoints, then report
+    python tools/study.py eval STUDY_DIR      # evaluate new checkpoints (and probe), then report
     python tools/study.py report STUDY_DIR    # STUDY.md, study.json, figures
 
 ``run`` fixes the study's definition in STUDY_DIR/definition.json on first use. With
@@ -45,7 +45,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> tuple[argparse.ArgumentParser,
     run.add_argument("study_dir", type=Path, help="the study's folder")
     d = run.add_argument_group("the study (first run only; later runs reuse definition.json)")
     d.add_argument("--study", help="a TOML study file (keys: recipe, arms, seeds, control, "
-                                   "[eval]); the flags below override its keys")
+                                   "[eval], [probes]); the flags below override its keys")
     d.add_argument("--recipe", help="file of pretrain_fixedcode.py flags shared by all runs")
     d.add_argument("--arms", help="comma-separated [NAME:]INTERFACE[@--flag=value...], e.g. "
                                   "learned,binary,small:binary@--code-scale=0.02")
@@ -186,9 +186,13 @@ def export_hf(load: Path, iteration: int, output: str) -> None:
 
 def evaluate_and_report(study: spec.Study, study_dir: Path) -> dict:
     from megatron_ext.study.evaluation import evaluate_study
-    counts = evaluate_study(study, study_dir, export_hf,
-                            progress=lambda msg: print(msg, flush=True))
+    progress = lambda msg: print(msg, flush=True)  # noqa: E731
+    counts = evaluate_study(study, study_dir, export_hf, progress=progress)
     print(f"[study] evaluated {counts['evaluated']} checkpoints ({counts['cached']} cached)")
+    if study.probes:
+        from megatron_ext.study.probing import probe_study
+        counts = probe_study(study, study_dir, progress=progress)
+        print(f"[study] probed {counts['probed']} final checkpoints ({counts['cached']} cached)")
     return report(study, study_dir)
 
 

@@ -141,17 +141,25 @@ def hf_config(args: argparse.Namespace, fixed_code: Optional[dict], dtype: torch
                                 architectures=["FixedCodeLlamaForCausalLM"], **shape)
 
 
+def build_hf_model(config: LlamaConfig, state: dict, device: str = "meta") -> LlamaForCausalLM:
+    """The HF model of ``config`` holding ``state`` (its tensors, not copies), in eval mode,
+    built on ``meta`` (to be saved: no weight is allocated twice, but non-persistent buffers
+    such as RoPE's frequencies stay unmaterialised) or on ``cpu`` (to be run)."""
+    cls = FixedCodeLlamaForCausalLM if isinstance(config, FixedCodeLlamaConfig) \
+        else LlamaForCausalLM
+    with torch.device(device):
+        model = cls(config)
+    model.load_state_dict(state, strict=True, assign=True)
+    return model.eval()
+
+
 def save_hf_model(config: LlamaConfig, state: dict, output: str) -> None:
     """Write ``config.json``, safetensors and ``generation_config.json`` (EOD ends and pads a
     generation), plus the custom code files for binary/gf2."""
-    cls = LlamaForCausalLM
     if isinstance(config, FixedCodeLlamaConfig):
-        cls = FixedCodeLlamaForCausalLM
         FixedCodeLlamaConfig.register_for_auto_class()
         FixedCodeLlamaForCausalLM.register_for_auto_class("AutoModelForCausalLM")
-    with torch.device("meta"):  # weights are assigned, not allocated twice
-        model = cls(config)
-    model.load_state_dict(state, strict=True, assign=True)
+    model = build_hf_model(config, state)
     model.generation_config = GenerationConfig(eos_token_id=config.eos_token_id,
                                                pad_token_id=config.eos_token_id)
     model.save_pretrained(output)

@@ -5,7 +5,8 @@ Per arm and evaluated iteration: the mean across seeds with a 95% Student-t inte
 (unavailable with one seed). At the final iteration (the last one every run has evaluated):
 each arm against the control, paired by seed (t interval of the per-seed differences), and
 for downstream tasks also a paired bootstrap over items (each item's score averaged over the
-seeds both arms have). Every row carries the tokens seen and the steps skipped.
+seeds both arms have). Every row carries the tokens seen and the steps skipped. With
+``[probes]``, the probes of the final checkpoints per layer (:mod:`.probing`).
 """
 
 from __future__ import annotations
@@ -289,7 +290,15 @@ def write_report(study: Study, study_dir: Path) -> dict:
             _plot_curves(study, summary, list(study.eval.tasks), study_dir / "downstream.png")
         if summary["differences"]:
             _plot_differences(study, summary, names, study_dir / "differences.png")
-    _write(study_dir / "STUDY.md", markdown(study, study_dir, summary, generated))
+    text = markdown(study, study_dir, summary, generated)
+    if study.probes and summary["final_iteration"] is not None:
+        from . import probing
+        summary["probes"] = probing.summarise(study, study_dir, summary["final_iteration"])
+        if summary["probes"]:
+            probing.plot(summary["probes"], study_dir / "probes.png")
+            text += "\n" + probing.markdown(study, summary["probes"],
+                                            summary["final_iteration"])
+    _write(study_dir / "STUDY.md", text)
     _write(study_dir / "study.json", json.dumps(
         {"study": study.to_json(), "generated": generated, **summary}, indent=1) + "\n")
     return summary

@@ -1,7 +1,8 @@
 """What a study is: a recipe (the flag file tools/submit.py reads), named arms, seeds, the
-control arm and how checkpoints are evaluated. Read from a TOML study file and/or flags,
-checked once, and frozen into ``STUDY_DIR/definition.json`` by the first command, so that every
-later command (and the report) uses exactly the same definition.
+control arm, how checkpoints are evaluated and, optionally, how the final ones are probed
+(``[probes]``, :class:`megatron_ext.probes.settings.ProbeSettings`). Read from a TOML study
+file and/or flags, checked once, and frozen into ``STUDY_DIR/definition.json`` by the first
+command, so that every later command (and the report) uses exactly the same definition.
 
 An arm is ``[NAME:]INTERFACE[@--flag=value[@--flag ...]]``: ``binary``,
 ``gf2@--code-seed=7``, ``small:binary@--code-scale=0.02``. Its name (default: the whole
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Optional
 
 from megatron_ext import recipes
+from megatron_ext.probes.settings import ProbeSettings
 
 # Set by the study for every run; an arm or recipe that sets them is refused.
 PER_RUN_FLAGS = ("--input-interface", "--seed", "--save", "--load", "--tensorboard-dir",
@@ -60,6 +62,7 @@ class Study:
     seeds: tuple[int, ...]
     control: str
     eval: EvalSettings
+    probes: Optional[ProbeSettings] = None
 
     def runs(self):
         """``(arm, seed)`` of every run, arm-major."""
@@ -77,7 +80,8 @@ class Study:
                    arms=tuple(Arm(a["name"], a["interface"], tuple(a["flags"]))
                               for a in d["arms"]),
                    seeds=tuple(d["seeds"]), control=d["control"],
-                   eval=EvalSettings(**{**d["eval"], "tasks": tuple(d["eval"]["tasks"])}))
+                   eval=EvalSettings(**{**d["eval"], "tasks": tuple(d["eval"]["tasks"])}),
+                   probes=ProbeSettings(**d["probes"]) if d.get("probes") else None)
 
 
 def run_dir(study_dir: Path, arm: Arm, seed: int) -> Path:
@@ -121,12 +125,14 @@ def _input_interfaces() -> tuple[str, ...]:
 def build_study(fields: dict, base: Path) -> Study:
     """A study from ``fields`` (a study file's keys, or flags): ``recipe``, ``overrides``
     (flags appended to the recipe's, e.g. a smaller ``--train-samples``), ``arms``,
-    ``seeds``, ``control``, ``eval`` (a dict of :class:`EvalSettings` fields). Relative
+    ``seeds``, ``control``, ``eval`` (a dict of :class:`EvalSettings` fields), ``probes`` (a
+    dict of :class:`ProbeSettings` fields; ``data_path`` defaults to the eval's). Relative
     paths are taken from ``base`` (the study file's folder, or the working directory)."""
-    unknown = set(fields) - {"recipe", "overrides", "arms", "seeds", "control", "eval"}
+    unknown = set(fields) - {"recipe", "overrides", "arms", "seeds", "control", "eval",
+                             "probes"}
     if unknown:
         raise SystemExit(f"error: unknown study key(s) {sorted(unknown)}; expected recipe, "
-                         f"overrides, arms, seeds, control, eval")
+                         f"overrides, arms, seeds, control, eval, probes")
     for key in ("recipe", "arms", "seeds"):
         if not fields.get(key):
             raise SystemExit(f"error: the study needs {key} (a study file key or --{key})")
@@ -154,6 +160,7 @@ def build_study(fields: dict, base: Path) -> Study:
     if evaluation["tasks"] and not evaluation.get("data_dir"):
         raise SystemExit("error: downstream tasks need eval data_dir (--data-dir), the folder "
                          "of <task>.jsonl files")
+    probes = _probe_settings(fields.get("probes"), base, evaluation.get("data_path"))
     recipe_path = str((base / fields["recipe"]).resolve())
     overrides = [str(f) for f in fields.get("overrides") or ()]
     for token in overrides:
@@ -162,9 +169,27 @@ def build_study(fields: dict, base: Path) -> Study:
                              f"sets for every run")
     study = Study(recipe_path=recipe_path,
                   recipe=tuple(read_recipe(recipe_path) + overrides), arms=arms,
-                  seeds=seeds, control=control, eval=EvalSettings(**evaluation))
+                  seeds=seeds, control=control, eval=EvalSettings(**evaluation),
+                  probes=probes)
     _check_flags(study)
     return study
+
+
+def _probe_settings(fields: Optional[dict], base: Path, eval_data: Optional[str]
+                    ) -> Optional[ProbeSettings]:
+    if fields is None:
+        return None
+    bad = set(fields) - {f.name for f in dataclasses.fields(ProbeSettings)}
+    if bad:
+        raise SystemExit(f"error: unknown probes setting(s) {sorted(bad)}")
+    data_path = fields.get("data_path")
+    data_path = str((base / data_path).resolve()) if data_path else eval_data
+    if not data_path:
+        raise SystemExit("error: [probes] needs data_path (or [eval] data_path): the held-out "
+                         "tokens the probes read")
+    settings = ProbeSettings(**{**fields, "data_path": data_path})
+    settings.check()
+    return settings
 
 
 def _check_flags(study: Study) -> None:

@@ -1,0 +1,10 @@
+"""Probes: what the layers above an immutable input represent, per layer and per arm.
+
+``models``: the probed models (Hugging Face exports, or training checkpoints converted on the
+fly), what makes two of them comparable, their randomly initialised twins. ``collect``: the
+fixed token sample and the residual stream at every layer, streamed and sub-sampled.
+``fit``: closed-form ridge probes, the logit lens and linear CKA. ``run``: every probe and
+control of one or more models (:func:`~megatron_ext.probes.run.run_probes`). ``report``:
+``probes.json``, the markdown tables and the figures. ``settings``: the knobs. The command
+line is tools/probe.py; see docs/probes.md.
+"""

@@ -1,0 +1,141 @@
+"""The models a probe run reads, as Hugging Face causal LMs in fp32.
+
+A model is a Hugging Face export (a folder with ``config.json``, tools/convert_to_hf.py's
+output) or a training checkpoint (a ``--save`` folder), which is **converted on the fly**:
+read into one CPU GPTModel (:mod:`megatron_ext.hf.megatron_checkpoint`, any TP/PP) and
+mapped to the same Llama as the export (:mod:`megatron_ext.hf.convert`, whose logits match
+Megatron's to 1e-4). One code path then reads every model: the residual stream is the
+output of each ``model.model.layers[i]`` (and of ``embed_tokens``, the input to layer 0),
+and the logit lens applies ``model.model.norm`` and ``lm_head``. Reading Megatron's layers
+directly would need a second path ([s, b, h] layout, its own norm and head calls) for no
+gain; the conversion holds the model twice only while it is built.
+
+:func:`describe` reads what is cheap (shape, arm, vocabulary, tokenizer) so that models can
+be checked against each other before any weights load; ``ModelInfo.load()`` loads them.
+Two models are comparable (the same token ids mean the same text to both) when their
+vocabularies have the same size and their tokenizers encode the same probe texts to the
+same ids (:data:`megatron_ext.hf.parity.PROBE_TEXTS`, the export's own tokenizer check).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+
+from megatron_ext.hf.parity import PROBE_TEXTS
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+@dataclasses.dataclass
+class ModelInfo:
+    name: str
+    source: str        # the folder (and iteration)
+    arm: str           # learned | binary | gf2
+    num_layers: int
+    hidden_size: int
+    vocab_size: int    # ids the model reads and predicts (the padded vocabulary)
+    context: int       # the training sequence length, else max_position_embeddings
+    tokenizer: Optional[dict]  # {"name", "probe_ids"}; None: the model reads ids only
+    seed: Optional[int]  # the training --seed (checkpoints): draws the random initialisation
+    load: Callable[[], torch.nn.Module] = dataclasses.field(repr=False, compare=False)
+
+    def to_json(self) -> dict:
+        return {k: v for k, v in dataclasses.asdict(self).items() if k != "load"}
+
+
+def describe(path: str, name: Optional[str] = None, iteration: Optional[int] = None
+             ) -> ModelInfo:
+    """The model at ``path``: a Hugging Face export or a training checkpoint (``iteration``,
+    default its latest). ``name`` defaults to the folder's name."""
+    name = name or Path(path).resolve().name
+    if os.path.isfile(os.path.join(path, "config.json")):
+        if iteration is not None:
+            raise SystemExit(f"error: {path} is a Hugging Face export; an iteration applies "
+                             f"to training checkpoints only")
+        return _describe_export(path, name)
+    if not os.path.isdir(path):
+        raise SystemExit(f"error: model {path}: no such folder (a Hugging Face export or a "
+                         f"training checkpoint's --save folder)")
+    return _describe_checkpoint(path, name, iteration)
+
+
+def _describe_export(path: str, name: str) -> ModelInfo:
+    from transformers import AutoConfig
+
+    from megatron_ext.hf.parity import load_hf, load_tokenizer
+    config = AutoConfig.from_pretrained(path, trust_remote_code=True)
+    code = getattr(config, "fixed_code", None)
+    tokenizer = None
+    if any(os.path.isfile(os.path.join(path, f)) for f in TOKENIZER_FILES):
+        hf = load_tokenizer(path)
+        tokenizer = {"name": f"the tokenizer of {path}",
+                     "probe_ids": [hf(text)["input_ids"] for text in PROBE_TEXTS]}
+    return ModelInfo(name=name, source=path, arm=code["scheme"] if code else "learned",
+                     num_layers=config.num_hidden_layers, hidden_size=config.hidden_size,
+                     vocab_size=config.vocab_size, context=config.max_position_embeddings,
+                     tokenizer=tokenizer, seed=None, load=lambda: load_hf(path))
+
+
+def _describe_checkpoint(path: str, name: str, iteration: Optional[int]) -> ModelInfo:
+    from megatron_ext.hf.convert import check_mappable
+    from megatron_ext.hf.megatron_checkpoint import read_checkpoint
+    from megatron_ext.tokenizer import NullTokenizer, build_tokenizer
+    ckpt, train, fixed_code, saved = read_checkpoint(path, iteration)
+    check_mappable(train, fixed_code, ckpt)
+    if train.tokenizer_type != "NullTokenizer" and not os.path.exists(train.tokenizer_model):
+        raise SystemExit(f"error: {ckpt}: its tokenizer {train.tokenizer_model} does not exist "
+                         f"here; export it with tools/convert_to_hf.py --tokenizer-model and "
+                         f"probe the export")
+    tokenizer = build_tokenizer(train.tokenizer_type, train.tokenizer_model, train.vocab_size)
+    described = None
+    if not isinstance(tokenizer, NullTokenizer):
+        described = {"name": f"{train.tokenizer_type} {tokenizer.model_file}",
+                     "probe_ids": [tokenizer.tokenize(text) for text in PROBE_TEXTS]}
+
+    def load() -> torch.nn.Module:
+        from megatron_ext.hf.convert import build_hf_model, hf_config, hf_state_dict
+        from megatron_ext.hf.megatron_checkpoint import load_model
+        from megatron_ext.initialize import initialize_distributed
+        initialize_distributed("cpu")
+        state = load_model(ckpt, train, fixed_code).state_dict()
+        return build_hf_model(hf_config(train, fixed_code, torch.float32, tokenizer.eod),
+                              hf_state_dict(state, train, torch.float32), device="cpu")
+
+    return ModelInfo(name=name, source=f"{path} iteration {saved}", arm=train.input_interface,
+                     num_layers=train.num_layers, hidden_size=train.hidden_size,
+                     vocab_size=train.padded_vocab_size, context=train.seq_length,
+                     tokenizer=described, seed=train.seed, load=load)
+
+
+def difference(a: ModelInfo, b: ModelInfo) -> Optional[str]:
+    """Why the same token ids do not mean the same text to ``a`` and ``b``, or None."""
+    if a.vocab_size != b.vocab_size:
+        return (f"vocabulary: {a.name} has {a.vocab_size:,} ids, {b.name} "
+                f"{b.vocab_size:,}")
+    if (a.tokenizer is None) != (b.tokenizer is None):
+        with_ids_only = a if a.tokenizer is None else b
+        other = b if a.tokenizer is None else a
+        return (f"tokenizer: {with_ids_only.name} has none (it reads token ids), {other.name} "
+                f"has {other.tokenizer['name']}")
+    if a.tokenizer is not None:
+        for text, x, y in zip(PROBE_TEXTS, a.tokenizer["probe_ids"],
+                              b.tokenizer["probe_ids"]):
+            if x != y:
+                return (f"tokenizer: {a.name} ({a.tokenizer['name']}) encodes {text!r} as "
+                        f"{x[:8]}..., {b.name} ({b.tokenizer['name']}) as {y[:8]}...")
+    return None
+
+
+def random_twin(model: torch.nn.Module, seed: int) -> torch.nn.Module:
+    """A randomly initialised model of the same arm and shape (the same config, the same
+    fixed code), drawn from ``seed`` by Hugging Face's initialisation: normal weights of std
+    ``initializer_range`` (the training ``--init-method-std``), unit norms. Megatron's own
+    initialisation differs only in scaling the two output projections of each layer by
+    1/sqrt(2·layers)."""
+    torch.manual_seed(seed)
+    return type(model)(model.config).eval()

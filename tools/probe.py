@@ -1,0 +1,131 @@
+"""Probe what each layer of one or more models represents, with controls (docs/probes.md).
+
+    python tools/probe.py learned=demo/checkpoints/learned binary=demo/checkpoints/binary \\
+        gf2=demo/checkpoints/gf2 --data-path demo/data/valid_text_document --output probes
+
+A model is ``[NAME=]PATH``: a Hugging Face export (tools/convert_to_hf.py) or a training
+checkpoint's ``--save`` folder (its latest save, converted on the fly). The held-out text is
+an indexed dataset (``--data-path``, its first ``--tokens`` tokens, as a study's held-out
+set) or a JSONL file (``--jsonl``) encoded with ``--tokenizer-type``/``--tokenizer-model``,
+each document followed by the end-of-document token. Writes ``probes.json``, ``probes.md``
+and ``probes.png`` into ``--output`` and prints the tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from megatron_ext.probes.settings import ProbeSettings  # noqa: E402
+
+DEFAULTS = ProbeSettings()
+
+
+def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
+    parser.add_argument("models", nargs="+", metavar="[NAME=]PATH",
+                        help="a Hugging Face export or a training checkpoint folder; NAME "
+                             "defaults to the folder's name")
+    data = parser.add_argument_group("held-out text (one of)")
+    data.add_argument("--data-path", help="indexed dataset prefix (PREFIX.bin/.idx)")
+    data.add_argument("--jsonl", help="JSONL file (.gz/.zst too), one document per line")
+    data.add_argument("--json-key", default="text", help="the JSONL text key (default text)")
+    data.add_argument("--tokenizer-type", default="SentencePieceTokenizer",
+                      choices=["SentencePieceTokenizer", "HuggingFaceTokenizer"],
+                      help="--jsonl: the tokenizer's type (default SentencePieceTokenizer)")
+    data.add_argument("--tokenizer-model",
+                      help="--jsonl: the tokenizer file that encodes the text")
+    probe = parser.add_argument_group("probes")
+    probe.add_argument("--tokens", type=int, default=DEFAULTS.tokens,
+                       help=f"held-out tokens read (default {DEFAULTS.tokens})")
+    probe.add_argument("--seq-length", type=int,
+                       help="window length (default: the shortest training sequence length "
+                            "of the models)")
+    probe.add_argument("--sample", type=int, default=DEFAULTS.sample,
+                       help=f"token positions whose hidden states are kept (default "
+                            f"{DEFAULTS.sample}); memory grows with it")
+    probe.add_argument("--top-k", type=int, default=DEFAULTS.top_k,
+                       help=f"classes of the token classifiers (default {DEFAULTS.top_k})")
+    probe.add_argument("--ridge", type=float, default=DEFAULTS.ridge,
+                       help=f"ridge penalty relative to the mean feature variance (default "
+                            f"{DEFAULTS.ridge})")
+    probe.add_argument("--seed", type=int, default=DEFAULTS.seed,
+                       help="the sample, the split, the control task and the random "
+                            "initialisations (default 0)")
+    probe.add_argument("--batch-size", type=int, default=DEFAULTS.batch_size,
+                       help=f"windows per forward pass (default {DEFAULTS.batch_size})")
+    probe.add_argument("--no-cka", action="store_true",
+                       help="skip CKA across models (needed for models whose vocabularies "
+                            "or tokenizers differ)")
+    probe.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    parser.add_argument("--output", type=Path, default=Path("probes"),
+                        help="output folder (default probes/)")
+    args = parser.parse_args(argv)
+    if (args.data_path is None) == (args.jsonl is None):
+        parser.error("give the held-out text as one of --data-path or --jsonl")
+    if args.jsonl and not args.tokenizer_model:
+        parser.error("--jsonl needs --tokenizer-model (the tokenizer that encodes the text)")
+    return args
+
+
+def jsonl_documents(path: str, key: str, tokenizer):
+    """Token arrays of the JSONL documents, each ending with the end-of-document token."""
+    from megatron_ext.data.readers import BadInput, describe_bad_input, iter_batches, \
+        parse_unit
+    for batch in iter_batches([path], "line"):
+        for line, raw in batch.units:
+            try:
+                texts = parse_unit(raw, line, True, [key])[key]
+            except BadInput as e:
+                where = describe_bad_input(path, e.line, e.kind, e.detail)
+                raise SystemExit(f"error: --jsonl {where}") from e
+            ids = [i for text in texts for i in tokenizer.tokenize(text)] + [tokenizer.eod]
+            yield np.asarray(ids, dtype=np.int64)
+
+
+def held_out(args: argparse.Namespace, seq_length: int) -> tuple[np.ndarray, str]:
+    """The windows and a description of where they come from."""
+    from megatron_ext.study.evaluation import cut_windows, held_out_tokens
+    if args.data_path:
+        return held_out_tokens(args.data_path, args.tokens, seq_length), \
+            f"the first {args.tokens:,} tokens of {args.data_path}"
+    from megatron_ext.tokenizer import build_tokenizer
+    tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model)
+    documents = jsonl_documents(args.jsonl, args.json_key, tokenizer)
+    windows = cut_windows(documents, args.tokens, seq_length, f"--jsonl {args.jsonl}",
+                          "--tokens")
+    return windows, f"the first {args.tokens:,} tokens of {args.jsonl} ({args.tokenizer_model})"
+
+
+def main(argv: Optional[Sequence[str]] = None) -> dict:
+    args = parse_args(argv)
+    from megatron_ext.probes import report
+    from megatron_ext.probes.models import describe
+    from megatron_ext.probes.run import run_probes
+    infos = []
+    for spec in args.models:
+        name, sep, path = spec.partition("=")
+        infos.append(describe(path, name) if sep else describe(spec))
+    seq_length = args.seq_length or min(i.context for i in infos)
+    windows, source = held_out(args, seq_length)
+    settings = ProbeSettings(data_path=args.data_path, tokens=args.tokens, sample=args.sample,
+                             top_k=args.top_k, ridge=args.ridge, seed=args.seed,
+                             batch_size=args.batch_size)
+    result = run_probes(infos, windows, settings, source, device=args.device,
+                        cka=not args.no_cka, progress=lambda m: print(m, flush=True))
+    text = report.write(result, args.output)
+    print(text)
+    print(f"[probes] {result['seconds']:.1f} s; wrote {args.output / 'probes.json'}, "
+          f"probes.md and probes.png")
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
