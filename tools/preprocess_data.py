@@ -26,6 +26,7 @@ import sys
 import time
 from typing import Iterator, Optional
 
+import megatron_ext  # noqa: F401  (first: its warning filters must precede megatron.core)
 from megatron.core.datasets.indexed_dataset import DType
 from tqdm import tqdm
 
