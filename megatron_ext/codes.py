@@ -18,8 +18,8 @@ vocabulary and h the model width:
 * values: bit 1 becomes ``scale`` and bit 0 ``-scale`` (``pm1``, default), or 1 -> ``scale``
   and 0 -> ``0`` (``01``).
 
-Every random part (A, b; table; the A_r, b_r) is drawn once from ``seed`` by :meth:`FixedCode.create`
-and then **stored** (checkpoints, exported configs): a saved model never depends on redrawing it.
+Every random part (A, b; table; the A_r, b_r) is drawn once from ``seed`` by
+:meth:`FixedCode.create` and then **stored** (checkpoints, exported configs): a saved model never depends on redrawing it.
 """
 
 from __future__ import annotations
@@ -186,7 +186,8 @@ class FixedCode:
             self._check_table()
 
     def _affine(self, what: str, needed: bool, A, b, shape: tuple) -> tuple:
-        """Validated ``(A, b)`` as uint8 when ``needed`` (every A invertible), else ``(None, None)``."""
+        """Validated ``(A, b)`` as uint8 when ``needed`` (every A invertible), else
+        ``(None, None)``."""
         if not needed:
             if A is not None or b is not None:
                 raise ValueError(f"only a {what} code has the matrices and vectors of {what}")
@@ -311,7 +312,8 @@ class FixedCode:
     def row_affine(self, hidden_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Every tiled code is affine over GF(2) in ``bits(x)``: ``row = M·bits(x) ⊕ o``.
         Returns ``(M [hidden_size, n], o [hidden_size])`` (int64 0/1), read off the definition
-        at ``x = 0`` (``o``) and ``x = 2^k`` (column k of M, XOR o). The kernels compute this form."""
+        at ``x = 0`` (``o``) and ``x = 2^k`` (column k of M, XOR o). The kernels compute this
+        form."""
         x = torch.cat([torch.zeros(1, dtype=torch.int64, device="cpu"),
                        1 << torch.arange(self.num_bits, dtype=torch.int64, device="cpu")])
         rows = self.row_bits_of_input(x, hidden_size)

@@ -24,8 +24,9 @@ CPU_CHUNK_BYTES = 1 << 20  # output written per step on CPU: stays in cache whil
 
 
 def lookup_tables(code: FixedCode, hidden_size: int) -> torch.Tensor:
-    """``[⌈n/8⌉, 256, W]`` uint8, W = ⌈hidden/32⌉·4 (whole 32-bit words): row v of table c is
-    the packed row bits contributed by byte c of x being v; table 0 also holds the offset."""
+    """``[⌈n/8⌉, 256, W]`` uint8, W = ⌈hidden/32⌉·4 (whole 32-bit words): row v of table c
+    is the packed row bits contributed by byte c of x being v; table 0 also holds the
+    offset."""
     M, o = code.row_affine(hidden_size)
     width = -(-hidden_size // 32) * 4
 

@@ -122,7 +122,8 @@ def test_vocab_too_large_for_code_bits_is_refused(cpu_dist):
 
 
 @pytest.mark.parametrize("flags,message", [
-    (["--input-interface", "random", "--code-bits", "63"], "--code-bits must be in [1, 62], got 63"),
+    (["--input-interface", "random", "--code-bits", "63"],
+     "--code-bits must be in [1, 62], got 63"),
     (["--input-interface", "gf2", "--hidden-size", "12", "--num-attention-heads", "4"],
      "--hidden-size 12 is smaller than --code-bits 16"),
     (["--input-interface", "permuted", "--code-scale", "0"], "--code-scale must be positive"),
