@@ -64,16 +64,18 @@ def _bit_patterns(low: float, high: float, dtype: torch.dtype) -> tuple[int, int
 
 def _expand_cpu(x: torch.Tensor, lookup: torch.Tensor, hidden_size: int, dtype: torch.dtype,
                 low: float, high: float) -> torch.Tensor:
-    """The PyTorch path on CPU: written into the output a chunk of tokens at a time (numpy's
-    unpackbits, then one multiply and one XOR on the values' bit patterns)."""
+    """The PyTorch path on CPU: the packed rows of all tokens, then the values written into
+    the output a chunk of tokens at a time (numpy's unpackbits, then one multiply and one XOR
+    on the values' bit patterns), so that each step's intermediates stay in cache."""
     out = torch.empty(len(x), hidden_size, dtype=dtype, device="cpu")
     as_int = {2: np.int16, 4: np.int32}[dtype.itemsize]
     patterns = out.view({2: torch.int16, 4: torch.int32}[dtype.itemsize]).numpy()
     low_bits, diff_bits = (as_int(v) for v in _bit_patterns(low, high, dtype))
+    rows = packed_rows(x, lookup).numpy()
     step = max(1, CPU_CHUNK_BYTES // (hidden_size * dtype.itemsize))
     for start in range(0, len(x), step):
-        rows = packed_rows(x[start:start + step], lookup).numpy()
-        bits = np.unpackbits(rows, axis=-1, count=hidden_size, bitorder="little")
+        bits = np.unpackbits(rows[start:start + step], axis=-1, count=hidden_size,
+                             bitorder="little")
         chunk = patterns[start:start + step]
         np.multiply(bits, diff_bits, out=chunk, dtype=as_int)
         np.bitwise_xor(chunk, low_bits, out=chunk)
