@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The GPU checks in one run (about 12 minutes on one H100/H200), from the repository root:
 #   1. build the fused fixed-code CUDA kernel (megatron_ext/csrc);
-#   2. check it against the PyTorch reference (tests/test_cuda_kernel.py: random ids, both
-#      schemes, fp32/bf16/fp16, plus the nvcc compile check);
-#   3. time it: bench/bench_embedding.py (learned table vs fixed code, kernel bandwidth);
+#   2. check it against the PyTorch reference (tests/test_cuda_kernel.py: random ids, every
+#      scheme and tiling, fp32/bf16/fp16, plus the nvcc compile check);
+#   3. time it: bench/bench_embedding.py (learned table vs every scheme and tiling, 8,192
+#      tokens, kernel bandwidth);
 #   4. a few training steps of the 1.7B reference shape on one GPU, with Transformer Engine
 #      layers and Megatron-LM's fused kernels when TE imports (else the local layers): bf16
 #      (binary and learned), then FP8 (binary, TE only); tokens/s and MFU.
@@ -74,7 +75,7 @@ print('gradient accumulation fusion (apex):', l._grad_accum_fusion_available)"
 
 step build 300 "$PY" -m megatron_ext.cuda_extension
 step parity 180 "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda_kernel.py
-step bench_embedding 240 "$PY" bench/bench_embedding.py --reps 20
+step bench_embedding 300 "$PY" bench/bench_embedding.py --tokens 8192 --reps 20
 step train_binary_bf16 150 "$PY" "${TRAIN[@]}" --input-interface binary
 step train_learned_bf16 150 "$PY" "${TRAIN[@]}" --input-interface learned
 if ((HAVE_TE)); then
