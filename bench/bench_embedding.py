@@ -1,10 +1,15 @@
 """Input layer alone, forward and forward+backward, at vocabulary 49,152 and hidden 2048 (bf16):
 Megatron's ``LanguageModelEmbedding`` (its ``VocabParallelEmbedding``) against
-``FixedCodeEmbedding`` (PyTorch path; on a GPU also the fused CUDA kernel), measured side by
-side in one run on whatever device is present. Each row runs in its own process.
+``FixedCodeEmbedding`` for every code scheme and tiling (PyTorch path; on a GPU also the fused
+CUDA kernel), measured side by side in one run on whatever device is present. Each row runs in
+its own process.
 
-On a GPU it also reports the kernel's output bandwidth against a device-to-device copy of the
-same bytes, both timed from CUDA-graph replays (no launch overhead)::
+Every row also times a copy of the output's bytes into a freshly allocated tensor, its calls
+taking turns with the forward's: "fwd / fresh copy" is what the input costs against the least
+any layer that returns a new tensor of that size can cost (on a CPU, mostly the page faults of
+the new allocation). On a GPU it also reports the kernel's output bandwidth against a
+device-to-device copy of the same bytes, both timed from CUDA-graph replays (no launch
+overhead)::
 
     python bench/bench_embedding.py                      # 8k and 32k tokens
     python bench/bench_embedding.py --tokens 8192 --reps 5
@@ -17,12 +22,14 @@ import argparse
 import torch
 
 import measure
+from megatron_ext.codes import SCHEMES, TILINGS
 
 VOCAB, HIDDEN, SEQ = 49152, 2048, 2048
 DTYPE = torch.bfloat16
 
 
 def build(arm: str, impl: str, dev: str) -> torch.nn.Module:
+    """``arm``: ``learned``, or ``SCHEME/TILING`` of a fixed code."""
     from megatron.core.models.common.embeddings.language_model_embedding import (
         LanguageModelEmbedding)
     from megatron.core.transformer.transformer_config import TransformerConfig
@@ -33,8 +40,10 @@ def build(arm: str, impl: str, dev: str) -> torch.nn.Module:
                                use_cpu_initialization=dev == "cpu")
     if arm == "learned":
         return LanguageModelEmbedding(config, VOCAB, SEQ, position_embedding_type="rope")
-    return FixedCodeEmbedding(config, VOCAB, SEQ, position_embedding_type="rope",
-                              code=FixedCode.create(arm), impl=impl).to(dev)
+    scheme, tiling = arm.split("/")
+    code = FixedCode.create(scheme, tiling=tiling, vocab_size=VOCAB, hidden_size=HIDDEN)
+    return FixedCodeEmbedding(config, VOCAB, SEQ, position_embedding_type="rope", code=code,
+                              impl=impl).to(dev)
 
 
 def kernel_bandwidth(module, ids: torch.Tensor, reps: int) -> dict:
@@ -43,8 +52,8 @@ def kernel_bandwidth(module, ids: torch.Tensor, reps: int) -> dict:
     ids_sb = ids.t().contiguous()  # as the kernel reads them: no copy inside the timing
     out_bytes = ids.numel() * HIDDEN * DTYPE.itemsize
     kernel_ms = measure.graph_time_ms(
-        lambda: fixed_code_forward(module.code, ids_sb, module.code_A, module.code_b, HIDDEN,
-                                   DTYPE, "cuda"), reps)
+        lambda: fixed_code_forward(module.code, ids_sb, module.code_table, module.code_lookup,
+                                   HIDDEN, DTYPE, "cuda"), reps)
     src = torch.empty(out_bytes, dtype=torch.uint8, device=ids.device)
     dst = torch.empty_like(src)
     copy_ms = measure.graph_time_ms(lambda: dst.copy_(src), reps)
@@ -71,10 +80,14 @@ def child(arm: str, impl: str, tokens: int, warmup: int, reps: int) -> None:
         if out.requires_grad:  # the learned table; the fixed code has nothing to train
             out.backward(grad)
 
-    fwd_ms = measure.time_ms(lambda: module(ids, None), warmup, reps)
     step_ms = measure.time_ms(forward_backward, warmup, reps)
     peak = measure.peak_memory() - baseline
-    result = {"fwd_ms": fwd_ms, "fwd_bwd_ms": step_ms, "peak_bytes": peak,
+    src = torch.randn(tokens, HIDDEN, device=dev).to(DTYPE)
+    times = measure.time_interleaved_ms(
+        {"fwd": lambda: module(ids, None), "copy": lambda: torch.empty_like(src).copy_(src)},
+        warmup, reps)
+    result = {"fwd_ms": times["fwd"], "fresh_copy_ms": times["copy"], "fwd_bwd_ms": step_ms,
+              "peak_bytes": peak,
               "trainable": sum(p.numel() for p in module.parameters() if p.requires_grad)}
     if impl == "cuda":
         result.update(kernel_bandwidth(module, ids, reps))
@@ -96,16 +109,17 @@ def main() -> None:
         arm, impl, tokens = args.child
         return child(arm, impl, int(tokens), warmup, reps)
 
-    rows = [("learned", "-")] + [(s, i) for i in (("torch", "cuda") if gpu else ("torch",))
-                                 for s in ("binary", "gf2")]
+    impls = ("torch", "cuda") if gpu else ("torch",)
+    rows = [("learned", "-")] + [(f"{s}/{t}", i) for i in impls for s in SCHEMES for t in TILINGS]
     print(f"# bench_embedding: vocab {VOCAB}, hidden {HIDDEN}, {DTYPE}, warmup {warmup}, "
           f"reps {reps} (median; fwd: wall)\n# machine: {measure.machine()}\n# memory: "
           f"{measure.MEMORY_KIND}")
     clocks = measure.clocks()
     print("| tokens | input | impl | trainable | fwd ms | "
+          + " | ".join(f"fwd / fresh copy {c}" for c in clocks) + " | "
           + " | ".join(f"fwd+bwd {c} ms" for c in clocks) + " | peak MiB | "
           + " | ".join(f"learned/this fwd+bwd {c}" for c in clocks) + " | learned/this peak |")
-    print("|---|---|---|" + "---:|" * (4 + 2 * len(clocks)))
+    print("|---|---|---|" + "---:|" * (4 + 3 * len(clocks)))
     for tokens in args.tokens:
         results = {row: measure.run_child(__file__, row[0], row[1], str(tokens), "--warmup",
                                           str(warmup), "--reps", str(reps)) for row in rows}
@@ -113,6 +127,8 @@ def main() -> None:
         for (arm, impl), r in results.items():
             print(f"| {tokens} | {arm} | {impl} | {r['trainable']:,} "
                   f"| {r['fwd_ms']['wall']:.1f} | "
+                  + " | ".join(f"{r['fwd_ms'][c] / r['fresh_copy_ms'][c]:.2f}" for c in clocks)
+                  + " | "
                   + " | ".join(f"{r['fwd_bwd_ms'][c]:.1f}" for c in clocks)
                   + f" | {r['peak_bytes'] / 2**20:.0f} | "
                   + " | ".join(f"{base['fwd_bwd_ms'][c] / r['fwd_bwd_ms'][c]:.1f}x"

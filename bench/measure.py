@@ -55,17 +55,26 @@ def time_ms(fn, warmup: int, reps: int) -> dict:
     """Medians over ``reps`` calls of ``fn()``, in milliseconds: ``wall`` (the GPU synchronised
     around each call) and ``cpu``, this process's CPU time (user + system, all threads), which
     other jobs on a shared machine inflate far less than wall time."""
+    return time_interleaved_ms({"": fn}, warmup, reps)[""]
+
+
+def time_interleaved_ms(fns: dict, warmup: int, reps: int) -> dict:
+    """:func:`time_ms` of each of ``fns`` (name -> function), their calls taking turns, so that
+    a change of the machine's load weighs on all of them alike: ``{name: {"wall", "cpu"}}``."""
     for _ in range(warmup):
-        fn()
-    wall, cpu = [], []
+        for fn in fns.values():
+            fn()
+    times = {name: {"wall": [], "cpu": []} for name in fns}
     for _ in range(reps):
-        sync()
-        start, start_cpu = time.perf_counter(), time.process_time()
-        fn()
-        sync()
-        wall.append((time.perf_counter() - start) * 1e3)
-        cpu.append((time.process_time() - start_cpu) * 1e3)
-    return {"wall": statistics.median(wall), "cpu": statistics.median(cpu)}
+        for name, fn in fns.items():
+            sync()
+            start, start_cpu = time.perf_counter(), time.process_time()
+            fn()
+            sync()
+            times[name]["wall"].append((time.perf_counter() - start) * 1e3)
+            times[name]["cpu"].append((time.process_time() - start_cpu) * 1e3)
+    return {name: {clock: statistics.median(values) for clock, values in t.items()}
+            for name, t in times.items()}
 
 
 def memory_now() -> int:

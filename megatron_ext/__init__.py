@@ -1,7 +1,7 @@
 """fixedcode: a Megatron-Core extension for LMs whose input table is a fixed code of the token id.
 
 Modules: ``codes`` (the code schemes), ``embedding`` (FixedCodeEmbedding for GPTModel),
-``kernels`` and ``cuda_extension`` (PyTorch reference vs fused CUDA kernel), ``model`` (the
+``kernels`` and ``cuda_extension`` (the fast forward: PyTorch path or fused CUDA kernel), ``model`` (the
 model provider), ``arguments`` (Megatron-LM flags), ``initialize`` (process start-up),
 ``training``, ``checkpointing``, ``datasets``, ``metrics``, ``metric_sinks``, ``norms``,
 ``exit_conditions``, ``exit_signals``, ``log`` (the training loop and its parts),

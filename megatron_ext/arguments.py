@@ -13,6 +13,7 @@ import argparse
 import math
 from typing import Optional, Sequence
 
+from .codes import SCHEMES, TILINGS, check_options
 from .tokenizer import TOKENIZER_TYPES
 
 # The reference shape of the paper (SmolLM2-1.7B-like).
@@ -81,13 +82,25 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
                         "fused_weight_gradient_mlp_cuda is importable)")
 
     c = parser.add_argument_group("fixed-code input")
-    c.add_argument("--input-interface", choices=["learned", "binary", "gf2"], default="learned",
-                   help="learned table (control), canonical binary code, or GF(2) affine code")
-    c.add_argument("--code-bits", type=int, default=16, help="bits n of the code (vocab <= 2^n)")
+    c.add_argument("--input-interface", choices=["learned", *SCHEMES], default="learned",
+                   help="learned table (control), or a fixed code (docs/codes.md): binary code of "
+                        "the id, GF(2) affine code, binary code of a seeded permutation of the "
+                        "ids, or a seeded random code")
+    c.add_argument("--code-bits", type=int, default=16,
+                   help="bits n of the code, 1..62 (vocab <= 2^n; the last copy is truncated "
+                        "when n does not divide --hidden-size)")
     c.add_argument("--code-values", choices=["pm1", "01"], default="pm1",
                    help="bit value mapping: pm1 -> {-1,+1} (default), 01 -> {0,1}")
-    c.add_argument("--code-scale", type=float, default=1.0, help="multiplies the code values")
-    c.add_argument("--code-seed", type=int, default=1234, help="seed drawing A and b (gf2)")
+    c.add_argument("--code-scale", type=float, default=1.0,
+                   help="multiplies the code values: the input RMS of a pm1 code (a learned "
+                        "table starts at RMS ~ --init-method-std; tools/param_report.py "
+                        "prints the matching scale)")
+    c.add_argument("--code-tiling", choices=list(TILINGS), default="repeat",
+                   help="fill the width with copies of the code (repeat), or with a seeded "
+                        "invertible GF(2) affine recoding of it per copy (recode)")
+    c.add_argument("--code-seed", type=int, default=1234,
+                   help="seed drawing the code's random parts (gf2's A and b, the permutation, "
+                        "the random code, the recodings); they are stored with the model")
     c.add_argument("--fixed-code-impl", choices=["auto", "torch", "cuda"], default="auto",
                    help="auto: fused CUDA kernel on a GPU when it builds, else PyTorch; "
                         "cuda: the kernel or an error")
@@ -263,10 +276,13 @@ def validate_model_args(args: argparse.Namespace) -> None:
             raise SystemExit(
                 f"error: --input-interface {args.input_interface} has no input table to tie to "
                 f"the output head; drop --no-untie-embeddings-and-output-weights")
-        if args.hidden_size % args.code_bits:
-            raise SystemExit(
-                f"error: --hidden-size {args.hidden_size} is not a multiple of --code-bits "
-                f"{args.code_bits} (the code is tiled to the model width)")
+        try:
+            check_options(args.code_bits, args.code_scale, args.hidden_size)
+        except ValueError as e:
+            raise SystemExit(f"error: {e}") from None
+    elif args.code_tiling != "repeat":
+        raise SystemExit(f"error: --code-tiling {args.code_tiling} needs a fixed-code "
+                         f"--input-interface, not learned")
 
 
 def validate_recompute_args(args: argparse.Namespace) -> None:

@@ -16,8 +16,9 @@ finished, and only then is the marker replaced (atomically). A crash during a sa
 never leaves a checkpoint that ``--load`` would pick up.
 
 State saved: ``model`` and ``optimizer`` (sharded), ``rng_state`` (one object per rank), and
-common objects: ``args`` (every argument, as a dict), ``fixed_code`` (scheme, bits, values,
-scale, A, b; ``None`` for the learned arm), ``scheduler``, the :class:`TrainState` fields
+common objects: ``args`` (every argument, as a dict), ``fixed_code``
+(:meth:`megatron_ext.codes.FixedCode.to_dict`: the code with all its drawn parts; ``None`` for
+the learned arm), ``scheduler``, the :class:`TrainState` fields
 (``iteration``, ``consumed_train_samples``, ``nonfinite_skipped``, ``overflow_skipped``,
 ``validation_pending``),
 ``wandb_run_id`` and the provenance (``checkpoint_format``, ``megatron_core_version``,
@@ -84,8 +85,10 @@ MODEL_DEFINING_ARGS = (
     "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
     "padded_vocab_size", "normalization", "swiglu", "disable_bias_linear",
     "untie_embeddings_and_output_weights", "position_embedding_type", "input_interface",
-    "code_bits", "code_values", "code_scale",
+    "code_bits", "code_values", "code_scale", "code_tiling",
 )
+# Model-defining arguments added since the first checkpoints: their value in those checkpoints.
+ADDED_ARGS = {"code_tiling": "repeat"}
 
 
 def checkpoint_path(save_dir: str, iteration: int) -> str:
@@ -129,9 +132,9 @@ def load_common(load_dir: str, iteration: Optional[int] = None) -> tuple[str, di
 
 def check_compatible(saved_args: dict, args: argparse.Namespace, path: str) -> None:
     """Refuse to resume a checkpoint whose model or input differs from ``args``."""
-    diffs = [f"--{k.replace('_', '-')}: checkpoint {saved_args.get(k)!r}, "
-             f"now {getattr(args, k)!r}"
-             for k in MODEL_DEFINING_ARGS if saved_args.get(k) != getattr(args, k)]
+    saved = {k: saved_args.get(k, ADDED_ARGS.get(k)) for k in MODEL_DEFINING_ARGS}
+    diffs = [f"--{k.replace('_', '-')}: checkpoint {saved[k]!r}, now {getattr(args, k)!r}"
+             for k in MODEL_DEFINING_ARGS if saved[k] != getattr(args, k)]
     if diffs:
         raise SystemExit(f"error: cannot resume {path} with a different model or input:\n  "
                          + "\n  ".join(diffs))

@@ -20,7 +20,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.utils import get_tensor_model_parallel_group_if_none
 
 from .codes import FixedCode
-from .kernels import fixed_code_forward
+from .kernels import fixed_code_forward, lookup_tables
 
 
 class FixedCodeEmbedding(MegatronModule):
@@ -60,12 +60,13 @@ class FixedCodeEmbedding(MegatronModule):
         self.scatter_to_sequence_parallel = scatter_to_sequence_parallel
         self.tp_group = get_tensor_model_parallel_group_if_none(tp_group)
         self.embedding_dropout = torch.nn.Dropout(config.hidden_dropout)
-        # Device copies of A and b travel with .cuda()/.to(); the code's own copy is what
-        # checkpoints and exported configs store.
-        A = code.A if code.A is not None else torch.zeros(0, 0, dtype=torch.uint8)
-        b = code.b if code.b is not None else torch.zeros(0, dtype=torch.uint8)
-        self.register_buffer("code_A", A.to(torch.int64), persistent=False)
-        self.register_buffer("code_b", b.to(torch.int64), persistent=False)
+        # What the fast paths read (megatron_ext.kernels), on the module's device: they travel
+        # with .cuda()/.to(); the code's own copies are what checkpoints and exported configs
+        # store. `code_table` is empty for codes without a per-id table.
+        table = code.table if code.table is not None else torch.zeros(0, dtype=torch.int64)
+        self.register_buffer("code_table", table.clone(), persistent=False)
+        self.register_buffer("code_lookup", lookup_tables(code, config.hidden_size),
+                             persistent=False)
 
     def _check_ids(self, input_ids: Tensor) -> None:
         in_range = ((input_ids >= 0) & (input_ids < self.vocab_size)).all()
@@ -92,7 +93,7 @@ class FixedCodeEmbedding(MegatronModule):
             local = ids.shape[0] // tp_size
             ids = ids[self.tp_group.rank() * local:(self.tp_group.rank() + 1) * local]
         dtype = torch.float32 if self.config.fp32_residual_connection else self.config.params_dtype
-        embeddings = fixed_code_forward(self.code, ids, self.code_A, self.code_b,
+        embeddings = fixed_code_forward(self.code, ids, self.code_table, self.code_lookup,
                                         self.config.hidden_size, dtype, self.impl)
         if self.training and self.config.recompute_granularity == "full":
             # Recomputed layers run inside an autograd Function, which passes gradients to

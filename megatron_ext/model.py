@@ -1,4 +1,4 @@
-"""The model provider: a Megatron-Core GPTModel whose input is ``learned``, ``binary`` or ``gf2``.
+"""The model provider: a Megatron-Core GPTModel whose input is a ``learned`` table or a fixed code.
 
 Shaped like Megatron-LM's ``model_provider`` in pretrain_gpt.py. Every arm is built the same
 way: GPTModel with its standard input table, which a fixed-code arm then replaces by
@@ -34,14 +34,16 @@ def build_code(args: argparse.Namespace) -> Optional[FixedCode]:
     """The fixed code the arguments ask for (``None`` for the learned arm).
 
     ``args.fixed_code``, when present (a dict restored from a checkpoint), wins over drawing
-    a new code from ``--code-seed``: A and b are never regenerated for a saved model."""
+    a new code from ``--code-seed``: a saved model's code is never redrawn."""
     if args.input_interface == "learned":
         return None
     saved = getattr(args, "fixed_code", None)
     if saved:
         return FixedCode.from_dict(saved)
     return FixedCode.create(args.input_interface, num_bits=args.code_bits,
-                            values=args.code_values, scale=args.code_scale, seed=args.code_seed)
+                            values=args.code_values, scale=args.code_scale, seed=args.code_seed,
+                            tiling=args.code_tiling, vocab_size=args.padded_vocab_size,
+                            hidden_size=args.hidden_size)
 
 
 def params_dtype(args: argparse.Namespace) -> torch.dtype:

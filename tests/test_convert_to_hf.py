@@ -1,7 +1,8 @@
-"""tools/convert_to_hf.py on checkpoints of real tiny training runs (all three arms with GQA,
-binary saved at PP=2, and a learned arm with a tied head saved at TP=2): HF logits equal
-Megatron's, stock Llama for the learned arm, the code and no table for binary/gf2, tokenizers
-that encode like training, generate(), refusals."""
+"""tools/convert_to_hf.py on checkpoints of real tiny training runs (learned, binary, gf2 with
+GQA, binary saved at PP=2, a random code with recode tiling and a truncated last block, and a
+learned arm with a tied head saved at TP=2), and in process for the other schemes and
+tilings: HF logits equal Megatron's, stock Llama for the learned arm, the code and no table
+for a fixed-code arm, tokenizers that encode like training, generate(), refusals."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ import torch  # noqa: E402
 from safetensors import safe_open  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM  # noqa: E402
 
-from conftest import REPO, TINY_RUN, run_pretrain  # noqa: E402
+from conftest import REPO, TINY_MODEL, TINY_RUN, run_pretrain  # noqa: E402
 from megatron_ext import codes  # noqa: E402
 from megatron_ext.hf import modeling_fixedcode  # noqa: E402
 from megatron_ext.hf.configuration_fixedcode import FixedCodeLlamaConfig  # noqa: E402
@@ -41,6 +42,8 @@ RUNS = {  # name -> (extra training flags, processes)
                    2),
     "gf2": (GQA + ["--input-interface", "gf2", "--tokenizer-type", "SentencePieceTokenizer",
                    "--tokenizer-model", "{sp}"], 1),
+    "random_recode": (["--input-interface", "random", "--code-tiling", "recode", "--code-bits",
+                       "11"], 1),
     "learned_tied_tp2": (["--no-untie-embeddings-and-output-weights",
                           "--tensor-model-parallel-size", "2", "--tokenizer-type",
                           "SentencePieceTokenizer", "--tokenizer-model", "{sp}"], 2),
@@ -120,28 +123,69 @@ def weight_names(hf_dir: str) -> set[str]:
         return set(f.keys())
 
 
-@pytest.mark.parametrize("scheme", ["binary", "gf2"])
-@pytest.mark.parametrize("values,scale", [("pm1", 1.0), ("01", 0.37)])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_hf_code_equals_megatron_ext_codes_tiled_code(scheme, values, scale, dtype):
-    code = codes.FixedCode.create(scheme, num_bits=12, values=values, scale=scale, seed=5)
-    ids = torch.randint(0, 2 ** 12, (3, 7))
-    A = None if code.A is None else code.A.long()
-    b = None if code.b is None else code.b.long()
-    ours = modeling_fixedcode.tiled_code(ids, 12, 48, values, scale, dtype, A, b)
-    reference = codes.tiled_code(ids, 12, 48, values, scale, dtype, A, b)
-    assert ours.dtype == dtype and torch.equal(ours, reference)
+@pytest.mark.parametrize("scheme", codes.SCHEMES)
+@pytest.mark.parametrize("tiling", codes.TILINGS)
+@pytest.mark.parametrize("values,scale,dtype", [("pm1", 1.0, torch.float32),
+                                                ("01", 0.37, torch.bfloat16)])
+def test_hf_code_equals_megatron_ext_codes(scheme, tiling, values, scale, dtype):
+    """12 bits at width 40: the last block truncated."""
+    code = codes.FixedCode.create(scheme, num_bits=12, values=values, scale=scale, seed=5,
+                                  tiling=tiling, vocab_size=4096, hidden_size=40)
+    config = FixedCodeLlamaConfig(hidden_size=40, num_attention_heads=4, vocab_size=4096,
+                                  fixed_code=code.to_dict())
+    ids = torch.randint(0, 4096, (3, 7))
+    ours = modeling_fixedcode.FixedCodeInput(config).to(dtype)(ids)
+    assert ours.dtype == dtype and torch.equal(ours, code.encode(ids, 40, dtype))
 
 
 @pytest.mark.parametrize("change,message", [
     ({"A": None}, "fixed_code A and b are required for gf2"),
     ({"scheme": "hashed"}, "unknown fixed_code scheme 'hashed'"),
-    ({"num_bits": 12}, "hidden_size 64 is not a multiple of fixed_code num_bits 12"),
+    ({"num_bits": 80}, "hidden_size 64 is smaller than fixed_code num_bits 80"),
+    ({"tiling": "recode"}, "fixed_code recode_A and recode_b are required for recode"),
+    ({"table": list(range(512))}, "fixed_code table are required for permuted and random, "
+                                  "and absent otherwise"),
 ])
 def test_config_with_an_inconsistent_code_is_refused(change, message):
     code = {**codes.FixedCode.create("gf2").to_dict(), **change}
     with pytest.raises(Exception, match=message):
-        FixedCodeLlamaConfig(hidden_size=64, num_attention_heads=4, fixed_code=code)
+        FixedCodeLlamaConfig(hidden_size=64, num_attention_heads=4, vocab_size=512,
+                             fixed_code=code)
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"hidden_size": 80}, "fixed_code has 4 recode maps; hidden_size 80 needs one per 16"),
+    ({"vocab_size": 1024}, "fixed_code table has 512 entries, vocab_size is 1024"),
+])
+def test_config_whose_code_does_not_fit_the_model_is_refused(change, message):
+    code = codes.FixedCode.create("random", tiling="recode", vocab_size=512, hidden_size=64)
+    shape = {"hidden_size": 64, "num_attention_heads": 4, "vocab_size": 512, **change}
+    with pytest.raises(Exception, match=message):
+        FixedCodeLlamaConfig(fixed_code=code.to_dict(), **shape)
+
+
+@pytest.mark.parametrize("flags", [["permuted"], ["gf2", "--code-tiling", "recode"],
+                                   ["binary", "--code-tiling", "recode", "--code-bits", "10"]],
+                         ids=lambda f: "-".join(f))
+def test_every_scheme_and_tiling_exports_with_logit_parity(flags, tmp_path, cpu_dist):
+    """In process, from a freshly built model: the exported config holds the code, the model
+    loads with trust_remote_code and gives Megatron's logits."""
+    from megatron_ext.arguments import padded_vocab_size, parse_model_args
+    from megatron_ext.hf.convert import hf_config, save_hf_model
+    from megatron_ext.hf.parity import TOLERANCE, load_hf, max_logit_diff, probe_tokens
+    from megatron_ext.model import model_provider
+    args = parse_model_args(TINY_MODEL + ["--vocab-size", "500", "--input-interface", *flags],
+                            "test")
+    args.padded_vocab_size = padded_vocab_size(500, 128, 1)
+    torch.manual_seed(0)
+    model = model_provider(args, on_cpu=True).eval()
+    code = model.embedding.code
+    save_hf_model(hf_config(args, code.to_dict(), torch.float32, 499),
+                  hf_state_dict(model.state_dict(), args, torch.float32), str(tmp_path))
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert codes.FixedCode.from_dict(config["fixed_code"]) == code
+    diff = max_logit_diff(model, load_hf(str(tmp_path)), probe_tokens(500, 32))
+    assert diff <= TOLERANCE
 
 
 @pytest.mark.parametrize("name", list(RUNS))
@@ -172,7 +216,7 @@ def test_learned_arm_is_a_stock_llama(exports, tp2_export):
         assert ("lm_head.weight" in weight_names(hf_dir)) == (not tied)
 
 
-@pytest.mark.parametrize("name", ["binary_pp2", "gf2"])
+@pytest.mark.parametrize("name", ["binary_pp2", "gf2", "random_recode"])
 def test_fixed_code_arms_carry_the_code_and_no_table(name, ckpts, exports):
     hf_dir, _ = exports[name]
     config = json.loads(Path(hf_dir, "config.json").read_text())
@@ -195,6 +239,20 @@ def test_fixed_code_arms_carry_the_code_and_no_table(name, ckpts, exports):
     expected = codes.FixedCode.from_dict(config["fixed_code"]).encode(ids, config["hidden_size"])
     assert torch.equal(model.model.embed_tokens(ids), expected)
     assert model.to(torch.bfloat16).model.embed_tokens(ids).dtype == torch.bfloat16
+
+
+def test_a_saved_code_is_read_not_redrawn(ckpts, cpu_dist):
+    """The checkpoint stores the whole code (table and recodings for 6 blocks of 11 bits at
+    width 64); loading uses it, whatever --code-seed says."""
+    from megatron_ext.hf.megatron_checkpoint import load_model, read_checkpoint
+    from megatron_ext.model import build_code
+    path, train, fixed_code, _ = read_checkpoint(ckpts["random_recode"])
+    assert len(fixed_code["table"]) == 512 and len(fixed_code["recode_A"]) == 6
+    train.code_seed += 1
+    saved = codes.FixedCode.from_dict(fixed_code)
+    assert load_model(path, train, fixed_code).embedding.code == saved
+    train.fixed_code = None
+    assert build_code(train) != saved  # what redrawing from the changed seed would give
 
 
 @pytest.mark.parametrize("name,kind", [("learned", "HuggingFaceTokenizer"),

@@ -1,9 +1,10 @@
-"""The fused CUDA forward (megatron_ext/csrc) and its selection (megatron_ext/kernels.py).
+"""The fast fixed-code forward (megatron_ext/kernels.py, megatron_ext/csrc) and its selection.
 
 Without a GPU: the kernel source compiles with nvcc for sm_90 against this torch's headers
-(nvcc is part of the CI image: its absence fails), the column packing the kernel consumes
-reproduces the code, ``--fixed-code-impl cuda`` on CPU ids is a clear error and ``auto``
-falls back to PyTorch. With a GPU: the kernel equals ``tiled_code`` bit for bit.
+(nvcc is part of the CI image: its absence fails), the PyTorch path equals the reference
+``FixedCode.encode`` for every scheme, tiling and dtype, ``--fixed-code-impl cuda`` on CPU ids
+is a clear error and ``auto`` falls back to PyTorch. With a GPU: the kernel (and the PyTorch
+path on the GPU) equal the reference bit for bit, for every scheme and tiling.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import torch
 import torch.utils.cpp_extension
 
 from megatron_ext import cuda_extension, kernels
-from megatron_ext.codes import FixedCode, tiled_code
+from megatron_ext.codes import SCHEMES, TILINGS, FixedCode
 
 REPO = Path(__file__).resolve().parent.parent
 KERNEL = cuda_extension.CSRC / "fixed_code.cu"
@@ -56,20 +57,44 @@ def test_kernel_compiles_with_nvcc_for_sm90(tmp_path):
     assert (tmp_path / "fixed_code.o").stat().st_size > 0
 
 
-@pytest.mark.parametrize("scheme", ["binary", "gf2"])
-def test_affine_masks_reproduce_the_code_bits(scheme):
-    code = FixedCode.create(scheme, num_bits=16, seed=3)
-    columns, offset = kernels.affine_masks(code)
-    ids = torch.randint(0, 2 ** 16, (500,), generator=torch.Generator().manual_seed(0))
-    packed = []
-    for t in ids.tolist():
-        c = offset
-        for k in range(code.num_bits):
-            if (t >> k) & 1:
-                c ^= columns[k]
-        packed.append(c)
-    expected = (code.code_bits(ids) << torch.arange(code.num_bits)).sum(-1)
-    assert packed == expected.tolist()
+def fast_inputs(code: FixedCode, hidden: int, device="cpu"):
+    """The per-id table and lookup tables, as FixedCodeEmbedding holds them."""
+    table = code.table if code.table is not None else torch.zeros(0, dtype=torch.int64)
+    return table.to(device), kernels.lookup_tables(code, hidden).to(device)
+
+
+def make(scheme, tiling, num_bits, hidden, **kw) -> FixedCode:
+    return FixedCode.create(scheme, num_bits=num_bits, tiling=tiling, seed=5,
+                            vocab_size=min(3000, 2 ** num_bits), hidden_size=hidden, **kw)
+
+
+# (n, h): whole 16-byte stores; a truncated last block and odd width (scalar stores); a code
+# wider than a byte-chunk multiple; the widest code.
+WIDTHS = [(16, 64), (12, 37), (17, 72), (62, 130)]
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("tiling", TILINGS)
+@pytest.mark.parametrize("num_bits,hidden", WIDTHS)
+def test_torch_path_equals_reference(scheme, tiling, num_bits, hidden):
+    values, scale = (("01", 0.37), ("pm1", 1.0))[num_bits % 2]
+    code = make(scheme, tiling, num_bits, hidden, values=values, scale=scale)
+    ids = torch.randint(0, min(3000, 2 ** num_bits), (5, 7))
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        out = kernels.fixed_code_forward(code, ids, *fast_inputs(code, hidden), hidden, dtype,
+                                         "torch")
+        assert out.shape == (5, 7, hidden) and out.dtype == dtype
+        assert torch.equal(out, code.encode(ids, hidden, dtype))
+
+
+def test_cpu_path_writes_in_chunks(monkeypatch):
+    """Many chunks, and a last one that is partial."""
+    monkeypatch.setattr(kernels, "CPU_CHUNK_BYTES", 3 * 64 * 2)
+    code = make("random", "recode", 16, 64)
+    ids = torch.randint(0, 3000, (50,))
+    out = kernels.fixed_code_forward(code, ids, *fast_inputs(code, 64), 64, torch.bfloat16,
+                                     "torch")
+    assert torch.equal(out, code.encode(ids, 64, torch.bfloat16))
 
 
 def test_auto_on_cpu_ids_uses_torch_without_building(monkeypatch):
@@ -79,16 +104,16 @@ def test_auto_on_cpu_ids_uses_torch_without_building(monkeypatch):
     monkeypatch.setattr(cuda_extension, "available", no_build)
     code = FixedCode.create("gf2", num_bits=8, seed=1)
     ids = torch.randint(0, 256, (5, 3))
-    A, b = code.A.long(), code.b.long()
-    out = kernels.fixed_code_forward(code, ids, A, b, 32, torch.bfloat16, "auto")
-    assert torch.equal(out, tiled_code(ids, 8, 32, "pm1", 1.0, torch.bfloat16, A, b))
+    out = kernels.fixed_code_forward(code, ids, *fast_inputs(code, 32), 32, torch.bfloat16,
+                                     "auto")
+    assert torch.equal(out, code.encode(ids, 32, torch.bfloat16))
 
 
 def test_unknown_impl_is_refused():
     code = FixedCode.create("binary", num_bits=8)
     with pytest.raises(ValueError, match="unknown fixed-code implementation 'triton'"):
-        kernels.fixed_code_forward(code, torch.zeros(2, dtype=torch.long), None, None, 8,
-                                   torch.float32, "triton")
+        kernels.fixed_code_forward(code, torch.zeros(2, dtype=torch.long), *fast_inputs(code, 8),
+                                   8, torch.float32, "triton")
 
 
 @pytest.fixture
@@ -143,7 +168,6 @@ def test_a_read_only_prebuilt_kernel_of_other_sources_is_refused(fresh_build, mo
 FLAG_SCRIPT = textwrap.dedent("""
     import json, sys, torch
     from megatron_ext.arguments import parse_model_args
-    from megatron_ext.codes import tiled_code
     from megatron_ext.initialize import initialize_distributed
     from megatron_ext.model import model_provider
     initialize_distributed("cpu")
@@ -158,8 +182,7 @@ FLAG_SCRIPT = textwrap.dedent("""
         embedding = model_provider(args, on_cpu=True).embedding
         try:
             out = embedding(ids)
-            code = embedding.code
-            ref = tiled_code(ids.t(), 16, 32, "pm1", 1.0, torch.float32, code.A, code.b)
+            ref = embedding.code.encode(ids.t(), 32)
             result[impl] = {"impl": embedding.impl, "equal": torch.equal(out, ref)}
         except RuntimeError as e:
             result[impl] = {"impl": embedding.impl, "error": str(e)}
@@ -178,22 +201,19 @@ def test_flag_cuda_without_gpu_errors_and_auto_falls_back():
     assert "--fixed-code-impl cuda needs the token ids on a GPU" in result["cuda"]["error"]
 
 
-CASES = [(16, 2048), (12, 36), (62, 248)]  # 16-byte stores; scalar stores; widest code
-
-
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU to run the kernel")
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("scheme", ["binary", "gf2"])
-@pytest.mark.parametrize("num_bits,hidden", CASES)
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("tiling", TILINGS)
+@pytest.mark.parametrize("num_bits,hidden", WIDTHS + [(16, 2048)])
 @pytest.mark.parametrize("values,scale", [("pm1", 1.0), ("01", 0.7)])
-def test_kernel_equals_reference_on_gpu(dtype, scheme, num_bits, hidden, values, scale):
-    code = FixedCode.create(scheme, num_bits=num_bits, values=values, scale=scale, seed=5)
+def test_kernel_equals_reference_on_gpu(scheme, tiling, num_bits, hidden, values, scale):
+    code = make(scheme, tiling, num_bits, hidden, values=values, scale=scale)
     gen = torch.Generator().manual_seed(num_bits)
-    ids = torch.randint(0, 2 ** min(num_bits, 62), (4, 333), generator=gen).cuda().t()
-    A = b = None
-    if code.A is not None:
-        A, b = code.A.long().cuda(), code.b.long().cuda()
-    out = kernels.fixed_code_forward(code, ids, A, b, hidden, dtype, "cuda")
-    ref = tiled_code(ids, num_bits, hidden, values, scale, dtype, A, b)
-    assert out.shape == (333, 4, hidden) and out.dtype == dtype and not out.requires_grad
-    assert torch.equal(out, ref)
+    ids = torch.randint(0, min(3000, 2 ** num_bits), (4, 333), generator=gen).cuda().t()
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        ref = code.encode(ids, hidden, dtype)
+        for impl in ("cuda", "torch"):
+            out = kernels.fixed_code_forward(code, ids, *fast_inputs(code, hidden, "cuda"),
+                                             hidden, dtype, impl)
+            assert out.shape == (333, 4, hidden) and out.dtype == dtype
+            assert not out.requires_grad and torch.equal(out, ref), (impl, dtype)

@@ -13,7 +13,8 @@ from megatron.core.distributed import DistributedDataParallel, DistributedDataPa
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from megatron_ext.arguments import padded_vocab_size, parse_model_args
-from megatron_ext.codes import FixedCode
+from code_reference import py_values
+from megatron_ext.codes import SCHEMES, FixedCode
 from megatron_ext.embedding import FixedCodeEmbedding
 from megatron_ext.model import fusions, model_provider, transformer_config_from_args
 
@@ -30,19 +31,8 @@ def small_args(arm: str, *extra: str):
 
 def reference_embedding(code: FixedCode, ids: torch.Tensor, hidden: int) -> torch.Tensor:
     """Plain Python: ids [b, s] -> [s, b, h] from the code's definition."""
-    A = code.A.tolist() if code.A is not None else None
-    b = code.b.tolist() if code.b is not None else None
-    n = code.num_bits
-    out = torch.empty(ids.shape[1], ids.shape[0], hidden)
-    for bi in range(ids.shape[0]):
-        for si in range(ids.shape[1]):
-            t = int(ids[bi, si])
-            bits = [(t >> k) & 1 for k in range(n)]
-            if A is not None:
-                bits = [(sum(A[i][k] * bits[k] for k in range(n)) + b[i]) % 2 for i in range(n)]
-            vals = [code.scale * ((2 * c - 1) if code.values == "pm1" else c) for c in bits]
-            out[si, bi] = torch.tensor([vals[j % n] for j in range(hidden)])
-    return out
+    d = code.to_dict()
+    return torch.tensor([[py_values(d, int(t), hidden) for t in column] for column in ids.t()])
 
 
 def embedding_config(**kw) -> TransformerConfig:
@@ -51,10 +41,13 @@ def embedding_config(**kw) -> TransformerConfig:
     return TransformerConfig(**{**base, **kw})
 
 
-@pytest.mark.parametrize("scheme", ["binary", "gf2"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_embedding_equals_reference(cpu_dist, scheme, dtype):
-    code = FixedCode.create(scheme, values="01" if dtype == torch.float32 else "pm1",
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("tiling,num_bits,dtype", [("repeat", 16, torch.float32),
+                                                   ("recode", 12, torch.bfloat16)])
+def test_embedding_equals_reference(cpu_dist, scheme, tiling, num_bits, dtype):
+    """Every scheme and tiling; 12 bits tile 64 positions as 5 blocks and 4 truncated."""
+    code = FixedCode.create(scheme, num_bits=num_bits, tiling=tiling, vocab_size=VOCAB,
+                            hidden_size=64, values="01" if dtype == torch.float32 else "pm1",
                             scale=0.5, seed=2)
     config = embedding_config(params_dtype=dtype, bf16=dtype == torch.bfloat16)
     emb = FixedCodeEmbedding(config, VOCAB, 16, "rope", code=code)
@@ -63,11 +56,12 @@ def test_embedding_equals_reference(cpu_dist, scheme, dtype):
     assert out.shape == (7, 3, 64) and out.dtype == dtype
     assert torch.equal(out.float(), reference_embedding(code, ids, 64))
     assert sum(p.numel() for p in emb.parameters()) == 0
+    assert not any(k.startswith("code") for k in emb.state_dict())  # the code is no weight
 
 
 def test_sequence_parallel_ranks_compute_their_own_slices(cpu_dist):
     """Under SP each TP rank returns exactly its slice of the full [s, b, h] output."""
-    code = FixedCode.create("gf2", seed=4)
+    code = FixedCode.create("random", seed=4, tiling="recode", vocab_size=VOCAB, hidden_size=64)
     ids = torch.randint(0, VOCAB, (2, 8))
     full = FixedCodeEmbedding(embedding_config(), VOCAB, 8, code=code)(ids, None)
 
@@ -127,12 +121,30 @@ def test_vocab_too_large_for_code_bits_is_refused(cpu_dist):
         model_provider(args, on_cpu=True)
 
 
-@pytest.mark.parametrize("arm", ["learned", "binary", "gf2"])
+@pytest.mark.parametrize("flags,message", [
+    (["--input-interface", "random", "--code-bits", "63"],
+     "--code-bits must be in [1, 62], got 63"),
+    (["--input-interface", "gf2", "--hidden-size", "12", "--num-attention-heads", "4"],
+     "--hidden-size 12 is smaller than --code-bits 16"),
+    (["--input-interface", "permuted", "--code-scale", "0"], "--code-scale must be positive"),
+    (["--code-tiling", "recode"],
+     "--code-tiling recode needs a fixed-code --input-interface, not learned"),
+])
+def test_bad_code_flags_are_clear_errors(flags, message):
+    with pytest.raises(SystemExit, match=re.escape(f"error: {message}")):
+        parse_model_args(SMALL + flags, "test")
+
+
+ARMS = [("learned",), ("binary",), ("gf2",), ("permuted",),
+        ("random", "--code-tiling", "recode", "--code-bits", "13")]
+
+
+@pytest.mark.parametrize("arm", ARMS, ids=lambda a: "-".join(a))
 def test_gptmodel_forward_backward_and_optimizer(cpu_dist, arm):
     """All arms train through GPTModel + DDP + Megatron's optimizer; a fixed-code input has
     no parameters, receives no gradient and holds no optimizer state."""
     torch.manual_seed(0)
-    model = model_provider(small_args(arm), on_cpu=True)
+    model = model_provider(small_args(*arm), on_cpu=True)
     ddp = DistributedDataParallel(model.config, DistributedDataParallelConfig(), model)
     opt = get_megatron_optimizer(OptimizerConfig(lr=1e-3, clip_grad=1.0), [ddp])
     ids = torch.randint(0, VOCAB, (2, 16))
@@ -145,7 +157,7 @@ def test_gptmodel_forward_backward_and_optimizer(cpu_dist, arm):
     assert updated and grad_norm > 0
     emb_params = list(model.embedding.parameters())
     state_params = {id(p) for g in opt.param_groups for p in g["params"]}
-    if arm == "learned":
+    if arm == ("learned",):
         assert len(emb_params) == 1
     else:
         assert emb_params == [] and isinstance(model.embedding, FixedCodeEmbedding)
@@ -216,11 +228,12 @@ def test_fused_kernels_on_gpus_as_in_megatron_lm(monkeypatch):
 def test_backbone_init_is_identical_across_arms(cpu_dist):
     """Same --seed, same backbone and head weights in every arm: a fair comparison."""
     weights = {}
-    for arm in ("learned", "binary", "gf2"):
+    for arm in ("learned", *SCHEMES):
         torch.manual_seed(0)
-        sd = model_provider(small_args(arm), on_cpu=True).state_dict()
+        sd = model_provider(small_args(arm, "--code-tiling", "recode")
+                            if arm != "learned" else small_args(arm), on_cpu=True).state_dict()
         weights[arm] = {k: v for k, v in sd.items()
                         if not k.startswith("embedding.") and isinstance(v, torch.Tensor)}
-    for arm in ("binary", "gf2"):
+    for arm in SCHEMES:
         assert weights[arm].keys() == weights["learned"].keys()
         assert all(torch.equal(weights[arm][k], weights["learned"][k]) for k in weights[arm])

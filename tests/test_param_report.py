@@ -47,3 +47,45 @@ def test_table_output_shows_the_difference():
     out = run_report("--preset", "smollm2-1.7b", "--arms", "learned", "binary")
     assert "1,711,376,384" in out and "1,812,039,680" in out
     assert "learned - binary: 100,663,296 parameters" in out
+    assert "input RMS" in out and "matching --code-scale" in out
+    binary = next(line for line in out.splitlines() if line.startswith("binary "))
+    assert binary.split()[-2:] == ["1", "0.02"]  # a pm1 code's RMS is its scale
+
+
+SMALL = ["--num-layers", "2", "--hidden-size", "40", "--num-attention-heads", "4",
+         "--seq-length", "32", "--vocab-size", "500"]
+
+
+def test_input_rms_and_the_matching_code_scale():
+    """Learned: N(0, std). Binary 01 over ids 0..511 (the padded vocabulary) at width 40
+    (blocks of bits 0-15, 0-15, 0-7): bits 0-8 are one half the time, bits 9-15 never, so
+    13 of 40 positions on average: RMS sqrt(13/40) at --code-scale 1."""
+    from megatron_ext.arguments import parse_model_args
+    from tools.param_report import input_rms
+    args = parse_model_args(SMALL + ["--code-values", "01", "--init-method-std", "0.01"], "t")
+    rms = input_rms(args, ["learned", "binary", "permuted"])
+    assert rms["learned"] == (0.01, None)
+    for arm in ("binary", "permuted"):  # the same set of codes
+        assert abs(rms[arm][0] - (13 / 40) ** 0.5) < 1e-9
+        assert abs(rms[arm][1] - 0.01 / (13 / 40) ** 0.5) < 1e-9
+    pm1 = parse_model_args(SMALL + ["--code-scale", "0.5"], "t")
+    assert input_rms(pm1, ["random"])["random"] == (0.5, 0.02)
+
+
+def test_show_code_prints_the_rows_of_the_configured_code(capsys):
+    from code_reference import py_row
+    from megatron_ext.codes import FixedCode
+    from tools.param_report import main
+    flags = ["--input-interface", "random", "--code-tiling", "recode", "--code-bits", "12",
+             "--code-seed", "7"]
+    main(SMALL + flags + ["--show-code", "3"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("# random code, 12 bits, recode tiling, pm1 x 1; vocabulary 512")
+    code = FixedCode.create("random", num_bits=12, tiling="recode", seed=7, vocab_size=512,
+                            hidden_size=40)
+    assert len(lines) == 5
+    for t, line in enumerate(lines[2:]):
+        ident, x, bar, *blocks = line.split()
+        assert (int(ident), int(x), bar) == (t, int(code.table[t]), "|")
+        assert [len(b) for b in blocks] == [12, 12, 12, 4]  # the last block truncated
+        assert "".join(blocks) == "".join(map(str, py_row(code.to_dict(), t, 40)))

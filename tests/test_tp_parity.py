@@ -1,5 +1,6 @@
 """The same weights give the same logits at TP=1 and TP=2 (two processes over gloo), for
-every arm: a fixed-code input needs no communication to stay consistent across TP ranks."""
+every arm (every code scheme, both tilings): a fixed-code input needs no communication to
+stay consistent across TP ranks."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import sys
 from pathlib import Path
 
 from conftest import _free_port
+from tp_parity_worker import ARMS
 
 WORKER = Path(__file__).with_name("tp_parity_worker.py")
 
@@ -20,6 +22,6 @@ def test_logits_equal_at_tp1_and_tp2(tmp_path):
                     "--master-port", str(_free_port()), str(WORKER), "check", str(tmp_path)],
                    check=True, capture_output=True, timeout=300)
     diffs = json.loads((tmp_path / "tp2_diff.json").read_text())
-    assert set(diffs) == {"learned", "binary", "gf2"}
+    assert set(diffs) == set(ARMS)
     for arm, diff in diffs.items():
         assert diff <= 1e-5, f"{arm}: TP=2 logits differ from TP=1 by {diff}"

@@ -353,3 +353,15 @@ def test_resuming_with_another_input_interface_is_refused(tmp_path):
     assert proc.returncode != 0
     assert "cannot resume" in proc.stderr
     assert "--input-interface: checkpoint 'binary', now 'gf2'" in proc.stderr
+
+
+def test_a_checkpoint_from_before_code_tilings_resumes_as_repeat():
+    """Its saved args lack --code-tiling: they mean repeat."""
+    from megatron_ext.checkpointing import MODEL_DEFINING_ARGS, check_compatible
+    args = parse_args(TINY_RUN + ["--input-interface", "gf2", "--train-iters", "2"])
+    args.padded_vocab_size = 512
+    saved = {k: getattr(args, k) for k in MODEL_DEFINING_ARGS if k != "code_tiling"}
+    check_compatible(saved, args, "CKPT")
+    args.code_tiling = "recode"
+    with pytest.raises(SystemExit, match="--code-tiling: checkpoint 'repeat', now 'recode'"):
+        check_compatible(saved, args, "CKPT")

@@ -22,14 +22,23 @@ from megatron_ext.arguments import padded_vocab_size, parse_model_args
 from megatron_ext.initialize import initialize_distributed
 from megatron_ext.model import model_provider
 
-ARMS = ("learned", "binary", "gf2")
+# name -> input flags: every scheme; random also with the recode tiling and a truncated last
+# block (13 bits at width 64).
+ARMS = {
+    "learned": ["--input-interface", "learned"],
+    "binary": ["--input-interface", "binary"],
+    "gf2": ["--input-interface", "gf2"],
+    "permuted": ["--input-interface", "permuted"],
+    "random_recode_13bit": ["--input-interface", "random", "--code-tiling", "recode",
+                            "--code-bits", "13"],
+}
 VOCAB = 500
 
 
 def build(arm: str, tp: int):
     args = parse_model_args(["--num-layers", "2", "--hidden-size", "64",
                              "--num-attention-heads", "4", "--seq-length", "16",
-                             "--vocab-size", str(VOCAB), "--input-interface", arm,
+                             "--vocab-size", str(VOCAB), *ARMS[arm],
                              "--tensor-model-parallel-size", str(tp)], "tp parity")
     args.padded_vocab_size = padded_vocab_size(VOCAB, 128, tp)
     return model_provider(args, on_cpu=True).eval()

@@ -1,7 +1,7 @@
 """Convert a training checkpoint (any arm, saved at any TP/PP size) to Hugging Face format.
 
 Writes safetensors, ``config.json``, ``generation_config.json`` and tokenizer files. The
-learned arm becomes a stock ``LlamaForCausalLM``; binary/gf2 become a fixed-code Llama loaded
+learned arm becomes a stock ``LlamaForCausalLM``; a fixed-code arm becomes a fixed-code Llama loaded
 with ``trust_remote_code=True`` (see megatron_ext/hf/convert.py for the weight mapping)::
 
     python tools/convert_to_hf.py --load CKPT_DIR [--iteration N] --output HF_DIR \\

@@ -1,11 +1,17 @@
-"""Trainable parameters per part (input table, backbone, head, total) for each arm.
+"""Trainable parameters per part (input table, backbone, head, total) for each arm, the input's
+RMS at initialisation, and the rows of a fixed code.
 
 Counted from real instantiated Megatron-Core modules (on the meta device: no memory is
-allocated), never from a formula. Usage::
+allocated), never from a formula. The table also gives each arm's input RMS at step 0: the
+learned table starts at N(0, --init-method-std), RMS ≈ that std; a fixed code's RMS is
+computed over the whole vocabulary, with the --code-scale that would match the learned one.
+Usage::
 
     python tools/param_report.py --preset smollm2-1.7b
     python tools/param_report.py --num-layers 2 --hidden-size 64 --num-attention-heads 4 \\
         --seq-length 128 --vocab-size 1000 --arms binary learned
+    python tools/param_report.py --preset smollm2-1.7b --input-interface random \\
+        --code-tiling recode --show-code 4      # the first 4 rows of that code
 """
 
 from __future__ import annotations
@@ -19,10 +25,12 @@ from typing import Optional, Sequence
 import torch
 
 from megatron_ext.arguments import padded_vocab_size, parse_model_args
+from megatron_ext.codes import SCHEMES, FixedCode
 from megatron_ext.initialize import destroy_distributed, initialize_distributed
-from megatron_ext.model import model_provider
+from megatron_ext.kernels import fixed_code_forward, lookup_tables
+from megatron_ext.model import build_code, model_provider
 
-ARMS = ("learned", "binary", "gf2")
+ARMS = ("learned", *SCHEMES)
 
 
 def count_parameters(model: torch.nn.Module) -> dict:
@@ -38,46 +46,113 @@ def count_parameters(model: torch.nn.Module) -> dict:
     return parts
 
 
-def report(args: argparse.Namespace, arms: Sequence[str]) -> dict:
-    """``{arm: {part: count}}`` for a model shape given by ``args``."""
+def arm_args(args: argparse.Namespace, arm: str, tp: int = 1) -> argparse.Namespace:
+    """``args`` for one arm, its vocabulary padded as training pads it at TP size ``tp``."""
     if args.vocab_size is None:
         raise SystemExit("error: --vocab-size is required (or use --preset)")
+    out = copy.copy(args)
+    out.input_interface = arm
+    out.padded_vocab_size = padded_vocab_size(args.vocab_size, args.make_vocab_size_divisible_by,
+                                              tp)
+    return out
+
+
+def report(args: argparse.Namespace, arms: Sequence[str]) -> dict:
+    """``{arm: {part: count}}`` for a model shape given by ``args``."""
     counts = {}
     initialize_distributed("cpu")
     try:
         for arm in arms:
-            arm_args = copy.copy(args)
-            arm_args.input_interface = arm
-            arm_args.padded_vocab_size = padded_vocab_size(
-                args.vocab_size, args.make_vocab_size_divisible_by, 1)
             with torch.device("meta"):
-                model = model_provider(arm_args, on_cpu=True)
+                model = model_provider(arm_args(args, arm), on_cpu=True)
             counts[arm] = count_parameters(model)
     finally:
         destroy_distributed()
     return counts
 
 
-def format_table(counts: dict) -> str:
+def code_rms(code: FixedCode, vocab_size: int, hidden_size: int) -> float:
+    """RMS of the code's input over every id of the vocabulary and every position."""
+    table = code.table if code.table is not None else torch.zeros(0, dtype=torch.int64)
+    lookup = lookup_tables(code, hidden_size)
+    squares = 0.0
+    for start in range(0, vocab_size, 4096):
+        ids = torch.arange(start, min(start + 4096, vocab_size))
+        rows = fixed_code_forward(code, ids, table, lookup, hidden_size, torch.float32, "torch")
+        squares += rows.double().square().sum().item()
+    return (squares / (vocab_size * hidden_size)) ** 0.5
+
+
+def input_rms(args: argparse.Namespace, arms: Sequence[str]) -> dict:
+    """``{arm: (input RMS at step 0, --code-scale matching the learned RMS or None)}``."""
+    std = args.init_method_std
+    rms = {}
+    for arm in arms:
+        if arm == "learned":
+            rms[arm] = (std, None)
+            continue
+        a = arm_args(args, arm)
+        value = code_rms(build_code(a), a.padded_vocab_size, a.hidden_size)
+        rms[arm] = (value, args.code_scale * std / value)  # the RMS scales with --code-scale
+    return rms
+
+
+def format_table(counts: dict, rms: dict, std: float) -> str:
     parts = ("input_table", "backbone", "head", "total")
-    lines = [f"{'arm':<8}" + "".join(f"{p:>16}" for p in parts)]
+    lines = [f"{'arm':<9}" + "".join(f"{p:>16}" for p in parts) + f"{'input RMS':>12}"
+             + f"{'matching --code-scale':>23}"]
     for arm, c in counts.items():
-        lines.append(f"{arm:<8}" + "".join(f"{c[p]:>16,}" for p in parts))
+        value, matching = rms[arm]
+        lines.append(f"{arm:<9}" + "".join(f"{c[p]:>16,}" for p in parts)
+                     + (f"{'~' + format(value, '.4g'):>12}{'-':>23}" if matching is None
+                        else f"{value:>12.4g}{matching:>23.4g}"))
     if "learned" in counts:
         for arm in counts:
             if arm != "learned":
                 diff = counts["learned"]["total"] - counts[arm]["total"]
                 lines.append(f"learned - {arm}: {diff:,} parameters")
+    lines.append(f"input RMS at step 0: the learned table starts at N(0, --init-method-std "
+                 f"{std:g});\na fixed code's is over all ids and positions, at --code-scale as "
+                 f"given (pm1: RMS = scale)")
+    return "\n".join(lines)
+
+
+def show_code(args: argparse.Namespace, rows: int) -> str:
+    """The first ``rows`` ids of the code the flags define: id, code input x(t), and the row's
+    bits (position 0 first, one group per block of n positions)."""
+    if args.input_interface == "learned":
+        raise SystemExit("error: --show-code needs a fixed-code --input-interface")
+    a = arm_args(args, args.input_interface, args.tensor_model_parallel_size)
+    code = build_code(a)
+    low, high = code.bit_values()
+    n, ids = code.num_bits, torch.arange(min(rows, a.padded_vocab_size))
+    bits = code.row_bits(ids, a.hidden_size)
+    lines = [f"# {code.describe()}; vocabulary {a.padded_vocab_size} (padded), hidden "
+             f"{a.hidden_size}, --code-seed {args.code_seed}",
+             f"# id x(t) | row bits, position 0 first, blocks of {n}; bit 1 -> {high:g}, "
+             f"0 -> {low:g}"]
+    for t, x, row in zip(ids.tolist(), code.code_input(ids).tolist(), bits.tolist()):
+        text = "".join(map(str, row))
+        lines.append(f"{t} {x} | " + " ".join(text[i:i + n] for i in range(0, len(text), n)))
     return "\n".join(lines)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> dict:
     def extra(parser):
         parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
-        parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+        parser.add_argument("--json", action="store_true",
+                            help="print the parameter counts as JSON instead of a table")
+        parser.add_argument("--show-code", type=int, metavar="ROWS",
+                            help="print the first ROWS rows of the code of --input-interface "
+                                 "(here default binary) with the --code-* flags, and exit")
+        parser.set_defaults(input_interface="binary")
     args = parse_model_args(argv, "Trainable parameters per arm", extra)
+    if args.show_code is not None:
+        print(show_code(args, args.show_code))
+        return {}
     counts = report(args, args.arms)
-    print(json.dumps(counts, indent=2) if args.json else format_table(counts))
+    print(json.dumps(counts, indent=2) if args.json
+          else format_table(counts, input_rms(args, args.arms), args.init_method_std))
     return counts
 
 

@@ -26,7 +26,8 @@ from megatron_ext import recipes
 
 REPO = Path(__file__).resolve().parent.parent
 TEMPLATE = REPO / "slurm" / "fixedcode.sbatch"
-ARMS = ("learned", "binary", "gf2")
+ARMS = ("learned", "binary", "gf2", "permuted", "random")  # --input-interface choices
+DEFAULT_ARMS = ("learned", "binary", "gf2")  # the paper's comparison
 # Set here per arm (or always): a recipe that sets them is refused.
 PER_ARM_FLAGS = ("--input-interface", "--save", "--load", "--tensorboard-dir",
                  "--exit-signal-handler")
@@ -83,8 +84,9 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                    help="file of pretrain_fixedcode.py flags shared by the arms")
     p.add_argument("--run-dir", required=True, type=Path,
                    help="per arm: RUN_DIR/ARM/{checkpoints,tensorboard,slurm-ID.log,job.sbatch}")
-    p.add_argument("--arms", default=",".join(ARMS),
-                   help="comma-separated subset of %s (default: all)" % ",".join(ARMS))
+    p.add_argument("--arms", default=",".join(DEFAULT_ARMS),
+                   help="comma-separated subset of %s (default: %s)" % (",".join(ARMS),
+                                                                      ",".join(DEFAULT_ARMS)))
     add_job_args(p)
     p.add_argument("--dry-run", action="store_true",
                    help="print the generated scripts; write and submit nothing")

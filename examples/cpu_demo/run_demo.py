@@ -4,9 +4,11 @@
    three plays are held out for validation;
 2. tokenizer: a small sentencepiece BPE (tools/train_tokenizer.py);
 3. data: Megatron indexed binaries (tools/preprocess_data.py);
-4. training: the learned, binary and gf2 arms of one tiny model (pretrain_fixedcode.py);
-5. report: final train/validation loss per arm and a PNG of the validation curves
-   (tools/training_report.py, from each run's metrics.jsonl).
+4. training: the learned, binary and gf2 arms of one tiny model (pretrain_fixedcode.py), or
+   the ``--arms`` given: any ``--input-interface`` scheme, ``SCHEME-recode`` for its recode
+   tiling (``--code-tiling recode``);
+5. report: final train/validation loss per arm, labelled by scheme and tiling, and a PNG of
+   the validation curves (tools/training_report.py, from each run's metrics.jsonl).
 
 Every step is idempotent: a second run reuses what exists (training resumes from, or ends at,
 its checkpoint). Outputs go to ``--workdir`` (default ``demo/``).
@@ -22,8 +24,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+from megatron_ext.codes import SCHEMES
+
 REPO = Path(__file__).resolve().parents[2]
 ARMS = ("learned", "binary", "gf2")
+CHOICES = ("learned", *SCHEMES, *(f"{s}-recode" for s in SCHEMES))
 HELD_OUT = ("tragedies/macbeth.md", "comedies/twelfth-night.md", "histories/richard-ii.md")
 VOCAB_SIZE = 2048
 
@@ -34,6 +39,12 @@ RECIPE = ["--micro-batch-size", "8", "--global-batch-size", "16", "--lr", "3e-3"
           "--weight-decay", "0.1", "--clip-grad", "1.0", "--seed", "1234",
           "--eval-interval", "25", "--eval-iters", "4", "--log-interval", "25",
           "--save-interval", "100", "--num-workers", "0"]
+
+
+def arm_flags(arm: str) -> list:
+    """The input flags of an arm of CHOICES: ``SCHEME`` or ``SCHEME-recode``."""
+    scheme, _, tiling = arm.partition("-")
+    return ["--input-interface", scheme] + (["--code-tiling", tiling] if tiling else [])
 
 
 def run(cmd: list, **kw) -> None:
@@ -66,6 +77,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", default=str(REPO / "demo"))
     parser.add_argument("--train-iters", type=int, default=150)
+    parser.add_argument("--arms", nargs="+", choices=CHOICES, default=list(ARMS),
+                        help="arms to train and compare, each labelled by its name in the "
+                             "report (default: %(default)s)")
     args = parser.parse_args()
     work = Path(args.workdir)
     py = sys.executable
@@ -85,9 +99,9 @@ def main() -> None:
                  work / "corpus" / f"{split}.jsonl", *tokenizer, "--append-eod",
                  "--output-prefix", prefix, "--workers", "2"])
 
-    for arm in ARMS:
+    for arm in args.arms:
         ckpt = work / "checkpoints" / arm
-        run([py, REPO / "pretrain_fixedcode.py", "--input-interface", arm, *MODEL, *RECIPE,
+        run([py, REPO / "pretrain_fixedcode.py", *arm_flags(arm), *MODEL, *RECIPE,
              *tokenizer, "--train-iters", args.train_iters,
              "--train-data-path", work / "data" / "train_text_document",
              "--valid-data-path", work / "data" / "valid_text_document",
@@ -95,7 +109,7 @@ def main() -> None:
              "--save", ckpt, "--load", ckpt, "--tensorboard-dir", work / "tensorboard" / arm])
 
     run([py, REPO / "tools" / "training_report.py",
-         *[f"{arm}={work / 'checkpoints' / arm}" for arm in ARMS],
+         *[f"{arm}={work / 'checkpoints' / arm}" for arm in args.arms],
          "--plot", work / "valid_loss.png", "--markdown", work / "report.md"])
     print(f"TensorBoard: tensorboard --logdir {work / 'tensorboard'}")
 

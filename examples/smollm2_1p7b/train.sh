@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Train one arm of the paper-shape recipe on one node of 8 GPUs:
-#   bash examples/smollm2_1p7b/train.sh {learned|binary|gf2} [RUN_DIR]
+#   bash examples/smollm2_1p7b/train.sh {learned|binary|gf2|permuted|random} [RUN_DIR]
 # Resumes from RUN_DIR/ARM/checkpoints when it holds a checkpoint. For Slurm (many nodes,
 # preemption, requeue) use tools/submit.py with the same recipe.args.
 set -euo pipefail
-usage="usage: train.sh {learned|binary|gf2} [RUN_DIR]"
+usage="usage: train.sh {learned|binary|gf2|permuted|random} [RUN_DIR]"
 arm=${1:?$usage}
 run_dir=${2:-runs/smollm2_1p7b}
-case "$arm" in learned|binary|gf2) ;; *) echo "error: unknown arm '$arm'; $usage" >&2; exit 2;; esac
+case "$arm" in learned|binary|gf2|permuted|random) ;; *) echo "error: unknown arm '$arm'; $usage" >&2; exit 2;; esac
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 # The recipe's flags, comments dropped.

@@ -3,15 +3,15 @@
 
 #include <torch/extension.h>
 
-#include <vector>
-
-at::Tensor fixed_code_cuda(const at::Tensor& ids, int64_t hidden_size, int64_t num_bits,
-                           const std::vector<int64_t>& columns, int64_t offset, double low,
+at::Tensor fixed_code_cuda(const at::Tensor& ids, const at::Tensor& table,
+                           const at::Tensor& lookup, int64_t hidden_size, double low,
                            double high, at::ScalarType dtype);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("tiled_code", &fixed_code_cuda,
-        "ids [...] int64 on a GPU -> tiled fixed code [..., hidden_size] in dtype",
-        py::arg("ids"), py::arg("hidden_size"), py::arg("num_bits"), py::arg("columns"),
-        py::arg("offset"), py::arg("low"), py::arg("high"), py::arg("dtype"));
+        "ids [...] int64, per-id table [V] int64 (or empty) and lookup tables "
+        "[chunks, 256, 4*ceil(hidden/32)] uint8 on a GPU -> fixed code [..., hidden_size] "
+        "in dtype",
+        py::arg("ids"), py::arg("table"), py::arg("lookup"), py::arg("hidden_size"),
+        py::arg("low"), py::arg("high"), py::arg("dtype"));
 }

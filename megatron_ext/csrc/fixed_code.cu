@@ -1,11 +1,13 @@
-// The fused CUDA forward of the fixed-code input: writes tiled_code(ids) (megatron_ext/codes.py)
-// straight into a fresh [..., hidden] tensor. Bound to Python by binding.cpp; selected by
-// megatron_ext/kernels.py.
+// The fused CUDA forward of the fixed-code input, one kernel for every scheme and tiling: writes
+// FixedCode.encode(ids) (megatron_ext/codes.py) straight into a fresh [..., hidden] tensor.
+// Bound to Python by binding.cpp; selected by megatron_ext/kernels.py, which builds its inputs.
 //
-// Every code is affine over GF(2): c = A·bits(id) ⊕ b, passed as the n columns of A and b,
-// each an n-bit mask (the binary code is A = I, b = 0). Each block takes a few tokens; one
-// thread per token XORs the columns selected by the id's bits, once, and stores the n code
-// bits tiled in shared memory; then all threads write the rows with 16-byte stores.
+// Every tiled code is affine over GF(2) in the bits of the code input x (the id, or its entry
+// of the code's per-id table), so a row's bits, packed 32 positions to a word (position j: word
+// j / 32, bit j % 32), are the XOR of one row per byte of x from `lookup`
+// ([chunks, 256, words] 32-bit words; kernels.lookup_tables). Each block takes a few tokens:
+// it reads their x, builds their packed rows in shared memory (chunks loads per word, from
+// tables that stay in cache), then all threads write the rows with 16-byte stores.
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -22,16 +24,10 @@
 
 namespace {
 
-constexpr int kMaxBits = 62;              // FixedCode allows 1..62 bits
 constexpr int kThreads = 256;
 constexpr int kMaxTokensPerBlock = 64;
 constexpr int kStoresPerBlock = 1024;     // 16-byte stores a block aims for (4 per thread)
-
-struct AffineCode {
-  uint64_t columns[kMaxBits];  // column k of A: bit i set when A[i][k] = 1
-  uint64_t offset;             // b: bit i set when b[i] = 1
-  int num_bits;
-};
+constexpr int kMaxSharedBytes = 48 * 1024;
 
 // VEC values of the output's bit pattern (uint32_t: fp32; uint16_t: bf16, fp16), one store.
 template <typename Bits, int VEC>
@@ -39,40 +35,50 @@ struct alignas(sizeof(Bits) * VEC) Pack {
   Bits v[VEC];
 };
 
-// Rows [first, first + tokens) of out [num_tokens, hidden]; out[t][j] = code bit (j mod n)
-// of ids[t], as `high` (bit 1) or `low` (bit 0). hidden is a multiple of VEC and of n.
+// Rows [first, first + tokens) of out [num_tokens, hidden]: out[t][j] = `high` where bit j of
+// row(t) is set, else `low`. hidden is a multiple of VEC, and VEC divides 32.
 template <typename Bits, int VEC>
-__global__ void __launch_bounds__(kThreads) tiled_code_kernel(
-    const int64_t* __restrict__ ids, Bits* __restrict__ out, const AffineCode code,
+__global__ void __launch_bounds__(kThreads) fixed_code_kernel(
+    const int64_t* __restrict__ ids, const int64_t* __restrict__ table, int64_t table_size,
+    const uint32_t* __restrict__ lookup, int chunks, int words, Bits* __restrict__ out,
     int64_t num_tokens, int hidden, int tokens_per_block, Bits low, Bits high) {
-  // Code bits of each token, repeated so that bits [r, r + VEC) lie in one word for r < n.
-  __shared__ unsigned __int128 tiled[kMaxTokensPerBlock];
-  const int n = code.num_bits;
+  extern __shared__ uint32_t rows[];  // [tokens_per_block][words]
+  __shared__ uint64_t inputs[kMaxTokensPerBlock];
   const int64_t first = static_cast<int64_t>(blockIdx.x) * tokens_per_block;
   const int tokens = static_cast<int>(min(static_cast<int64_t>(tokens_per_block),
                                           num_tokens - first));
   if (threadIdx.x < tokens) {
-    const uint64_t id = static_cast<uint64_t>(ids[first + threadIdx.x]);
-    uint64_t c = code.offset;
-    for (int k = 0; k < n; ++k) {
-      if ((id >> k) & 1) c ^= code.columns[k];
+    const int64_t id = ids[first + threadIdx.x];
+    // Ids outside the vocabulary fail FixedCodeEmbedding's device assert; never read past
+    // the table meanwhile.
+    const bool inside = id >= 0 && id < table_size;
+    inputs[threadIdx.x] = static_cast<uint64_t>(table == nullptr ? id : (inside ? table[id] : 0));
+  }
+  __syncthreads();
+
+  for (int i = threadIdx.x; i < tokens * words; i += blockDim.x) {
+    const int token = i / words;
+    const int w = i - token * words;
+    const uint64_t x = inputs[token];
+    uint32_t word = 0;
+    for (int c = 0; c < chunks; ++c) {
+      const int byte = static_cast<int>((x >> (8 * c)) & 0xff);
+      word ^= __ldg(lookup + (static_cast<int64_t>(c) * 256 + byte) * words + w);
     }
-    unsigned __int128 t = 0;
-    for (int s = 0; s < n + VEC - 1; s += n) t |= static_cast<unsigned __int128>(c) << s;
-    tiled[threadIdx.x] = t;
+    rows[i] = word;
   }
   __syncthreads();
 
   const int stores_per_row = hidden / VEC;
-  Pack<Bits, VEC>* rows = reinterpret_cast<Pack<Bits, VEC>*>(out + first * hidden);
+  Pack<Bits, VEC>* dst = reinterpret_cast<Pack<Bits, VEC>*>(out + first * hidden);
   for (int i = threadIdx.x; i < tokens * stores_per_row; i += blockDim.x) {
     const int token = i / stores_per_row;
-    const int r = ((i - token * stores_per_row) * VEC) % n;  // code bit of the first value
-    const uint32_t window = static_cast<uint32_t>(tiled[token] >> r);
+    const int j = (i - token * stores_per_row) * VEC;  // first position of this store
+    const uint32_t window = rows[token * words + j / 32] >> (j % 32);
     Pack<Bits, VEC> pack;
 #pragma unroll
     for (int e = 0; e < VEC; ++e) pack.v[e] = ((window >> e) & 1) ? high : low;
-    rows[i] = pack;
+    dst[i] = pack;
   }
 }
 
@@ -90,13 +96,17 @@ Bits bits_of_value(float value, at::ScalarType dtype) {
 }
 
 template <typename Bits>
-void launch(const at::Tensor& ids, at::Tensor& out, const AffineCode& code, int hidden,
-            float low, float high) {
+void launch(const at::Tensor& ids, const at::Tensor& table, const at::Tensor& lookup,
+            at::Tensor& out, int hidden, float low, float high) {
   constexpr int kVec = 16 / sizeof(Bits);
   const bool vectorised = (hidden % kVec) == 0;  // rows then start on 16-byte boundaries
   const int vec = vectorised ? kVec : 1;
+  const int chunks = static_cast<int>(lookup.size(0));
+  const int words = static_cast<int>(lookup.size(2) / 4);
   const int tokens_per_block =
       std::max(1, std::min(kMaxTokensPerBlock, kStoresPerBlock * vec / hidden));
+  const size_t shared = static_cast<size_t>(tokens_per_block) * words * sizeof(uint32_t);
+  TORCH_CHECK(shared <= kMaxSharedBytes, "fixed_code_cuda: hidden_size too large");
   const int64_t num_tokens = ids.numel();
   const int64_t blocks = (num_tokens + tokens_per_block - 1) / tokens_per_block;
   TORCH_CHECK(blocks <= INT32_MAX, "fixed_code_cuda: too many tokens for one launch");
@@ -105,37 +115,42 @@ void launch(const at::Tensor& ids, at::Tensor& out, const AffineCode& code, int 
   auto stream = c10::cuda::getCurrentCUDAStream();
   auto* dst = reinterpret_cast<Bits*>(out.data_ptr());
   const int64_t* src = ids.const_data_ptr<int64_t>();
+  const int64_t* per_id = table.numel() ? table.const_data_ptr<int64_t>() : nullptr;
+  const auto* rows = reinterpret_cast<const uint32_t*>(lookup.const_data_ptr<uint8_t>());
+  const auto grid = static_cast<unsigned int>(blocks);
   if (vectorised) {
-    tiled_code_kernel<Bits, kVec><<<static_cast<unsigned int>(blocks), kThreads, 0, stream>>>(
-        src, dst, code, num_tokens, hidden, tokens_per_block, lo, hi);
+    fixed_code_kernel<Bits, kVec><<<grid, kThreads, shared, stream>>>(
+        src, per_id, table.numel(), rows, chunks, words, dst, num_tokens, hidden,
+        tokens_per_block, lo, hi);
   } else {
-    tiled_code_kernel<Bits, 1><<<static_cast<unsigned int>(blocks), kThreads, 0, stream>>>(
-        src, dst, code, num_tokens, hidden, tokens_per_block, lo, hi);
+    fixed_code_kernel<Bits, 1><<<grid, kThreads, shared, stream>>>(
+        src, per_id, table.numel(), rows, chunks, words, dst, num_tokens, hidden,
+        tokens_per_block, lo, hi);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 }  // namespace
 
-// ids [...] int64 on a GPU -> [..., hidden_size] in dtype (float32, bfloat16 or float16),
-// position j holding code bit (j mod n) as `high` (bit 1) or `low` (bit 0).
-at::Tensor fixed_code_cuda(const at::Tensor& ids, int64_t hidden_size, int64_t num_bits,
-                           const std::vector<int64_t>& columns, int64_t offset, double low,
+// ids [...] int64, table [V] int64 or empty, lookup [chunks, 256, 4·⌈hidden/32⌉] uint8, all on
+// one GPU -> [..., hidden_size] in dtype (float32, bfloat16 or float16).
+at::Tensor fixed_code_cuda(const at::Tensor& ids, const at::Tensor& table,
+                           const at::Tensor& lookup, int64_t hidden_size, double low,
                            double high, at::ScalarType dtype) {
   TORCH_CHECK(ids.is_cuda(), "fixed_code_cuda: ids must be on a GPU");
   TORCH_CHECK(ids.scalar_type() == at::kLong, "fixed_code_cuda: ids must be int64");
-  TORCH_CHECK(num_bits >= 1 && num_bits <= kMaxBits, "fixed_code_cuda: num_bits in [1, 62]");
-  TORCH_CHECK(static_cast<int64_t>(columns.size()) == num_bits,
-              "fixed_code_cuda: one column mask per code bit");
-  TORCH_CHECK(hidden_size > 0 && hidden_size % num_bits == 0,
-              "fixed_code_cuda: hidden_size must be a positive multiple of num_bits");
+  TORCH_CHECK(table.scalar_type() == at::kLong && table.dim() == 1 &&
+                  (table.numel() == 0 || (table.device() == ids.device() && table.is_contiguous())),
+              "fixed_code_cuda: table must be an int64 vector on the ids' GPU, or empty");
+  TORCH_CHECK(hidden_size > 0, "fixed_code_cuda: hidden_size must be positive");
+  TORCH_CHECK(lookup.scalar_type() == at::kByte && lookup.dim() == 3 && lookup.size(1) == 256 &&
+                  lookup.size(0) >= 1 && lookup.size(0) <= 8 &&
+                  lookup.size(2) == (hidden_size + 31) / 32 * 4 && lookup.is_contiguous() &&
+                  lookup.device() == ids.device(),
+              "fixed_code_cuda: lookup must be contiguous uint8 [1..8, 256, 4*ceil(hidden/32)] "
+              "on the ids' GPU");
   TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf,
               "fixed_code_cuda: dtype must be float32, bfloat16 or float16");
-
-  AffineCode code{};
-  code.num_bits = static_cast<int>(num_bits);
-  code.offset = static_cast<uint64_t>(offset);
-  for (int k = 0; k < code.num_bits; ++k) code.columns[k] = static_cast<uint64_t>(columns[k]);
 
   const c10::cuda::CUDAGuard guard(ids.device());
   const at::Tensor flat = ids.contiguous();
@@ -145,9 +160,11 @@ at::Tensor fixed_code_cuda(const at::Tensor& ids, int64_t hidden_size, int64_t n
   if (flat.numel() == 0) return out;
   const int hidden = static_cast<int>(hidden_size);
   if (dtype == at::kFloat) {
-    launch<uint32_t>(flat, out, code, hidden, static_cast<float>(low), static_cast<float>(high));
+    launch<uint32_t>(flat, table, lookup, out, hidden, static_cast<float>(low),
+                     static_cast<float>(high));
   } else {
-    launch<uint16_t>(flat, out, code, hidden, static_cast<float>(low), static_cast<float>(high));
+    launch<uint16_t>(flat, table, lookup, out, hidden, static_cast<float>(low),
+                     static_cast<float>(high));
   }
   return out;
 }

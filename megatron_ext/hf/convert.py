@@ -1,8 +1,8 @@
 """Megatron GPTModel weights and training args -> a Hugging Face Llama, or fixed-code Llama.
 
-The learned arm becomes a stock ``LlamaForCausalLM``; the binary and gf2 arms become
-:class:`~megatron_ext.hf.modeling_fixedcode.FixedCodeLlamaForCausalLM` (``trust_remote_code``)
-with the code in ``config.json`` and no input table. Weight mapping, from the TP=1 local-spec
+The learned arm becomes a stock ``LlamaForCausalLM``; the fixed-code arms (every scheme and
+tiling) become :class:`~megatron_ext.hf.modeling_fixedcode.FixedCodeLlamaForCausalLM`
+(``trust_remote_code``) with the code in ``config.json`` and no input table. Weight mapping, from the TP=1 local-spec
 state dict (L layers, h hidden, f FFN, q heads, g query groups, d = h/q):
 
 ===============================================  =============================================
@@ -36,10 +36,11 @@ from typing import Optional
 import torch
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
+from ..codes import SCHEMES
 from .configuration_fixedcode import FixedCodeLlamaConfig
 from .modeling_fixedcode import FixedCodeLlamaForCausalLM
 
-ARMS = ("learned", "binary", "gf2")
+ARMS = ("learned", *SCHEMES)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 REQUIRED_ARGS = ("input_interface", "num_layers", "hidden_size", "ffn_hidden_size",
                  "num_attention_heads", "num_query_groups", "normalization", "norm_epsilon",
@@ -60,7 +61,7 @@ def check_mappable(args: argparse.Namespace, fixed_code: Optional[dict], source:
         reasons.append(f"--input-interface {args.input_interface}: not one of {ARMS}")
     elif args.input_interface != "learned" and not fixed_code:
         reasons.append(f"a {args.input_interface} checkpoint without its saved fixed_code: "
-                       f"the code (A, b) is unknown")
+                       f"the code is unknown")
     if args.normalization != "RMSNorm":
         reasons.append(f"--normalization {args.normalization}: Llama has RMSNorm only")
     if not args.swiglu:
@@ -113,7 +114,7 @@ def hf_state_dict(state: dict, args: argparse.Namespace, dtype: torch.dtype) -> 
 
 def hf_config(args: argparse.Namespace, fixed_code: Optional[dict], dtype: torch.dtype,
               eos_token_id: int) -> LlamaConfig:
-    """The HF config of the checkpoint's model: Llama's, plus the code for binary/gf2."""
+    """The HF config of the checkpoint's model: Llama's, plus the code for a fixed-code arm."""
     shape = dict(
         vocab_size=args.padded_vocab_size,
         hidden_size=args.hidden_size,
@@ -155,7 +156,7 @@ def build_hf_model(config: LlamaConfig, state: dict, device: str = "meta") -> Ll
 
 def save_hf_model(config: LlamaConfig, state: dict, output: str) -> None:
     """Write ``config.json``, safetensors and ``generation_config.json`` (EOD ends and pads a
-    generation), plus the custom code files for binary/gf2."""
+    generation), plus the custom code files for a fixed-code arm."""
     if isinstance(config, FixedCodeLlamaConfig):
         FixedCodeLlamaConfig.register_for_auto_class()
         FixedCodeLlamaForCausalLM.register_for_auto_class("AutoModelForCausalLM")

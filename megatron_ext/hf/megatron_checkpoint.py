@@ -34,7 +34,7 @@ def load_model(path: str, args: argparse.Namespace, fixed_code: Optional[dict]) 
     """The checkpoint's model as one fp32 module on CPU, in eval mode. Needs
     ``initialize_distributed("cpu")`` (TP=PP=1) first."""
     args = argparse.Namespace(**vars(args))
-    args.fixed_code = fixed_code  # reuse the saved A and b; never redraw them
+    args.fixed_code = fixed_code  # reuse the saved code; never redraw it
     args.tensor_model_parallel_size = args.pipeline_model_parallel_size = 1
     args.sequence_parallel = args.use_distributed_optimizer = False
     args.transformer_impl, args.fp8_format, args.fixed_code_impl = "local", None, "torch"

@@ -33,7 +33,7 @@ def load_hf(hf_dir: str) -> PreTrainedModel:
 
 def load_tokenizer(hf_dir: str) -> PreTrainedTokenizerBase:
     """The exported tokenizer. ``trust_remote_code`` because AutoTokenizer first reads
-    ``config.json``, which for binary/gf2 names the custom model code."""
+    ``config.json``, which for a fixed-code arm names the custom model code."""
     return AutoTokenizer.from_pretrained(hf_dir, trust_remote_code=True)
 
 
