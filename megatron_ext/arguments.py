@@ -28,26 +28,36 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("model")
     g.add_argument("--preset", choices=sorted(PRESETS),
                    help="fill the model shape from a named preset (explicit flags still win)")
-    g.add_argument("--num-layers", type=int)
-    g.add_argument("--hidden-size", type=int)
+    g.add_argument("--num-layers", type=int, help="transformer layers")
+    g.add_argument("--hidden-size", type=int, help="model width h (the fixed code is tiled to it)")
     g.add_argument("--ffn-hidden-size", type=int, help="default 4 x hidden size")
-    g.add_argument("--num-attention-heads", type=int)
+    g.add_argument("--num-attention-heads", type=int, help="attention heads")
     g.add_argument("--num-query-groups", type=int, default=None,
                    help="grouped-query attention groups (default: no GQA)")
-    g.add_argument("--seq-length", type=int)
+    g.add_argument("--seq-length", type=int, help="tokens per training sequence")
     g.add_argument("--max-position-embeddings", type=int, help="default --seq-length")
-    g.add_argument("--position-embedding-type", choices=["rope", "none"], default="rope")
-    g.add_argument("--rotary-base", type=int, default=10000)
-    g.add_argument("--normalization", choices=["RMSNorm", "LayerNorm"], default="RMSNorm")
-    g.add_argument("--norm-epsilon", type=float, default=1e-5)
-    g.add_argument("--swiglu", action=argparse.BooleanOptionalAction, default=True)
-    g.add_argument("--disable-bias-linear", action=argparse.BooleanOptionalAction, default=True)
+    g.add_argument("--position-embedding-type", choices=["rope", "none"], default="rope",
+                   help="rope, or none (no position information)")
+    g.add_argument("--rotary-base", type=int, default=10000, help="RoPE base frequency")
+    g.add_argument("--normalization", choices=["RMSNorm", "LayerNorm"], default="RMSNorm",
+                   help="the layers' norm")
+    g.add_argument("--norm-epsilon", type=float, default=1e-5, help="epsilon of the norms")
+    g.add_argument("--swiglu", action=argparse.BooleanOptionalAction, default=True,
+                   help="SwiGLU MLP (--no-swiglu: GELU)")
+    g.add_argument("--disable-bias-linear", action=argparse.BooleanOptionalAction, default=True,
+                   help="no biases in the linear layers (--no-disable-bias-linear: biases)")
     g.add_argument("--untie-embeddings-and-output-weights",
-                   action=argparse.BooleanOptionalAction, default=True)
-    g.add_argument("--init-method-std", type=float, default=0.02)
-    g.add_argument("--hidden-dropout", type=float, default=0.0)
-    g.add_argument("--attention-dropout", type=float, default=0.0)
-    g.add_argument("--make-vocab-size-divisible-by", type=int, default=128)
+                   action=argparse.BooleanOptionalAction, default=True,
+                   help="an output head of its own (--no-...: tied to the learned input table)")
+    g.add_argument("--init-method-std", type=float, default=0.02,
+                   help="standard deviation of the weight initialisation (and of the learned "
+                        "table)")
+    g.add_argument("--hidden-dropout", type=float, default=0.0,
+                   help="dropout on the residual stream")
+    g.add_argument("--attention-dropout", type=float, default=0.0,
+                   help="dropout on the attention probabilities")
+    g.add_argument("--make-vocab-size-divisible-by", type=int, default=128,
+                   help="pad the vocabulary to a multiple of this x tensor-parallel size")
     g.add_argument("--bf16", action="store_true",
                    help="bf16 weights and activations, fp32 main weights in the optimizer")
     g.add_argument("--fp16", action="store_true",
@@ -106,10 +116,14 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
                         "cuda: the kernel or an error")
 
     p = parser.add_argument_group("parallelism")
-    p.add_argument("--tensor-model-parallel-size", type=int, default=1)
-    p.add_argument("--pipeline-model-parallel-size", type=int, default=1)
-    p.add_argument("--sequence-parallel", action="store_true")
-    p.add_argument("--use-distributed-optimizer", action="store_true")
+    p.add_argument("--tensor-model-parallel-size", type=int, default=1,
+                   help="tensor-parallel ranks per model replica")
+    p.add_argument("--pipeline-model-parallel-size", type=int, default=1, help="pipeline stages")
+    p.add_argument("--sequence-parallel", action="store_true",
+                   help="split the norms and dropout along the sequence over tensor-parallel ranks"
+                        " (GPU, TE layers)")
+    p.add_argument("--use-distributed-optimizer", action="store_true",
+                   help="shard the optimizer state over data-parallel ranks (GPU)")
     p.add_argument("--overlap-grad-reduce", action="store_true",
                    help="reduce gradients bucket by bucket during the backward pass")
     p.add_argument("--ddp-bucket-size", type=int, default=None,
@@ -123,7 +137,8 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
                    help="full recompute: uniform (every layer, in chunks of "
                         "--recompute-num-layers) or block (the first --recompute-num-layers "
                         "layers of each pipeline stage)")
-    r.add_argument("--recompute-num-layers", type=int, default=None)
+    r.add_argument("--recompute-num-layers", type=int, default=None,
+                   help="full recompute: layers per chunk (uniform) or per stage (block)")
 
     t = parser.add_argument_group("tokenizer")
     t.add_argument("--tokenizer-type", default="NullTokenizer", choices=TOKENIZER_TYPES,
@@ -136,27 +151,35 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
 def add_training_args(parser: argparse.ArgumentParser) -> None:
     """Flags of the training entry point (pretrain_fixedcode.py)."""
     g = parser.add_argument_group("training")
-    g.add_argument("--micro-batch-size", type=int, default=1)
+    g.add_argument("--micro-batch-size", type=int, default=1,
+                   help="sequences per micro-batch per data-parallel rank")
     g.add_argument("--global-batch-size", type=int, default=None,
                    help="default micro batch x data-parallel size; accumulation is derived")
-    g.add_argument("--train-iters", type=int)
-    g.add_argument("--train-samples", type=int)
-    g.add_argument("--lr", type=float, default=3e-4)
-    g.add_argument("--min-lr", type=float, default=0.0)
-    g.add_argument("--lr-warmup-iters", type=int, default=0)
+    g.add_argument("--train-iters", type=int, help="training steps (or --train-samples)")
+    g.add_argument("--train-samples", type=int,
+                   help="training sequences; steps = this / --global-batch-size")
+    g.add_argument("--lr", type=float, default=3e-4, help="peak learning rate")
+    g.add_argument("--min-lr", type=float, default=0.0,
+                   help="learning rate at the end of the decay")
+    g.add_argument("--lr-warmup-iters", type=int, default=0, help="linear warm-up steps")
     g.add_argument("--lr-decay-iters", type=int, default=None, help="default --train-iters")
     g.add_argument("--lr-decay-style", choices=["constant", "linear", "cosine", "WSD"],
-                   default="cosine")
+                   default="cosine",
+                   help="decay after the warm-up (WSD: constant, then --lr-wsd-decay-iters of "
+                        "decay)")
     g.add_argument("--lr-wsd-decay-iters", type=int, default=None,
                    help="WSD: length of the final decay phase")
     g.add_argument("--lr-wsd-decay-style", choices=["linear", "cosine", "exponential",
-                                                     "minus_sqrt"], default="linear")
-    g.add_argument("--weight-decay", type=float, default=0.1)
-    g.add_argument("--adam-beta1", type=float, default=0.9)
-    g.add_argument("--adam-beta2", type=float, default=0.95)
-    g.add_argument("--adam-eps", type=float, default=1e-8)
+                                                     "minus_sqrt"], default="linear",
+                   help="WSD: shape of the final decay")
+    g.add_argument("--weight-decay", type=float, default=0.1, help="AdamW weight decay")
+    g.add_argument("--adam-beta1", type=float, default=0.9, help="Adam beta1")
+    g.add_argument("--adam-beta2", type=float, default=0.95, help="Adam beta2")
+    g.add_argument("--adam-eps", type=float, default=1e-8, help="Adam epsilon")
     g.add_argument("--clip-grad", type=float, default=1.0, help="0 disables clipping")
-    g.add_argument("--seed", type=int, default=1234)
+    g.add_argument("--seed", type=int, default=1234,
+                   help="seed of the backbone initialisation and the data order (the same backbone"
+                        " in every arm)")
     g.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto",
                    help="auto: GPU when one is visible, else CPU over gloo")
     g.add_argument("--max-nonfinite-steps", type=int, default=10,
@@ -179,10 +202,14 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
     d.add_argument("--num-workers", type=int, default=2, help="data loader workers")
 
     e = parser.add_argument_group("validation and logging")
-    e.add_argument("--eval-interval", type=int, default=1000)
-    e.add_argument("--eval-iters", type=int, default=10)
-    e.add_argument("--log-interval", type=int, default=100)
-    e.add_argument("--tensorboard-dir", default=None)
+    e.add_argument("--eval-interval", type=int, default=1000,
+                   help="validate every this many steps (and at the last)")
+    e.add_argument("--eval-iters", type=int, default=10,
+                   help="global batches per validation (0: no validation)")
+    e.add_argument("--log-interval", type=int, default=100,
+                   help="log (and record) every this many steps")
+    e.add_argument("--tensorboard-dir", default=None,
+                   help="write the metrics as TensorBoard scalars here")
     e.add_argument("--metrics-file", default=None,
                    help="append one JSON line per log interval and validation here (default: "
                         "metrics.jsonl in --save)")
@@ -209,13 +236,16 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
                         "Nsight Systems (GPU), or with --use-pytorch-profiler")
     f.add_argument("--use-pytorch-profiler", action="store_true",
                    help="a PyTorch profiler trace per rank in --tensorboard-dir")
-    f.add_argument("--profile-step-start", type=int, default=10)
-    f.add_argument("--profile-step-end", type=int, default=12)
-    f.add_argument("--profile-ranks", type=int, nargs="+", default=[0])
+    f.add_argument("--profile-step-start", type=int, default=10,
+                   help="profile from the step after this one")
+    f.add_argument("--profile-step-end", type=int, default=12,
+                   help="profile up to and including this step")
+    f.add_argument("--profile-ranks", type=int, nargs="+", default=[0], help="ranks to profile")
 
     c = parser.add_argument_group("checkpointing and exit")
     c.add_argument("--save", default=None, help="checkpoint directory")
-    c.add_argument("--save-interval", type=int, default=None)
+    c.add_argument("--save-interval", type=int, default=None,
+                   help="save a checkpoint every this many steps (and at the end)")
     c.add_argument("--load", default=None,
                    help="resume from the latest checkpoint here (none yet: start fresh)")
     c.add_argument("--ckpt-step", type=int, default=None,
@@ -235,7 +265,8 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
                         "at another data-parallel size only), as in Megatron-LM")
     c.add_argument("--exit-signal-handler", action="store_true",
                    help="on SIGTERM/SIGUSR1: finish the step, save, exit 0")
-    c.add_argument("--exit-duration-in-mins", type=float, default=None)
+    c.add_argument("--exit-duration-in-mins", type=float, default=None,
+                   help="save and exit after this many minutes of wall time")
     c.add_argument("--exit-interval", type=int, default=None,
                    help="save and exit when the iteration is a multiple of this")
 
@@ -298,8 +329,19 @@ def validate_recompute_args(args: argparse.Namespace) -> None:
                          "--recompute-granularity full only")
 
 
+class ShowDefaults(argparse.HelpFormatter):
+    """``--help`` shows each flag's default, where it has one (not None or False)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.default not in (None, False, argparse.SUPPRESS) and "%(default)" not in text:
+            text += " (default: %(default)s)"
+        return text
+
+
 def build_parser(description: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=description, allow_abbrev=False)
+    parser = argparse.ArgumentParser(description=description, allow_abbrev=False,
+                                     formatter_class=ShowDefaults)
     add_model_args(parser)
     return parser
 

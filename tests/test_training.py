@@ -365,3 +365,18 @@ def test_a_checkpoint_from_before_code_tilings_resumes_as_repeat():
     args.code_tiling = "recode"
     with pytest.raises(SystemExit, match="--code-tiling: checkpoint 'repeat', now 'recode'"):
         check_compatible(saved, args, "CKPT")
+
+
+def test_every_flag_has_help_and_help_shows_the_defaults():
+    from megatron_ext.arguments import add_training_args, build_parser
+    parser = build_parser("pretrain")
+    add_training_args(parser)
+    flags = [a for a in parser._actions if a.option_strings and a.dest != "help"]
+    assert len(flags) > 90
+    assert [a.option_strings[0] for a in flags if not a.help] == []
+    text = parser.format_help()
+    for shown in ("peak learning rate (default: 0.0003)", "(default: 969,30,1)",
+                  "Adam beta2 (default: 0.95)"):
+        assert shown in " ".join(text.split()), shown
+    assert "(default: None)" not in text and "(default: False)" not in text
+
