@@ -334,7 +334,9 @@ class ShowDefaults(argparse.HelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
-        if action.default not in (None, False, argparse.SUPPRESS) and "%(default)" not in text:
+        hidden = action.default is None or action.default is False \
+            or action.default == argparse.SUPPRESS
+        if not hidden and "%(default)" not in text:
             text += " (default: %(default)s)"
         return text
 

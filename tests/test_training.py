@@ -376,7 +376,7 @@ def test_every_flag_has_help_and_help_shows_the_defaults():
     assert [a.option_strings[0] for a in flags if not a.help] == []
     text = parser.format_help()
     for shown in ("peak learning rate (default: 0.0003)", "(default: 969,30,1)",
-                  "Adam beta2 (default: 0.95)"):
+                  "Adam beta2 (default: 0.95)", "linear warm-up steps (default: 0)"):
         assert shown in " ".join(text.split()), shown
     assert "(default: None)" not in text and "(default: False)" not in text
 
