@@ -174,8 +174,9 @@ def probed_study(tmp_path_factory):
     builder.finalize(str(root / "heldout.idx"))
     (root / "heldout.jsonl").write_text("".join(json.dumps({"text": d}) + "\n"
                                                 for d in documents))
-    model = [f for f in TINY_RUN if f not in ("--tokenizer-type", "NullTokenizer",
-                                              "--vocab-size", "512")]
+    null = TINY_RUN.index("--tokenizer-type")  # TINY_RUN's NullTokenizer and its size
+    assert TINY_RUN[null:null + 4:2] == ["--tokenizer-type", "--vocab-size"]
+    model = TINY_RUN[:null] + TINY_RUN[null + 4:]
     (root / "recipe.args").write_text(" ".join(model) + f" --train-iters 2 --tokenizer-type "
                                       f"HuggingFaceTokenizer --tokenizer-model {tok}\n")
     (root / "study.toml").write_text(

@@ -79,10 +79,10 @@ def jsonl_documents(path: str, key: str, tokenizer):
     """Token arrays of the JSONL documents, each ending with the end-of-document token."""
     from megatron_ext.data.readers import BadInput, describe_bad_input, iter_batches, \
         parse_unit
-    for batch in iter_batches([path], "line"):
+    for batch in iter_batches([path], "line", [key]):
         for line, raw in batch.units:
             try:
-                texts = parse_unit(raw, line, True, [key])[key]
+                texts = parse_unit(raw, line, batch.kind, [key])[key]
             except BadInput as e:
                 where = describe_bad_input(path, e.line, e.kind, e.detail)
                 raise SystemExit(f"error: --jsonl {where}") from e
