@@ -22,6 +22,8 @@ from typing import Optional
 
 import numpy as np
 
+from megatron_ext.data.files import write_json
+
 from .spec import EvalSettings, Study, run_dir
 
 # The downstream metric a study compares, per task (tools/evaluate.py's table's first).
@@ -165,8 +167,6 @@ def evaluate_study(study: Study, study_dir: Path, export_hf, progress=print) -> 
         record = evaluate_checkpoint(run, iteration, study.eval, export_hf)
         path = cache_path(run, iteration)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(record) + "\n")
-        os.replace(tmp, path)
+        write_json(str(path), record)
         counts["evaluated"] += 1
     return counts

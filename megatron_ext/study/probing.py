@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from pathlib import Path
 from typing import Optional
+
+from megatron_ext.data.files import write_json
 
 from .evaluation import completed_iterations, held_out_tokens
 from .report import _fmt
@@ -60,9 +61,7 @@ def probe_study(study: Study, study_dir: Path, progress=print) -> dict:
                             f"tokens of {settings.data_path}", progress=progress)
         path = cache_path(run, iterations[-1])
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(record) + "\n")
-        os.replace(tmp, path)
+        write_json(str(path), record)
         counts["probed"] += 1
     return counts
 
