@@ -8,7 +8,14 @@ runs; ``torchrun`` (or ``srun`` with one task per GPU) for several::
         --num-attention-heads 4 --seq-length 64 --micro-batch-size 4 --train-iters 20 \\
         --mock-data --tokenizer-type NullTokenizer --vocab-size 1024
 
-See README.md for every flag; they keep Megatron-LM's names.
+The arm is ``--input-interface``: ``learned`` (Megatron's embedding table, the control),
+``binary``, ``gf2``, ``permuted`` or ``random`` (a fixed, parameter-free code of the token
+id, tiled to the model width; see docs/codes.md). The only place the arms differ is the end
+of :func:`megatron_ext.model.model_provider`, which replaces GPTModel's embedding with a
+:class:`megatron_ext.embedding.FixedCodeEmbedding` for a fixed-code arm; the backbone and the
+head are built identically (for one ``--seed``, the same initial weights in every arm).
+
+See ``--help`` for every flag; they keep Megatron-LM's names.
 """
 
 from __future__ import annotations
@@ -33,7 +40,8 @@ from megatron_ext.training import NonFiniteLossError, pretrain
 
 
 def model_provider(args, pre_process=True, post_process=True):
-    """GPTModel for this pipeline stage, with the arm's input interface."""
+    """GPTModel for this pipeline stage, with the arm's input interface (the swap of the
+    input table for the fixed code is in megatron_ext/model.py:model_provider)."""
     return fixedcode_model.model_provider(args, pre_process, post_process,
                                           on_cpu=args.device == "cpu")
 

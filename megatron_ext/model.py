@@ -178,6 +178,7 @@ def model_provider(args: argparse.Namespace, pre_process: bool = True,
         rotary_base=args.rotary_base,
         vp_stage=vp_stage,
     )
+    # The one difference between the arms: a fixed-code arm's input is the code, not a table.
     if code is not None and pre_process:
         model.embedding = FixedCodeEmbedding(
             config=config,
