@@ -212,3 +212,32 @@ def test_a_rerun_trains_nothing_and_evaluates_nothing_twice(tiny_study, capsys):
     assert "[study] 4 of 4 runs finished; training 0" in out
     assert "[study] evaluated 0 checkpoints (4 cached)" in out
     assert again["differences"] == summary["differences"]
+
+
+def test_an_interrupted_local_study_saves_and_a_rerun_resumes(recipe, tmp_path):
+    """SIGTERM (or Ctrl-C) to the study lets the current run save first; rerunning the same
+    command resumes that run from its checkpoint and goes on with the others."""
+    import signal
+    import subprocess
+    import sys
+    recipe.write_text(recipe.read_text().replace("--train-iters 3", "--train-iters 12"))
+    study_dir = tmp_path / "study"
+    cmd = [sys.executable, str(Path(study.__file__)), "run", str(study_dir), "--recipe",
+           str(recipe), "--arms", "learned,binary", "--seeds", "1", "--no-eval"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if "iteration        2/" in line:
+            proc.send_signal(signal.SIGTERM)
+            break
+    out = "".join(lines) + proc.communicate(timeout=120)[0]
+    assert proc.returncode == 1, out
+    assert "[study] interrupted: learned seed 1 saved its checkpoint" in out
+    stopped = int(re.search(r"received SIGTERM: exiting at iteration (\d+)", out).group(1))
+    ckpt = study_dir / "learned" / "seed1" / "checkpoints"
+    assert int((ckpt / "latest_checkpointed_iteration.txt").read_text()) == stopped < 12
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stdout[-2000:]
+    assert f"resumed from {ckpt}/iter_{stopped:07d} at iteration {stopped}" in again.stdout
+    assert "[study] run 2/2: binary seed 1" in again.stdout

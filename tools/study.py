@@ -119,6 +119,7 @@ def train_locally(study: spec.Study, study_dir: Path, nproc: int) -> None:
     """Train the unfinished runs one after another; each resumes from its checkpoints. The
     training output is shown prefixed with the run and kept in RUN/train.log. Ctrl-C (or
     SIGTERM) lets the current run save and stop; rerunning continues."""
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # as Ctrl-C
     todo = [(a, s) for a, s in study.runs() if not finished(spec.run_dir(study_dir, a, s))]
     print(f"[study] {len(study.runs()) - len(todo)} of {len(study.runs())} runs finished; "
           f"training {len(todo)}", flush=True)
@@ -136,18 +137,23 @@ def train_locally(study: spec.Study, study_dir: Path, nproc: int) -> None:
                                     stderr=subprocess.STDOUT, text=True, cwd=REPO,
                                     start_new_session=True)
             try:
-                for line in proc.stdout:
-                    log.write(line)
-                    print(f"{tag} {line}", end="", flush=True)
-                rc = proc.wait()
+                rc = _relay(proc, log, tag)
             except KeyboardInterrupt:
                 proc.send_signal(signal.SIGTERM)  # --exit-signal-handler: save, then exit
-                proc.wait()
+                _relay(proc, log, tag)
                 raise SystemExit(f"[study] interrupted: {arm.name} seed {seed} saved its "
                                  f"checkpoint; rerun the same command to continue")
         if rc != 0:
             raise SystemExit(f"error: run {arm.name} seed {seed} failed (exit {rc}); see "
                              f"{run / 'train.log'}")
+
+
+def _relay(proc: subprocess.Popen, log, tag: str) -> int:
+    """Copy a run's output to its log and, prefixed, to stdout until it exits; its code."""
+    for line in proc.stdout:
+        log.write(line)
+        print(f"{tag} {line}", end="", flush=True)
+    return proc.wait()
 
 
 def queued_job(name: str) -> Optional[str]:
