@@ -121,6 +121,14 @@ def transformer_config_from_args(args: argparse.Namespace, on_cpu: bool) -> Tran
     )
 
 
+def transformer_engine_imports() -> bool:
+    try:
+        import transformer_engine  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def local_layer_spec(args: argparse.Namespace):
     """Megatron-Core's local (PyTorch) transformer layer for the chosen normalization."""
     return get_gpt_layer_local_spec(normalization=args.normalization)
@@ -137,11 +145,9 @@ def decoder_spec(args: argparse.Namespace, config: TransformerConfig,
     the local layers' own norm otherwise. (megatron-core's ``get_gpt_decoder_block_spec``
     takes apex's LayerNorm for local layers, which refuses RMSNorm.)"""
     if args.transformer_impl == "transformer_engine":
-        try:
-            import transformer_engine  # noqa: F401
-        except ImportError as e:
+        if not transformer_engine_imports():
             raise SystemExit("error: --transformer-impl transformer_engine needs Transformer "
-                             "Engine: pip install '.[gpu]' (or use the NGC container)") from e
+                             "Engine: pip install '.[gpu]' (or use the NGC container)")
         from megatron.core.extensions.transformer_engine import TENorm
         layer, final_norm = get_gpt_layer_with_transformer_engine_spec(), TENorm
     else:

@@ -41,7 +41,7 @@ from .initialize import initialize_distributed, resolve_device
 from .log import is_logging_rank, log
 from .metric_sinks import agree_wandb_run_id
 from .metrics import MetricsLogger
-from .model import build_code, local_layer_spec
+from .model import build_code, local_layer_spec, transformer_engine_imports
 from .norms import NormReporter
 from .profiling import StepProfiler, validate_profile_args
 from .tokenizer import build_tokenizer
@@ -91,21 +91,13 @@ def setup_args(args: argparse.Namespace):
     return tokenizer
 
 
-def _transformer_engine_imports() -> bool:
-    try:
-        import transformer_engine  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def resolve_layers(args: argparse.Namespace) -> None:
     """Settle the transformer layers, FP8 and sequence parallelism for ``args.device`` as
     Megatron-LM settles them (megatron/training/arguments.py): Transformer Engine layers by
     default on a GPU where TE imports (local layers otherwise, said in the log), sequence
     parallelism turned off with a warning at TP=1, refused where the layers cannot run it."""
     if args.transformer_impl is None:
-        te = args.device == "cuda" and _transformer_engine_imports()
+        te = args.device == "cuda" and transformer_engine_imports()
         args.transformer_impl = "transformer_engine" if te else "local"
         if args.device == "cuda":
             log(f"[fixedcode] --transformer-impl {args.transformer_impl} (the default on a GPU: "

@@ -127,7 +127,7 @@ def test_a_nan_gradient_with_a_finite_loss_is_never_applied(cpu_dist, tmp_path):
 @pytest.fixture
 def te_imports(monkeypatch):
     """``te_imports(True/False)``: whether Transformer Engine 'imports' for resolve_layers."""
-    return lambda imports: monkeypatch.setattr(training, "_transformer_engine_imports",
+    return lambda imports: monkeypatch.setattr(training, "transformer_engine_imports",
                                                lambda: imports)
 
 
