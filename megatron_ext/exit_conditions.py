@@ -21,6 +21,15 @@ import torch
 from . import exit_signals
 
 
+def max_over_ranks(values: list, device: str) -> list[int]:
+    """Each value (a bool, a small int or a one-element tensor) as its maximum over all
+    ranks, in one all-reduce: what every rank then decides on alike."""
+    t = torch.stack([torch.as_tensor(v, dtype=torch.float32, device=device).reshape(())
+                     for v in values])
+    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+    return [int(v) for v in t.tolist()]
+
+
 class ExitConditions:
     def __init__(self, args: argparse.Namespace, start_time: float):
         self.args = args
@@ -29,25 +38,20 @@ class ExitConditions:
         if args.exit_signal_handler:
             exit_signals.install()  # already in force when the entry point installed it
 
-    def _agreed(self, local: list) -> list[int]:
-        flags = torch.tensor([float(x) for x in local], device=self.device)
-        torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
-        return [int(x) for x in flags.tolist()]
-
     def signalled(self) -> Optional[str]:
         """``"received SIGUSR1"`` when any rank received an exit signal, else None."""
-        (signum,) = self._agreed([exit_signals.received() or 0])
+        (signum,) = max_over_ranks([exit_signals.received() or 0], self.device)
         return f"received {signal.Signals(signum).name}" if signum else None
 
     def check(self, iteration: int) -> Optional[str]:
         """The reason to stop after ``iteration``, agreed by all ranks, or None."""
         a = self.args
-        signum, duration, interval = self._agreed([
+        signum, duration, interval = max_over_ranks([
             exit_signals.received() or 0,
             a.exit_duration_in_mins is not None
             and (time.time() - self.start_time) / 60 >= a.exit_duration_in_mins,
             bool(a.exit_interval) and iteration % a.exit_interval == 0,
-        ])
+        ], self.device)
         if signum:
             return f"received {signal.Signals(signum).name}"
         if duration:

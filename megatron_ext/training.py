@@ -36,7 +36,7 @@ from . import checkpointing
 from .arguments import padded_vocab_size
 from .checkpointing import Checkpointer, TrainState
 from .datasets import build_loader
-from .exit_conditions import ExitConditions
+from .exit_conditions import ExitConditions, max_over_ranks
 from .initialize import initialize_distributed, resolve_device
 from .log import is_logging_rank, log
 from .metric_sinks import agree_wandb_run_id
@@ -210,14 +210,6 @@ def _reduce_losses(loss_dicts: list) -> Optional[float]:
     return (total[0] / total[1]).item()
 
 
-def _any_rank(flags: list, device: str) -> list[bool]:
-    """Each flag (a bool or a one-element tensor) true on any rank, in one all-reduce."""
-    t = torch.stack([torch.as_tensor(f, dtype=torch.float32, device=device).reshape(())
-                     for f in flags])
-    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
-    return [bool(v) for v in t.tolist()]
-
-
 def _nonfinite_grads(ddp: DistributedDataParallel) -> torch.Tensor:
     """Whether this rank holds a NaN or infinite gradient: one norm per gradient buffer, the
     measure of megatron-core's ``check_for_nan_in_grad`` (per bucket). Read after the
@@ -293,7 +285,7 @@ def train_step(args, forward_step, train_iter, ddp, optimizer, scheduler,
         micro_batch_size=args.micro_batch_size, forward_only=False)
     loss = _reduce_losses(losses)
     norms = grad_norms() if grad_norms else {}
-    bad_loss, bad_grads = _any_rank(
+    bad_loss, bad_grads = max_over_ranks(
         [loss is not None and not math.isfinite(loss), not args.fp16 and _nonfinite_grads(ddp)],
         args.device)
     if bad_loss or bad_grads:
