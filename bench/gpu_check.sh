@@ -9,13 +9,14 @@
 #   2. kernel_in_training: a training run with --fixed-code-impl cuda forced (auto would fall
 #      back to PyTorch silently);
 #   3. recipe_flags, resume, convert: the recipe's GPU-only flags at DP=1 (Transformer Engine
-#      layers, --use-distributed-optimizer --overlap-grad-reduce --fp8-format hybrid), saving;
+#      layers, --use-distributed-optimizer --overlap-grad-reduce --fp8-format hybrid; without
+#      TE: local layers and no FP8), saving;
 #      resuming that checkpoint; tools/convert_to_hf.py --validate of it;
 #   4. fp16: 20 iterations under the dynamic loss scaler (its overflow skips counted apart);
 #   5. bf16_vs_fp8: the 1.7B shape with TE layers, bf16 then FP8, same seed and data: are the
 #      losses alike (mean of the last 5 iterations within 3%)?
 #   6. throughput: tokens/s and MFU of the 1.7B shape (the runs of step 5, and the learned arm
-#      in bf16), and the input layer alone (bench/bench_embedding.py).
+#      in bf16; local layers without TE), and the input layer alone (bench/bench_embedding.py).
 # Steps 2-4 use a small model (4 layers, hidden 1024): their flags matter, not the shape.
 # Logs, metrics files and summary.md go to $OUT/gpu_check when OUT is set, else
 # /tmp/fixedcode_gpu_check (emptied first). A failed step is recorded and the next one runs;
@@ -41,11 +42,19 @@ COMMON=(--mock-data --tokenizer-type NullTokenizer --vocab-size 49151 --lr 3e-4
 SMALL=(pretrain_fixedcode.py "${COMMON[@]}" --num-layers 4 --hidden-size 1024
        --ffn-hidden-size 4096 --num-attention-heads 16 --seq-length 1024
        --micro-batch-size 2 --global-batch-size 8)
+# Without Transformer Engine the GPU-only flags still run, on the local layers and without FP8
+# (the verdicts say so); FP8 needs TE.
+if ((HAVE_TE)); then
+    LAYERS=transformer_engine
+    FP8=(--fp8-format hybrid)
+else
+    LAYERS=local
+    FP8=()
+fi
 BIG=(pretrain_fixedcode.py "${COMMON[@]}" --preset smollm2-1.7b --seq-length 2048
-     --micro-batch-size 1 --global-batch-size 8 --train-iters 20
-     --transformer-impl transformer_engine)
-RECIPE_GPU_FLAGS=(--transformer-impl transformer_engine --use-distributed-optimizer
-                  --overlap-grad-reduce --fp8-format hybrid)
+     --micro-batch-size 1 --global-batch-size 8 --train-iters 20 --transformer-impl "$LAYERS")
+RECIPE_GPU_FLAGS=(--transformer-impl "$LAYERS" --use-distributed-optimizer --overlap-grad-reduce
+                  "${FP8[@]}")
 CKPT=$RESULTS/checkpoints
 
 # run NAME LIMIT_S COMMAND...: run with a time limit (cut to what is left of the budget),
@@ -161,34 +170,28 @@ mark
 RECIPE_RUN=("$PY" "${SMALL[@]}" "${RECIPE_GPU_FLAGS[@]}" --input-interface binary
             --train-iters 6 --save "$CKPT" --load "$CKPT" --save-interval 3
             --metrics-file "$RESULTS/recipe_flags.jsonl")
-if ((!HAVE_TE)); then
-    verdict recipe_flags SKIP "Transformer Engine not importable"
-    verdict resume SKIP "Transformer Engine not importable"
-    verdict convert SKIP "Transformer Engine not importable"
-else
-    if run recipe_flags 150 "${RECIPE_RUN[@]}" --exit-interval 3 \
-            && grep -q "saved checkpoint $CKPT/iter_0000003" "$RESULTS/recipe_flags.log"; then
-        verdict recipe_flags PASS "$(detail recipe_flags "saved checkpoint")"
-        mark
-        if run resume 150 "${RECIPE_RUN[@]}" \
-                && grep -q "resumed from $CKPT/iter_0000003 at iteration 3" "$RESULTS/resume.log" \
-                && line=$(stats final "$RESULTS/recipe_flags.jsonl"); then
-            verdict resume PASS "from iteration 3: $line"
-        else
-            verdict resume FAIL "$(detail resume)"
-        fi
-        mark
-        if run convert 150 "$PY" tools/convert_to_hf.py --load "$CKPT" \
-                --output "$RESULTS/hf" --validate; then
-            verdict convert PASS "$(detail convert "validate: max")"
-        else
-            verdict convert FAIL "$(detail convert)"
-        fi
+if run recipe_flags 150 "${RECIPE_RUN[@]}" --exit-interval 3 \
+        && grep -q "saved checkpoint $CKPT/iter_0000003" "$RESULTS/recipe_flags.log"; then
+    verdict recipe_flags PASS "$LAYERS layers: $(detail recipe_flags "saved checkpoint")"
+    mark
+    if run resume 150 "${RECIPE_RUN[@]}" \
+            && grep -q "resumed from $CKPT/iter_0000003 at iteration 3" "$RESULTS/resume.log" \
+            && line=$(stats final "$RESULTS/recipe_flags.jsonl"); then
+        verdict resume PASS "from iteration 3: $line"
     else
-        verdict recipe_flags FAIL "$(detail recipe_flags)"
-        verdict resume SKIP "no checkpoint"
-        verdict convert SKIP "no checkpoint"
+        verdict resume FAIL "$(detail resume)"
     fi
+    mark
+    if run convert 150 "$PY" tools/convert_to_hf.py --load "$CKPT" \
+            --output "$RESULTS/hf" --validate; then
+        verdict convert PASS "$(detail convert "validate: max")"
+    else
+        verdict convert FAIL "$(detail convert)"
+    fi
+else
+    verdict recipe_flags FAIL "$(detail recipe_flags)"
+    verdict resume SKIP "no checkpoint"
+    verdict convert SKIP "no checkpoint"
 fi
 
 # 4. fp16: the loss scaler comes down from 2^32 with skipped steps, and training goes on.
@@ -200,14 +203,16 @@ else
     verdict fp16 FAIL "${line:-$(detail fp16)}"
 fi
 
-# 5. bf16 vs FP8 at the 1.7B shape (TE layers), same seed and data.
+# 5. bf16 vs FP8 at the 1.7B shape (TE layers), same seed and data. The bf16 run is also a
+#    throughput figure of step 6, so it runs without TE too (local layers).
 mark
+run big_binary_bf16 180 "$PY" "${BIG[@]}" --input-interface binary \
+    --metrics-file "$RESULTS/big_binary_bf16.jsonl"
+BF16=$?
 if ((!HAVE_TE)); then
     verdict bf16_vs_fp8 SKIP "Transformer Engine not importable"
-elif run big_binary_bf16 180 "$PY" "${BIG[@]}" --input-interface binary \
-        --metrics-file "$RESULTS/big_binary_bf16.jsonl" \
-        && run big_binary_fp8 180 "$PY" "${BIG[@]}" --input-interface binary \
-            --fp8-format hybrid --metrics-file "$RESULTS/big_binary_fp8.jsonl"; then
+elif ((BF16 == 0)) && run big_binary_fp8 180 "$PY" "${BIG[@]}" --input-interface binary \
+        --fp8-format hybrid --metrics-file "$RESULTS/big_binary_fp8.jsonl"; then
     if line=$(stats compare "$RESULTS/big_binary_bf16.jsonl" "$RESULTS/big_binary_fp8.jsonl")
     then
         verdict bf16_vs_fp8 PASS "$line"
@@ -220,10 +225,8 @@ fi
 
 # 6. Throughput: the learned arm in bf16 beside the binary runs of step 5; the input layer.
 mark
-if ((HAVE_TE)); then
-    run big_learned_bf16 180 "$PY" "${BIG[@]}" --input-interface learned \
-        --metrics-file "$RESULTS/big_learned_bf16.jsonl"
-fi
+run big_learned_bf16 180 "$PY" "${BIG[@]}" --input-interface learned \
+    --metrics-file "$RESULTS/big_learned_bf16.jsonl"
 run bench_embedding 150 "$PY" bench/bench_embedding.py --tokens 8192 --reps 20
 {
     echo "| run | input | precision | tokens/s | MFU |"
@@ -237,7 +240,7 @@ run bench_embedding 150 "$PY" bench/bench_embedding.py --tokens 8192 --reps 20
 } >"$RESULTS/throughput.md"
 runs=$(grep -c "^| big_" "$RESULTS/throughput.md")
 verdict throughput "$( ((runs)) && echo PASS || echo FAIL)" \
-    "$runs of 3 runs measured; $(detail big_binary_fp8 "MFU against")"
+    "$runs runs measured ($LAYERS layers); $(detail big_binary_bf16 "MFU against")"
 
 {
     echo "## GPU check (bench/gpu_check.sh, $((SECONDS - START)) s)"
@@ -248,7 +251,7 @@ verdict throughput "$( ((runs)) && echo PASS || echo FAIL)" \
     echo "|---|---|---|---:|"
     cat "$RESULTS/steps.md"
     echo
-    echo "### Throughput: 1.7B shape, 8 x 2048 tokens per step, one GPU, TE layers"
+    echo "### Throughput: 1.7B shape, 8 x 2048 tokens per step, one GPU, $LAYERS layers"
     echo
     echo "MFU peaks: $(detail big_binary_bf16 "MFU against"); $(detail big_binary_fp8 "MFU against")"
     echo
