@@ -11,6 +11,10 @@ model provider), ``arguments`` (Megatron-LM flags), ``initialize`` (process star
 
 import warnings
 
+# The one place the version is written (pyproject.toml reads it): a run from a source checkout
+# on PYTHONPATH, with no installed package metadata, knows it too.
+__version__ = "0.1.0"
+
 # Apex is deliberately not used (Transformer Engine and torch cover the fused ops); its
 # absence is expected, not news.
 warnings.filterwarnings("ignore", message=r".*Apex (is|are) not installed")

@@ -34,7 +34,6 @@ import os
 import random
 import shutil
 import time
-from importlib import metadata
 from typing import Optional
 
 import numpy as np
@@ -50,6 +49,8 @@ from megatron.core.dist_checkpointing.strategies.fully_parallel import (
 )
 from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 
+import megatron_ext
+
 from .log import log
 
 MARKER = "latest_checkpointed_iteration.txt"
@@ -63,7 +64,7 @@ def provenance() -> dict:
     """What wrote a checkpoint: its format and the software versions."""
     return {"checkpoint_format": CHECKPOINT_FORMAT,
             "megatron_core_version": megatron.core.__version__,
-            "fixedcode_version": metadata.version("fixedcode")}
+            "fixedcode_version": megatron_ext.__version__}
 
 
 @dataclasses.dataclass
@@ -126,7 +127,7 @@ def load_common(load_dir: str, iteration: Optional[int] = None) -> tuple[str, di
             f"error: {path} has checkpoint format {written} (written by fixedcode "
             f"{common.get('fixedcode_version')}, megatron-core "
             f"{common.get('megatron_core_version')}); this fixedcode "
-            f"{metadata.version('fixedcode')} reads formats up to {CHECKPOINT_FORMAT}: upgrade it")
+            f"{megatron_ext.__version__} reads formats up to {CHECKPOINT_FORMAT}: upgrade it")
     return path, common
 
 

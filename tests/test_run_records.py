@@ -131,6 +131,19 @@ def test_a_checkpoint_records_provenance_and_a_newer_format_is_refused(resumed_r
         checkpointing.load_common(str(ckpt), 4)
 
 
+def test_provenance_works_from_a_source_checkout(monkeypatch):
+    """Run from a git checkout on PYTHONPATH (no installed package metadata), as on the first
+    GPU run: the first save used to die with PackageNotFoundError."""
+    from importlib import metadata
+    import megatron_ext
+    installed = metadata.version("fixedcode")
+
+    def not_installed(name):
+        raise metadata.PackageNotFoundError(name)
+    monkeypatch.setattr(metadata, "version", not_installed)
+    assert checkpointing.provenance()["fixedcode_version"] == megatron_ext.__version__ == installed
+
+
 def test_training_report_reads_run_directories_and_metrics_files(resumed_run, tmp_path):
     from tools import training_report
     ckpt, _, _, second = resumed_run

@@ -15,12 +15,12 @@ import datetime
 import json
 import os
 import platform
-from importlib import metadata
 from pathlib import Path
 from typing import Optional
 
 import numpy as np
 
+import megatron_ext
 from megatron_ext.metric_sinks import read_metrics
 
 from .evaluation import TASK_METRIC, completed_iterations, read_cached
@@ -280,7 +280,7 @@ def write_report(study: Study, study_dir: Path) -> dict:
     generated = {"time": datetime.datetime.now(datetime.timezone.utc).strftime(
                      "%Y-%m-%d %H:%M UTC"),
                  "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
-                 "fixedcode": metadata.version("fixedcode"),
+                 "fixedcode": megatron_ext.__version__,
                  "megatron_core": megatron.core.__version__}
     names = metric_names(study)
     if summary["final_iteration"] is not None and names:
