@@ -120,11 +120,12 @@ def main() -> None:
           + " | ".join(f"fwd+bwd {c} ms" for c in clocks) + " | peak MiB | "
           + " | ".join(f"learned/this fwd+bwd {c}" for c in clocks) + " | learned/this peak |")
     print("|---|---|---|" + "---:|" * (4 + 3 * len(clocks)))
-    for tokens in args.tokens:
-        results = {row: measure.run_child(__file__, row[0], row[1], str(tokens), "--warmup",
-                                          str(warmup), "--reps", str(reps)) for row in rows}
-        base = results[("learned", "-")]
-        for (arm, impl), r in results.items():
+    for tokens in args.tokens:  # each row printed as its process ends: a cut run keeps them
+        results = {}
+        for arm, impl in rows:
+            r = results[arm, impl] = measure.run_child(
+                __file__, arm, impl, str(tokens), "--warmup", str(warmup), "--reps", str(reps))
+            base = results[("learned", "-")]
             print(f"| {tokens} | {arm} | {impl} | {r['trainable']:,} "
                   f"| {r['fwd_ms']['wall']:.1f} | "
                   + " | ".join(f"{r['fwd_ms'][c] / r['fresh_copy_ms'][c]:.2f}" for c in clocks)
@@ -133,7 +134,7 @@ def main() -> None:
                   + f" | {r['peak_bytes'] / 2**20:.0f} | "
                   + " | ".join(f"{base['fwd_bwd_ms'][c] / r['fwd_bwd_ms'][c]:.1f}x"
                                for c in clocks)
-                  + f" | {base['peak_bytes'] / max(r['peak_bytes'], 1):.1f}x |")
+                  + f" | {base['peak_bytes'] / max(r['peak_bytes'], 1):.1f}x |", flush=True)
         for (arm, impl), r in results.items():
             if impl == "cuda":
                 print(f"# {tokens} tokens, {arm} kernel alone: {r['kernel_ms'] * 1e3:.1f} us, "
@@ -141,7 +142,6 @@ def main() -> None:
                       f"{r['copy_ms'] * 1e3:.1f} us, {r['copy_read_write_GBps']:.0f} GB/s read+"
                       f"written; kernel/copy bandwidth "
                       f"{r['kernel_write_GBps'] / r['copy_read_write_GBps']:.2f}")
-
 
 if __name__ == "__main__":
     main()

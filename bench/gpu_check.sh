@@ -16,12 +16,14 @@
 #   5. bf16_vs_fp8: the 1.7B shape with TE layers, bf16 then FP8, same seed and data: are the
 #      losses alike (mean of the last 5 iterations within 3%)?
 #   6. throughput: tokens/s and MFU of the 1.7B shape (the runs of step 5, and the learned arm
-#      in bf16; local layers without TE), and the input layer alone (bench/bench_embedding.py).
+#      in bf16; local layers without TE);
+#   7. input_layer: the input layer alone (bench/bench_embedding.py).
+# GPU_CHECK_STEPS="recipe_flags input_layer" runs only those steps (names as above).
 # Steps 2-4 use a small model (4 layers, hidden 1024): their flags matter, not the shape.
 # Logs, metrics files and summary.md go to $OUT/gpu_check when OUT is set, else
 # /tmp/fixedcode_gpu_check (emptied first). A failed step is recorded and the next one runs;
 # a step is skipped when what it needs failed or the budget (GPU_CHECK_BUDGET_S, default
-# 870 s) is spent. This script has not run on a GPU yet.
+# 870 s) is spent. First run on an H200 without TE: bench/RESULTS.md.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 
@@ -35,6 +37,9 @@ export CUDA_DEVICE_MAX_CONNECTIONS=1  # as train.sh and the sbatch template
 export PYTHONUNBUFFERED=1
 START=$SECONDS
 BUDGET=${GPU_CHECK_BUDGET_S:-870}
+# GPU_CHECK_STEPS: the steps to run (default all), e.g. to rerun the ones that failed.
+STEPS=${GPU_CHECK_STEPS:-kernel kernel_in_training recipe_flags fp16 bf16_vs_fp8 throughput input_layer}
+wanted() { [[ " $STEPS " == *" $1 "* ]]; }
 
 if "$PY" -c "import transformer_engine" 2>/dev/null; then HAVE_TE=1; else HAVE_TE=0; fi
 COMMON=(--mock-data --tokenizer-type NullTokenizer --vocab-size 49151 --lr 3e-4
@@ -132,115 +137,141 @@ PYEOF
     "$PY" -c "import torch; print('torch', torch.__version__, 'CUDA', torch.version.cuda)"
     "$PY" -c "import transformer_engine as te; print('Transformer Engine', te.__version__)" \
         2>/dev/null || echo "Transformer Engine: not importable"
-    "$PY" -c "import megatron.core.tensor_parallel.layers as l; \
+    "$PY" -W ignore -c "import megatron.core.tensor_parallel.layers as l; \
 print('gradient accumulation fusion (apex):', l._grad_accum_fusion_available)"
     echo '```'
 } >"$RESULTS/machine.md"
 cat "$RESULTS/machine.md"
 
 # 1. The kernel builds and equals the reference (every GPU case passes, none skipped).
-mark
-if run build 300 "$PY" -m megatron_ext.cuda_extension \
-        && run parity 150 "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda_kernel.py \
-            -k equals_reference_on_gpu \
-        && line=$(tail -n 1 "$RESULTS/parity.log") && [[ $line == *" passed"* ]] \
-        && ! grep -qE "failed|skipped|error" <<<"$line"; then
-    verdict kernel PASS "$(detail parity passed)"
-    KERNEL=1
+if wanted kernel; then
+    mark
+    if run build 300 "$PY" -m megatron_ext.cuda_extension \
+            && run parity 150 "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda_kernel.py \
+                -k equals_reference_on_gpu \
+            && line=$(tail -n 1 "$RESULTS/parity.log") && [[ $line == *" passed"* ]] \
+            && ! grep -qE "failed|skipped|error" <<<"$line"; then
+        verdict kernel PASS "$(detail parity passed)"
+        KERNEL=1
+    else
+        verdict kernel FAIL "$(detail parity) / build: $(detail build)"
+        KERNEL=0
+    fi
 else
-    verdict kernel FAIL "$(detail parity) / build: $(detail build)"
-    KERNEL=0
+    KERNEL=1  # not checked here: the steps below build it on first use
 fi
 
 # 2. The kernel inside training (gf2: A and b on the device), forced.
-mark
-if ((!KERNEL)); then
-    verdict kernel_in_training SKIP "the kernel failed"
-elif run kernel_in_training 150 "$PY" "${SMALL[@]}" --input-interface gf2 --train-iters 10 \
-        --fixed-code-impl cuda --metrics-file "$RESULTS/kernel_in_training.jsonl" \
-        && line=$(stats final "$RESULTS/kernel_in_training.jsonl"); then
-    verdict kernel_in_training PASS "$line"
-else
-    verdict kernel_in_training FAIL "$(detail kernel_in_training)"
+if wanted kernel_in_training; then
+    mark
+    if ((!KERNEL)); then
+        verdict kernel_in_training SKIP "the kernel failed"
+    elif run kernel_in_training 150 "$PY" "${SMALL[@]}" --input-interface gf2 --train-iters 10 \
+            --fixed-code-impl cuda --metrics-file "$RESULTS/kernel_in_training.jsonl" \
+            && line=$(stats final "$RESULTS/kernel_in_training.jsonl"); then
+        verdict kernel_in_training PASS "$line"
+    else
+        verdict kernel_in_training FAIL "$(detail kernel_in_training)"
+    fi
 fi
 
 # 3. The recipe's GPU-only flags at DP=1: train 3 of 6 iterations and save, resume to 6,
 #    convert the checkpoint and validate the conversion.
-mark
-RECIPE_RUN=("$PY" "${SMALL[@]}" "${RECIPE_GPU_FLAGS[@]}" --input-interface binary
-            --train-iters 6 --save "$CKPT" --load "$CKPT" --save-interval 3
-            --metrics-file "$RESULTS/recipe_flags.jsonl")
-if run recipe_flags 150 "${RECIPE_RUN[@]}" --exit-interval 3 \
-        && grep -q "saved checkpoint $CKPT/iter_0000003" "$RESULTS/recipe_flags.log"; then
-    verdict recipe_flags PASS "$LAYERS layers: $(detail recipe_flags "saved checkpoint")"
+if wanted recipe_flags; then
     mark
-    if run resume 150 "${RECIPE_RUN[@]}" \
-            && grep -q "resumed from $CKPT/iter_0000003 at iteration 3" "$RESULTS/resume.log" \
-            && line=$(stats final "$RESULTS/recipe_flags.jsonl"); then
-        verdict resume PASS "from iteration 3: $line"
+    RECIPE_RUN=("$PY" "${SMALL[@]}" "${RECIPE_GPU_FLAGS[@]}" --input-interface binary
+                --train-iters 6 --save "$CKPT" --load "$CKPT" --save-interval 3
+                --metrics-file "$RESULTS/recipe_flags.jsonl")
+    if run recipe_flags 150 "${RECIPE_RUN[@]}" --exit-interval 3 \
+            && grep -q "saved checkpoint $CKPT/iter_0000003" "$RESULTS/recipe_flags.log"; then
+        verdict recipe_flags PASS "$LAYERS layers: $(detail recipe_flags "saved checkpoint")"
+        mark
+        if run resume 150 "${RECIPE_RUN[@]}" \
+                && grep -q "resumed from $CKPT/iter_0000003 at iteration 3" "$RESULTS/resume.log" \
+                && line=$(stats final "$RESULTS/recipe_flags.jsonl"); then
+            verdict resume PASS "from iteration 3: $line"
+        else
+            verdict resume FAIL "$(detail resume)"
+        fi
+        mark
+        if run convert 150 "$PY" tools/convert_to_hf.py --load "$CKPT" \
+                --output "$RESULTS/hf" --validate; then
+            verdict convert PASS "$(detail convert "validate: max")"
+        else
+            verdict convert FAIL "$(detail convert)"
+        fi
     else
-        verdict resume FAIL "$(detail resume)"
+        verdict recipe_flags FAIL "$(detail recipe_flags)"
+        verdict resume SKIP "no checkpoint"
+        verdict convert SKIP "no checkpoint"
     fi
-    mark
-    if run convert 150 "$PY" tools/convert_to_hf.py --load "$CKPT" \
-            --output "$RESULTS/hf" --validate; then
-        verdict convert PASS "$(detail convert "validate: max")"
-    else
-        verdict convert FAIL "$(detail convert)"
-    fi
-else
-    verdict recipe_flags FAIL "$(detail recipe_flags)"
-    verdict resume SKIP "no checkpoint"
-    verdict convert SKIP "no checkpoint"
 fi
 
 # 4. fp16: the loss scaler comes down from 2^32 with skipped steps, and training goes on.
-mark
-if run fp16 150 "$PY" "${SMALL[@]/--bf16/--fp16}" --input-interface binary --train-iters 20 \
-        --metrics-file "$RESULTS/fp16.jsonl" && line=$(stats fp16 "$RESULTS/fp16.jsonl"); then
-    verdict fp16 PASS "$line"
-else
-    verdict fp16 FAIL "${line:-$(detail fp16)}"
+if wanted fp16; then
+    mark
+    if run fp16 150 "$PY" "${SMALL[@]/--bf16/--fp16}" --input-interface binary --train-iters 20 \
+            --metrics-file "$RESULTS/fp16.jsonl" && line=$(stats fp16 "$RESULTS/fp16.jsonl"); then
+        verdict fp16 PASS "$line"
+    else
+        verdict fp16 FAIL "${line:-$(detail fp16)}"
+    fi
 fi
 
 # 5. bf16 vs FP8 at the 1.7B shape (TE layers), same seed and data. The bf16 run is also a
 #    throughput figure of step 6, so it runs without TE too (local layers).
-mark
-run big_binary_bf16 180 "$PY" "${BIG[@]}" --input-interface binary \
-    --metrics-file "$RESULTS/big_binary_bf16.jsonl"
-BF16=$?
-if ((!HAVE_TE)); then
-    verdict bf16_vs_fp8 SKIP "Transformer Engine not importable"
-elif ((BF16 == 0)) && run big_binary_fp8 180 "$PY" "${BIG[@]}" --input-interface binary \
-        --fp8-format hybrid --metrics-file "$RESULTS/big_binary_fp8.jsonl"; then
-    if line=$(stats compare "$RESULTS/big_binary_bf16.jsonl" "$RESULTS/big_binary_fp8.jsonl")
-    then
-        verdict bf16_vs_fp8 PASS "$line"
+if wanted bf16_vs_fp8; then
+    mark
+    run big_binary_bf16 180 "$PY" "${BIG[@]}" --input-interface binary \
+        --metrics-file "$RESULTS/big_binary_bf16.jsonl"
+    BF16=$?
+    if ((!HAVE_TE)); then
+        verdict bf16_vs_fp8 SKIP "Transformer Engine not importable"
+    elif ((BF16 == 0)) && run big_binary_fp8 180 "$PY" "${BIG[@]}" --input-interface binary \
+            --fp8-format hybrid --metrics-file "$RESULTS/big_binary_fp8.jsonl"; then
+        if line=$(stats compare "$RESULTS/big_binary_bf16.jsonl" "$RESULTS/big_binary_fp8.jsonl")
+        then
+            verdict bf16_vs_fp8 PASS "$line"
+        else
+            verdict bf16_vs_fp8 FAIL "$line"
+        fi
     else
-        verdict bf16_vs_fp8 FAIL "$line"
+        verdict bf16_vs_fp8 FAIL "$(detail big_binary_bf16) / $(detail big_binary_fp8)"
     fi
-else
-    verdict bf16_vs_fp8 FAIL "$(detail big_binary_bf16) / $(detail big_binary_fp8)"
 fi
 
-# 6. Throughput: the learned arm in bf16 beside the binary runs of step 5; the input layer.
-mark
-run big_learned_bf16 180 "$PY" "${BIG[@]}" --input-interface learned \
-    --metrics-file "$RESULTS/big_learned_bf16.jsonl"
-run bench_embedding 150 "$PY" bench/bench_embedding.py --tokens 8192 --reps 20
-{
-    echo "| run | input | precision | tokens/s | MFU |"
-    echo "|---|---|---|---:|---:|"
-    for run in big_binary_bf16 big_learned_bf16 big_binary_fp8; do
-        if [[ -s $RESULTS/$run.jsonl ]]; then
-            read -r _ input precision <<<"${run//_/ }"
-            echo "| $run | $input | $precision $(stats speed "$RESULTS/$run.jsonl")"
-        fi
-    done
-} >"$RESULTS/throughput.md"
-runs=$(grep -c "^| big_" "$RESULTS/throughput.md")
-verdict throughput "$( ((runs)) && echo PASS || echo FAIL)" \
-    "$runs runs measured ($LAYERS layers); $(detail big_binary_bf16 "MFU against")"
+# 6. Throughput: the learned arm in bf16 beside the binary runs of step 5.
+if wanted throughput; then
+    mark
+    if [[ ! -s $RESULTS/big_binary_bf16.jsonl ]]; then
+        run big_binary_bf16 180 "$PY" "${BIG[@]}" --input-interface binary \
+            --metrics-file "$RESULTS/big_binary_bf16.jsonl"
+    fi
+    run big_learned_bf16 180 "$PY" "${BIG[@]}" --input-interface learned \
+        --metrics-file "$RESULTS/big_learned_bf16.jsonl"
+    {
+        echo "| run | input | precision | tokens/s | MFU |"
+        echo "|---|---|---|---:|---:|"
+        for run in big_binary_bf16 big_learned_bf16 big_binary_fp8; do
+            if [[ -s $RESULTS/$run.jsonl ]]; then
+                read -r _ input precision <<<"${run//_/ }"
+                echo "| $run | $input | $precision $(stats speed "$RESULTS/$run.jsonl")"
+            fi
+        done
+    } >"$RESULTS/throughput.md"
+    runs=$(grep -c "^| big_" "$RESULTS/throughput.md")
+    verdict throughput "$( ((runs)) && echo PASS || echo FAIL)" \
+        "$runs runs measured ($LAYERS layers); $(detail big_binary_bf16 "MFU against")"
+fi
+
+# 7. The input layer alone, every scheme and tiling, PyTorch path and kernel (rows are printed
+#    as they are measured: a step cut by its limit keeps the rows it has).
+if wanted input_layer; then
+    mark
+    run input_layer 240 "$PY" bench/bench_embedding.py --tokens 8192 --reps 20
+    rows=$(grep -c "^| 8192 " "$RESULTS/input_layer.log")
+    verdict input_layer "$( ((rows == 21)) && echo PASS || echo FAIL)" "$rows of 21 rows measured"
+fi
 
 {
     echo "## GPU check (bench/gpu_check.sh, $((SECONDS - START)) s)"
@@ -249,17 +280,17 @@ verdict throughput "$( ((runs)) && echo PASS || echo FAIL)" \
     echo
     echo "| step | verdict | detail | s |"
     echo "|---|---|---|---:|"
-    cat "$RESULTS/steps.md"
+    cat "$RESULTS/steps.md" 2>/dev/null
     echo
     echo "### Throughput: 1.7B shape, 8 x 2048 tokens per step, one GPU, $LAYERS layers"
     echo
     echo "MFU peaks: $(detail big_binary_bf16 "MFU against"); $(detail big_binary_fp8 "MFU against")"
     echo
-    cat "$RESULTS/throughput.md"
+    cat "$RESULTS/throughput.md" 2>/dev/null
     echo
     echo "### Input layer (bench/bench_embedding.py)"
     echo
-    grep -E "^(#|\|)" "$RESULTS/bench_embedding.log" 2>/dev/null
+    grep -E "^(#|\|)" "$RESULTS/input_layer.log" 2>/dev/null
 } >"$RESULTS/summary.md"
 cat "$RESULTS/summary.md"
 echo "logs: $RESULTS"
