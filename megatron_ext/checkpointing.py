@@ -47,6 +47,7 @@ from megatron.core.dist_checkpointing.strategies import filesystem_async
 from megatron.core.dist_checkpointing.strategies.fully_parallel import (
     FullyParallelSaveStrategyWrapper,
 )
+from megatron.core.optimizer import distrib_optimizer
 from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 
 import megatron_ext
@@ -329,9 +330,48 @@ class Checkpointer:
         log(f"[fixedcode] saved checkpoint {path}")
 
 
+def _torch_adam_distributed(optimizer) -> list:
+    """The distributed optimizers of a chain that run torch's Adam (no TE, no Apex), with their
+    indices in the chain. megatron-core 0.16.1 cannot resume them as it is:
+
+    * it builds the loading template from one ``step`` among the per-parameter states, which
+      torch's Adam creates at its first step only (an assert in ``state_dict`` fails):
+      :func:`_init_torch_adam_state` creates the state a first step would;
+    * loading the parameter state copies the template's ``step`` over the one just read from
+      the saved parameter groups: :func:`_restore_torch_adam_steps` puts the saved one back.
+
+    Found on the first GPU run (H200 without TE or Apex); tested on CPU at one rank."""
+    if distrib_optimizer.HAVE_APEX_OR_TE:
+        return []
+    return [(i, opt) for i, opt in enumerate(optimizer.chained_optimizers)
+            if isinstance(opt, DistributedOptimizer)]
+
+
+def _init_torch_adam_state(optimizer) -> None:
+    for _, opt in _torch_adam_distributed(optimizer):
+        if not opt.optimizer.state:
+            opt.init_state_fn(opt.optimizer, opt.config)
+            for state in opt.optimizer.state.values():
+                state["step"] = torch.tensor(0.0)
+
+
+def _restore_torch_adam_steps(optimizer, loaded) -> None:
+    """``loaded``: the optimizer part of the loaded checkpoint, as the chain's
+    ``load_state_dict`` takes it (one optimizer's state dict, or one per optimizer)."""
+    chain = optimizer.chained_optimizers
+    if len(chain) > 1:
+        loaded = [v for _, v in sorted(loaded.items())] if isinstance(loaded, dict) else loaded
+    for i, opt in _torch_adam_distributed(optimizer):
+        saved = loaded if len(chain) == 1 else loaded[i]
+        (step,) = {g["step"] for g in saved["optimizer"]["param_groups"]}
+        for state in opt.optimizer.state.values():
+            state["step"] = torch.tensor(float(step))
+
+
 def load_checkpoint(path: str, common: dict, model, optimizer, scheduler) -> None:
     """Load model, optimizer, scheduler and RNG state from ``path`` (common objects given)."""
     world = torch.distributed.get_world_size()
+    _init_torch_adam_state(optimizer)
     same_world = common["args"].get("world_size") == world
     state = dist_checkpointing.load(
         _sharded_state(model, optimizer, None, is_loading=True,
@@ -339,6 +379,7 @@ def load_checkpoint(path: str, common: dict, model, optimizer, scheduler) -> Non
                        with_rng=same_world), path)
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
+    _restore_torch_adam_steps(optimizer, state["optimizer"])
     scheduler.load_state_dict(common["scheduler"])
     if same_world:
         _set_rng_state(state["rng_state"])

@@ -26,7 +26,7 @@ from tqdm import tqdm
 from megatron.core import parallel_state
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 from megatron.core.distributed import finalize_model_grads
-from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+from megatron.core.optimizer import OptimizerConfig, distrib_optimizer, get_megatron_optimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.transformer.module import Float16Module
@@ -73,6 +73,12 @@ def setup_args(args: argparse.Namespace):
     if args.log_layer_norms and args.use_distributed_optimizer:
         raise SystemExit("error: --log-layer-norms reads whole gradients, which "
                          "--use-distributed-optimizer scatters across ranks; drop one")
+    if (args.use_distributed_optimizer and args.dist_ckpt_optim_fully_reshardable
+            and not distrib_optimizer.HAVE_APEX_OR_TE):
+        raise SystemExit("error: --dist-ckpt-optim-fully-reshardable: neither Transformer "
+                         "Engine nor Apex imports, so the distributed optimizer runs torch's "
+                         "Adam, whose state megatron-core 0.16.1 cannot load in that layout; "
+                         "drop the flag (the default layout resumes) or pip install '.[gpu]'")
     resolve_layers(args)
     if args.ddp_bucket_size is not None and not args.overlap_grad_reduce:
         raise SystemExit("error: --ddp-bucket-size applies with --overlap-grad-reduce only")
@@ -113,9 +119,11 @@ def resolve_layers(args: argparse.Namespace) -> None:
         log("[fixedcode] warning: --sequence-parallel turned off: it splits activations over "
             "tensor-parallel ranks, and --tensor-model-parallel-size is 1 (as in Megatron-LM)")
         args.sequence_parallel = False
-    if args.device == "cpu" and (args.sequence_parallel or args.use_distributed_optimizer):
-        raise SystemExit("error: --sequence-parallel and --use-distributed-optimizer need GPUs "
-                         "(their reduce-scatter is not available on CPU/gloo)")
+    if args.device == "cpu" and (args.sequence_parallel or (
+            args.use_distributed_optimizer and args.data_parallel_size > 1)):
+        raise SystemExit("error: --sequence-parallel, and --use-distributed-optimizer over "
+                         "several data-parallel ranks, need GPUs (their reduce-scatter is not "
+                         "available on CPU/gloo)")
     if (args.sequence_parallel and args.transformer_impl == "local"
             and local_layer_spec(args).submodules.input_layernorm is WrappedTorchNorm):
         raise SystemExit(f"error: --sequence-parallel needs --transformer-impl "

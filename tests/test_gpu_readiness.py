@@ -13,6 +13,7 @@ import re
 import pytest
 import torch
 
+from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 from megatron.core.optimizer.optimizer import Float16OptimizerWithFloat16Params
 from megatron.core.transformer.module import Float16Module
 
@@ -250,6 +251,53 @@ def test_checkpoints_name_their_optimizer_layout_and_save_in_parallel(
     assert model.metadata == optimizer.metadata == {**expected, "dp_cp_group": dp_group}
     assert isinstance(saved["strategy"], FullyParallelSaveStrategyWrapper)
     assert saved["strategy"].parallelization_group is dp_group
+
+
+def test_distributed_optimizer_saves_and_resumes_without_te_or_apex(cpu_dist, tmp_path):
+    """The first GPU run (H200, no TE, no Apex: torch's Adam inside the distributed optimizer)
+    saved, then died resuming: megatron-core 0.16.1 builds the loading template from the
+    optimizer's per-parameter ``step``, which torch's Adam creates only at its first step.
+    At one rank the distributed optimizer runs on CPU too: train a step, save, resume in a new
+    model and optimizer, and find the same state."""
+    args = parse_args(TINY_RUN + ["--input-interface", "binary", "--bf16", "--train-iters", "1",
+                                  "--use-distributed-optimizer", "--save", str(tmp_path)])
+    args.device = "cpu"
+    setup_args(args)
+    training.resolve_checkpoint(args)  # a fresh run: the code from the flags
+    model, ddp, optimizer, scheduler = build_model_and_optimizer(args, model_provider)
+    (inner,) = optimizer.chained_optimizers
+    assert isinstance(inner, DistributedOptimizer)
+    tokens = torch.randint(0, args.vocab_size, (args.micro_batch_size, args.seq_length + 1))
+    batch = {"tokens": tokens[:, :-1], "labels": tokens[:, 1:],
+             "loss_mask": torch.ones(args.micro_batch_size, args.seq_length),
+             "position_ids": torch.arange(args.seq_length).expand(args.micro_batch_size, -1)}
+    train_step(args, make_forward_step(args), itertools.repeat(batch), ddp, optimizer, scheduler)
+    checkpointing.save_checkpoint(args, model, optimizer, scheduler,
+                                  checkpointing.TrainState(iteration=1), args.fixed_code)
+
+    model2, _, optimizer2, scheduler2 = build_model_and_optimizer(args, model_provider)
+    path, common = checkpointing.load_common(str(tmp_path))
+    checkpointing.load_checkpoint(path, common, model2, optimizer2, scheduler2)
+    (inner2,) = optimizer2.chained_optimizers
+    saved, loaded = inner.optimizer.state_dict(), inner2.optimizer.state_dict()
+    assert saved["state"].keys() == loaded["state"].keys() and saved["state"]
+    for i, state in saved["state"].items():
+        assert state.keys() == loaded["state"][i].keys() == {"step", "exp_avg", "exp_avg_sq"}
+        assert state["step"] == 1
+        assert all(torch.equal(v, loaded["state"][i][k]) for k, v in state.items()), i
+    mains = [[p for g in o.optimizer.param_groups for p in g["params"]] for o in (inner, inner2)]
+    assert all(torch.equal(a, b) for a, b in zip(*mains))  # the fp32 main parameters
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), model2.parameters()))
+
+
+def test_the_fully_reshardable_layout_is_refused_without_te_or_apex(cpu_dist):
+    """megatron-core 0.16.1 cannot load torch's Adam state in that layout (its parameter-state
+    copy expects a ``step`` it never reads): refused before training, not at the resume."""
+    args = parse_args(TINY_RUN + ["--train-iters", "1", "--use-distributed-optimizer",
+                                  "--dist-ckpt-optim-fully-reshardable"])
+    with pytest.raises(SystemExit, match="--dist-ckpt-optim-fully-reshardable: neither "
+                                         "Transformer Engine nor Apex imports"):
+        setup_args(args)
 
 
 def test_dp_reshardable_optimizer_state_refuses_another_tp_size():
