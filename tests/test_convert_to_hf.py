@@ -10,6 +10,7 @@ import argparse
 import ast
 import json
 import os
+import re
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -320,6 +321,15 @@ def test_unknown_weights_are_refused(ckpts):
     with pytest.raises(SystemExit, match=r"cannot map the checkpoint's weights "
                                          r"\['decoder.layers.0.self_attention.q_layernorm"):
         hf_state_dict(state, args, torch.float32)
+
+
+def test_an_older_transformers_is_named_before_any_work(monkeypatch, tmp_path):
+    """The first GPU run's image had transformers 5.17 (below the pin): the export died inside
+    transformers with a config validation error. It is now refused up front."""
+    monkeypatch.setattr(convert_to_hf.transformers, "__version__", "5.17.0")
+    with pytest.raises(SystemExit, match=re.escape(
+            "the export needs transformers >= 5.24, this environment has 5.17.0")):
+        convert_to_hf.main(["--load", str(tmp_path), "--output", str(tmp_path / "hf")])
 
 
 def test_bad_paths_are_named(ckpts, tmp_path):

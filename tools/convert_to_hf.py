@@ -22,6 +22,8 @@ import sys
 from typing import Optional, Sequence
 
 import torch
+import transformers
+from packaging.version import Version
 
 from megatron_ext.hf.convert import (DTYPES, check_mappable, hf_config, hf_state_dict,
                                      save_hf_model)
@@ -73,8 +75,17 @@ def validate(model, hf_dir: str, train: argparse.Namespace, tokenizer, has_token
     return {"max_abs_diff": diff, "generated": generated}
 
 
+# The export's config class needs what transformers 5.24 does (pyproject.toml pins the same
+# floor): 5.17 builds a config with no arguments on save, which a fixed-code config refuses.
+TRANSFORMERS_MIN = "5.24"
+
+
 def main(argv: Optional[Sequence[str]] = None) -> dict:
     args = parse_args(argv)
+    if Version(transformers.__version__) < Version(TRANSFORMERS_MIN):
+        raise SystemExit(f"error: the export needs transformers >= {TRANSFORMERS_MIN}, this "
+                         f"environment has {transformers.__version__}: pip install "
+                         f"'transformers>={TRANSFORMERS_MIN}'")
     path, train, fixed_code, iteration = read_checkpoint(args.load, args.iteration)
     check_mappable(train, fixed_code, path)
     if os.path.exists(args.output) and (not os.path.isdir(args.output) or os.listdir(args.output)):
