@@ -146,10 +146,10 @@ def build_train_valid(args: argparse.Namespace, tokenizer, train_samples: int,
     (train_ds, valid_ds, _), records = build_datasets(args, tokenizer,
                                                       samples_per_split(args, train_samples))
     if records and torch.distributed.get_rank() == 0:  # rank 0 decides to build or to load
-        loaded = [f"{r.split} {r.kind}" for r in records if not r.built]
-        built = [f"{r.split} {r.kind}" for r in records if r.built]
+        built = [f"{r.split} {r.kind} of {r.source}" for r in records if r.built]
         print(f"[fixedcode] dataset index caches in --data-cache-path {args.data_cache_path}: "
-              f"loaded {', '.join(loaded) or 'none'}; built {', '.join(built) or 'none'}",
+              f"{len(records) - len(built)} loaded, "
+              + (f"{len(built)} built: {'; '.join(built)}" if built else "none built"),
               flush=True)
     train = iter(build_loader(train_ds, args.micro_batch_size, args.num_workers, consumed_train))
     return train, (valid_ds if args.eval_iters else None)
