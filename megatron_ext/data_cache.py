@@ -117,7 +117,8 @@ def check_visible(path: str, require_cache: bool) -> None:
 
 
 def _rank0_view(path: str, require_cache: bool):
-    """``(problem, probe path, names every rank must see)`` as rank 0 sees ``path``."""
+    """``(problem, probe path, names every rank must see)`` as rank 0 sees ``path``; never
+    raises, since the other ranks wait for its answer."""
     if require_cache and not os.path.isdir(path):
         return (f"error: --require-data-cache: --data-cache-path {path} does not exist "
                 f"({_where()}); build the caches with {BUILDER} first, or drop "
@@ -129,12 +130,17 @@ def _rank0_view(path: str, require_cache: bool):
             pass
         return None, probe, [os.path.basename(probe)]
     except OSError as e:
-        if not require_cache:
-            return (f"error: --data-cache-path {path}: rank 0 cannot write there "
-                    f"({e.strerror}), and Megatron-Core saves the dataset index caches there; "
-                    f"give a writable directory on a filesystem every node shares"), None, []
+        problem = (f"error: --data-cache-path {path}: rank 0 cannot write there ({e.strerror}), "
+                   f"and Megatron-Core saves the dataset index caches there; give a writable "
+                   f"directory on a filesystem every node shares")
+    if not require_cache:
+        return problem, None, []
     # A read-only cache is enough when it is only loaded: a few of its files serve as probe.
-    return None, None, sorted(n for n in os.listdir(path) if n.endswith("description.txt"))[:4]
+    try:
+        return None, None, sorted(n for n in os.listdir(path)
+                                  if n.endswith("description.txt"))[:4]
+    except OSError:
+        return problem.replace("write", "read"), None, []
 
 
 @dataclasses.dataclass
