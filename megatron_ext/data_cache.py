@@ -75,14 +75,18 @@ class CheckedGPTDataset(GPTDataset):
         return super()._build_document_sample_shuffle_indices()
 
 
-CheckedGPTDataset.__name__ = CheckedGPTDataset.__qualname__ = GPTDataset.__name__
+class RequiredCacheGPTDataset(CheckedGPTDataset):
+    """:class:`CheckedGPTDataset` under ``--require-data-cache``."""
+
+    require_cache = True
+
+
+# The name in the cache files; __qualname__ stays, so that pickle finds the classes here.
+CheckedGPTDataset.__name__ = RequiredCacheGPTDataset.__name__ = GPTDataset.__name__
 
 
 def gpt_dataset_class(require_cache: bool) -> type:
-    """:class:`CheckedGPTDataset`, requiring the cache or not."""
-    if not require_cache:
-        return CheckedGPTDataset
-    return type(GPTDataset.__name__, (CheckedGPTDataset,), {"require_cache": True})
+    return RequiredCacheGPTDataset if require_cache else CheckedGPTDataset
 
 
 def check_visible(path: str, require_cache: bool) -> None:
