@@ -3,7 +3,7 @@
 Modules: ``codes`` (the code schemes), ``embedding`` (FixedCodeEmbedding for GPTModel),
 ``kernels`` and ``cuda_extension`` (the fast forward: PyTorch path or fused CUDA kernel), ``model`` (the
 model provider), ``arguments`` (Megatron-LM flags), ``initialize`` (process start-up),
-``training``, ``checkpointing``, ``datasets``, ``metrics``, ``metric_sinks``, ``norms``,
+``training``, ``checkpointing``, ``datasets``, ``data_cache``, ``metrics``, ``metric_sinks``, ``norms``,
 ``exit_conditions``, ``exit_signals``, ``log`` (the training loop and its parts),
 ``tokenizer``, ``data`` (preprocessing), ``hf`` (Hugging Face export), ``cpu_backend``
 (Megatron-Core on CPU for tests and the demo).

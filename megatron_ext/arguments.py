@@ -195,7 +195,13 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
         d.add_argument(f"--{split}-data-path", nargs="+", default=None,
                        help=f"{split} split from its own prefixes (instead of --data-path/--split)")
     d.add_argument("--mock-data", action="store_true", help="synthetic tokens, no files")
-    d.add_argument("--data-cache-path", default=None, help="where dataset index caches go")
+    d.add_argument("--data-cache-path", default=None,
+                   help="where Megatron's dataset index caches go (rank 0 builds them, the "
+                        "others load them: a directory every node shares)")
+    d.add_argument("--require-data-cache", action="store_true",
+                   help="load the index caches from --data-cache-path, never build them: "
+                        "missing ones are an error (build them ahead with "
+                        "tools/build_data_cache.py; tools/submit.py --build-cache sets this)")
     d.add_argument("--max-data-epochs", type=float, default=None,
                    help="refuse to start when the train samples would read a data file's train "
                         "split more than this many times (default: only warn above 1)")

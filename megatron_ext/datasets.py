@@ -4,7 +4,9 @@ resume exactly at a number of consumed samples.
 ``--data-path`` takes Megatron's blend syntax (``P`` or ``W1 P1 W2 P2 ...``), split into
 train/valid/test by ``--split``; or each split gets its own blend (``--train-data-path``,
 ``--valid-data-path``, ``--test-data-path``); ``--mock-data`` gives synthetic tokens. Index caches go to
-``--data-cache-path``. Every rank of a data-parallel replica reads the same micro-batches.
+``--data-cache-path`` (megatron_ext/data_cache.py; ``--require-data-cache``: they must be there,
+built ahead of time by tools/build_data_cache.py). Every rank of a data-parallel replica reads
+the same micro-batches.
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ import torch
 
 from megatron.core import parallel_state
 from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
-from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
+from megatron.core.datasets.gpt_dataset import GPTDatasetConfig, MockGPTDataset
 from megatron.core.datasets.utils import get_blend_from_list
 
+from megatron_ext import data_cache
 from megatron_ext.data.index_check import check_train_epochs, check_training_data
 
 
@@ -40,8 +43,16 @@ def _blend(flag: str, paths):
     return blend
 
 
+def samples_per_split(args: argparse.Namespace, train_samples: int) -> list[int]:
+    """The sequences a run draws from the train, valid and test split: every validation reads
+    the same first ``--eval-iters`` global batches; the test split is not read."""
+    return [train_samples, args.eval_iters * args.global_batch_size, 0]
+
+
 def build_datasets(args: argparse.Namespace, tokenizer, num_samples: list[int]):
-    """``(train, valid, test)`` GPT datasets of at least ``num_samples`` sequences each."""
+    """``((train, valid, test), cache records)``: GPT datasets of at least ``num_samples``
+    sequences each, and what ``--data-cache-path`` gave them (data_cache.CacheRecord each,
+    as rank 0 saw it; None without a cache path or with --mock-data)."""
     per_split = [_blend(f"--{s}-data-path", getattr(args, f"{s}_data_path"))
                  for s in ("train", "valid", "test")]
     blend = None if args.mock_data else _blend("--data-path", args.data_path)
@@ -51,6 +62,9 @@ def build_datasets(args: argparse.Namespace, tokenizer, num_samples: list[int]):
     if not (args.mock_data or blend or per_split[0]):
         raise SystemExit("error: give --data-path (indexed dataset prefixes), "
                          "--train-data-path, or --mock-data")
+    if args.require_data_cache and (args.mock_data or not args.data_cache_path):
+        raise SystemExit("error: --require-data-cache needs --data-cache-path (the caches "
+                         "tools/build_data_cache.py built) and indexed data, not --mock-data")
     if not args.mock_data:
         check_training_data(blend, per_split if any(per_split) else None,
                             None if any(per_split) else args.split, args.seq_length, num_samples)
@@ -74,8 +88,22 @@ def build_datasets(args: argparse.Namespace, tokenizer, num_samples: list[int]):
     # empty one (the test split of a small dataset), even to draw none from it.
     if config.split_matrix:
         config.split_matrix = [r if n else None for r, n in zip(config.split_matrix, num_samples)]
-    cls = MockGPTDataset if args.mock_data else GPTDataset
-    return BlendedMegatronDatasetBuilder(cls, num_samples, lambda: True, config).build()
+    if args.mock_data:
+        return BlendedMegatronDatasetBuilder(MockGPTDataset, num_samples, lambda: True,
+                                             config).build(), None
+    cache = args.data_cache_path
+    if cache:
+        data_cache.check_visible(cache, args.require_data_cache)
+    before = data_cache.listing(cache)
+    try:
+        built = BlendedMegatronDatasetBuilder(data_cache.gpt_dataset_class(
+            args.require_data_cache), num_samples, lambda: True, config).build()
+    except FileNotFoundError as e:  # a blend's index that rank 0 saved, unseen here
+        if cache and e.filename and os.path.dirname(os.path.abspath(e.filename)) == \
+                os.path.abspath(cache):
+            raise SystemExit(data_cache.not_shared(cache, os.path.basename(e.filename))) from e
+        raise
+    return built, cache and data_cache.cache_report(built, cache, before)
 
 
 class ResumableBatchSampler:
@@ -115,7 +143,13 @@ def build_train_valid(args: argparse.Namespace, tokenizer, train_samples: int,
 
     Every evaluation reads the same first ``--eval-iters`` global batches of the validation
     split, so validation curves are comparable across steps, arms and resumed runs."""
-    valid_samples = args.eval_iters * args.global_batch_size
-    train_ds, valid_ds, _ = build_datasets(args, tokenizer, [train_samples, valid_samples, 0])
+    (train_ds, valid_ds, _), records = build_datasets(args, tokenizer,
+                                                      samples_per_split(args, train_samples))
+    if records and torch.distributed.get_rank() == 0:  # rank 0 decides to build or to load
+        built = [f"{r.split} {r.kind} of {r.source}" for r in records if r.built]
+        print(f"[fixedcode] dataset index caches in --data-cache-path {args.data_cache_path}: "
+              f"{len(records) - len(built)} loaded, "
+              + (f"{len(built)} built: {'; '.join(built)}" if built else "none built"),
+              flush=True)
     train = iter(build_loader(train_ds, args.micro_batch_size, args.num_workers, consumed_train))
     return train, (valid_ds if args.eval_iters else None)

@@ -54,22 +54,7 @@ class NonFiniteLossError(RuntimeError):
 def setup_args(args: argparse.Namespace):
     """Derive batch, parallel and vocabulary values; refuse what cannot run. Returns the
     tokenizer."""
-    world = torch.distributed.get_world_size()
-    args.world_size = world
-    args.data_parallel_size = world // (args.tensor_model_parallel_size
-                                        * args.pipeline_model_parallel_size)
-    if args.global_batch_size is None:
-        args.global_batch_size = args.micro_batch_size * args.data_parallel_size
-    per_step = args.micro_batch_size * args.data_parallel_size
-    if args.global_batch_size % per_step:
-        raise SystemExit(f"error: --global-batch-size {args.global_batch_size} is not a multiple "
-                         f"of --micro-batch-size {args.micro_batch_size} x data-parallel size "
-                         f"{args.data_parallel_size}")
-    args.num_microbatches = args.global_batch_size // per_step
-    if (args.train_iters is None) == (args.train_samples is None):
-        raise SystemExit("error: give exactly one of --train-iters and --train-samples")
-    if args.train_iters is None:
-        args.train_iters = math.ceil(args.train_samples / args.global_batch_size)
+    derive_batch_args(args, torch.distributed.get_world_size())
     if args.log_layer_norms and args.use_distributed_optimizer:
         raise SystemExit("error: --log-layer-norms reads whole gradients, which "
                          "--use-distributed-optimizer scatters across ranks; drop one")
@@ -95,6 +80,27 @@ def setup_args(args: argparse.Namespace):
     args.padded_vocab_size = padded_vocab_size(
         tokenizer.vocab_size, args.make_vocab_size_divisible_by, args.tensor_model_parallel_size)
     return tokenizer
+
+
+def derive_batch_args(args: argparse.Namespace, world: int) -> None:
+    """The batch values of a job of ``world`` ranks: data-parallel size, global batch,
+    micro-batches per step, and --train-iters (from --train-samples). They size the datasets,
+    so tools/build_data_cache.py derives them here too, without a torch.distributed world."""
+    args.world_size = world
+    args.data_parallel_size = world // (args.tensor_model_parallel_size
+                                        * args.pipeline_model_parallel_size)
+    if args.global_batch_size is None:
+        args.global_batch_size = args.micro_batch_size * args.data_parallel_size
+    per_step = args.micro_batch_size * args.data_parallel_size
+    if args.global_batch_size % per_step:
+        raise SystemExit(f"error: --global-batch-size {args.global_batch_size} is not a multiple "
+                         f"of --micro-batch-size {args.micro_batch_size} x data-parallel size "
+                         f"{args.data_parallel_size}")
+    args.num_microbatches = args.global_batch_size // per_step
+    if (args.train_iters is None) == (args.train_samples is None):
+        raise SystemExit("error: give exactly one of --train-iters and --train-samples")
+    if args.train_iters is None:
+        args.train_iters = math.ceil(args.train_samples / args.global_batch_size)
 
 
 def resolve_layers(args: argparse.Namespace) -> None:

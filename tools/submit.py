@@ -4,7 +4,10 @@ The recipe is a file of pretrain_fixedcode.py flags (model shape, data, schedule
 comments allowed) shared by every arm. For each arm this fills slurm/fixedcode.sbatch
 (job name, log, ``--input-interface``, ``--save``/``--load``, ``--tensorboard-dir``), writes
 it to RUN_DIR/ARM/job.sbatch and submits it with sbatch; ``--dry-run`` prints the scripts
-and touches nothing. Usage::
+and touches nothing. ``--build-cache`` first queues a CPU job (slurm/build_data_cache.sbatch,
+RUN_DIR/data_cache/) that builds the recipe's dataset index caches into its
+``--data-cache-path``; the arms' jobs wait for it (``--dependency=afterok``) and load the
+caches with ``--require-data-cache``. Usage::
 
     python tools/submit.py --recipe RECIPE --run-dir RUN_DIR [--nodes 4 --gpus-per-node 8]
     python tools/submit.py --recipe slurm/recipes/tiny_cpu.args --run-dir runs/tiny \\
@@ -26,6 +29,8 @@ from megatron_ext import recipes
 
 REPO = Path(__file__).resolve().parent.parent
 TEMPLATE = REPO / "slurm" / "fixedcode.sbatch"
+CACHE_TEMPLATE = REPO / "slurm" / "build_data_cache.sbatch"
+CACHE_JOB = "data_cache"  # its folder in RUN_DIR, and its job name's suffix
 ARMS = ("learned", "binary", "gf2", "permuted", "random")  # --input-interface choices
 DEFAULT_ARMS = ("learned", "binary", "gf2")  # the paper's comparison
 # Set here per arm (or always): a recipe that sets them is refused.
@@ -88,6 +93,18 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                    help="comma-separated subset of %s (default: %s)" % (",".join(ARMS),
                                                                       ",".join(DEFAULT_ARMS)))
     add_job_args(p)
+    c = p.add_argument_group("dataset index caches built ahead (--build-cache)")
+    c.add_argument("--build-cache", action="store_true",
+                   help="first queue a CPU job that builds the recipe's dataset index caches "
+                        "into its --data-cache-path (tools/build_data_cache.py); the arms' jobs "
+                        "start when it succeeds (--dependency=afterok) and load them with "
+                        "--require-data-cache, never build them")
+    c.add_argument("--build-cache-partition",
+                   help="partition of the cache job, e.g. a CPU one (default: --partition)")
+    c.add_argument("--build-cache-time",
+                   help="sbatch --time limit of the cache job (default: the partition's)")
+    c.add_argument("--build-cache-cpus-per-task", type=int,
+                   help="CPUs of the cache job's one task (default: Slurm's)")
     p.add_argument("--dry-run", action="store_true",
                    help="print the generated scripts; write and submit nothing")
     args = p.parse_args(argv)
@@ -98,7 +115,21 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
         p.error(f"--arms: unknown arm(s) {unknown or args.arms}; choose from {', '.join(ARMS)}")
     args.run_dir = args.run_dir.resolve()
     check_job_args(p, args, args.run_dir)
+    if args.build_cache_partition is None:
+        args.build_cache_partition = args.partition
     return args
+
+
+def check_cache_recipe(recipe: List[str], path: Path) -> None:
+    """--build-cache needs a recipe with --data-cache-path and indexed data: a build job that
+    fails would leave the arms' jobs waiting on it for ever (DependencyNeverSatisfied)."""
+    given = {token.split("=")[0] for token in recipe}
+    if "--data-cache-path" not in given:
+        raise SystemExit(f"error: --build-cache: recipe {path} sets no --data-cache-path, the "
+                         f"directory (shared by every node) the caches are built into")
+    if "--mock-data" in given:
+        raise SystemExit(f"error: --build-cache: recipe {path} trains on --mock-data, which "
+                         f"has no index caches to build")
 
 
 def read_recipe(path: Path) -> List[str]:
@@ -129,10 +160,14 @@ def sbatch_directives(args: argparse.Namespace, job_name: str) -> str:
                ("ntasks-per-node", args.ntasks_per_node)]
     if args.gpus_per_node:
         options.append(("gpus-per-node", args.gpus_per_node))
-    for name in ("cpus_per_task", "time", "partition", "account"):
-        if getattr(args, name) is not None:
-            options.append((name.replace("_", "-"), getattr(args, name)))
-    return "\n".join(f"#SBATCH --{name}={value}" for name, value in options)
+    return directive_lines(options + [(name, getattr(args, name)) for name in
+                                      ("cpus_per_task", "time", "partition", "account")])
+
+
+def directive_lines(options) -> str:
+    """``#SBATCH --name=value`` per ``(name, value)``, skipping None values."""
+    return "\n".join(f"#SBATCH --{name.replace('_', '-')}={value}" for name, value in options
+                     if value is not None)
 
 
 def container_args(args: argparse.Namespace, run_dir: Path) -> str:
@@ -146,11 +181,13 @@ def container_args(args: argparse.Namespace, run_dir: Path) -> str:
                                              f"--container-workdir={REPO}"))
 
 
-def render(template: str, fields: dict) -> str:
-    """Fill every ``{{NAME}}``; a missing or an unused field is an error."""
+def render(path: Path, fields: dict) -> str:
+    """Fill every ``{{NAME}}`` of the template at ``path``; a missing or an unused field is an
+    error."""
+    template = path.read_text()
     names = set(re.findall(r"\{\{(\w+)\}\}", template))
     if names != set(fields):
-        raise SystemExit(f"error: {TEMPLATE} fields {sorted(names)} do not match "
+        raise SystemExit(f"error: {path} fields {sorted(names)} do not match "
                          f"tools/submit.py's {sorted(fields)}")
     return re.sub(r"\{\{(\w+)\}\}", lambda m: str(fields[m.group(1)]), template)
 
@@ -159,7 +196,7 @@ def job_script(args: argparse.Namespace, job_name: str, run_dir: Path, flags: Li
                mount_dir: Path) -> str:
     """The batch script of one run (training ``flags``, log in ``run_dir``); ``mount_dir``
     is mounted into a container."""
-    return render(TEMPLATE.read_text(), {
+    return render(TEMPLATE, {
         "SBATCH_DIRECTIVES": sbatch_directives(args, job_name),
         "LOG": run_dir / "slurm-%j.log",
         "SIGNAL_SECS": args.signal_secs,
@@ -171,34 +208,74 @@ def job_script(args: argparse.Namespace, job_name: str, run_dir: Path, flags: Li
     })
 
 
-def submit(script: Path) -> str:
+def cache_job_script(args: argparse.Namespace, recipe: List[str], run_dir: Path) -> str:
+    """The batch script of the job that builds the recipe's dataset index caches: one task
+    on one node, no GPU, sized by the --build-cache-* options; the builder is told the
+    training job's world size (the default global batch depends on it)."""
+    world = args.nodes * args.ntasks_per_node
+    return render(CACHE_TEMPLATE, {
+        "SBATCH_DIRECTIVES": directive_lines([
+            ("job-name", f"{args.run_dir.name}-{CACHE_JOB}"), ("nodes", 1), ("ntasks", 1),
+            ("cpus-per-task", args.build_cache_cpus_per_task),
+            ("time", args.build_cache_time), ("partition", args.build_cache_partition),
+            ("account", args.account)]),
+        "LOG": run_dir / "slurm-%j.log",
+        "CONTAINER_ARGS": container_args(args, args.run_dir),
+        "BUILD_ARGS": flag_lines(recipe + ["--world-size", str(world)]),
+        "REPO": shlex.quote(str(REPO)),
+        "PYTHON": shlex.quote(args.python),
+    })
+
+
+def submit(script: Path, after: Optional[str] = None) -> str:
+    """Submit ``script`` (to start once job ``after`` has succeeded); the job id. The
+    dependency is given to sbatch, not written in the script, so the script can be
+    resubmitted by hand later."""
     if shutil.which("sbatch") is None:
         raise SystemExit("error: sbatch not found: run on a Slurm login node, or use --dry-run")
-    done = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True)
+    dependency = [f"--dependency=afterok:{after}"] if after else []
+    done = subprocess.run(["sbatch", "--parsable", *dependency, str(script)],
+                          capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"error: sbatch {script} failed: {done.stderr.strip()}")
     return done.stdout.strip().split(";")[0]
 
 
-def write_and_submit(run_dir: Path, script: str) -> str:
-    """Write ``run_dir/job.sbatch`` and submit it; the job id."""
+def write_and_submit(run_dir: Path, script: str, after: Optional[str] = None) -> str:
+    """Write ``run_dir/job.sbatch`` and submit it (after job ``after``); the job id."""
     run_dir.mkdir(parents=True, exist_ok=True)   # Slurm does not create the log's folder
     (run_dir / "job.sbatch").write_text(script)
-    return submit(run_dir / "job.sbatch")
+    return submit(run_dir / "job.sbatch", after)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
     args = parse_args(argv)
     recipe = read_recipe(args.recipe)
+    cache_job = own = None
+    if args.build_cache:
+        check_cache_recipe(recipe, args.recipe)
+        cache_dir = args.run_dir / CACHE_JOB
+        script = cache_job_script(args, recipe, cache_dir)
+        own = [] if "--require-data-cache" in recipe else ["--require-data-cache"]
+        if args.dry_run:
+            print(f"# ===== {CACHE_JOB}: {cache_dir / 'job.sbatch'} =====\n{script}")
+            cache_job = "CACHE_JOB_ID"
+        else:
+            cache_job = write_and_submit(cache_dir, script)
+            print(f"{CACHE_JOB}: job {cache_job}, log {cache_dir / f'slurm-{cache_job}.log'}")
     for arm in args.arms:
         arm_dir = args.run_dir / arm
         script = job_script(args, f"{args.run_dir.name}-{arm}", arm_dir,
-                            run_flags(recipe, arm_dir, ["--input-interface", arm]), args.run_dir)
+                            run_flags(recipe, arm_dir, ["--input-interface", arm] + (own or [])),
+                            args.run_dir)
         if args.dry_run:
-            print(f"# ===== {arm}: {arm_dir / 'job.sbatch'} =====\n{script}")
+            after = (f"# submitted with: sbatch --dependency=afterok:{cache_job} "
+                     f"{arm_dir / 'job.sbatch'}\n" if cache_job else "")
+            print(f"# ===== {arm}: {arm_dir / 'job.sbatch'} =====\n{after}{script}")
             continue
-        job_id = write_and_submit(arm_dir, script)
-        print(f"{arm}: job {job_id}, log {arm_dir / f'slurm-{job_id}.log'}")
+        job_id = write_and_submit(arm_dir, script, cache_job)
+        print(f"{arm}: job {job_id}" + (f" (after job {cache_job})" if cache_job else "")
+              + f", log {arm_dir / f'slurm-{job_id}.log'}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,134 @@
+"""Build Megatron-Core's dataset index caches ahead of time, in one CPU process.
+
+Give it the training flags (pretrain_fixedcode.py's, or a recipe file of them with
+``--recipe``, the flags after it adding to or overriding the recipe's): it derives the
+datasets exactly as training does (same seed, sequence length, blend and split, and the train
+and valid sample counts of --train-iters or --train-samples x the global batch and
+--eval-iters) with training's own functions, builds their document, sample and shuffle indices
+(and a blend's) into ``--data-cache-path``, and prints each cache with its samples and files.
+Training with the same flags then loads them (``--require-data-cache``: and never builds).
+A second run finds them and builds nothing. Usage::
+
+    python tools/build_data_cache.py --recipe examples/smollm2_1p7b/recipe.args --world-size 32
+    python tools/build_data_cache.py --num-layers 2 ... --data-path data/x_text_document \\
+        --data-cache-path /shared/cache --global-batch-size 64 --train-iters 1000
+
+The global batch defaults to micro batch x data-parallel size in training: without
+``--global-batch-size`` give the training job's ``--world-size``. No GPU and no
+torch.distributed job are needed (Megatron-Core's blend code asks for a rank: it gets a
+one-process group in memory).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+import megatron_ext  # noqa: E402,F401  (its warning filters first)
+import torch  # noqa: E402
+
+from megatron_ext import recipes  # noqa: E402
+from megatron_ext.arguments import add_training_args, parse_model_args  # noqa: E402
+from megatron_ext.datasets import build_datasets, samples_per_split  # noqa: E402
+from megatron_ext.tokenizer import build_tokenizer  # noqa: E402
+from megatron_ext.training import derive_batch_args  # noqa: E402
+
+DESCRIPTION = __doc__.splitlines()[0]
+
+
+def add_builder_args(parser: argparse.ArgumentParser) -> None:
+    add_training_args(parser)
+    g = parser.add_argument_group("tools/build_data_cache.py")
+    g.add_argument("--recipe", type=Path,
+                   help="file of pretrain_fixedcode.py flags (tools/submit.py's --recipe); "
+                        "flags given after it add to or override it")
+    g.add_argument("--world-size", type=int,
+                   help="ranks of the training job (nodes x tasks per node): sets the "
+                        "data-parallel size, hence the default --global-batch-size")
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    pre.add_argument("--recipe", type=Path)
+    known, rest = pre.parse_known_args(argv)
+    flags = recipes.read_recipe(known.recipe, (), "") if known.recipe else []
+    args = parse_model_args(flags + rest, DESCRIPTION, add_builder_args)
+    args.recipe = known.recipe
+    if not args.data_cache_path:
+        raise SystemExit("error: give --data-cache-path: the directory the training job "
+                         "loads the caches from (shared by all its nodes)")
+    if args.mock_data:
+        raise SystemExit("error: --mock-data: nothing to build ahead (its tokens are drawn "
+                         "when training starts)")
+    model_parallel = args.tensor_model_parallel_size * args.pipeline_model_parallel_size
+    if args.world_size is None:
+        if args.global_batch_size is None:
+            raise SystemExit("error: give --global-batch-size, or the training job's "
+                             "--world-size: the default global batch is --micro-batch-size x "
+                             "the data-parallel size")
+        args.world_size = model_parallel  # the data-parallel size does not matter then
+    elif args.world_size < 1 or args.world_size % model_parallel:
+        raise SystemExit(f"error: --world-size {args.world_size} is not a positive multiple "
+                         f"of --tensor-model-parallel-size x --pipeline-model-parallel-size "
+                         f"({model_parallel})")
+    derive_batch_args(args, args.world_size)
+    return args
+
+
+def one_process_group() -> bool:
+    """A torch.distributed group of this process alone, in memory (no port); True if it was
+    started here."""
+    if torch.distributed.is_initialized():
+        return False
+    torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0,
+                                         world_size=1)
+    return True
+
+
+def _size(path: str) -> str:
+    size = os.path.getsize(path)
+    return f"{size / 2**20:,.1f} MiB" if size >= 2**20 else f"{size:,} B"
+
+
+def main(argv: Optional[Sequence[str]] = None) -> list:
+    """Build (or find) the caches; returns the data_cache.CacheRecord of each."""
+    args = parse_args(argv)
+    # Megatron-Core's dataset messages are the progress: "Build and save ..." or "Load ...".
+    logging.basicConfig(format="%(message)s")
+    logging.getLogger("megatron.core.datasets").setLevel(logging.INFO)
+    num_samples = samples_per_split(args, args.train_iters * args.global_batch_size)
+    print(f"[build_data_cache] --data-cache-path {args.data_cache_path}: train "
+          f"{num_samples[0]:,} samples ({args.train_iters:,} iterations x global batch "
+          f"{args.global_batch_size:,}), valid {num_samples[1]:,} (--eval-iters "
+          f"{args.eval_iters}); --seq-length {args.seq_length}, --seed {args.seed}", flush=True)
+    started = time.monotonic()
+    tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model, args.vocab_size)
+    own_group = one_process_group()
+    try:
+        _, records = build_datasets(args, tokenizer, num_samples)
+    finally:
+        if own_group:
+            torch.distributed.destroy_process_group()
+    for r in records:
+        print(f"[build_data_cache] {'built' if r.built else 'found'} {r.split} {r.kind} of "
+              f"{r.source}: {r.samples:,} samples")
+        for path in r.files:
+            print(f"    {path} ({_size(path)})")
+    built = sum(r.built for r in records)
+    print(f"[build_data_cache] done in {time.monotonic() - started:.1f} s: "
+          + (f"built {built} of {len(records)} caches" if built else
+             f"all {len(records)} caches were already there, nothing built"), flush=True)
+    return records
+
+
+if __name__ == "__main__":
+    main()
