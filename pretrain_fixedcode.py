@@ -39,11 +39,12 @@ from megatron_ext.datasets import build_train_valid
 from megatron_ext.training import NonFiniteLossError, pretrain
 
 
-def model_provider(args, pre_process=True, post_process=True):
+def model_provider(args, pre_process=True, post_process=True, code=None):
     """GPTModel for this pipeline stage, with the arm's input interface (the swap of the
-    input table for the fixed code is in megatron_ext/model.py:model_provider)."""
+    input table for the fixed code is in megatron_ext/model.py:model_provider). ``code``: the
+    run's fixed code, resolved once by the loop (the checkpoint's, or drawn from the flags)."""
     return fixedcode_model.model_provider(args, pre_process, post_process,
-                                          on_cpu=args.device == "cpu")
+                                          on_cpu=args.device == "cpu", code=code)
 
 
 def get_batch(data_iterator, device: str):

@@ -52,6 +52,7 @@ from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 
 import megatron_ext
 
+from .codes import FixedCode
 from .log import log
 
 MARKER = "latest_checkpointed_iteration.txt"
@@ -266,8 +267,9 @@ def _fork_writer_results_queue() -> None:
 
 
 def save_checkpoint(args: argparse.Namespace, model, optimizer, scheduler, state: TrainState,
-                    fixed_code: Optional[dict], wandb_run_id: Optional[str] = None) -> str:
-    """Save on every rank; returns the final checkpoint path."""
+                    code: Optional[FixedCode], wandb_run_id: Optional[str] = None) -> str:
+    """Save on every rank; returns the final checkpoint path. ``code``: the model's fixed code
+    (``None`` for the learned arm), stored whole as the common object ``fixed_code``."""
     iteration = state.iteration
     final = checkpoint_path(args.save, iteration)
     partial = final + ".partial"
@@ -282,8 +284,9 @@ def save_checkpoint(args: argparse.Namespace, model, optimizer, scheduler, state
     _fork_writer_results_queue()
     metadata = content_metadata(args)
     sharded = _sharded_state(model, optimizer, _rng_state(), is_loading=False, metadata=metadata)
-    sharded.update(args={k: v for k, v in vars(args).items() if k != "fixed_code"},
-                   fixed_code=fixed_code, scheduler=scheduler.state_dict(),
+    sharded.update(args=vars(args).copy(),
+                   fixed_code=None if code is None else code.to_dict(),
+                   scheduler=scheduler.state_dict(),
                    wandb_run_id=wandb_run_id, **dataclasses.asdict(state), **provenance())
     strategy = FullyParallelSaveStrategyWrapper(
         get_default_save_sharded_strategy(),
@@ -312,10 +315,10 @@ class Checkpointer:
     only with ``--save``, never the same iteration twice."""
 
     def __init__(self, args: argparse.Namespace, model, optimizer, scheduler,
-                 fixed_code: Optional[dict], wandb_run_id: Optional[str],
+                 code: Optional[FixedCode], wandb_run_id: Optional[str],
                  last_saved: Optional[int]):
         self.args, self.model, self.optimizer, self.scheduler = args, model, optimizer, scheduler
-        self.fixed_code, self.wandb_run_id = fixed_code, wandb_run_id
+        self.code, self.wandb_run_id = code, wandb_run_id
         self.last_saved = last_saved
 
     def due(self, iteration: int) -> bool:
@@ -325,7 +328,7 @@ class Checkpointer:
         if not self.args.save or self.last_saved == state.iteration:
             return
         path = save_checkpoint(self.args, self.model, self.optimizer, self.scheduler, state,
-                               self.fixed_code, self.wandb_run_id)
+                               self.code, self.wandb_run_id)
         self.last_saved = state.iteration
         log(f"[fixedcode] saved checkpoint {path}")
 

@@ -106,7 +106,7 @@ class WandbSink:
         self.run = wandb.init(
             project=args.wandb_project, entity=args.wandb_entity, name=args.wandb_exp_name,
             dir=save_dir, id=run_id, resume="allow",
-            config={k: v for k, v in vars(args).items() if k != "fixed_code"})
+            config=vars(args))
 
     def write(self, kind: str, iteration: int, scalars: dict, where: dict) -> None:
         self.run.log(scalars, step=iteration)

@@ -31,15 +31,12 @@ from .embedding import FixedCodeEmbedding
 
 
 def build_code(args: argparse.Namespace) -> Optional[FixedCode]:
-    """The fixed code the arguments ask for (``None`` for the learned arm).
-
-    ``args.fixed_code``, when present (a dict restored from a checkpoint), wins over drawing
-    a new code from ``--code-seed``: a saved model's code is never redrawn."""
+    """A new fixed code drawn from the flags (``--input-interface``, ``--code-*``,
+    ``--code-seed``); ``None`` for the learned arm. A saved model's code is never redrawn:
+    training resumes with the checkpoint's (:func:`megatron_ext.training.resolve_checkpoint`)
+    and passes it to :func:`model_provider`, as the exporters do."""
     if args.input_interface == "learned":
         return None
-    saved = getattr(args, "fixed_code", None)
-    if saved:
-        return FixedCode.from_dict(saved)
     return FixedCode.create(args.input_interface, num_bits=args.code_bits,
                             values=args.code_values, scale=args.code_scale, seed=args.code_seed,
                             tiling=args.code_tiling, vocab_size=args.padded_vocab_size,
@@ -160,13 +157,16 @@ def decoder_spec(args: argparse.Namespace, config: TransformerConfig,
 
 def model_provider(args: argparse.Namespace, pre_process: bool = True,
                    post_process: bool = True, vp_stage: Optional[int] = None,
-                   on_cpu: bool = False) -> GPTModel:
+                   on_cpu: bool = False, code: Optional[FixedCode] = None) -> GPTModel:
     """Build the GPTModel of one pipeline stage for the arm ``args.input_interface``.
 
+    ``code``: the fixed code, resolved once by the caller (a checkpoint's saved code, or one
+    drawn from the flags); omitted for a fixed arm, a new one is drawn (:func:`build_code`).
     ``args.padded_vocab_size`` must be set (see :func:`megatron_ext.arguments.padded_vocab_size`).
     """
     config = transformer_config_from_args(args, on_cpu)
-    code = build_code(args)
+    if code is None:
+        code = build_code(args)
     if code is not None:
         # Fail before building anything large.
         code.check_vocab(args.padded_vocab_size)

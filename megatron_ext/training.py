@@ -35,6 +35,7 @@ from megatron.core.transformer.torch_norm import WrappedTorchNorm
 from . import checkpointing
 from .arguments import padded_vocab_size
 from .checkpointing import Checkpointer, TrainState
+from .codes import FixedCode
 from .datasets import build_loader
 from .exit_conditions import ExitConditions, max_over_ranks
 from .initialize import initialize_distributed, resolve_device
@@ -138,7 +139,10 @@ def resolve_layers(args: argparse.Namespace) -> None:
 
 
 def resolve_checkpoint(args: argparse.Namespace):
-    """``(path, common)`` of the checkpoint to resume, or ``(None, None)``; sets the code.
+    """``(path, common, code)``: the checkpoint to resume (``None, None`` for a fresh run)
+    and the run's fixed code (``None`` for the learned arm), resolved once: the checkpoint's
+    saved code (A and b are never redrawn), else one drawn from the flags. The caller passes
+    the code to the model provider and to saving.
 
     A ``--save`` directory that holds a checkpoint is the run's own: it is resumed even when
     ``--load`` names another directory (a requeued branch continues, rather than starting
@@ -159,7 +163,8 @@ def resolve_checkpoint(args: argparse.Namespace):
         path, common = checkpointing.load_common(load, step)
         checkpointing.check_compatible(common["args"], args, path)
         checkpointing.check_optimizer_resharding(common, args, path)
-        args.fixed_code = common["fixed_code"]  # never regenerate A and b of a saved model
+        saved = common["fixed_code"]
+        code = None if saved is None else FixedCode.from_dict(saved)
         changes = checkpointing.reconcile_schedule(common["args"], args, path)
         if changes:
             log("[fixedcode] learning-rate schedule " + (
@@ -167,14 +172,15 @@ def resolve_checkpoint(args: argparse.Namespace):
                 else "kept from the checkpoint; ignored: ") + ", ".join(changes))
     else:
         code = build_code(args)
-        args.fixed_code = None if code is None else code.to_dict()
-    return path, common
+    return path, common, code
 
 
-def build_model_and_optimizer(args, model_provider: Callable):
+def build_model_and_optimizer(args, model_provider: Callable, code: Optional[FixedCode] = None):
+    """``code``: the run's fixed code (:func:`resolve_checkpoint`); omitted, the model
+    provider draws one from the flags."""
     pre = parallel_state.is_pipeline_first_stage()
     post = parallel_state.is_pipeline_last_stage()
-    model = model_provider(args, pre_process=pre, post_process=post)
+    model = model_provider(args, pre_process=pre, post_process=post, code=code)
     if args.device == "cuda":
         model.cuda(torch.cuda.current_device())
     # As Megatron-LM: under --bf16/--fp16 every parameter (norms included, which the local
@@ -369,8 +375,8 @@ def pretrain(args: argparse.Namespace, model_provider: Callable, forward_step: C
                            args.pipeline_model_parallel_size, args.seed)
     exits = ExitConditions(args, start_time)
     tokenizer = setup_args(args)
-    resume_path, common = resolve_checkpoint(args)
-    model, ddp, optimizer, scheduler = build_model_and_optimizer(args, model_provider)
+    resume_path, common, code = resolve_checkpoint(args)
+    model, ddp, optimizer, scheduler = build_model_and_optimizer(args, model_provider, code)
 
     state = TrainState()
     if resume_path:
@@ -399,7 +405,7 @@ def pretrain(args: argparse.Namespace, model_provider: Callable, forward_step: C
         os.path.realpath(os.path.dirname(resume_path)) == os.path.realpath(args.save))
     wandb_run_id = agree_wandb_run_id(args, common["wandb_run_id"] if own_run else None)
     metrics = MetricsLogger(args, model, is_logging_rank(), state.iteration, wandb_run_id)
-    checkpointer = Checkpointer(args, model, optimizer, scheduler, args.fixed_code,
+    checkpointer = Checkpointer(args, model, optimizer, scheduler, code,
                                 wandb_run_id, last_saved=state.iteration if resume_path else None)
     norms = NormReporter(model) if args.log_params_norm or args.log_layer_norms else None
     guard = NonFiniteGuard(args.max_nonfinite_steps)

@@ -104,9 +104,10 @@ def megatron_logits(ckpt: str, tokens: torch.Tensor) -> torch.Tensor:
     from megatron_ext.model import model_provider
     common = common_state(ckpt)
     args = argparse.Namespace(**common["args"])
-    args.fixed_code = common["fixed_code"]
     args.tensor_model_parallel_size = args.pipeline_model_parallel_size = 1
-    model = model_provider(args, on_cpu=True)
+    saved = common["fixed_code"]
+    model = model_provider(args, on_cpu=True,
+                           code=saved and codes.FixedCode.from_dict(saved))
     path = f"{ckpt}/iter_0000003"
     model.load_state_dict(dist_checkpointing.load({"model": model.sharded_state_dict()},
                                                   path)["model"])
@@ -252,7 +253,6 @@ def test_a_saved_code_is_read_not_redrawn(ckpts, cpu_dist):
     train.code_seed += 1
     saved = codes.FixedCode.from_dict(fixed_code)
     assert load_model(path, train, fixed_code).embedding.code == saved
-    train.fixed_code = None
     assert build_code(train) != saved  # what redrawing from the changed seed would give
 
 

@@ -106,8 +106,8 @@ def test_a_nan_gradient_with_a_finite_loss_is_never_applied(cpu_dist, tmp_path):
         grad.view(-1)[0] = NAN
         return grad
 
-    def provider(args, pre_process=True, post_process=True):
-        model = model_provider(args, pre_process, post_process)
+    def provider(args, pre_process=True, post_process=True, code=None):
+        model = model_provider(args, pre_process, post_process, code)
         model.output_layer.weight.register_hook(poisoned_at(args, {4}, one_nan))
         return model
 
@@ -263,8 +263,8 @@ def test_distributed_optimizer_saves_and_resumes_without_te_or_apex(cpu_dist, tm
                                   "--use-distributed-optimizer", "--save", str(tmp_path)])
     args.device = "cpu"
     setup_args(args)
-    training.resolve_checkpoint(args)  # a fresh run: the code from the flags
-    model, ddp, optimizer, scheduler = build_model_and_optimizer(args, model_provider)
+    _, _, code = training.resolve_checkpoint(args)  # a fresh run: the code from the flags
+    model, ddp, optimizer, scheduler = build_model_and_optimizer(args, model_provider, code)
     (inner,) = optimizer.chained_optimizers
     assert isinstance(inner, DistributedOptimizer)
     tokens = torch.randint(0, args.vocab_size, (args.micro_batch_size, args.seq_length + 1))
@@ -273,9 +273,9 @@ def test_distributed_optimizer_saves_and_resumes_without_te_or_apex(cpu_dist, tm
              "position_ids": torch.arange(args.seq_length).expand(args.micro_batch_size, -1)}
     train_step(args, make_forward_step(args), itertools.repeat(batch), ddp, optimizer, scheduler)
     checkpointing.save_checkpoint(args, model, optimizer, scheduler,
-                                  checkpointing.TrainState(iteration=1), args.fixed_code)
+                                  checkpointing.TrainState(iteration=1), code)
 
-    model2, _, optimizer2, scheduler2 = build_model_and_optimizer(args, model_provider)
+    model2, _, optimizer2, scheduler2 = build_model_and_optimizer(args, model_provider, code)
     path, common = checkpointing.load_common(str(tmp_path))
     checkpointing.load_checkpoint(path, common, model2, optimizer2, scheduler2)
     (inner2,) = optimizer2.chained_optimizers

@@ -345,6 +345,30 @@ def test_bad_flags_are_clear_errors(cpu_dist, flags, message):
         resolve_checkpoint(args)
 
 
+def test_a_resumed_run_gets_its_saved_code_once_not_the_flags(cpu_dist, tmp_path):
+    """The code is resolved once, by resolve_checkpoint, and handed on explicitly: resuming with
+    another --code-seed keeps the saved A and b, and nothing about it rides on the arguments."""
+    from megatron_ext.checkpointing import TrainState, save_checkpoint
+    from megatron_ext.model import build_code
+    from megatron_ext.training import build_model_and_optimizer
+    from pretrain_fixedcode import model_provider
+    run = TINY_RUN + ["--input-interface", "gf2", "--save", str(tmp_path), "--train-iters", "2"]
+    args = parse_args(run)
+    args.device = "cpu"
+    setup_args(args)
+    _, _, code = resolve_checkpoint(args)
+    model, _, optimizer, scheduler = build_model_and_optimizer(args, model_provider, code)
+    assert model.embedding.code == code
+    save_checkpoint(args, model, optimizer, scheduler, TrainState(iteration=1), code)
+    resumed = parse_args(run + ["--load", str(tmp_path), "--code-seed", "7"])
+    resumed.device = "cpu"
+    setup_args(resumed)
+    path, _, saved = resolve_checkpoint(resumed)
+    assert path == f"{tmp_path}/iter_0000001"
+    assert saved == code != build_code(resumed)
+    assert not hasattr(resumed, "fixed_code") and not hasattr(args, "fixed_code")
+
+
 def test_resuming_with_another_input_interface_is_refused(tmp_path):
     ckpt = tmp_path / "ckpt"
     run_pretrain(TINY_RUN + ["--input-interface", "binary", "--train-iters", "1", "--save", ckpt])

@@ -16,6 +16,7 @@ from megatron.core import dist_checkpointing
 from megatron.core.models.gpt import GPTModel
 
 from ..checkpointing import load_common
+from ..codes import FixedCode
 from ..model import model_provider
 
 
@@ -34,13 +35,14 @@ def load_model(path: str, args: argparse.Namespace, fixed_code: Optional[dict]) 
     """The checkpoint's model as one fp32 module on CPU, in eval mode. Needs
     ``initialize_distributed("cpu")`` (TP=PP=1) first."""
     args = argparse.Namespace(**vars(args))
-    args.fixed_code = fixed_code  # reuse the saved code; never redraw it
     args.tensor_model_parallel_size = args.pipeline_model_parallel_size = 1
     args.sequence_parallel = args.use_distributed_optimizer = False
     args.transformer_impl, args.fp8_format, args.fixed_code_impl = "local", None, "torch"
     args.bf16 = args.fp16 = False
     args.recompute_granularity = args.recompute_method = args.recompute_num_layers = None
-    model = model_provider(args, on_cpu=True)
+    # the saved code, never a redrawn one
+    model = model_provider(args, on_cpu=True,
+                           code=None if fixed_code is None else FixedCode.from_dict(fixed_code))
     state = dist_checkpointing.load({"model": model.sharded_state_dict()}, path)
     model.load_state_dict(state["model"])
     return model.eval()
