@@ -39,11 +39,12 @@ from megatron_ext.datasets import build_train_valid
 from megatron_ext.training import NonFiniteLossError, pretrain
 
 
-def model_provider(args, pre_process=True, post_process=True, code=None):
+def model_provider(args, padded_vocab_size, pre_process=True, post_process=True, code=None):
     """GPTModel for this pipeline stage, with the arm's input interface (the swap of the
-    input table for the fixed code is in megatron_ext/model.py:model_provider). ``code``: the
-    run's fixed code, resolved once by the loop (the checkpoint's, or drawn from the flags)."""
-    return fixedcode_model.model_provider(args, pre_process, post_process,
+    input table for the fixed code is in megatron_ext/model.py:model_provider). The loop
+    passes what it derived and resolved once: the padded vocabulary, and the run's fixed
+    code (the checkpoint's, or drawn from the flags)."""
+    return fixedcode_model.model_provider(args, padded_vocab_size, pre_process, post_process,
                                           on_cpu=args.device == "cpu", code=code)
 
 
@@ -76,9 +77,10 @@ def make_forward_step(args):
     return forward_step
 
 
-def datasets_provider(args, tokenizer, train_samples, consumed_train_samples):
-    """Train iterator and validation dataset (Megatron GPT datasets, or mock data)."""
-    return build_train_valid(args, tokenizer, train_samples, consumed_train_samples)
+def datasets_provider(args, tokenizer, num_samples, consumed_train_samples):
+    """Train iterator and validation dataset (Megatron GPT datasets, or mock data);
+    ``num_samples``: the sequences drawn from the train, valid and test split."""
+    return build_train_valid(args, tokenizer, num_samples, consumed_train_samples)
 
 
 def parse_args(argv=None):

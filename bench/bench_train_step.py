@@ -38,7 +38,7 @@ def child(arm: str, model_argv: list, warmup: int, reps: int) -> None:
     args = parse_args(DEFAULTS + model_argv + ["--input-interface", arm])
     args.device = resolve_device(args.device)
     initialize_distributed(args.device, seed=args.seed)
-    setup_args(args)
+    _, derived = setup_args(args)
     gen = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, args.vocab_size, (args.micro_batch_size, args.seq_length + 1),
                            generator=gen)
@@ -48,22 +48,23 @@ def child(arm: str, model_argv: list, warmup: int, reps: int) -> None:
     batch = {k: v.contiguous().to(args.device) for k, v in batch.items()}
 
     baseline = measure.memory_now()
-    model, ddp, optimizer, scheduler = build_model_and_optimizer(args, model_provider)
+    model, ddp, optimizer, scheduler = build_model_and_optimizer(args, derived, model_provider)
     measure.reset_peak()
     forward_step, batches = make_forward_step(args), itertools.repeat(batch)
 
     def step():
-        train_step(args, forward_step, batches, ddp, optimizer, scheduler)
+        train_step(args, derived.num_microbatches, forward_step, batches, ddp, optimizer,
+                   scheduler)
 
     step_ms = measure.time_ms(step, warmup, reps)
     peak = measure.peak_memory() - baseline
-    tokens_per_step = args.global_batch_size * args.seq_length
+    tokens_per_step = derived.global_batch_size * args.seq_length
     measure.emit({"step_ms": step_ms, "peak_bytes": peak,
                   "tokens_per_s": tokens_per_step / step_ms["wall"] * 1e3,
                   "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad),
                   "shape": f"{args.num_layers} layers, hidden {args.hidden_size}, seq "
-                           f"{args.seq_length}, {args.global_batch_size} x {args.seq_length} "
-                           f"tokens/step, vocab {args.padded_vocab_size}, "
+                           f"{args.seq_length}, {derived.global_batch_size} x "
+                           f"{args.seq_length} tokens/step, vocab {derived.padded_vocab_size}, "
                            f"{model.config.params_dtype}"})
 
 

@@ -2,7 +2,8 @@
 
 Modules: ``codes`` (the code schemes), ``embedding`` (FixedCodeEmbedding for GPTModel),
 ``kernels`` and ``cuda_extension`` (the fast forward: PyTorch path or fused CUDA kernel), ``model`` (the
-model provider), ``arguments`` (Megatron-LM flags), ``initialize`` (process start-up),
+model provider), ``arguments`` (Megatron-LM flags), ``derived`` (the values derived once at
+start-up: batch, world layout, padded vocabulary), ``initialize`` (process start-up),
 ``training``, ``checkpointing``, ``datasets``, ``data_cache``, ``metrics``, ``metric_sinks``, ``norms``,
 ``exit_conditions``, ``exit_signals``, ``log`` (the training loop and its parts),
 ``tokenizer``, ``data`` (preprocessing), ``hf`` (Hugging Face export), ``cpu_backend``

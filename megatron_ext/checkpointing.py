@@ -53,6 +53,7 @@ from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 import megatron_ext
 
 from .codes import FixedCode
+from .derived import Derived, run_record
 from .log import log
 
 MARKER = "latest_checkpointed_iteration.txt"
@@ -133,11 +134,12 @@ def load_common(load_dir: str, iteration: Optional[int] = None) -> tuple[str, di
     return path, common
 
 
-def check_compatible(saved_args: dict, args: argparse.Namespace, path: str) -> None:
-    """Refuse to resume a checkpoint whose model or input differs from ``args``."""
+def check_compatible(saved_args: dict, current: dict, path: str) -> None:
+    """Refuse to resume a checkpoint whose model or input differs from this run's
+    (``current``: its arguments with the derived values, derived.run_record)."""
     saved = {k: saved_args.get(k, ADDED_ARGS.get(k)) for k in MODEL_DEFINING_ARGS}
-    diffs = [f"--{k.replace('_', '-')}: checkpoint {saved[k]!r}, now {getattr(args, k)!r}"
-             for k in MODEL_DEFINING_ARGS if saved[k] != getattr(args, k)]
+    diffs = [f"--{k.replace('_', '-')}: checkpoint {saved[k]!r}, now {current[k]!r}"
+             for k in MODEL_DEFINING_ARGS if saved[k] != current[k]]
     if diffs:
         raise SystemExit(f"error: cannot resume {path} with a different model or input:\n  "
                          + "\n  ".join(diffs))
@@ -161,15 +163,17 @@ def _schedule(args: dict) -> dict:
     return schedule
 
 
-def reconcile_schedule(saved_args: dict, args: argparse.Namespace, path: str) -> list[str]:
-    """On resume, settle which schedule continues when the flags and the checkpoint differ:
+def reconcile_schedule(saved_args: dict, args: argparse.Namespace, train_iters: int,
+                       path: str) -> list[str]:
+    """On resume, settle which schedule continues when the flags and the checkpoint differ
+    (``train_iters``: this run's, derived; the decay length defaults to it):
     the flags' with ``--override-opt_param-scheduler``, the checkpoint's (copied into
     ``args``) with ``--use-checkpoint-opt_param-scheduler``, else an error naming each
     difference. Returns the differences, ``["--flag NEW (checkpoint OLD)", ...]``."""
     if args.override_opt_param_scheduler and args.use_checkpoint_opt_param_scheduler:
         raise SystemExit("error: --override-opt_param-scheduler and "
                          "--use-checkpoint-opt_param-scheduler are exclusive")
-    old, new = _schedule(saved_args), _schedule(vars(args))
+    old, new = _schedule(saved_args), _schedule({**vars(args), "train_iters": train_iters})
     diffs = [f"{SCHEDULE_FLAGS[k]} {new[k]} (checkpoint {old[k]})" for k in old if old[k] != new[k]]
     if not diffs or args.override_opt_param_scheduler:
         return diffs
@@ -266,8 +270,9 @@ def _fork_writer_results_queue() -> None:
         filesystem_async._results_queue = multiprocessing.get_context("fork").Manager().Queue()
 
 
-def save_checkpoint(args: argparse.Namespace, model, optimizer, scheduler, state: TrainState,
-                    code: Optional[FixedCode], wandb_run_id: Optional[str] = None) -> str:
+def save_checkpoint(args: argparse.Namespace, derived: Derived, model, optimizer, scheduler,
+                    state: TrainState, code: Optional[FixedCode],
+                    wandb_run_id: Optional[str] = None) -> str:
     """Save on every rank; returns the final checkpoint path. ``code``: the model's fixed code
     (``None`` for the learned arm), stored whole as the common object ``fixed_code``."""
     iteration = state.iteration
@@ -284,7 +289,7 @@ def save_checkpoint(args: argparse.Namespace, model, optimizer, scheduler, state
     _fork_writer_results_queue()
     metadata = content_metadata(args)
     sharded = _sharded_state(model, optimizer, _rng_state(), is_loading=False, metadata=metadata)
-    sharded.update(args=vars(args).copy(),
+    sharded.update(args=run_record(args, derived),
                    fixed_code=None if code is None else code.to_dict(),
                    scheduler=scheduler.state_dict(),
                    wandb_run_id=wandb_run_id, **dataclasses.asdict(state), **provenance())
@@ -314,10 +319,11 @@ class Checkpointer:
     """The run's save policy: every ``--save-interval`` iterations and when the run ends,
     only with ``--save``, never the same iteration twice."""
 
-    def __init__(self, args: argparse.Namespace, model, optimizer, scheduler,
+    def __init__(self, args: argparse.Namespace, derived: Derived, model, optimizer, scheduler,
                  code: Optional[FixedCode], wandb_run_id: Optional[str],
                  last_saved: Optional[int]):
-        self.args, self.model, self.optimizer, self.scheduler = args, model, optimizer, scheduler
+        self.args, self.derived = args, derived
+        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.code, self.wandb_run_id = code, wandb_run_id
         self.last_saved = last_saved
 
@@ -327,8 +333,8 @@ class Checkpointer:
     def save(self, state: TrainState) -> None:
         if not self.args.save or self.last_saved == state.iteration:
             return
-        path = save_checkpoint(self.args, self.model, self.optimizer, self.scheduler, state,
-                               self.code, self.wandb_run_id)
+        path = save_checkpoint(self.args, self.derived, self.model, self.optimizer,
+                               self.scheduler, state, self.code, self.wandb_run_id)
         self.last_saved = state.iteration
         log(f"[fixedcode] saved checkpoint {path}")
 

@@ -23,6 +23,7 @@ from megatron.core.datasets.gpt_dataset import GPTDatasetConfig, MockGPTDataset
 from megatron.core.datasets.utils import get_blend_from_list
 
 from megatron_ext import data_cache
+from megatron_ext.derived import Derived
 from megatron_ext.data.index_check import check_train_epochs, check_training_data
 
 
@@ -43,10 +44,10 @@ def _blend(flag: str, paths):
     return blend
 
 
-def samples_per_split(args: argparse.Namespace, train_samples: int) -> list[int]:
+def samples_per_split(args: argparse.Namespace, derived: Derived) -> list[int]:
     """The sequences a run draws from the train, valid and test split: every validation reads
     the same first ``--eval-iters`` global batches; the test split is not read."""
-    return [train_samples, args.eval_iters * args.global_batch_size, 0]
+    return [derived.train_samples, args.eval_iters * derived.global_batch_size, 0]
 
 
 def build_datasets(args: argparse.Namespace, tokenizer, num_samples: list[int]):
@@ -137,14 +138,14 @@ def build_loader(dataset, micro_batch_size: int, num_workers: int, consumed: int
                                        persistent_workers=False)
 
 
-def build_train_valid(args: argparse.Namespace, tokenizer, train_samples: int,
+def build_train_valid(args: argparse.Namespace, tokenizer, num_samples: list[int],
                       consumed_train: int):
-    """The train micro-batch iterator (from ``consumed_train``) and the validation dataset.
+    """The train micro-batch iterator (from ``consumed_train``) and the validation dataset;
+    ``num_samples``: per split, as :func:`samples_per_split` gives them.
 
     Every evaluation reads the same first ``--eval-iters`` global batches of the validation
     split, so validation curves are comparable across steps, arms and resumed runs."""
-    (train_ds, valid_ds, _), records = build_datasets(args, tokenizer,
-                                                      samples_per_split(args, train_samples))
+    (train_ds, valid_ds, _), records = build_datasets(args, tokenizer, num_samples)
     if records and torch.distributed.get_rank() == 0:  # rank 0 decides to build or to load
         built = [f"{r.split} {r.kind} of {r.source}" for r in records if r.built]
         print(f"[fixedcode] dataset index caches in --data-cache-path {args.data_cache_path}: "

@@ -93,7 +93,8 @@ class WandbSink:
     continues the run id stored in its checkpoint. Offline clusters: ``WANDB_MODE=offline``,
     then ``wandb sync`` the run directory."""
 
-    def __init__(self, args, run_id: str):
+    def __init__(self, args, record: dict, run_id: str):
+        """``record``: the run's arguments with the derived values (derived.run_record)."""
         try:
             import wandb
         except ImportError as e:
@@ -106,7 +107,7 @@ class WandbSink:
         self.run = wandb.init(
             project=args.wandb_project, entity=args.wandb_entity, name=args.wandb_exp_name,
             dir=save_dir, id=run_id, resume="allow",
-            config=vars(args))
+            config=record)
 
     def write(self, kind: str, iteration: int, scalars: dict, where: dict) -> None:
         self.run.log(scalars, step=iteration)

@@ -25,6 +25,7 @@ from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
 from megatron.core.transformer.module import param_is_not_shared
 
 from . import metric_sinks
+from .derived import Derived, run_record
 from .log import log
 
 # Dense (not 2:4-sparse) peak TFLOP/s per GPU, (bf16/fp16, FP8), from NVIDIA's data sheets, by
@@ -90,9 +91,9 @@ class MetricsLogger:
     """Turns each step's values into the log line and the scalars every sink receives
     (:mod:`megatron_ext.metric_sinks`). Sinks exist on the logging rank only."""
 
-    def __init__(self, args: argparse.Namespace, model: torch.nn.Module, is_logging_rank: bool,
-                 resumed_iteration: int, wandb_run_id: Optional[str]):
-        self.args = args
+    def __init__(self, args: argparse.Namespace, derived: Derived, model: torch.nn.Module,
+                 is_logging_rank: bool, resumed_iteration: int, wandb_run_id: Optional[str]):
+        self.args, self.derived = args, derived
         self.is_logging_rank = is_logging_rank
         self.num_params, table = trainable_parameters(model, args.device)
         self.flops_per_token = (6 * (self.num_params - table)
@@ -112,7 +113,8 @@ class MetricsLogger:
             if metrics_path(args):
                 self.sinks.append(metric_sinks.JsonlSink(metrics_path(args), resumed_iteration))
             if args.wandb_project:
-                self.sinks.append(metric_sinks.WandbSink(args, wandb_run_id))
+                self.sinks.append(metric_sinks.WandbSink(args, run_record(args, derived),
+                                                         wandb_run_id))
         self._reset()
 
     def _reset(self) -> None:
@@ -121,14 +123,14 @@ class MetricsLogger:
     def _write(self, kind: str, iteration: int, scalars: dict) -> None:
         scalars = {k: v for k, v in scalars.items() if v is not None}
         where = {"iteration": iteration,
-                 "consumed_samples": iteration * self.args.global_batch_size,
-                 "tokens": iteration * self.args.global_batch_size * self.args.seq_length,
+                 "consumed_samples": iteration * self.derived.global_batch_size,
+                 "tokens": iteration * self.derived.global_batch_size * self.args.seq_length,
                  "time": time.time()}
         for sink in self.sinks:
             sink.write(kind, iteration, scalars, where)
 
     def is_log_iteration(self, iteration: int) -> bool:
-        return iteration % self.args.log_interval == 0 or iteration == self.args.train_iters
+        return iteration % self.args.log_interval == 0 or iteration == self.derived.train_iters
 
     def step(self, iteration: int, loss: Optional[float], grad_norm: Optional[float], lr: float,
              step_time: float, skipped_total: int, diagnostics: Optional[dict] = None) -> None:
@@ -141,17 +143,17 @@ class MetricsLogger:
         self.times.append(step_time)
         if not self.is_log_iteration(iteration):
             return
-        a = self.args
+        a, d = self.args, self.derived
         step_time = sum(self.times) / len(self.times)
-        tokens_per_s = a.global_batch_size * a.seq_length / step_time
+        tokens_per_s = d.global_batch_size * a.seq_length / step_time
         loss = sum(self.losses) / len(self.losses) if self.losses else None
         grad_norm = sum(self.norms) / len(self.norms) if self.norms else None
         mem = memory_gib(a.device)
-        mfu = (self.flops_per_token * tokens_per_s / (self.peak * a.world_size)
+        mfu = (self.flops_per_token * tokens_per_s / (self.peak * d.world_size)
                if self.peak else None)
         diagnostics = diagnostics or {}
-        parts = [f"iteration {iteration:>8}/{a.train_iters}",
-                 f"consumed samples {iteration * a.global_batch_size:>10}",
+        parts = [f"iteration {iteration:>8}/{d.train_iters}",
+                 f"consumed samples {iteration * d.global_batch_size:>10}",
                  f"lm loss: {float('nan') if loss is None else loss:.6E}", f"lr: {lr:.3E}"]
         if "loss-scale" in diagnostics:
             parts.append(f"loss scale: {diagnostics['loss-scale']:.1f}")

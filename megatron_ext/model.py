@@ -30,7 +30,7 @@ from .codes import FixedCode
 from .embedding import FixedCodeEmbedding
 
 
-def build_code(args: argparse.Namespace) -> Optional[FixedCode]:
+def build_code(args: argparse.Namespace, padded_vocab_size: int) -> Optional[FixedCode]:
     """A new fixed code drawn from the flags (``--input-interface``, ``--code-*``,
     ``--code-seed``); ``None`` for the learned arm. A saved model's code is never redrawn:
     training resumes with the checkpoint's (:func:`megatron_ext.training.resolve_checkpoint`)
@@ -39,7 +39,7 @@ def build_code(args: argparse.Namespace) -> Optional[FixedCode]:
         return None
     return FixedCode.create(args.input_interface, num_bits=args.code_bits,
                             values=args.code_values, scale=args.code_scale, seed=args.code_seed,
-                            tiling=args.code_tiling, vocab_size=args.padded_vocab_size,
+                            tiling=args.code_tiling, vocab_size=padded_vocab_size,
                             hidden_size=args.hidden_size)
 
 
@@ -155,26 +155,27 @@ def decoder_spec(args: argparse.Namespace, config: TransformerConfig,
         layer_norm=final_norm)
 
 
-def model_provider(args: argparse.Namespace, pre_process: bool = True,
+def model_provider(args: argparse.Namespace, padded_vocab_size: int, pre_process: bool = True,
                    post_process: bool = True, vp_stage: Optional[int] = None,
                    on_cpu: bool = False, code: Optional[FixedCode] = None) -> GPTModel:
     """Build the GPTModel of one pipeline stage for the arm ``args.input_interface``.
 
-    ``code``: the fixed code, resolved once by the caller (a checkpoint's saved code, or one
-    drawn from the flags); omitted for a fixed arm, a new one is drawn (:func:`build_code`).
-    ``args.padded_vocab_size`` must be set (see :func:`megatron_ext.arguments.padded_vocab_size`).
+    ``padded_vocab_size``: the tokenizer's, padded (derived.Derived; a checkpoint's saved
+    arguments hold it under the same name). ``code``: the fixed code, resolved once by the
+    caller (a checkpoint's saved code, or one drawn from the flags); omitted for a fixed arm,
+    a new one is drawn (:func:`build_code`).
     """
     config = transformer_config_from_args(args, on_cpu)
     if code is None:
-        code = build_code(args)
+        code = build_code(args, padded_vocab_size)
     if code is not None:
         # Fail before building anything large.
-        code.check_vocab(args.padded_vocab_size)
+        code.check_vocab(padded_vocab_size)
         code.check_width(args.hidden_size)
     model = GPTModel(
         config=config,
         transformer_layer_spec=decoder_spec(args, config, vp_stage),
-        vocab_size=args.padded_vocab_size,
+        vocab_size=padded_vocab_size,
         max_sequence_length=args.max_position_embeddings,
         pre_process=pre_process,
         post_process=post_process,
@@ -188,7 +189,7 @@ def model_provider(args: argparse.Namespace, pre_process: bool = True,
     if code is not None and pre_process:
         model.embedding = FixedCodeEmbedding(
             config=config,
-            vocab_size=args.padded_vocab_size,
+            vocab_size=padded_vocab_size,
             max_sequence_length=args.max_position_embeddings,
             position_embedding_type=args.position_embedding_type,
             code=code,

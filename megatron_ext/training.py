@@ -33,10 +33,10 @@ from megatron.core.transformer.module import Float16Module
 from megatron.core.transformer.torch_norm import WrappedTorchNorm
 
 from . import checkpointing
-from .arguments import padded_vocab_size
 from .checkpointing import Checkpointer, TrainState
 from .codes import FixedCode
-from .datasets import build_loader
+from .datasets import build_loader, samples_per_split
+from .derived import Derived, derive, derive_batch, run_record
 from .exit_conditions import ExitConditions, max_over_ranks
 from .initialize import initialize_distributed, resolve_device
 from .log import is_logging_rank, log
@@ -52,10 +52,10 @@ class NonFiniteLossError(RuntimeError):
     pass
 
 
-def setup_args(args: argparse.Namespace):
-    """Derive batch, parallel and vocabulary values; refuse what cannot run. Returns the
-    tokenizer."""
-    derive_batch_args(args, torch.distributed.get_world_size())
+def setup_args(args: argparse.Namespace) -> tuple:
+    """Refuse what cannot run; returns ``(tokenizer, derived)``: the values derived from the
+    flags, the world and the tokenizer (:class:`megatron_ext.derived.Derived`), built once."""
+    batch = derive_batch(args, torch.distributed.get_world_size())
     if args.log_layer_norms and args.use_distributed_optimizer:
         raise SystemExit("error: --log-layer-norms reads whole gradients, which "
                          "--use-distributed-optimizer scatters across ranks; drop one")
@@ -65,7 +65,7 @@ def setup_args(args: argparse.Namespace):
                          "Engine nor Apex imports, so the distributed optimizer runs torch's "
                          "Adam, whose state megatron-core 0.16.1 cannot load in that layout; "
                          "drop the flag (the default layout resumes) or pip install '.[gpu]'")
-    resolve_layers(args)
+    resolve_layers(args, batch["data_parallel_size"])
     if args.ddp_bucket_size is not None and not args.overlap_grad_reduce:
         raise SystemExit("error: --ddp-bucket-size applies with --overlap-grad-reduce only")
     validate_profile_args(args)
@@ -78,33 +78,10 @@ def setup_args(args: argparse.Namespace):
         raise SystemExit(f"error: the tokenizer's {tokenizer.vocab_size} tokens do not fit "
                          f"--code-bits {args.code_bits} (at most 2^{args.code_bits} = "
                          f"{2 ** args.code_bits} ids); raise --code-bits")
-    args.padded_vocab_size = padded_vocab_size(
-        tokenizer.vocab_size, args.make_vocab_size_divisible_by, args.tensor_model_parallel_size)
-    return tokenizer
+    return tokenizer, derive(args, batch["world_size"], tokenizer.vocab_size)
 
 
-def derive_batch_args(args: argparse.Namespace, world: int) -> None:
-    """The batch values of a job of ``world`` ranks: data-parallel size, global batch,
-    micro-batches per step, and --train-iters (from --train-samples). They size the datasets,
-    so tools/build_data_cache.py derives them here too, without a torch.distributed world."""
-    args.world_size = world
-    args.data_parallel_size = world // (args.tensor_model_parallel_size
-                                        * args.pipeline_model_parallel_size)
-    if args.global_batch_size is None:
-        args.global_batch_size = args.micro_batch_size * args.data_parallel_size
-    per_step = args.micro_batch_size * args.data_parallel_size
-    if args.global_batch_size % per_step:
-        raise SystemExit(f"error: --global-batch-size {args.global_batch_size} is not a multiple "
-                         f"of --micro-batch-size {args.micro_batch_size} x data-parallel size "
-                         f"{args.data_parallel_size}")
-    args.num_microbatches = args.global_batch_size // per_step
-    if (args.train_iters is None) == (args.train_samples is None):
-        raise SystemExit("error: give exactly one of --train-iters and --train-samples")
-    if args.train_iters is None:
-        args.train_iters = math.ceil(args.train_samples / args.global_batch_size)
-
-
-def resolve_layers(args: argparse.Namespace) -> None:
+def resolve_layers(args: argparse.Namespace, data_parallel_size: int = 1) -> None:
     """Settle the transformer layers, FP8 and sequence parallelism for ``args.device`` as
     Megatron-LM settles them (megatron/training/arguments.py): Transformer Engine layers by
     default on a GPU where TE imports (local layers otherwise, said in the log), sequence
@@ -127,7 +104,7 @@ def resolve_layers(args: argparse.Namespace) -> None:
             "tensor-parallel ranks, and --tensor-model-parallel-size is 1 (as in Megatron-LM)")
         args.sequence_parallel = False
     if args.device == "cpu" and (args.sequence_parallel or (
-            args.use_distributed_optimizer and args.data_parallel_size > 1)):
+            args.use_distributed_optimizer and data_parallel_size > 1)):
         raise SystemExit("error: --sequence-parallel, and --use-distributed-optimizer over "
                          "several data-parallel ranks, need GPUs (their reduce-scatter is not "
                          "available on CPU/gloo)")
@@ -138,7 +115,7 @@ def resolve_layers(args: argparse.Namespace) -> None:
                          f"does not support sequence parallelism")
 
 
-def resolve_checkpoint(args: argparse.Namespace):
+def resolve_checkpoint(args: argparse.Namespace, derived: Derived):
     """``(path, common, code)``: the checkpoint to resume (``None, None`` for a fresh run)
     and the run's fixed code (``None`` for the learned arm), resolved once: the checkpoint's
     saved code (A and b are never redrawn), else one drawn from the flags. The caller passes
@@ -161,26 +138,29 @@ def resolve_checkpoint(args: argparse.Namespace):
     path = common = None
     if load and (step is not None or checkpointing.latest_iteration(load) is not None):
         path, common = checkpointing.load_common(load, step)
-        checkpointing.check_compatible(common["args"], args, path)
+        checkpointing.check_compatible(common["args"], run_record(args, derived), path)
         checkpointing.check_optimizer_resharding(common, args, path)
         saved = common["fixed_code"]
         code = None if saved is None else FixedCode.from_dict(saved)
-        changes = checkpointing.reconcile_schedule(common["args"], args, path)
+        changes = checkpointing.reconcile_schedule(common["args"], args, derived.train_iters,
+                                                   path)
         if changes:
             log("[fixedcode] learning-rate schedule " + (
                 "from these flags, not the checkpoint's: " if args.override_opt_param_scheduler
                 else "kept from the checkpoint; ignored: ") + ", ".join(changes))
     else:
-        code = build_code(args)
+        code = build_code(args, derived.padded_vocab_size)
     return path, common, code
 
 
-def build_model_and_optimizer(args, model_provider: Callable, code: Optional[FixedCode] = None):
+def build_model_and_optimizer(args, derived: Derived, model_provider: Callable,
+                              code: Optional[FixedCode] = None):
     """``code``: the run's fixed code (:func:`resolve_checkpoint`); omitted, the model
     provider draws one from the flags."""
     pre = parallel_state.is_pipeline_first_stage()
     post = parallel_state.is_pipeline_last_stage()
-    model = model_provider(args, pre_process=pre, post_process=post, code=code)
+    model = model_provider(args, derived.padded_vocab_size, pre_process=pre, post_process=post,
+                           code=code)
     if args.device == "cuda":
         model.cuda(torch.cuda.current_device())
     # As Megatron-LM: under --bf16/--fp16 every parameter (norms included, which the local
@@ -207,10 +187,10 @@ def build_model_and_optimizer(args, model_provider: Callable, code: Optional[Fix
     scheduler = OptimizerParamScheduler(
         optimizer, init_lr=0.0, max_lr=args.lr, min_lr=args.min_lr,
         lr_warmup_steps=args.lr_warmup_iters,
-        lr_decay_steps=args.lr_decay_iters or args.train_iters,
+        lr_decay_steps=args.lr_decay_iters or derived.train_iters,
         lr_decay_style=args.lr_decay_style,
         start_wd=args.weight_decay, end_wd=args.weight_decay,
-        wd_incr_steps=args.train_iters, wd_incr_style="constant",
+        wd_incr_steps=derived.train_iters, wd_incr_style="constant",
         wsd_decay_steps=args.lr_wsd_decay_iters, lr_wsd_decay_style=args.lr_wsd_decay_style,
         # The schedule was settled on resume (checkpointing.reconcile_schedule): the
         # scheduler takes its own values, which are the flags' or the checkpoint's.
@@ -286,7 +266,7 @@ class NonFiniteGuard:
                 f"checkpoint is intact")
 
 
-def train_step(args, forward_step, train_iter, ddp, optimizer, scheduler,
+def train_step(args, num_microbatches: int, forward_step, train_iter, ddp, optimizer, scheduler,
                grad_norms: Optional[Callable[[], dict]] = None) -> StepResult:
     """One global batch; ``StepResult.norms`` is ``grad_norms()`` measured between the
     backward pass and the update.
@@ -301,7 +281,7 @@ def train_step(args, forward_step, train_iter, ddp, optimizer, scheduler,
     optimizer.zero_grad()
     losses = get_forward_backward_func()(
         forward_step_func=forward_step, data_iterator=train_iter, model=[ddp],
-        num_microbatches=args.num_microbatches, seq_length=args.seq_length,
+        num_microbatches=num_microbatches, seq_length=args.seq_length,
         micro_batch_size=args.micro_batch_size, forward_only=False)
     loss = _reduce_losses(losses)
     norms = grad_norms() if grad_norms else {}
@@ -320,7 +300,7 @@ def train_step(args, forward_step, train_iter, ddp, optimizer, scheduler,
     return StepResult(loss, grad_norm, num_zeros, None, norms)
 
 
-def evaluate(args, forward_step, valid_dataset, ddp,
+def evaluate(args, num_microbatches: int, forward_step, valid_dataset, ddp,
              exits: ExitConditions) -> tuple[Optional[float], Optional[str]]:
     """``(mean validation loss over the first --eval-iters global batches, None)``, or
     ``(None, reason)`` when an exit signal stopped it after a batch."""
@@ -331,7 +311,7 @@ def evaluate(args, forward_step, valid_dataset, ddp,
         for _ in range(args.eval_iters):
             losses = get_forward_backward_func()(
                 forward_step_func=forward_step, data_iterator=batches, model=[ddp],
-                num_microbatches=args.num_microbatches, seq_length=args.seq_length,
+                num_microbatches=num_microbatches, seq_length=args.seq_length,
                 micro_batch_size=args.micro_batch_size, forward_only=True)
             totals.extend(losses)
             reason = exits.signalled()
@@ -374,9 +354,10 @@ def pretrain(args: argparse.Namespace, model_provider: Callable, forward_step: C
     initialize_distributed(args.device, args.tensor_model_parallel_size,
                            args.pipeline_model_parallel_size, args.seed)
     exits = ExitConditions(args, start_time)
-    tokenizer = setup_args(args)
-    resume_path, common, code = resolve_checkpoint(args)
-    model, ddp, optimizer, scheduler = build_model_and_optimizer(args, model_provider, code)
+    tokenizer, derived = setup_args(args)
+    resume_path, common, code = resolve_checkpoint(args, derived)
+    model, ddp, optimizer, scheduler = build_model_and_optimizer(args, derived, model_provider,
+                                                                 code)
 
     state = TrainState()
     if resume_path:
@@ -395,8 +376,7 @@ def pretrain(args: argparse.Namespace, model_provider: Callable, forward_step: C
     if reason:
         return stopped(reason, "during start-up, before training (nothing new to save)")
     train_iter, valid_dataset = datasets_provider(
-        args, tokenizer, args.train_iters * args.global_batch_size,
-        state.consumed_train_samples)
+        args, tokenizer, samples_per_split(args, derived), state.consumed_train_samples)
     reason = exits.signalled()
     if reason:
         return stopped(reason, "while building the datasets (nothing new to save)")
@@ -404,16 +384,17 @@ def pretrain(args: argparse.Namespace, model_provider: Callable, forward_step: C
     own_run = bool(resume_path and args.save) and (
         os.path.realpath(os.path.dirname(resume_path)) == os.path.realpath(args.save))
     wandb_run_id = agree_wandb_run_id(args, common["wandb_run_id"] if own_run else None)
-    metrics = MetricsLogger(args, model, is_logging_rank(), state.iteration, wandb_run_id)
-    checkpointer = Checkpointer(args, model, optimizer, scheduler, code,
+    metrics = MetricsLogger(args, derived, model, is_logging_rank(), state.iteration,
+                            wandb_run_id)
+    checkpointer = Checkpointer(args, derived, model, optimizer, scheduler, code,
                                 wandb_run_id, last_saved=state.iteration if resume_path else None)
     norms = NormReporter(model) if args.log_params_norm or args.log_layer_norms else None
     guard = NonFiniteGuard(args.max_nonfinite_steps)
     profiler = StepProfiler(args, torch.distributed.get_rank())
     log(f"[fixedcode] {args.input_interface} arm | {metrics.num_params:,} trainable parameters "
-        f"| {args.device} x {args.world_size} (tp {args.tensor_model_parallel_size}, "
-        f"pp {args.pipeline_model_parallel_size}, dp {args.data_parallel_size}) "
-        f"| {args.num_microbatches} micro-batches per step")
+        f"| {args.device} x {derived.world_size} (tp {args.tensor_model_parallel_size}, "
+        f"pp {args.pipeline_model_parallel_size}, dp {derived.data_parallel_size}) "
+        f"| {derived.num_microbatches} micro-batches per step")
     if args.overlap_grad_reduce:
         buckets = sum(len(buffer.buckets) for buffer in ddp.buffers)
         log(f"[fixedcode] gradient reduction overlaps the backward pass: {buckets} buckets")
@@ -423,7 +404,8 @@ def pretrain(args: argparse.Namespace, model_provider: Callable, forward_step: C
     def validate() -> Optional[str]:
         """Validate at the current iteration; the exit reason if a signal stopped it."""
         nonlocal valid_loss
-        valid_loss, reason = evaluate(args, forward_step, valid_dataset, ddp, exits)
+        valid_loss, reason = evaluate(args, derived.num_microbatches, forward_step,
+                                      valid_dataset, ddp, exits)
         state.validation_pending = bool(reason)
         if reason:
             log(f"[fixedcode] {reason}: validation at iteration {state.iteration} stopped; "
@@ -436,18 +418,18 @@ def pretrain(args: argparse.Namespace, model_provider: Callable, forward_step: C
     if state.validation_pending:  # a signal stopped it before the checkpoint was saved
         reason = validate() if valid_dataset is not None else None
         state.validation_pending = bool(reason)
-    bar = tqdm(total=args.train_iters, initial=state.iteration, desc="train", unit="it",
+    bar = tqdm(total=derived.train_iters, initial=state.iteration, desc="train", unit="it",
                disable=not (sys.stderr.isatty() and metrics.is_logging_rank))
-    while state.iteration < args.train_iters and not reason:
+    while state.iteration < derived.train_iters and not reason:
         profiler.step_starts(state.iteration)
         step_start = time.time()
         log_now = metrics.is_log_iteration(state.iteration + 1)
         step = train_step(
-            args, forward_step, train_iter, ddp, optimizer, scheduler,
+            args, derived.num_microbatches, forward_step, train_iter, ddp, optimizer, scheduler,
             (lambda: norms.grad_norms(optimizer.get_loss_scale().item()))
             if log_now and args.log_layer_norms else None)
         state.iteration += 1
-        state.consumed_train_samples += args.global_batch_size
+        state.consumed_train_samples += derived.global_batch_size
         profiler.step_ended(state.iteration)
         bar.update(1)
         state.nonfinite_skipped += step.skip in FAILURES
@@ -461,11 +443,11 @@ def pretrain(args: argparse.Namespace, model_provider: Callable, forward_step: C
                      _diagnostics(args, norms, step.norms, step.num_zeros, optimizer, state)
                      if log_now else None)
         if valid_dataset is not None and (state.iteration % args.eval_interval == 0
-                                          or state.iteration == args.train_iters):
+                                          or state.iteration == derived.train_iters):
             reason = validate()
         if checkpointer.due(state.iteration):
             checkpointer.save(state)
-        if not reason and state.iteration < args.train_iters:
+        if not reason and state.iteration < derived.train_iters:
             reason = exits.check(state.iteration)
     bar.close()
     profiler.close()

@@ -48,8 +48,8 @@ def build(variant: str, num_layers: int = NUM_LAYERS):
                                     "--tensor-model-parallel-size", str(tp),
                                     "--pipeline-model-parallel-size", str(pp), "--device", "cpu",
                                     *VARIANTS[variant]])
-    args.padded_vocab_size = padded_vocab_size(VOCAB, args.make_vocab_size_divisible_by, tp)
-    model = model_provider(args, pre_process=parallel_state.is_pipeline_first_stage(),
+    model = model_provider(args, padded_vocab_size(VOCAB, args.make_vocab_size_divisible_by, tp),
+                           pre_process=parallel_state.is_pipeline_first_stage(),
                            post_process=parallel_state.is_pipeline_last_stage(), on_cpu=True)
     return args, model
 

@@ -23,7 +23,7 @@ from conftest import REPO, TINY_RUN
 from megatron_ext.data.index_check import (IndexCheckError, check_train_epochs, read_index,
                                            split_problems, split_ranges, token_id_range,
                                            train_epochs)
-from megatron_ext.datasets import build_train_valid
+from megatron_ext.datasets import build_train_valid, samples_per_split
 from megatron_ext.tokenizer import NullTokenizer
 from megatron_ext.training import setup_args
 from pretrain_fixedcode import parse_args
@@ -47,8 +47,8 @@ def training_data(*flags):
     args = parse_args([a for a in TINY_RUN if a != "--mock-data"]
                       + ["--train-iters", "2", *map(str, flags)])
     args.device = "cpu"
-    tokenizer = setup_args(args)
-    return build_train_valid(args, tokenizer, args.train_iters * args.global_batch_size, 0)
+    tokenizer, derived = setup_args(args)
+    return build_train_valid(args, tokenizer, samples_per_split(args, derived), 0)
 
 
 # --- --split as megatron.core divides a dataset ------------------------------------------------

@@ -106,7 +106,7 @@ def megatron_logits(ckpt: str, tokens: torch.Tensor) -> torch.Tensor:
     args = argparse.Namespace(**common["args"])
     args.tensor_model_parallel_size = args.pipeline_model_parallel_size = 1
     saved = common["fixed_code"]
-    model = model_provider(args, on_cpu=True,
+    model = model_provider(args, args.padded_vocab_size, on_cpu=True,
                            code=saved and codes.FixedCode.from_dict(saved))
     path = f"{ckpt}/iter_0000003"
     model.load_state_dict(dist_checkpointing.load({"model": model.sharded_state_dict()},
@@ -178,9 +178,9 @@ def test_every_scheme_and_tiling_exports_with_logit_parity(flags, tmp_path, cpu_
     from megatron_ext.model import model_provider
     args = parse_model_args(TINY_MODEL + ["--vocab-size", "500", "--input-interface", *flags],
                             "test")
-    args.padded_vocab_size = padded_vocab_size(500, 128, 1)
+    args.padded_vocab_size = padded_vocab_size(500, 128, 1)  # as a checkpoint's record has it
     torch.manual_seed(0)
-    model = model_provider(args, on_cpu=True).eval()
+    model = model_provider(args, args.padded_vocab_size, on_cpu=True).eval()
     code = model.embedding.code
     save_hf_model(hf_config(args, code.to_dict(), torch.float32, 499),
                   hf_state_dict(model.state_dict(), args, torch.float32), str(tmp_path))
@@ -253,7 +253,7 @@ def test_a_saved_code_is_read_not_redrawn(ckpts, cpu_dist):
     train.code_seed += 1
     saved = codes.FixedCode.from_dict(fixed_code)
     assert load_model(path, train, fixed_code).embedding.code == saved
-    assert build_code(train) != saved  # what redrawing from the changed seed would give
+    assert build_code(train, train.padded_vocab_size) != saved  # what redrawing from the changed seed would give
 
 
 @pytest.mark.parametrize("name,kind", [("learned", "HuggingFaceTokenizer"),

@@ -7,7 +7,7 @@ import torch
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
-from test_embedding import small_args
+from test_embedding import SMALL_VOCAB, small_args
 from megatron_ext.model import model_provider
 
 
@@ -15,7 +15,7 @@ def test_gradient_clipping_bounds_the_update(cpu_dist):
     """With SGD (lr 1, no momentum, no decay) the update equals the clipped gradient, so its
     norm must equal --clip-grad when the raw gradient norm is larger."""
     torch.manual_seed(0)
-    model = model_provider(small_args("binary"), on_cpu=True)
+    model = model_provider(small_args("binary"), SMALL_VOCAB, on_cpu=True)
     ddp = DistributedDataParallel(model.config, DistributedDataParallelConfig(), model)
     max_norm = 1e-3
     opt = get_megatron_optimizer(OptimizerConfig(optimizer="sgd", lr=1.0, sgd_momentum=0.0,

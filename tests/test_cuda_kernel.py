@@ -178,8 +178,7 @@ FLAG_SCRIPT = textwrap.dedent("""
                                  "--num-attention-heads", "2", "--seq-length", "8",
                                  "--vocab-size", "1000", "--input-interface", "gf2",
                                  "--fixed-code-impl", impl], "test")
-        args.padded_vocab_size = 1024
-        embedding = model_provider(args, on_cpu=True).embedding
+        embedding = model_provider(args, 1024, on_cpu=True).embedding
         try:
             out = embedding(ids)
             ref = embedding.code.encode(ids.t(), 32)

@@ -23,10 +23,11 @@ SMALL = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4
          "--seq-length", "16", "--vocab-size", str(VOCAB)]
 
 
+SMALL_VOCAB = padded_vocab_size(VOCAB, 128, 1)
+
+
 def small_args(arm: str, *extra: str):
-    args = parse_model_args(SMALL + ["--input-interface", arm, *extra], "test")
-    args.padded_vocab_size = padded_vocab_size(VOCAB, 128, 1)
-    return args
+    return parse_model_args(SMALL + ["--input-interface", arm, *extra], "test")
 
 
 def reference_embedding(code: FixedCode, ids: torch.Tensor, hidden: int) -> torch.Tensor:
@@ -118,7 +119,7 @@ def test_fixed_code_with_tied_weights_is_a_clear_error():
 def test_vocab_too_large_for_code_bits_is_refused(cpu_dist):
     args = small_args("binary", "--code-bits", "8")
     with pytest.raises(ValueError, match=r"512 tokens does not fit a 8-bit code \(at most 2\^8 = 256\)"):
-        model_provider(args, on_cpu=True)
+        model_provider(args, SMALL_VOCAB, on_cpu=True)
 
 
 @pytest.mark.parametrize("flags,message", [
@@ -144,7 +145,7 @@ def test_gptmodel_forward_backward_and_optimizer(cpu_dist, arm):
     """All arms train through GPTModel + DDP + Megatron's optimizer; a fixed-code input has
     no parameters, receives no gradient and holds no optimizer state."""
     torch.manual_seed(0)
-    model = model_provider(small_args(*arm), on_cpu=True)
+    model = model_provider(small_args(*arm), SMALL_VOCAB, on_cpu=True)
     ddp = DistributedDataParallel(model.config, DistributedDataParallelConfig(), model)
     opt = get_megatron_optimizer(OptimizerConfig(lr=1e-3, clip_grad=1.0), [ddp])
     ids = torch.randint(0, VOCAB, (2, 16))
@@ -231,7 +232,8 @@ def test_backbone_init_is_identical_across_arms(cpu_dist):
     for arm in ("learned", *SCHEMES):
         torch.manual_seed(0)
         sd = model_provider(small_args(arm, "--code-tiling", "recode")
-                            if arm != "learned" else small_args(arm), on_cpu=True).state_dict()
+                            if arm != "learned" else small_args(arm), SMALL_VOCAB,
+                            on_cpu=True).state_dict()
         weights[arm] = {k: v for k, v in sd.items()
                         if not k.startswith("embedding.") and isinstance(v, torch.Tensor)}
     for arm in SCHEMES:

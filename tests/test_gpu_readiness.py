@@ -20,22 +20,23 @@ from megatron.core.transformer.module import Float16Module
 from conftest import TINY_RUN
 from megatron_ext import checkpointing, training
 from megatron_ext.hf.megatron_checkpoint import load_model, read_checkpoint
+from megatron_ext.derived import derive
 from megatron_ext.metric_sinks import read_metrics
 from megatron_ext.metrics import peak_flops
 from megatron_ext.model import model_provider as build_gpt
 from megatron_ext.training import (NonFiniteLossError, build_model_and_optimizer, pretrain,
                                    resolve_layers, setup_args, train_step)
 from pretrain_fixedcode import datasets_provider, make_forward_step, model_provider, parse_args
-from test_embedding import small_args
+from test_embedding import SMALL_VOCAB, small_args
 
 NAN = float("nan")
 
 
 def poisoned_at(args, iterations, poison):
     """A callable for the once-per-micro-batch calls of training (forward steps, gradient
-    hooks): ``poison(x)`` during ``iterations``, ``x`` otherwise."""
-    calls = itertools.count()
-    return lambda x: poison(x) if next(calls) // args.num_microbatches + 1 in iterations else x
+    hooks) of a one-rank run: ``poison(x)`` during ``iterations``, ``x`` otherwise."""
+    calls, per_step = itertools.count(), args.global_batch_size // args.micro_batch_size
+    return lambda x: poison(x) if next(calls) // per_step + 1 in iterations else x
 
 
 def test_fp16_overflows_are_counted_apart_and_a_nan_loss_still_stops(cpu_dist, tmp_path):
@@ -69,13 +70,21 @@ def test_fp16_overflows_are_counted_apart_and_a_nan_loss_still_stops(cpu_dist, t
     assert "lm loss" not in train[25]  # a non-finite loss is not averaged into the log
 
 
+def random_batch(args) -> dict:
+    """One micro-batch of random tokens, as the data loader gives it."""
+    tokens = torch.randint(0, args.vocab_size, (args.micro_batch_size, args.seq_length + 1))
+    return {"tokens": tokens[:, :-1], "labels": tokens[:, 1:],
+            "loss_mask": torch.ones(args.micro_batch_size, args.seq_length),
+            "position_ids": torch.arange(args.seq_length).expand(args.micro_batch_size, -1)}
+
+
 def test_bf16_wraps_the_model_and_keeps_fp32_main_parameters(cpu_dist):
     """As Megatron-LM: every parameter in bf16 (the local layers' norms included), the
     optimizer's fp32 main copies, one update through them."""
     args = parse_args(TINY_RUN + ["--input-interface", "gf2", "--bf16", "--train-iters", "1"])
     args.device = "cpu"
-    setup_args(args)
-    model, ddp, optimizer, scheduler = build_model_and_optimizer(args, model_provider)
+    _, derived = setup_args(args)
+    model, ddp, optimizer, scheduler = build_model_and_optimizer(args, derived, model_provider)
     assert isinstance(ddp.module, Float16Module) and ddp.module.module is model
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
     (inner,) = optimizer.chained_optimizers
@@ -83,12 +92,9 @@ def test_bf16_wraps_the_model_and_keeps_fp32_main_parameters(cpu_dist):
     main = [p.main_param for p in model.parameters()]  # set by the optimizer, per parameter
     assert {p.dtype for p in main} == {torch.float32}
     before = [p.detach().clone() for p in main]
-    tokens = torch.randint(0, args.vocab_size, (args.micro_batch_size, args.seq_length + 1))
-    batch = {"tokens": tokens[:, :-1], "labels": tokens[:, 1:],
-             "loss_mask": torch.ones(args.micro_batch_size, args.seq_length),
-             "position_ids": torch.arange(args.seq_length).expand(args.micro_batch_size, -1)}
-    step = train_step(args, make_forward_step(args), itertools.repeat(batch), ddp, optimizer,
-                      scheduler)
+    batch = random_batch(args)
+    step = train_step(args, derived.num_microbatches, make_forward_step(args),
+                      itertools.repeat(batch), ddp, optimizer, scheduler)
     assert step.skip is None and math.isfinite(step.loss) and step.grad_norm > 0
     assert all(not torch.equal(p, b) for p, b in zip(main, before))
     assert all(torch.equal(p.detach(), p.main_param.bfloat16()) for p in model.parameters())
@@ -106,8 +112,8 @@ def test_a_nan_gradient_with_a_finite_loss_is_never_applied(cpu_dist, tmp_path):
         grad.view(-1)[0] = NAN
         return grad
 
-    def provider(args, pre_process=True, post_process=True, code=None):
-        model = model_provider(args, pre_process, post_process, code)
+    def provider(args, padded_vocab_size, pre_process=True, post_process=True, code=None):
+        model = model_provider(args, padded_vocab_size, pre_process, post_process, code)
         model.output_layer.weight.register_hook(poisoned_at(args, {4}, one_nan))
         return model
 
@@ -200,7 +206,7 @@ def test_the_final_norm_never_comes_from_transformer_engine(cpu_dist, monkeypatc
             raise AssertionError("Transformer Engine's norm was built for the local layers")
 
     monkeypatch.setattr(transformer_block, "LayerNormImpl", TENormStub)
-    model = build_gpt(small_args("binary"), on_cpu=True)
+    model = build_gpt(small_args("binary"), SMALL_VOCAB, on_cpu=True)
     norm = model.decoder.final_layernorm
     assert type(norm) is type(model.decoder.layers[0].input_layernorm) is torch.nn.RMSNorm
     ids = torch.randint(0, 500, (2, 16))
@@ -241,8 +247,8 @@ def test_checkpoints_name_their_optimizer_layout_and_save_in_parallel(
     args = parse_args(TINY_RUN + ["--train-iters", "1", "--save", str(tmp_path), *flags])
     model, optimizer = Recorder(), Recorder()
     scheduler = type("Scheduler", (), {"state_dict": lambda self: {}})()
-    checkpointing.save_checkpoint(args, model, optimizer, scheduler, checkpointing.TrainState(),
-                                  None)
+    checkpointing.save_checkpoint(args, derive(args, 1, 511), model, optimizer, scheduler,
+                                  checkpointing.TrainState(), None)
     dp_group = parallel_state.get_data_parallel_group(with_context_parallel=True)
     expected = {"singleton_local_shards": False, "chained_optim_avoid_prefix": True}
     if layout:
@@ -262,20 +268,20 @@ def test_distributed_optimizer_saves_and_resumes_without_te_or_apex(cpu_dist, tm
     args = parse_args(TINY_RUN + ["--input-interface", "binary", "--bf16", "--train-iters", "1",
                                   "--use-distributed-optimizer", "--save", str(tmp_path)])
     args.device = "cpu"
-    setup_args(args)
-    _, _, code = training.resolve_checkpoint(args)  # a fresh run: the code from the flags
-    model, ddp, optimizer, scheduler = build_model_and_optimizer(args, model_provider, code)
+    _, derived = setup_args(args)
+    _, _, code = training.resolve_checkpoint(args, derived)  # fresh: the code from the flags
+    model, ddp, optimizer, scheduler = build_model_and_optimizer(args, derived, model_provider,
+                                                                 code)
     (inner,) = optimizer.chained_optimizers
     assert isinstance(inner, DistributedOptimizer)
-    tokens = torch.randint(0, args.vocab_size, (args.micro_batch_size, args.seq_length + 1))
-    batch = {"tokens": tokens[:, :-1], "labels": tokens[:, 1:],
-             "loss_mask": torch.ones(args.micro_batch_size, args.seq_length),
-             "position_ids": torch.arange(args.seq_length).expand(args.micro_batch_size, -1)}
-    train_step(args, make_forward_step(args), itertools.repeat(batch), ddp, optimizer, scheduler)
-    checkpointing.save_checkpoint(args, model, optimizer, scheduler,
+    batch = random_batch(args)
+    train_step(args, derived.num_microbatches, make_forward_step(args), itertools.repeat(batch),
+               ddp, optimizer, scheduler)
+    checkpointing.save_checkpoint(args, derived, model, optimizer, scheduler,
                                   checkpointing.TrainState(iteration=1), code)
 
-    model2, _, optimizer2, scheduler2 = build_model_and_optimizer(args, model_provider, code)
+    model2, _, optimizer2, scheduler2 = build_model_and_optimizer(args, derived, model_provider,
+                                                                  code)
     path, common = checkpointing.load_common(str(tmp_path))
     checkpointing.load_checkpoint(path, common, model2, optimizer2, scheduler2)
     (inner2,) = optimizer2.chained_optimizers

@@ -15,6 +15,7 @@ import pytest
 
 from conftest import PRETRAIN, TINY_RUN, run_pretrain, step_losses, valid_losses
 from megatron_ext.checkpointing import reconcile_schedule
+from megatron_ext.derived import derive
 from megatron_ext.profiling import validate_profile_args
 from megatron_ext.training import resolve_checkpoint, setup_args
 from pretrain_fixedcode import parse_args
@@ -84,7 +85,7 @@ def test_a_fresh_start_never_overwrites_checkpoints(tmp_path):
     with pytest.raises(SystemExit, match=re.escape(
             f"--save {tmp_path} already holds checkpoints (latest: iteration 4); resume them "
             f"with --load {tmp_path}, or save to another directory")):
-        resolve_checkpoint(args)
+        resolve_checkpoint(args, derive(args, 1, 511))
 
 
 def test_a_changed_schedule_needs_a_decision():
@@ -96,16 +97,16 @@ def test_a_changed_schedule_needs_a_decision():
             "differs from the one CKPT was trained with: --lr 0.001 (checkpoint 0.003), "
             "--lr-decay-iters 6 (checkpoint 8), --lr-wsd-decay-iters 2 (checkpoint 4). Pass "
             "--override-opt_param-scheduler")):
-        reconcile_schedule(saved, parse_args(cooldown), "CKPT")
+        reconcile_schedule(saved, parse_args(cooldown), 6, "CKPT")
     args = parse_args(cooldown + ["--use-checkpoint-opt_param-scheduler"])
-    assert len(reconcile_schedule(saved, args, "CKPT")) == 3
+    assert len(reconcile_schedule(saved, args, 6, "CKPT")) == 3
     assert (args.lr, args.lr_decay_iters, args.lr_wsd_decay_iters) == (3e-3, 8, 4)
     args = parse_args(cooldown + ["--override-opt_param-scheduler"])
-    assert len(reconcile_schedule(saved, args, "CKPT")) == 3
+    assert len(reconcile_schedule(saved, args, 6, "CKPT")) == 3
     assert (args.lr, args.lr_decay_iters, args.lr_wsd_decay_iters) == (1e-3, None, 2)
     same = parse_args(TINY_RUN + ["--train-iters", "8", "--lr-decay-style", "WSD",
                                   "--lr-wsd-decay-iters", "4"])
-    assert reconcile_schedule(saved, same, "CKPT") == []
+    assert reconcile_schedule(saved, same, 8, "CKPT") == []
 
 
 def test_data_parallel_resume_overlapped_reduction_and_fewer_processes(tmp_path):
@@ -341,8 +342,7 @@ def test_bad_flags_are_clear_errors(cpu_dist, flags, message):
     with pytest.raises(SystemExit, match=re.escape(message)):
         args = parse_args(TINY_RUN + flags + ["--train-iters", "2"])
         args.device = "cpu"
-        setup_args(args)
-        resolve_checkpoint(args)
+        resolve_checkpoint(args, setup_args(args)[1])
 
 
 def test_a_resumed_run_gets_its_saved_code_once_not_the_flags(cpu_dist, tmp_path):
@@ -355,17 +355,16 @@ def test_a_resumed_run_gets_its_saved_code_once_not_the_flags(cpu_dist, tmp_path
     run = TINY_RUN + ["--input-interface", "gf2", "--save", str(tmp_path), "--train-iters", "2"]
     args = parse_args(run)
     args.device = "cpu"
-    setup_args(args)
-    _, _, code = resolve_checkpoint(args)
-    model, _, optimizer, scheduler = build_model_and_optimizer(args, model_provider, code)
+    _, derived = setup_args(args)
+    _, _, code = resolve_checkpoint(args, derived)
+    model, _, optimizer, scheduler = build_model_and_optimizer(args, derived, model_provider, code)
     assert model.embedding.code == code
-    save_checkpoint(args, model, optimizer, scheduler, TrainState(iteration=1), code)
+    save_checkpoint(args, derived, model, optimizer, scheduler, TrainState(iteration=1), code)
     resumed = parse_args(run + ["--load", str(tmp_path), "--code-seed", "7"])
     resumed.device = "cpu"
-    setup_args(resumed)
-    path, _, saved = resolve_checkpoint(resumed)
+    path, _, saved = resolve_checkpoint(resumed, setup_args(resumed)[1])
     assert path == f"{tmp_path}/iter_0000001"
-    assert saved == code != build_code(resumed)
+    assert saved == code != build_code(resumed, derived.padded_vocab_size)
     assert not hasattr(resumed, "fixed_code") and not hasattr(args, "fixed_code")
 
 
@@ -382,13 +381,13 @@ def test_resuming_with_another_input_interface_is_refused(tmp_path):
 def test_a_checkpoint_from_before_code_tilings_resumes_as_repeat():
     """Its saved args lack --code-tiling: they mean repeat."""
     from megatron_ext.checkpointing import MODEL_DEFINING_ARGS, check_compatible
-    args = parse_args(TINY_RUN + ["--input-interface", "gf2", "--train-iters", "2"])
-    args.padded_vocab_size = 512
-    saved = {k: getattr(args, k) for k in MODEL_DEFINING_ARGS if k != "code_tiling"}
-    check_compatible(saved, args, "CKPT")
-    args.code_tiling = "recode"
+    current = {**vars(parse_args(TINY_RUN + ["--input-interface", "gf2", "--train-iters", "2"])),
+               "padded_vocab_size": 512}
+    saved = {k: current[k] for k in MODEL_DEFINING_ARGS if k != "code_tiling"}
+    check_compatible(saved, current, "CKPT")
+    current["code_tiling"] = "recode"
     with pytest.raises(SystemExit, match="--code-tiling: checkpoint 'repeat', now 'recode'"):
-        check_compatible(saved, args, "CKPT")
+        check_compatible(saved, current, "CKPT")
 
 
 def test_every_flag_has_help_and_help_shows_the_defaults():

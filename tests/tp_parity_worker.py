@@ -40,8 +40,7 @@ def build(arm: str, tp: int):
                              "--num-attention-heads", "4", "--seq-length", "16",
                              "--vocab-size", str(VOCAB), *ARMS[arm],
                              "--tensor-model-parallel-size", str(tp)], "tp parity")
-    args.padded_vocab_size = padded_vocab_size(VOCAB, 128, tp)
-    return model_provider(args, on_cpu=True).eval()
+    return model_provider(args, padded_vocab_size(VOCAB, 128, tp), on_cpu=True).eval()
 
 
 def logits(model) -> torch.Tensor:

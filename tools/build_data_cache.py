@@ -39,7 +39,7 @@ from megatron_ext import recipes  # noqa: E402
 from megatron_ext.arguments import add_training_args, parse_model_args  # noqa: E402
 from megatron_ext.datasets import build_datasets, samples_per_split  # noqa: E402
 from megatron_ext.tokenizer import build_tokenizer  # noqa: E402
-from megatron_ext.training import derive_batch_args  # noqa: E402
+from megatron_ext.derived import derive, derive_batch  # noqa: E402
 
 DESCRIPTION = __doc__.splitlines()[0]
 
@@ -80,7 +80,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         raise SystemExit(f"error: --world-size {args.world_size} is not a positive multiple "
                          f"of --tensor-model-parallel-size x --pipeline-model-parallel-size "
                          f"({model_parallel})")
-    derive_batch_args(args, args.world_size)
+    derive_batch(args, args.world_size)  # a flag that does not fit fails here, before any work
     return args
 
 
@@ -105,13 +105,14 @@ def main(argv: Optional[Sequence[str]] = None) -> list:
     # Megatron-Core's dataset messages are the progress: "Build and save ..." or "Load ...".
     logging.basicConfig(format="%(message)s")
     logging.getLogger("megatron.core.datasets").setLevel(logging.INFO)
-    num_samples = samples_per_split(args, args.train_iters * args.global_batch_size)
-    print(f"[build_data_cache] --data-cache-path {args.data_cache_path}: train "
-          f"{num_samples[0]:,} samples ({args.train_iters:,} iterations x global batch "
-          f"{args.global_batch_size:,}), valid {num_samples[1]:,} (--eval-iters "
-          f"{args.eval_iters}); --seq-length {args.seq_length}, --seed {args.seed}", flush=True)
     started = time.monotonic()
     tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model, args.vocab_size)
+    derived = derive(args, args.world_size, tokenizer.vocab_size)
+    num_samples = samples_per_split(args, derived)
+    print(f"[build_data_cache] --data-cache-path {args.data_cache_path}: train "
+          f"{num_samples[0]:,} samples ({derived.train_iters:,} iterations x global batch "
+          f"{derived.global_batch_size:,}), valid {num_samples[1]:,} (--eval-iters "
+          f"{args.eval_iters}); --seq-length {args.seq_length}, --seed {args.seed}", flush=True)
     own_group = one_process_group()
     try:
         _, records = build_datasets(args, tokenizer, num_samples)

@@ -46,15 +46,18 @@ def count_parameters(model: torch.nn.Module) -> dict:
     return parts
 
 
-def arm_args(args: argparse.Namespace, arm: str, tp: int = 1) -> argparse.Namespace:
-    """``args`` for one arm, its vocabulary padded as training pads it at TP size ``tp``."""
-    if args.vocab_size is None:
-        raise SystemExit("error: --vocab-size is required (or use --preset)")
+def arm_args(args: argparse.Namespace, arm: str) -> argparse.Namespace:
+    """``args`` for one arm."""
     out = copy.copy(args)
     out.input_interface = arm
-    out.padded_vocab_size = padded_vocab_size(args.vocab_size, args.make_vocab_size_divisible_by,
-                                              tp)
     return out
+
+
+def padded_vocab(args: argparse.Namespace, tp: int = 1) -> int:
+    """The vocabulary as training pads it at TP size ``tp``."""
+    if args.vocab_size is None:
+        raise SystemExit("error: --vocab-size is required (or use --preset)")
+    return padded_vocab_size(args.vocab_size, args.make_vocab_size_divisible_by, tp)
 
 
 def report(args: argparse.Namespace, arms: Sequence[str]) -> dict:
@@ -64,7 +67,7 @@ def report(args: argparse.Namespace, arms: Sequence[str]) -> dict:
     try:
         for arm in arms:
             with torch.device("meta"):
-                model = model_provider(arm_args(args, arm), on_cpu=True)
+                model = model_provider(arm_args(args, arm), padded_vocab(args), on_cpu=True)
             counts[arm] = count_parameters(model)
     finally:
         destroy_distributed()
@@ -91,8 +94,8 @@ def input_rms(args: argparse.Namespace, arms: Sequence[str]) -> dict:
         if arm == "learned":
             rms[arm] = (std, None)
             continue
-        a = arm_args(args, arm)
-        value = code_rms(build_code(a), a.padded_vocab_size, a.hidden_size)
+        value = code_rms(build_code(arm_args(args, arm), padded_vocab(args)), padded_vocab(args),
+                         args.hidden_size)
         rms[arm] = (value, args.code_scale * std / value)  # the RMS scales with --code-scale
     return rms
 
@@ -122,13 +125,13 @@ def show_code(args: argparse.Namespace, rows: int) -> str:
     bits (position 0 first, one group per block of n positions)."""
     if args.input_interface == "learned":
         raise SystemExit("error: --show-code needs a fixed-code --input-interface")
-    a = arm_args(args, args.input_interface, args.tensor_model_parallel_size)
-    code = build_code(a)
+    vocab = padded_vocab(args, args.tensor_model_parallel_size)
+    code = build_code(args, vocab)
     low, high = code.bit_values()
-    n, ids = code.num_bits, torch.arange(min(rows, a.padded_vocab_size))
-    bits = code.row_bits(ids, a.hidden_size)
-    lines = [f"# {code.describe()}; vocabulary {a.padded_vocab_size} (padded), hidden "
-             f"{a.hidden_size}, --code-seed {args.code_seed}",
+    n, ids = code.num_bits, torch.arange(min(rows, vocab))
+    bits = code.row_bits(ids, args.hidden_size)
+    lines = [f"# {code.describe()}; vocabulary {vocab} (padded), hidden "
+             f"{args.hidden_size}, --code-seed {args.code_seed}",
              f"# id x(t) | row bits, position 0 first, blocks of {n}; bit 1 -> {high:g}, "
              f"0 -> {low:g}"]
     for t, x, row in zip(ids.tolist(), code.code_input(ids).tolist(), bits.tolist()):

@@ -41,7 +41,7 @@ def load_model(path: str, args: argparse.Namespace, fixed_code: Optional[dict]) 
     args.bf16 = args.fp16 = False
     args.recompute_granularity = args.recompute_method = args.recompute_num_layers = None
     # the saved code, never a redrawn one
-    model = model_provider(args, on_cpu=True,
+    model = model_provider(args, args.padded_vocab_size, on_cpu=True,
                            code=None if fixed_code is None else FixedCode.from_dict(fixed_code))
     state = dist_checkpointing.load({"model": model.sharded_state_dict()}, path)
     model.load_state_dict(state["model"])

@@ -1,0 +1,65 @@
+"""Values derived once at start-up from the flags, the world and the tokenizer: the world
+layout, the batch, the number of iterations and the padded vocabulary.
+
+One frozen :class:`Derived`, built by :func:`derive` and passed explicitly to what needs it
+(the model provider, the optimizer's schedule, the datasets, the loop, the metrics); the
+parsed flags are never written into. Checkpoints and trackers store both together
+(:func:`run_record`), as Megatron-LM's saved arguments hold them. Its place: between
+``arguments.py`` (the flags) and ``training.py`` (the loop).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+
+from .arguments import padded_vocab_size
+
+
+@dataclasses.dataclass(frozen=True)
+class Derived:
+    world_size: int
+    data_parallel_size: int
+    global_batch_size: int  # --global-batch-size, else micro-batch x data-parallel size
+    num_microbatches: int  # per step and data-parallel rank
+    train_iters: int  # --train-iters, else --train-samples over the global batch
+    padded_vocab_size: int
+
+    @property
+    def train_samples(self) -> int:
+        return self.train_iters * self.global_batch_size
+
+
+def derive_batch(args: argparse.Namespace, world: int) -> dict:
+    """The batch values of a job of ``world`` ranks (no tokenizer needed: the data-cache
+    builder sizes its datasets with them); a clear error where the flags do not fit."""
+    data_parallel = world // (args.tensor_model_parallel_size * args.pipeline_model_parallel_size)
+    global_batch = args.global_batch_size
+    if global_batch is None:
+        global_batch = args.micro_batch_size * data_parallel
+    per_step = args.micro_batch_size * data_parallel
+    if global_batch % per_step:
+        raise SystemExit(f"error: --global-batch-size {global_batch} is not a multiple "
+                         f"of --micro-batch-size {args.micro_batch_size} x data-parallel size "
+                         f"{data_parallel}")
+    if (args.train_iters is None) == (args.train_samples is None):
+        raise SystemExit("error: give exactly one of --train-iters and --train-samples")
+    train_iters = args.train_iters
+    if train_iters is None:
+        train_iters = math.ceil(args.train_samples / global_batch)
+    return {"world_size": world, "data_parallel_size": data_parallel,
+            "global_batch_size": global_batch, "num_microbatches": global_batch // per_step,
+            "train_iters": train_iters}
+
+
+def derive(args: argparse.Namespace, world: int, vocab_size: int) -> Derived:
+    """``vocab_size``: the tokenizer's, padded as Megatron-LM pads it."""
+    return Derived(**derive_batch(args, world), padded_vocab_size=padded_vocab_size(
+        vocab_size, args.make_vocab_size_divisible_by, args.tensor_model_parallel_size))
+
+
+def run_record(args: argparse.Namespace, derived: Derived) -> dict:
+    """The run's arguments as a checkpoint and a tracker store them: every flag, with the
+    derived values under the flags' names (``train_iters``, ``global_batch_size``, ...)."""
+    return {**vars(args), **dataclasses.asdict(derived)}
