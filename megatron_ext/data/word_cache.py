@@ -21,6 +21,7 @@ the input.
 
 from __future__ import annotations
 
+import itertools
 import re
 from typing import Optional
 
@@ -32,24 +33,13 @@ _STRADDLES = re.compile("[^\u2581]\u2581")
 _BPE = 2  # TrainerSpec.model_type
 
 
-class _Words(dict):
-    """Word -> its ids as int32 bytes; a word not yet seen is encoded on the way."""
-
-    def __init__(self, word_processor):
-        super().__init__()
-        self.word_processor = word_processor
-
-    def __missing__(self, word: str) -> bytes:
-        ids = self[word] = np.array(self.word_processor.encode(word), np.int32).tobytes()
-        return ids
-
-
 class WordCachedEncoder:
     """``encode(texts)``: ``processor.encode(texts)``, a distinct word encoded once."""
 
     def __init__(self, processor, word_processor):
         self.processor = processor
-        self.words = _Words(word_processor)
+        self.word_processor = word_processor
+        self.words: dict[str, bytes] = {}  # word -> its ids, int32 bytes
 
     @classmethod
     def create(cls, processor, model_file: str) -> Optional["WordCachedEncoder"]:
@@ -72,12 +62,25 @@ class WordCachedEncoder:
         model.ClearField("denormalizer_spec")
         return cls(processor, SentencePieceProcessor(model_proto=model.SerializeToString()))
 
+    def _add(self, words: list[str]) -> None:
+        """Encode and cache ``words`` (distinct, not cached), in one call."""
+        ids = self.word_processor.encode(words, num_threads=1)
+        ends = np.cumsum(np.fromiter(map(len, ids), np.int64, len(ids))) * 4
+        starts = np.concatenate([[0], ends[:-1]])
+        data = np.fromiter(itertools.chain.from_iterable(ids), np.int32).tobytes()
+        self.words.update(zip(words, (data[start:end] for start, end in
+                                      zip(starts.tolist(), ends.tolist()))))
+
     def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """The ids of all ``texts`` concatenated (int32), and the count of each text's (int64)."""
         if len(self.words) > MAX_WORDS:
             self.words.clear()
+        words = [_WORD.findall(text) for text in self.processor.normalize(texts)]
         get = self.words.__getitem__
-        encoded = [b"".join(map(get, _WORD.findall(text)))
-                   for text in self.processor.normalize(texts)]
+        try:
+            encoded = [b"".join(map(get, text_words)) for text_words in words]
+        except KeyError:  # words not seen yet
+            self._add(list(set(itertools.chain.from_iterable(words)).difference(self.words)))
+            encoded = [b"".join(map(get, text_words)) for text_words in words]
         lengths = np.fromiter(map(len, encoded), np.int64, len(encoded)) // 4
         return np.frombuffer(b"".join(encoded), np.int32), lengths
