@@ -582,8 +582,8 @@ def test_the_tool_imports_neither_torch_nor_megatron(toks, documents, tmp_path):
 
 
 def test_help_prints_no_third_party_warnings():
-    """megatron.core warns that Transformer Engine and Apex are missing at import; the tools
-    set the filters first (megatron_ext), so a user sees only what they can act on."""
+    """A user sees only what they can act on (megatron.core, which warns that Transformer Engine
+    and Apex are missing, is not imported)."""
     done = subprocess.run([sys.executable, str(REPO / "tools" / "preprocess_data.py"),
                            "--help"], capture_output=True, text=True, check=True)
     assert "usage:" in done.stdout and "not installed" not in done.stderr, done.stderr
