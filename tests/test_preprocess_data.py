@@ -25,7 +25,8 @@ from megatron.core.datasets.indexed_dataset import DType, IndexedDataset, Indexe
 from megatron.core.tokenizers.text.utils.build_tokenizer import build_tokenizer
 
 from megatron_ext import tokenizer
-from megatron_ext.data import merge, parts
+from megatron_ext.data import index_write, merge, parts, word_cache
+from megatron_ext.data.encode import EncodedBatch, EncodedKey
 from megatron_ext.data.merge import merge_datasets
 from tools import preprocess_data, train_tokenizer
 
@@ -93,9 +94,12 @@ def run(tok: Tok, inputs, prefix: Path, *flags: str):
                                  *tok.flags(), *flags])
 
 
-def output_bytes(prefix: Path, key: str = "text") -> tuple[bytes, bytes]:
-    name = f"{prefix}_{key}_document"
+def output_bytes_of(name: str) -> tuple[bytes, bytes]:
     return Path(f"{name}.bin").read_bytes(), Path(f"{name}.idx").read_bytes()
+
+
+def output_bytes(prefix: Path, key: str = "text") -> tuple[bytes, bytes]:
+    return output_bytes_of(f"{prefix}_{key}_document")
 
 
 def read_documents(prefix: Path, key: str = "text") -> list[np.ndarray]:
@@ -151,6 +155,39 @@ def test_tokenizer_names_give_megatron_core_ids(name, kind, toks, documents, tmp
     assert (ours.vocab_size, ours.eod) == (theirs.vocab_size, theirs.eod)
     texts = documents[:3] + ["</s> <s> <unk> <|endoftext|> <EOD> <pad>", " lead  and trail "]
     assert [ours.tokenize(t) for t in texts] == [theirs.tokenize(t) for t in texts]
+
+
+SENTENCEPIECE_OPTIONS = {  # sentencepiece's defaults, then those of tools/train_tokenizer.py
+    "default": dict(model_type="bpe"),
+    "train_tokenizer": dict(model_type="bpe", normalization_rule_name="identity",
+                            remove_extra_whitespaces=False, allow_whitespace_only_pieces=True,
+                            byte_fallback=True, split_digits=True),
+    "suffix": dict(model_type="bpe", treat_whitespace_as_suffix=True),
+    "unigram": dict(model_type="unigram"),
+}
+
+
+@pytest.mark.parametrize("options", SENTENCEPIECE_OPTIONS)
+def test_word_cache_encodes_as_sentencepiece(options, documents, tmp_path, monkeypatch):
+    """Encoding a distinct word at a time gives sentencepiece's ids, or is not used."""
+    plays = [scenes("comedies/the-comedy-of-errors.md")[1], *documents[:2]]
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter("\n".join(plays).split("\n")), model_prefix=str(tmp_path / "m"),
+        vocab_size=600, minloglevel=2, **SENTENCEPIECE_OPTIONS[options])
+    model = str(tmp_path / "m.model")
+    processor = sentencepiece.SentencePieceProcessor(model_file=model)
+    encoder = word_cache.WordCachedEncoder.create(processor, model)
+    assert (encoder is None) == (options in ("suffix", "unigram"))
+    if encoder is None:
+        return
+    texts = documents[2:8] + ["", "   ", "  lead\n\n  and   trail  \t", "a\u2581b \u2581\u2581 c",
+                              "</s> <s> <unk>", "ﬁ ① Ｆｕｌｌ width ½", documents[-1]]
+    monkeypatch.setattr(word_cache, "MAX_WORDS", 50)  # the cache is cleared between batches
+    for batch in (texts[:4], texts[4:], texts):
+        tokens, lengths = encoder.encode(batch)
+        expected = processor.encode(batch)
+        assert lengths.tolist() == [len(ids) for ids in expected]
+        assert tokens.tolist() == [i for ids in expected for i in ids]
 
 
 def test_null_tokenizer_is_megatron_cores(toks, tmp_path):
@@ -254,10 +291,34 @@ def test_workers_and_parts_do_not_change_the_output(toks, documents, tmp_path):
     assert output_bytes(tmp_path / "w2") == output_bytes(tmp_path / "one")
 
 
-def test_merge_writes_what_the_builder_add_index_writes(tmp_path):
+@pytest.mark.parametrize("dtype", [np.uint16, np.int32])
+def test_part_writer_writes_what_the_builder_add_document_writes(dtype, tmp_path):
+    """Our .bin/.idx writer (no megatron.core) against megatron.core's builder."""
+    rng = np.random.default_rng(0)
+    sequences = rng.integers(1, 4, size=40)  # documents of 1 to 3 sequences
+    lengths = rng.integers(1, 50, size=int(sequences.sum()))
+    tokens = rng.integers(0, 60000, int(lengths.sum())).astype(np.int32)
+    part = parts.PartWriter({"text": f"{tmp_path}/ours"}, dtype)
+    batch = EncodedBatch(0, 0, 0, 0, len(sequences), {"text": EncodedKey(
+        tokens, lengths, sequences)}, [])
+    part.write(batch)
+    part.finish()
+    builder = IndexedDatasetBuilder(f"{tmp_path}/builder.bin", dtype=dtype)
+    ends = np.cumsum(lengths)
+    for first, last in zip(np.cumsum(sequences) - sequences, np.cumsum(sequences)):
+        start = ends[first - 1] if first else 0
+        builder.add_document(tokens[start:ends[last - 1]], lengths[first:last].tolist())
+    builder.finalize(f"{tmp_path}/builder.idx")
+    assert output_bytes_of(f"{tmp_path}/ours") == output_bytes_of(f"{tmp_path}/builder")
+    assert DType.optimal_dtype(65499) == index_write.optimal_dtype(65499)
+    assert DType.optimal_dtype(65500) == index_write.optimal_dtype(65500)
+
+
+@pytest.mark.parametrize("documents_per_part", [[30, 1, 45], [12]])
+def test_merge_writes_what_the_builder_add_index_writes(documents_per_part, tmp_path):
     rng = np.random.default_rng(0)
     prefixes = []
-    for p, documents in enumerate([30, 1, 45]):
+    for p, documents in enumerate(documents_per_part):
         builder = IndexedDatasetBuilder(f"{tmp_path}/part{p}.bin", dtype=np.uint16)
         for d in range(documents):
             count = rng.integers(0 if d else 1, 4)  # documents of 0 to 3 sequences
@@ -505,9 +566,24 @@ def test_cli_killed_midway_leaves_no_final_files_and_resumes(toks, documents, tm
     assert output_bytes(tmp_path / "out") == output_bytes(tmp_path / "whole")
 
 
+def test_the_tool_imports_neither_torch_nor_megatron(toks, documents, tmp_path):
+    """Start-up stays well under a second: the .bin/.idx are written with numpy."""
+    source = write_jsonl(tmp_path / "docs.jsonl", [{"text": d} for d in documents[:3]])
+    argv = ["--input", str(source), "--output-prefix", str(tmp_path / "out"),
+            *toks["sentencepiece"].flags(), "--append-eod", "--workers", "2"]
+    check = ("import runpy, sys; sys.argv = ['preprocess_data.py', *sys.argv[1:]]; "
+             "runpy.run_path('tools/preprocess_data.py', run_name='__main__'); "
+             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'megatron')))")
+    done = subprocess.run([sys.executable, "-c", check, *argv], cwd=REPO, capture_output=True,
+                          text=True, check=True)
+    assert done.stdout.splitlines()[-1] == "[]", done.stdout
+    run(toks["sentencepiece"], [source], tmp_path / "in_process", "--append-eod")
+    assert output_bytes(tmp_path / "out") == output_bytes(tmp_path / "in_process")
+
+
 def test_help_prints_no_third_party_warnings():
-    """megatron.core warns that Transformer Engine and Apex are missing at import; the tools
-    set the filters first (megatron_ext), so a user sees only what they can act on."""
+    """A user sees only what they can act on (megatron.core, which warns that Transformer Engine
+    and Apex are missing, is not imported)."""
     done = subprocess.run([sys.executable, str(REPO / "tools" / "preprocess_data.py"),
                            "--help"], capture_output=True, text=True, check=True)
     assert "usage:" in done.stdout and "not installed" not in done.stderr, done.stderr

@@ -1,9 +1,10 @@
 """Tokenize corpora into Megatron indexed datasets: ``{output_prefix}_{key}_document.bin/.idx``.
 
 For the same input, tokenizer and flags, the token stream and document boundaries are those of
-Megatron-LM's ``tools/preprocess_data.py`` (flags are named as there), written through
-megatron.core's ``IndexedDatasetBuilder`` with the dtype Megatron-LM picks
-(``DType.optimal_dtype`` of the vocabulary size). Unlike it, this streams its inputs in memory
+Megatron-LM's ``tools/preprocess_data.py`` (flags are named as there), and so are the bytes
+written: those of megatron.core's ``IndexedDatasetBuilder`` with the dtype Megatron-LM picks
+(``DType.optimal_dtype`` of the vocabulary size), though neither megatron.core nor torch is
+imported (start-up well under a second: megatron_ext/data/index_write.py). Unlike it, this streams its inputs in memory
 that does not grow with their size, stops at bad input naming file and line (or counts and skips
 it: ``--skip-bad-lines``), never leaves a partial dataset under the final names, and resumes an
 interrupted job (``--resume``) from its last complete part (see megatron_ext/data/parts.py).
@@ -26,13 +27,12 @@ import sys
 import time
 from typing import Iterator, Optional
 
-import megatron_ext  # noqa: F401  (first: its warning filters must precede megatron.core)
-from megatron.core.datasets.indexed_dataset import DType
 from tqdm import tqdm
 
-from megatron_ext.codes import FixedCode
+from megatron_ext.code_limits import check_options, check_vocab_fits
 from megatron_ext.data.encode import EncodedBatch, encode_batch, init_worker
 from megatron_ext.data.files import file_fingerprint
+from megatron_ext.data.index_write import optimal_dtype
 from megatron_ext.data.merge import merge_datasets, publish_dataset
 from megatron_ext.data.parts import WorkDir, dataset_prefix
 from megatron_ext.data.readers import (TEXT_DOCUMENT_MODES, describe_bad_input, expand_inputs,
@@ -174,17 +174,17 @@ def _encode_parts(args, paths: list[str], tokenizer, dtype, work: WorkDir,
     finally:
         pool.terminate()
         progress.close()
+        part.close()
     manifests.append(work.complete_part(index, part, len(paths) - 1, 0, final=True))
     return manifests
 
 
-def _summarize(args, manifests: list[dict], resumed: int, vocab_size: int, dtype,
-               code: FixedCode) -> Summary:
+def _summarize(args, manifests: list[dict], resumed: int, vocab_size: int, dtype) -> Summary:
     bad_lines = collections.Counter()
     for manifest in manifests:
         bad_lines.update(manifest["bad_lines"])
     try:
-        code.check_vocab(vocab_size)
+        check_vocab_fits(vocab_size, args.code_bits)
         code_warning = None
     except ValueError as e:
         code_warning = str(e)
@@ -217,7 +217,7 @@ def _report(summary: Summary) -> None:
 def main(argv: Optional[list[str]] = None) -> Summary:
     args = parse_args(argv)
     try:
-        code = FixedCode.create("binary", num_bits=args.code_bits)
+        check_options(args.code_bits, scale=1.0)
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None
     if len(set(args.json_keys)) < len(args.json_keys):
@@ -229,7 +229,7 @@ def main(argv: Optional[list[str]] = None) -> Summary:
             raise SystemExit(f"error: --json-keys: plain-text input {path} has one text; "
                              "give one key")
     tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model, args.vocab_size)
-    dtype = DType.optimal_dtype(tokenizer.vocab_size)
+    dtype = optimal_dtype(tokenizer.vocab_size)
 
     work = WorkDir(args.output_prefix)
     model = args.tokenizer_model
@@ -254,7 +254,7 @@ def main(argv: Optional[list[str]] = None) -> Summary:
         publish_dataset(work.merged_prefix(key), dataset_prefix(args.output_prefix, key))
     work.remove()
 
-    summary = _summarize(args, manifests, resumed, tokenizer.vocab_size, dtype, code)
+    summary = _summarize(args, manifests, resumed, tokenizer.vocab_size, dtype)
     _report(summary)
     return summary
 

@@ -17,6 +17,7 @@ from typing import Optional
 import numpy as np
 
 from megatron_ext.data.readers import Batch, BadInput, parse_unit, unit_bytes
+from megatron_ext.data.word_cache import WordCachedEncoder
 from megatron_ext.tokenizer import HuggingFaceTokenizer, NullTokenizer, SentencePieceTokenizer
 
 
@@ -43,23 +44,37 @@ class EncodedBatch:
 
 
 _worker_state: tuple = ()
+_word_encoder: Optional[WordCachedEncoder] = None
 
 
 def init_worker(tokenizer, keys: list[str], eod: Optional[int]) -> None:
     """Pool initializer: a megatron_ext.tokenizer tokenizer, the JSON keys, and the id to append
     (None: no EOD)."""
-    global _worker_state
+    global _worker_state, _word_encoder
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per worker process
     _worker_state = (tokenizer, keys, eod)
-
-
-def _encode_texts(tokenizer, texts: list[str]) -> list[list[int]]:
-    """``[tokenizer.tokenize(text) for text in texts]``, in one call into the library."""
+    _word_encoder = None
     if isinstance(tokenizer, SentencePieceTokenizer):
-        return tokenizer.sp.encode(texts, num_threads=1)
+        _word_encoder = WordCachedEncoder.create(tokenizer.sp, tokenizer.model_file)
+
+
+def _flatten(ids: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    lengths = np.fromiter(map(len, ids), np.int64, len(ids))
+    return np.fromiter(itertools.chain.from_iterable(ids), np.int32, int(lengths.sum())), lengths
+
+
+def _encode_texts(tokenizer, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """``[tokenizer.tokenize(text) for text in texts]`` in one call into the library (for
+    sentencepiece BPE, a distinct word at a time: megatron_ext/data/word_cache.py), as the ids
+    of all texts concatenated (int32) and the count of each text's (int64)."""
+    if _word_encoder is not None:
+        return _word_encoder.encode(texts)
+    if isinstance(tokenizer, SentencePieceTokenizer):
+        return _flatten(tokenizer.sp.encode(texts, num_threads=1))
     if isinstance(tokenizer, HuggingFaceTokenizer):
-        return [e.ids for e in tokenizer.tok.encode_batch_fast(texts, add_special_tokens=False)]
-    return [tokenizer.tokenize(text) for text in texts]
+        return _flatten([e.ids for e in tokenizer.tok.encode_batch_fast(
+            texts, add_special_tokens=False)])
+    return _flatten([tokenizer.tokenize(text) for text in texts])
 
 
 def _check_ids(tokenizer: NullTokenizer, parsed: dict[str, list[str]], line: int) -> None:
@@ -72,13 +87,19 @@ def _check_ids(tokenizer: NullTokenizer, parsed: dict[str, list[str]], line: int
                 raise BadInput(line, "not token ids", f"key {key!r}: {e}") from None
 
 
-def _encoded_key(documents: list[list[list[int]]]) -> EncodedKey:
-    sequences = [sequence for document in documents for sequence in document]
-    lengths = np.fromiter(map(len, sequences), np.int64, len(sequences))
-    return EncodedKey(
-        tokens=np.fromiter(itertools.chain.from_iterable(sequences), np.int32, int(lengths.sum())),
-        sequence_lengths=lengths,
-        sequences_per_document=np.fromiter(map(len, documents), np.int64, len(documents)))
+def _documents(tokens: np.ndarray, lengths: np.ndarray, text_document: np.ndarray,
+               sequences: np.ndarray, keep: np.ndarray, eod: Optional[int]) -> EncodedKey:
+    """The documents ``keep`` of one key: ``text_document`` maps each text (``lengths`` ids in
+    ``tokens``) to its document, ``sequences`` counts the texts with ids of each document."""
+    kept_text = (lengths > 0) & keep[text_document]
+    tokens = tokens[np.repeat(kept_text, lengths)]
+    lengths = lengths[kept_text]
+    sequences = sequences[keep]
+    if eod is not None and len(sequences):
+        last = np.cumsum(sequences) - 1
+        tokens = np.insert(tokens, np.cumsum(lengths)[last], np.int32(eod))
+        lengths[last] += 1
+    return EncodedKey(tokens=tokens, sequence_lengths=lengths, sequences_per_document=sequences)
 
 
 def encode_batch(batch: Batch) -> EncodedBatch:
@@ -99,22 +120,20 @@ def encode_batch(batch: Batch) -> EncodedBatch:
             texts[key].extend(parsed[key])
             text_counts[key].append(len(parsed[key]))
 
-    ids = {key: iter(_encode_texts(tokenizer, texts[key])) for key in keys}
-    documents = {key: [] for key in keys}
-    for i, line in enumerate(lines):
-        document = {key: [s for s in itertools.islice(ids[key], text_counts[key][i]) if s]
-                    for key in keys}
-        empty = [key for key in keys if not document[key]]
-        if empty:
-            bad.append((line, "empty document", f"no tokens for key {empty[0]!r}"))
-            continue
-        for key in keys:
-            if eod is not None:
-                document[key][-1].append(eod)
-            documents[key].append(document[key])
+    # A document is its texts with ids; one without any, for any key, is bad input.
+    encoded, empty = {}, np.zeros(len(lines), bool)
+    for key in keys:
+        tokens, lengths = _encode_texts(tokenizer, texts[key])
+        text_document = np.repeat(np.arange(len(lines)), text_counts[key])
+        sequences = np.bincount(text_document, lengths > 0, len(lines)).astype(np.int64)
+        encoded[key] = tokens, lengths, text_document, sequences
+        empty |= sequences == 0
+    for i in np.flatnonzero(empty):
+        key = next(key for key in keys if encoded[key][3][i] == 0)
+        bad.append((lines[i], "empty document", f"no tokens for key {key!r}"))
+    keys_encoded = {key: _documents(*encoded[key], ~empty, eod) for key in keys}
 
     return EncodedBatch(
         input_index=batch.input_index, end_line=batch.end_line, disk_bytes=batch.disk_bytes,
         text_bytes=sum(unit_bytes(raw) for _, raw in batch.units),
-        documents=len(documents[keys[0]]),
-        keys={key: _encoded_key(documents[key]) for key in keys}, bad=sorted(bad))
+        documents=int(len(lines) - empty.sum()), keys=keys_encoded, bad=sorted(bad))

@@ -3,71 +3,55 @@
 The result is byte for byte what megatron.core's ``IndexedDatasetBuilder.add_index`` over the parts
 followed by ``finalize`` writes (the tests check this), but in memory bounded by the largest part:
 the builder holds every document's length and boundary as Python objects (about 100 bytes per
-document) until ``finalize``, whereas this writes the index one part and one section at a time.
-
-The ``.idx`` layout (megatron.core's ``_IndexWriter``): a header (magic, version, dtype code), the
-sequence count and document count as ``<Q``, then the int32 sequence lengths, the int64 byte
-offsets of the sequences, and the int64 document boundaries.
+document) until ``finalize``, whereas this writes the index one part and one section at a time
+(megatron_ext/data/index_write.py). A single part is already the merged dataset: it is linked,
+not copied.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import struct
-
-import numpy as np
-from megatron.core.datasets.indexed_dataset import IndexedDataset
 
 from megatron_ext.data.files import publish
+from megatron_ext.data.index_check import read_index
+from megatron_ext.data.index_write import write_index
 
-HEADER_BYTES = 9 + 8 + 1  # magic, version and dtype code, as the builder wrote them in every part
+
+def _link_or_copy(source: str, target: str) -> None:
+    try:
+        os.link(source, target)
+    except OSError:  # a file system without hard links
+        shutil.copyfile(source, target)
 
 
-def _index_sections(prefix: str) -> tuple[np.ndarray, np.ndarray]:
-    """A part's sequence lengths and document boundaries, read by megatron.core's reader."""
-    dataset = IndexedDataset(prefix)
-    return np.array(dataset.sequence_lengths), np.array(dataset.document_indices)
+def _append(source: str, out) -> None:
+    """Append the file ``source`` to the open file ``out``, in the kernel where it can."""
+    with open(source, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        try:
+            copied = 0
+            while copied < size:
+                copied += os.copy_file_range(f.fileno(), out.fileno(), size - copied)
+        except (AttributeError, OSError):
+            f.seek(copied)
+            out.seek(0, os.SEEK_END)
+            shutil.copyfileobj(f, out, 1 << 24)
 
 
 def merge_datasets(part_prefixes: list[str], merged_prefix: str) -> None:
     """Write ``merged_prefix.bin``/``.idx``: the parts' documents, in order. Each part must hold
     a token (megatron.core cannot open a dataset with an empty ``.bin``)."""
-    with open(f"{part_prefixes[0]}.idx", "rb") as f:
-        header = f.read(HEADER_BYTES)
-    dtype = IndexedDataset(part_prefixes[0]).index.dtype
-    itemsize = np.dtype(dtype).itemsize
-
-    counts = []
-    for prefix in part_prefixes:
-        lengths, documents = _index_sections(prefix)
-        counts.append((len(lengths), len(documents) - 1))
-    sequence_count = sum(c[0] for c in counts)
-    document_count = sum(c[1] for c in counts)
-
-    with open(f"{merged_prefix}.idx", "wb") as idx:
-        idx.write(header)
-        idx.write(struct.pack("<Q", sequence_count))
-        idx.write(struct.pack("<Q", document_count + 1))
-        for prefix in part_prefixes:
-            idx.write(_index_sections(prefix)[0].astype(np.int32).tobytes())
-        offset = 0
-        for prefix in part_prefixes:
-            lengths = _index_sections(prefix)[0].astype(np.int64)
-            ends = offset + np.cumsum(lengths) * itemsize
-            idx.write((ends - lengths * itemsize).tobytes())
-            offset = int(ends[-1])
-        idx.write(np.zeros(1, np.int64).tobytes())
-        first_sequence = 0
-        for prefix, (sequences, _) in zip(part_prefixes, counts):
-            documents = _index_sections(prefix)[1].astype(np.int64)
-            idx.write((first_sequence + documents[1:]).tobytes())
-            first_sequence += sequences
-
+    indexes = [read_index(prefix) for prefix in part_prefixes]
+    if len(part_prefixes) == 1:
+        for ext in ("bin", "idx"):
+            _link_or_copy(f"{part_prefixes[0]}.{ext}", f"{merged_prefix}.{ext}")
+        return
+    write_index(f"{merged_prefix}.idx", indexes[0].dtype,
+                [(index.sequence_lengths, index.document_indices) for index in indexes])
     with open(f"{merged_prefix}.bin", "wb") as out:
         for prefix in part_prefixes:
-            with open(f"{prefix}.bin", "rb") as part:
-                shutil.copyfileobj(part, out, 1 << 24)
+            _append(f"{prefix}.bin", out)
 
 
 def publish_dataset(built_prefix: str, final_prefix: str) -> None:

@@ -1,8 +1,8 @@
 """The work folder of a preprocessing job: what makes it resumable and its output atomic.
 
 ``{output_prefix}.work/`` holds ``job.json`` (the job's settings and input files) and numbered
-*parts*: runs of consecutive documents, each written through megatron.core's
-``IndexedDatasetBuilder`` as one indexed dataset per JSON key, and complete once its manifest
+*parts*: runs of consecutive documents, each written as one indexed dataset per JSON key (the
+bytes megatron.core's ``IndexedDatasetBuilder`` would write), and complete once its manifest
 ``part-NNNNNN.json`` exists (written last, atomically). The manifest records where in the inputs
 the part ends and what it holds. A resumed job keeps the complete parts, deletes anything else,
 and continues after the end of the last complete part. Nothing under the final output names
@@ -17,13 +17,13 @@ import os
 import shutil
 
 import numpy as np
-from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 
 from megatron_ext.data.encode import EncodedBatch
 from megatron_ext.data.files import fsync_path, read_json, write_json
+from megatron_ext.data.index_write import write_index
 
-# A part ends after the batch that takes it to this many documents, which bounds the builder's
-# per-document lists (about 100 bytes each), hence memory, whatever the size of the input.
+# A part ends after the batch that takes it to this many documents, which bounds the index it
+# keeps in memory (12 bytes per sequence, 8 per document), whatever the size of the input.
 MAX_PART_DOCUMENTS = 1 << 18
 
 
@@ -33,13 +33,15 @@ def dataset_prefix(output_prefix: str, key: str) -> str:
 
 
 class PartWriter:
-    """Writes one part: a builder per JSON key, and the counts its manifest records."""
+    """Writes one part: a ``.bin`` per JSON key as batches come, the ``.idx`` files at the end,
+    and the counts its manifest records."""
 
     def __init__(self, prefixes: dict[str, str], dtype: type):
         self.prefixes = prefixes
         self.dtype = dtype
-        self.builders = {key: IndexedDatasetBuilder(f"{prefix}.bin", dtype=dtype)
-                         for key, prefix in prefixes.items()}
+        self.bins = {key: open(f"{prefix}.bin", "wb") for key, prefix in prefixes.items()}
+        self.sequence_lengths = {key: [] for key in prefixes}  # int32 arrays, one per batch
+        self.sequences_per_document = {key: [] for key in prefixes}  # int64 arrays
         self.documents = 0
         self.tokens = dict.fromkeys(prefixes, 0)
         self.max_token_id = -1
@@ -57,24 +59,27 @@ class PartWriter:
                                      f"{np.dtype(self.dtype).name} chosen from the vocabulary "
                                      "size")
                 self.max_token_id = max(self.max_token_id, largest)
-            builder = self.builders[key]
-            sequence_ends = np.cumsum(encoded.sequences_per_document)
-            token_ends = np.cumsum(encoded.sequence_lengths)
-            first_sequence = first_token = 0
-            for end in sequence_ends:
-                last_token = int(token_ends[end - 1])
-                builder.add_document(encoded.tokens[first_token:last_token],
-                                     encoded.sequence_lengths[first_sequence:end].tolist())
-                first_sequence, first_token = end, last_token
+            self.bins[key].write(encoded.tokens.astype(self.dtype, copy=False).tobytes())
+            self.sequence_lengths[key].append(encoded.sequence_lengths.astype(np.int32))
+            self.sequences_per_document[key].append(encoded.sequences_per_document)
             self.tokens[key] += len(encoded.tokens)
         self.documents += batch.documents
         self.bad_lines.update(kind for _, kind, _ in batch.bad)
 
     def finish(self) -> None:
-        for key, builder in self.builders.items():
-            builder.finalize(f"{self.prefixes[key]}.idx")
-            fsync_path(f"{self.prefixes[key]}.bin")
-            fsync_path(f"{self.prefixes[key]}.idx")
+        for key, prefix in self.prefixes.items():
+            self.bins[key].close()
+            per_document = np.concatenate([np.zeros(1, np.int64),
+                                           *self.sequences_per_document[key]])
+            lengths = np.concatenate([np.zeros(0, np.int32), *self.sequence_lengths[key]])
+            write_index(f"{prefix}.idx", self.dtype, [(lengths, np.cumsum(per_document))])
+            fsync_path(f"{prefix}.bin")
+            fsync_path(f"{prefix}.idx")
+
+    def close(self) -> None:
+        """Close the files of a part that will not be finished (the run stops)."""
+        for f in self.bins.values():
+            f.close()
 
 
 class WorkDir:
