@@ -2,8 +2,8 @@
 layout, the batch, the number of iterations and the padded vocabulary.
 
 One frozen :class:`Derived`, built by :func:`derive` and passed explicitly to what needs it
-(the model provider, the optimizer's schedule, the datasets, the loop, the metrics); the
-parsed flags are never written into. Checkpoints and trackers store both together
+(the model provider, the optimizer's schedule, the datasets, the loop, the metrics), never
+written into the parsed flags. Checkpoints and trackers store both together
 (:func:`run_record`), as Megatron-LM's saved arguments hold them. Its place: between
 ``arguments.py`` (the flags) and ``training.py`` (the loop).
 """
