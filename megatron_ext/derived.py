@@ -31,9 +31,9 @@ class Derived:
         return self.train_iters * self.global_batch_size
 
 
-def derive_batch(args: argparse.Namespace, world: int) -> dict:
-    """The batch values of a job of ``world`` ranks (no tokenizer needed: the data-cache
-    builder sizes its datasets with them); a clear error where the flags do not fit."""
+def derive(args: argparse.Namespace, world: int, vocab_size: int) -> Derived:
+    """The values of a job of ``world`` ranks whose tokenizer has ``vocab_size`` tokens
+    (padded as Megatron-LM pads it); a clear error where the batch flags do not fit."""
     data_parallel = world // (args.tensor_model_parallel_size * args.pipeline_model_parallel_size)
     global_batch = args.global_batch_size
     if global_batch is None:
@@ -48,15 +48,11 @@ def derive_batch(args: argparse.Namespace, world: int) -> dict:
     train_iters = args.train_iters
     if train_iters is None:
         train_iters = math.ceil(args.train_samples / global_batch)
-    return {"world_size": world, "data_parallel_size": data_parallel,
-            "global_batch_size": global_batch, "num_microbatches": global_batch // per_step,
-            "train_iters": train_iters}
-
-
-def derive(args: argparse.Namespace, world: int, vocab_size: int) -> Derived:
-    """``vocab_size``: the tokenizer's, padded as Megatron-LM pads it."""
-    return Derived(**derive_batch(args, world), padded_vocab_size=padded_vocab_size(
-        vocab_size, args.make_vocab_size_divisible_by, args.tensor_model_parallel_size))
+    return Derived(world_size=world, data_parallel_size=data_parallel,
+                   global_batch_size=global_batch, num_microbatches=global_batch // per_step,
+                   train_iters=train_iters, padded_vocab_size=padded_vocab_size(
+                       vocab_size, args.make_vocab_size_divisible_by,
+                       args.tensor_model_parallel_size))
 
 
 def run_record(args: argparse.Namespace, derived: Derived) -> dict:

@@ -36,7 +36,7 @@ from . import checkpointing
 from .checkpointing import Checkpointer, TrainState
 from .codes import FixedCode
 from .datasets import build_loader, samples_per_split
-from .derived import Derived, derive, derive_batch, run_record
+from .derived import Derived, derive, run_record
 from .exit_conditions import ExitConditions, max_over_ranks
 from .initialize import initialize_distributed, resolve_device
 from .log import is_logging_rank, log
@@ -55,7 +55,8 @@ class NonFiniteLossError(RuntimeError):
 def setup_args(args: argparse.Namespace) -> tuple:
     """Refuse what cannot run; returns ``(tokenizer, derived)``: the values derived from the
     flags, the world and the tokenizer (:class:`megatron_ext.derived.Derived`), built once."""
-    batch = derive_batch(args, torch.distributed.get_world_size())
+    tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model, args.vocab_size)
+    derived = derive(args, torch.distributed.get_world_size(), tokenizer.vocab_size)
     if args.log_layer_norms and args.use_distributed_optimizer:
         raise SystemExit("error: --log-layer-norms reads whole gradients, which "
                          "--use-distributed-optimizer scatters across ranks; drop one")
@@ -65,7 +66,7 @@ def setup_args(args: argparse.Namespace) -> tuple:
                          "Engine nor Apex imports, so the distributed optimizer runs torch's "
                          "Adam, whose state megatron-core 0.16.1 cannot load in that layout; "
                          "drop the flag (the default layout resumes) or pip install '.[gpu]'")
-    resolve_layers(args, batch["data_parallel_size"])
+    resolve_layers(args, derived.data_parallel_size)
     if args.ddp_bucket_size is not None and not args.overlap_grad_reduce:
         raise SystemExit("error: --ddp-bucket-size applies with --overlap-grad-reduce only")
     validate_profile_args(args)
@@ -73,12 +74,11 @@ def setup_args(args: argparse.Namespace) -> tuple:
         raise SystemExit("error: --ckpt-step needs --load")
     if args.save_interval and not args.save:
         raise SystemExit("error: --save-interval needs --save")
-    tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model, args.vocab_size)
     if args.input_interface != "learned" and tokenizer.vocab_size > 2 ** args.code_bits:
         raise SystemExit(f"error: the tokenizer's {tokenizer.vocab_size} tokens do not fit "
                          f"--code-bits {args.code_bits} (at most 2^{args.code_bits} = "
                          f"{2 ** args.code_bits} ids); raise --code-bits")
-    return tokenizer, derive(args, batch["world_size"], tokenizer.vocab_size)
+    return tokenizer, derived
 
 
 def resolve_layers(args: argparse.Namespace, data_parallel_size: int = 1) -> None:

@@ -39,7 +39,7 @@ from megatron_ext import recipes  # noqa: E402
 from megatron_ext.arguments import add_training_args, parse_model_args  # noqa: E402
 from megatron_ext.datasets import build_datasets, samples_per_split  # noqa: E402
 from megatron_ext.tokenizer import build_tokenizer  # noqa: E402
-from megatron_ext.derived import derive, derive_batch  # noqa: E402
+from megatron_ext.derived import derive  # noqa: E402
 
 DESCRIPTION = __doc__.splitlines()[0]
 
@@ -80,7 +80,6 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         raise SystemExit(f"error: --world-size {args.world_size} is not a positive multiple "
                          f"of --tensor-model-parallel-size x --pipeline-model-parallel-size "
                          f"({model_parallel})")
-    derive_batch(args, args.world_size)  # a flag that does not fit fails here, before any work
     return args
 
 
