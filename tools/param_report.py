@@ -62,12 +62,12 @@ def padded_vocab(args: argparse.Namespace, tp: int = 1) -> int:
 
 def report(args: argparse.Namespace, arms: Sequence[str]) -> dict:
     """``{arm: {part: count}}`` for a model shape given by ``args``."""
-    counts = {}
+    counts, vocab = {}, padded_vocab(args)
     initialize_distributed("cpu")
     try:
         for arm in arms:
             with torch.device("meta"):
-                model = model_provider(arm_args(args, arm), padded_vocab(args), on_cpu=True)
+                model = model_provider(arm_args(args, arm), vocab, on_cpu=True)
             counts[arm] = count_parameters(model)
     finally:
         destroy_distributed()
@@ -88,14 +88,13 @@ def code_rms(code: FixedCode, vocab_size: int, hidden_size: int) -> float:
 
 def input_rms(args: argparse.Namespace, arms: Sequence[str]) -> dict:
     """``{arm: (input RMS at step 0, --code-scale matching the learned RMS or None)}``."""
-    std = args.init_method_std
+    std, vocab = args.init_method_std, padded_vocab(args)
     rms = {}
     for arm in arms:
         if arm == "learned":
             rms[arm] = (std, None)
             continue
-        value = code_rms(build_code(arm_args(args, arm), padded_vocab(args)), padded_vocab(args),
-                         args.hidden_size)
+        value = code_rms(build_code(arm_args(args, arm), vocab), vocab, args.hidden_size)
         rms[arm] = (value, args.code_scale * std / value)  # the RMS scales with --code-scale
     return rms
 
