@@ -348,7 +348,8 @@ def test_bad_flags_are_clear_errors(cpu_dist, flags, message):
 def test_a_resumed_run_gets_its_saved_code_once_not_the_flags(cpu_dist, tmp_path):
     """The code is resolved once, by resolve_checkpoint, and handed on explicitly: resuming with
     another --code-seed keeps the saved A and b, and nothing about it rides on the arguments."""
-    from megatron_ext.checkpointing import TrainState, save_checkpoint
+    from megatron_ext.checkpointing import TrainState
+    from megatron_ext.saving import save_checkpoint
     from megatron_ext.model import build_code
     from megatron_ext.training import build_model_and_optimizer
     from pretrain_fixedcode import model_provider

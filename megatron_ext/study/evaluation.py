@@ -23,6 +23,7 @@ from typing import Optional
 import numpy as np
 
 from megatron_ext.data.files import write_json
+from megatron_ext.retention import SaveDeleted, reading
 
 from .spec import EvalSettings, Study, run_dir
 
@@ -164,7 +165,13 @@ def evaluate_study(study: Study, study_dir: Path, export_hf, progress=print) -> 
         initialize_distributed("cpu", 1, 1)
     for i, (run, iteration) in enumerate(todo, 1):
         progress(f"[eval {i}/{len(todo)}] {run} iteration {iteration}")
-        record = evaluate_checkpoint(run, iteration, study.eval, export_hf)
+        try:
+            # held against the training run's retention (--keep-last-checkpoints) while read
+            with reading(str(run / "checkpoints"), iteration):
+                record = evaluate_checkpoint(run, iteration, study.eval, export_hf)
+        except SaveDeleted as e:
+            progress(f"[eval {i}/{len(todo)}] skipped: {e}")
+            continue
         path = cache_path(run, iteration)
         path.parent.mkdir(parents=True, exist_ok=True)
         write_json(str(path), record)
