@@ -4,7 +4,8 @@ Modules: ``codes`` (the code schemes), ``embedding`` (FixedCodeEmbedding for GPT
 ``kernels`` and ``cuda_extension`` (the fast forward: PyTorch path or fused CUDA kernel), ``model`` (the
 model provider), ``arguments`` (Megatron-LM flags), ``derived`` (the values derived once at
 start-up: batch, world layout, padded vocabulary), ``initialize`` (process start-up),
-``training``, ``checkpointing``, ``datasets``, ``data_cache``, ``metrics``, ``metric_sinks``, ``norms``,
+``training``, ``checkpointing``, ``saving`` (writing saves: sync or async, the marker),
+``manifest`` (each save's checksums), ``retention`` (which saves are kept), ``datasets``, ``data_cache``, ``metrics``, ``metric_sinks``, ``norms``,
 ``exit_conditions``, ``exit_signals``, ``log`` (the training loop and its parts),
 ``tokenizer``, ``data`` (preprocessing), ``hf`` (Hugging Face export), ``cpu_backend``
 (Megatron-Core on CPU for tests and the demo).

@@ -250,6 +250,7 @@ class Checkpointer:
         iteration, start = self.pending
         if wait:
             log(f"[fixedcode] waiting for the background save of iteration {iteration}")
+        completing = time.time()
         try:
             done = self.queue.maybe_finalize_async_calls(blocking=wait)
         except (OSError, CheckpointException) as e:
@@ -257,8 +258,10 @@ class Checkpointer:
             raise self._failed(iteration, e) from e
         if done:
             self.pending = None
+            now = time.time()
             log(f"[fixedcode] saved checkpoint {checkpoint_path(self.args.save, iteration)} "
-                f"(written in the background in {time.time() - start:.2f} s)")
+                f"(written in the background in {now - start:.2f} s; completing it stalled "
+                f"training {now - completing:.2f} s)")
 
     def _failed(self, iteration: int, error: BaseException) -> SaveFailed:
         if torch.distributed.get_rank() == 0:

@@ -4,7 +4,6 @@ asynchronous saves killed mid-write (megatron_ext/manifest.py, retention.py, sav
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -77,6 +76,37 @@ def test_retention_deletes_nothing_a_study_evaluation_is_reading(tmp_path):
     with pytest.raises(retention.SaveDeleted, match="iter_0000001: deleted"):
         with retention.reading(str(tmp_path), 1):
             pass
+
+
+def test_retention_during_a_study_evaluation_spares_the_save_being_read(
+        cpu_dist, tmp_path, monkeypatch):
+    """The study's evaluation holds each save's lock while it reads it: a training run's
+    retention running meanwhile deletes the others, and the evaluation skips a save deleted
+    before its turn."""
+    from types import SimpleNamespace
+
+    from megatron_ext.study import evaluation
+    from megatron_ext.study.spec import EvalSettings
+    arm = SimpleNamespace(name="binary")
+    study = SimpleNamespace(runs=lambda: [(arm, 1)], eval=EvalSettings())
+    ckpt = tmp_path / "binary" / "seed1" / "checkpoints"
+    ckpt.mkdir(parents=True)
+    for i in (1, 2, 3):
+        write_save(ckpt, i)
+    read, deleted = [], []
+
+    def evaluate_checkpoint(run, iteration, settings, export_hf):
+        if iteration == 1:  # the training run's retention, while save 1 is being read
+            deleted.extend(retention.prune(str(ckpt), 3, 1, None, print))
+        assert (ckpt / f"iter_{iteration:07d}").is_dir()
+        read.append(iteration)
+        return {"iteration": iteration}
+
+    monkeypatch.setattr(evaluation, "evaluate_checkpoint", evaluate_checkpoint)
+    progress = []
+    counts = evaluation.evaluate_study(study, tmp_path, None, progress.append)
+    assert deleted == [2] and read == [1, 3] and counts == {"evaluated": 2, "cached": 0}
+    assert any(f"skipped: {ckpt}/iter_0000002: deleted" in line for line in progress)
 
 
 def test_a_deletion_killed_midway_leaves_loadable_saves(tmp_path, monkeypatch):
