@@ -108,6 +108,19 @@ def latest_iteration(load_dir: str) -> Optional[int]:
     return iteration
 
 
+def existing_save(load_dir: str, iteration: Optional[int] = None) -> tuple[str, int]:
+    """``(path, iteration)`` of save ``iteration`` (default: the latest) of ``load_dir``;
+    SystemExit when there is none."""
+    if iteration is None:
+        iteration = latest_iteration(load_dir)
+        if iteration is None:
+            raise SystemExit(f"error: no completed checkpoint in {load_dir} (no {MARKER})")
+    path = checkpoint_path(load_dir, iteration)
+    if not os.path.isdir(path):
+        raise SystemExit(f"error: checkpoint {path} does not exist")
+    return path, iteration
+
+
 def verify_save(path: str) -> None:
     """Check a save's files against its manifest before it is read, the files spread over
     the ranks when torch.distributed runs (every rank calls it); raises
@@ -136,13 +149,7 @@ def check_save(save_dir: str, iteration: Optional[int] = None) -> str:
     """Verify a save (default: the latest) without loading anything from it; returns a
     one-line summary. Raises :class:`~megatron_ext.manifest.DamagedCheckpoint` naming the
     first bad or missing file, SystemExit when the save is missing or has no manifest."""
-    if iteration is None:
-        iteration = latest_iteration(save_dir)
-        if iteration is None:
-            raise SystemExit(f"error: no completed save in {save_dir} (no {MARKER})")
-    path = checkpoint_path(save_dir, iteration)
-    if not os.path.isdir(path):
-        raise SystemExit(f"error: {path} does not exist")
+    path, _ = existing_save(save_dir, iteration)
     files = manifest.verify(path)
     if files is None:
         raise SystemExit(f"error: {path} has no {manifest.MANIFEST} (written before "
@@ -165,13 +172,7 @@ def newest_intact(load_dir: str, below: int) -> Optional[int]:
 
 def load_common(load_dir: str, iteration: Optional[int] = None) -> tuple[str, dict]:
     """``(path, common objects)`` of a checkpoint (default: the latest), verified first."""
-    if iteration is None:
-        iteration = latest_iteration(load_dir)
-        if iteration is None:
-            raise SystemExit(f"error: no completed checkpoint in {load_dir} (no {MARKER})")
-    path = checkpoint_path(load_dir, iteration)
-    if not os.path.isdir(path):
-        raise SystemExit(f"error: checkpoint {path} does not exist")
+    path, iteration = existing_save(load_dir, iteration)
     try:
         verify_save(path)
     except manifest.DamagedCheckpoint as e:
