@@ -34,6 +34,7 @@ import argparse
 import dataclasses
 import os
 import random
+import re
 from typing import Optional
 
 import numpy as np
@@ -47,7 +48,7 @@ from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 
 import megatron_ext
 
-from . import manifest, retention
+from . import manifest
 from .log import log
 
 MARKER = "latest_checkpointed_iteration.txt"
@@ -89,8 +90,14 @@ MODEL_DEFINING_ARGS = (
 ADDED_ARGS = {"code_tiling": "repeat"}
 
 
+def iteration_name(iteration: int) -> str:
+    """``iter_0000100``: a save's folder, and the stem of what is cached per save (a study's
+    evaluations and probes)."""
+    return f"iter_{iteration:07d}"
+
+
 def checkpoint_path(save_dir: str, iteration: int) -> str:
-    return os.path.join(save_dir, f"iter_{iteration:07d}")
+    return os.path.join(save_dir, iteration_name(iteration))
 
 
 def latest_iteration(load_dir: str) -> Optional[int]:
@@ -106,6 +113,16 @@ def latest_iteration(load_dir: str) -> Optional[int]:
         raise SystemExit(f"error: {marker} names iteration {iteration}, but "
                          f"{checkpoint_path(load_dir, iteration)} is missing")
     return iteration
+
+
+def completed_iterations(save_dir: str) -> list[int]:
+    """Iterations of the completed saves in ``save_dir`` (never ``.partial``), up to its
+    latest marker; none when it is not a folder."""
+    latest = latest_iteration(save_dir) if os.path.isdir(save_dir) else None
+    if latest is None:
+        return []
+    found = (re.fullmatch(r"iter_(\d{7})", name) for name in os.listdir(save_dir))
+    return sorted(i for i in (int(m.group(1)) for m in found if m) if i <= latest)
 
 
 def existing_save(load_dir: str, iteration: Optional[int] = None) -> tuple[str, int]:
@@ -160,7 +177,7 @@ def check_save(save_dir: str, iteration: Optional[int] = None) -> str:
 
 def newest_intact(load_dir: str, below: int) -> Optional[int]:
     """The newest save of ``load_dir`` before iteration ``below`` that verifies, or None."""
-    for iteration in reversed(retention.saved_iterations(load_dir)):
+    for iteration in reversed(completed_iterations(load_dir)):
         if iteration < below:
             try:
                 verify_save(checkpoint_path(load_dir, iteration))

@@ -17,6 +17,8 @@ import os
 import zlib
 from typing import Iterable, Optional
 
+from .files import write_json
+
 MANIFEST = "manifest.json"
 CHUNK = 8 << 20
 
@@ -47,12 +49,7 @@ def write_manifest(directory: str, known: dict) -> None:
     for name in sorted(os.listdir(directory)):
         if name not in files and name != MANIFEST and os.path.isfile(os.path.join(directory, name)):
             files[name] = checksum(os.path.join(directory, name))
-    tmp = os.path.join(directory, MANIFEST + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump({"files": dict(sorted(files.items()))}, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, os.path.join(directory, MANIFEST))
+    write_json(os.path.join(directory, MANIFEST), {"files": files})
 
 
 def read_manifest(directory: str) -> Optional[dict]:

@@ -19,11 +19,11 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import re
 import shutil
 from typing import Callable, Iterator, Optional
 
-SAVE = re.compile(r"iter_(\d{7})")
+from .checkpointing import checkpoint_path, completed_iterations
+
 DELETING = ".deleting"
 
 
@@ -32,7 +32,7 @@ class SaveDeleted(FileNotFoundError):
 
 
 def lock_path(save_dir: str, iteration: int) -> str:
-    return os.path.join(save_dir, f"iter_{iteration:07d}.lock")
+    return checkpoint_path(save_dir, iteration) + ".lock"
 
 
 @contextlib.contextmanager
@@ -41,17 +41,11 @@ def reading(save_dir: str, iteration: int) -> Iterator[None]:
     raises :class:`SaveDeleted` when it was deleted before the lock was taken."""
     with open(lock_path(save_dir, iteration), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_SH)
-        path = os.path.join(save_dir, f"iter_{iteration:07d}")
+        path = checkpoint_path(save_dir, iteration)
         if not os.path.isdir(path):
             raise SaveDeleted(f"{path}: deleted by the training run's retention "
                                     f"(--keep-last-checkpoints) before it could be read")
         yield
-
-
-def saved_iterations(save_dir: str) -> list[int]:
-    """Iterations of the complete-named saves (``iter_NNNNNNN``), ascending."""
-    found = (SAVE.fullmatch(name) for name in os.listdir(save_dir))
-    return sorted(int(m.group(1)) for m in found if m)
 
 
 def to_delete(iterations: list[int], latest: int, keep_last: int,
@@ -71,8 +65,8 @@ def prune(save_dir: str, latest: int, keep_last: int, keep_every: Optional[int],
         if name.endswith(DELETING):
             shutil.rmtree(os.path.join(save_dir, name), ignore_errors=True)
     deleted = []
-    for iteration in to_delete(saved_iterations(save_dir), latest, keep_last, keep_every):
-        path = os.path.join(save_dir, f"iter_{iteration:07d}")
+    for iteration in to_delete(completed_iterations(save_dir), latest, keep_last, keep_every):
+        path = checkpoint_path(save_dir, iteration)
         with open(lock_path(save_dir, iteration), "a") as lock:
             try:
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -26,7 +26,6 @@ import dataclasses
 import errno
 import functools
 import glob
-import json
 import multiprocessing
 import os
 import shutil
@@ -49,6 +48,7 @@ from .checkpointing import (MARKER, TrainState, checkpoint_path, content_metadat
                             rng_state, sharded_state)
 from .codes import FixedCode
 from .derived import Derived, run_record
+from .files import read_json, write_json, write_text
 from .log import log
 
 # The exit code of a run whose save failed (documented in docs/training.md; the Slurm script
@@ -107,8 +107,7 @@ def _write_then_checksum(write, iteration: int, rank: int, write_buckets: list,
     files = [bucket[0] for bucket in write_buckets]
     try:
         sums = manifest.checksum_files(files)
-        with open(os.path.join(os.path.dirname(files[0]), f"manifest.rank{rank}.json"), "w") as f:
-            json.dump(sums, f)
+        write_json(os.path.join(os.path.dirname(files[0]), f"manifest.rank{rank}.json"), sums)
     except OSError:
         pass  # the write failed as well; finalization reports it
 
@@ -127,16 +126,11 @@ def _complete(args: argparse.Namespace, iteration: int) -> None:
         partial = final + ".partial"
         known = {}
         for part in sorted(glob.glob(os.path.join(partial, "manifest.rank*.json"))):
-            known.update(json.load(open(part)))
+            known.update(read_json(part))
             os.remove(part)
         manifest.write_manifest(partial, known)
         os.rename(partial, final)
-        marker = os.path.join(args.save, MARKER)
-        with open(marker + ".tmp", "w") as f:
-            f.write(str(iteration))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(marker + ".tmp", marker)
+        write_text(os.path.join(args.save, MARKER), str(iteration))
         if args.keep_last_checkpoints:
             retention.prune(args.save, iteration, args.keep_last_checkpoints,
                             args.keep_checkpoints_every, log)

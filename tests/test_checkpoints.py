@@ -121,7 +121,7 @@ def test_a_deletion_killed_midway_leaves_loadable_saves(tmp_path, monkeypatch):
         retention.prune(str(tmp_path), 3, 1, None, print)
     monkeypatch.undo()
     # The save being deleted was renamed first: nothing lists or loads it, the rest verify.
-    assert retention.saved_iterations(str(tmp_path)) == [2, 3]
+    assert checkpointing.completed_iterations(str(tmp_path)) == [2, 3]
     assert (tmp_path / "iter_0000001.deleting").is_dir()
     for i in (2, 3):
         assert checkpointing.check_save(str(tmp_path), i).startswith("ok: ")

@@ -61,7 +61,7 @@ def test_input_rms_and_the_matching_code_scale():
     (blocks of bits 0-15, 0-15, 0-7): bits 0-8 are one half the time, bits 9-15 never, so
     13 of 40 positions on average: RMS sqrt(13/40) at --code-scale 1."""
     from megatron_ext.arguments import parse_model_args
-    from tools.param_report import input_rms
+    from megatron_ext.param_count import input_rms
     args = parse_model_args(SMALL + ["--code-values", "01", "--init-method-std", "0.01"], "t")
     rms = input_rms(args, ["learned", "binary", "permuted"])
     assert rms["learned"] == (0.01, None)

@@ -20,10 +20,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from megatron_ext.probes.settings import ProbeSettings  # noqa: E402
+from megatron_ext.probes.settings import ProbeSettings
 
 DEFAULTS = ProbeSettings()
 
@@ -92,7 +89,7 @@ def jsonl_documents(path: str, key: str, tokenizer):
 
 def held_out(args: argparse.Namespace, seq_length: int) -> tuple[np.ndarray, str]:
     """The windows and a description of where they come from."""
-    from megatron_ext.study.evaluation import cut_windows, held_out_tokens
+    from megatron_ext.held_out import cut_windows, held_out_tokens
     if args.data_path:
         return held_out_tokens(args.data_path, args.tokens, seq_length), \
             f"the first {args.tokens:,} tokens of {args.data_path}"

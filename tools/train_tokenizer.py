@@ -32,7 +32,7 @@ from typing import Iterator, Optional
 import sentencepiece
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from megatron_ext.data.files import file_fingerprint, fsync_path, publish, read_json, write_json
+from megatron_ext.files import file_fingerprint, fsync_path, publish, read_json, write_json
 from megatron_ext.data.readers import (BadInput, describe_bad_input, expand_inputs, iter_batches,
                                        parse_unit)
 
