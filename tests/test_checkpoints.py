@@ -14,6 +14,7 @@ from conftest import PRETRAIN, TINY_RUN, run_pretrain, step_losses
 from megatron_ext import checkpointing, manifest, retention, saving
 from megatron_ext.checkpointing import MARKER, TrainState
 from megatron_ext.metric_sinks import read_metrics
+from test_training import signal_run
 
 CHECK_CHECKPOINT = PRETRAIN.parent / "tools" / "check_checkpoint.py"
 
@@ -227,3 +228,22 @@ def test_an_async_save_killed_mid_write_resumes_from_the_previous_one(tmp_path):
     checked = subprocess.run([sys.executable, str(CHECK_CHECKPOINT), str(ckpt)],
                              capture_output=True, text=True)
     assert checked.returncode == 0 and f"ok: {ckpt}/iter_0000006" in checked.stdout
+
+
+def test_an_exit_signal_during_a_background_write_waits_for_it(tmp_path):
+    """SIGTERM while the save of iteration 2 is written in the background (held 3 s): the run
+    stops after its step, waits for that write and completes the save, saves the iteration it
+    stopped at (unless that is 2), exits 0."""
+    ckpt = tmp_path / "ckpt"
+    rc, out, _ = signal_run(TINY_RUN + ["--input-interface", "binary", "--train-iters", "100",
+                                        "--exit-signal-handler", "--save", ckpt,
+                                        "--save-interval", "2", "--async-save"],
+                            signal.SIGTERM, when="in the background (training stalled",
+                            env={"FIXEDCODE_TEST_WRITE_SECONDS": "3"})
+    assert rc == 0, out[-2000:]
+    stopped = int(out.split("received SIGTERM: exiting at iteration ")[1].split()[0])
+    assert out.index("waiting for the background save of iteration 2") \
+        < out.index(f"saved checkpoint {ckpt}/iter_0000002 (written in the background") \
+        < out.index("received SIGTERM: exiting at iteration")
+    assert (ckpt / MARKER).read_text() == str(stopped)
+    assert checkpointing.check_save(str(ckpt)).startswith(f"ok: {ckpt}/iter_{stopped:07d}")
