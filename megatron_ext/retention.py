@@ -75,7 +75,10 @@ def prune(save_dir: str, latest: int, keep_last: int, keep_every: Optional[int],
                 continue
             os.rename(path, path + DELETING)
             os.remove(lock_path(save_dir, iteration))
-        shutil.rmtree(path + DELETING)
+        try:
+            shutil.rmtree(path + DELETING)
+        except OSError as e:  # the save is out of reach already; the next pruning retries
+            log(f"[fixedcode] retention: {path} not fully removed yet ({e})")
         deleted.append(iteration)
         log(f"[fixedcode] retention: deleted {path}")
     return deleted
