@@ -16,6 +16,7 @@ from typing import Sequence
 import torch
 
 from .arguments import padded_vocab_size
+from .code_limits import require_vocab_fits
 from .codes import FixedCode
 from .initialize import destroy_distributed, initialize_distributed
 from .kernels import fixed_code_forward, lookup_tables
@@ -42,16 +43,20 @@ def arm_args(args: argparse.Namespace, arm: str) -> argparse.Namespace:
     return out
 
 
-def padded_vocab(args: argparse.Namespace, tp: int = 1) -> int:
-    """The vocabulary as training pads it at TP size ``tp``."""
+def padded_vocab(args: argparse.Namespace, arms: Sequence[str], tp: int = 1) -> int:
+    """The vocabulary as training pads it at TP size ``tp``; refused, as training refuses
+    it, when a fixed-code arm of ``arms`` cannot code every id of it."""
     if args.vocab_size is None:
         raise SystemExit("error: --vocab-size is required (or use --preset)")
-    return padded_vocab_size(args.vocab_size, args.make_vocab_size_divisible_by, tp)
+    padded = padded_vocab_size(args.vocab_size, args.make_vocab_size_divisible_by, tp)
+    if any(arm != "learned" for arm in arms):
+        require_vocab_fits(padded, args.code_bits, args.vocab_size)
+    return padded
 
 
 def count_arms(args: argparse.Namespace, arms: Sequence[str]) -> dict:
     """``{arm: {part: count}}`` for a model shape given by ``args``."""
-    counts, vocab = {}, padded_vocab(args)
+    counts, vocab = {}, padded_vocab(args, arms)
     initialize_distributed("cpu")
     try:
         for arm in arms:
@@ -77,7 +82,7 @@ def code_rms(code: FixedCode, vocab_size: int, hidden_size: int) -> float:
 
 def input_rms(args: argparse.Namespace, arms: Sequence[str]) -> dict:
     """``{arm: (input RMS at step 0, --code-scale matching the learned RMS or None)}``."""
-    std, vocab = args.init_method_std, padded_vocab(args)
+    std, vocab = args.init_method_std, padded_vocab(args, arms)
     rms = {}
     for arm in arms:
         if arm == "learned":

@@ -34,6 +34,7 @@ from megatron.core.transformer.torch_norm import WrappedTorchNorm
 
 from . import checkpointing
 from .checkpointing import TrainState
+from .code_limits import require_vocab_fits
 from .codes import FixedCode
 from .datasets import build_loader, samples_per_split
 from .derived import Derived, derive, run_record
@@ -82,10 +83,8 @@ def setup_args(args: argparse.Namespace) -> tuple:
     if args.keep_checkpoints_every and not args.keep_last_checkpoints:
         raise SystemExit("error: --keep-checkpoints-every applies with --keep-last-checkpoints "
                          "only (without it every save is kept)")
-    if args.input_interface != "learned" and tokenizer.vocab_size > 2 ** args.code_bits:
-        raise SystemExit(f"error: the tokenizer's {tokenizer.vocab_size} tokens do not fit "
-                         f"--code-bits {args.code_bits} (at most 2^{args.code_bits} = "
-                         f"{2 ** args.code_bits} ids); raise --code-bits")
+    if args.input_interface != "learned":
+        require_vocab_fits(derived.padded_vocab_size, args.code_bits, tokenizer.vocab_size)
     return tokenizer, derived
 
 

@@ -53,7 +53,7 @@ def show_code(args: argparse.Namespace, rows: int) -> str:
     bits (position 0 first, one group per block of n positions)."""
     if args.input_interface == "learned":
         raise SystemExit("error: --show-code needs a fixed-code --input-interface")
-    vocab = padded_vocab(args, args.tensor_model_parallel_size)
+    vocab = padded_vocab(args, [args.input_interface], args.tensor_model_parallel_size)
     code = build_code(args, vocab)
     low, high = code.bit_values()
     n, ids = code.num_bits, torch.arange(min(rows, vocab))
