@@ -130,6 +130,20 @@ def test_a_deletion_killed_midway_leaves_loadable_saves(tmp_path, monkeypatch):
     assert sorted(os.listdir(tmp_path)) == sorted([MARKER, "iter_0000003"])
 
 
+@pytest.mark.parametrize("flags, message", [
+    (["--async-save"], "--async-save needs --save"),
+    (["--keep-last-checkpoints", "2"], "--keep-last-checkpoints needs --save"),
+    (["--save", "x", "--keep-last-checkpoints", "0"], "--keep-last-checkpoints must be at least 1"),
+    (["--save", "x", "--keep-checkpoints-every", "5"],
+     "--keep-checkpoints-every applies with --keep-last-checkpoints only"),
+])
+def test_bad_save_flags_are_clear_errors(cpu_dist, flags, message):
+    from megatron_ext.training import setup_args
+    from pretrain_fixedcode import parse_args
+    with pytest.raises(SystemExit, match=message):
+        setup_args(parse_args(TINY_RUN + ["--train-iters", "2"] + flags))
+
+
 @pytest.fixture
 def checkpointer(cpu_dist, tmp_path):
     """A Checkpointer of the tiny model, saving to tmp_path/ckpt."""
