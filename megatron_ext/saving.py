@@ -115,12 +115,13 @@ def _write_then_checksum(write, iteration: int, rank: int, write_buckets: list,
 def _complete(args: argparse.Namespace, iteration: int) -> None:
     """The last finalization step, on every rank once every writer has finished: rank 0
     writes the manifest, renames the save to its final name, moves the marker, applies
-    retention."""
+    retention; the other ranks wait for it."""
     # Test hooks: die after the shards, before completion; or stay inside the save a while
     # (a window for a signal to arrive in).
     if os.environ.get("FIXEDCODE_FAULT_AFTER_SHARDS") == str(iteration):
         os._exit(17)
     time.sleep(float(os.environ.get("FIXEDCODE_TEST_SAVE_SECONDS", 0)))
+    messages = []  # retention's, from rank 0, printed by the logging rank
     if torch.distributed.get_rank() == 0:
         final = checkpoint_path(args.save, iteration)
         partial = final + ".partial"
@@ -133,8 +134,11 @@ def _complete(args: argparse.Namespace, iteration: int) -> None:
         write_text(os.path.join(args.save, MARKER), str(iteration))
         if args.keep_last_checkpoints:
             retention.prune(args.save, iteration, args.keep_last_checkpoints,
-                            args.keep_checkpoints_every, log)
-    torch.distributed.barrier()
+                            args.keep_checkpoints_every, messages.append)
+    shared = [messages]
+    torch.distributed.broadcast_object_list(shared, src=0)  # every rank waits for rank 0
+    for message in shared[0]:
+        log(message)
 
 
 def start_save(args: argparse.Namespace, derived: Derived, model, optimizer, scheduler,
