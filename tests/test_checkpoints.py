@@ -96,7 +96,7 @@ def test_retention_during_a_study_evaluation_spares_the_save_being_read(
         write_save(ckpt, i)
     read, deleted = [], []
 
-    def evaluate_checkpoint(run, iteration, settings, export_hf):
+    def evaluate_checkpoint(run, iteration, settings):
         if iteration == 1:  # the training run's retention, while save 1 is being read
             deleted.extend(retention.prune(str(ckpt), 3, 1, None, print))
         assert (ckpt / f"iter_{iteration:07d}").is_dir()
@@ -105,7 +105,7 @@ def test_retention_during_a_study_evaluation_spares_the_save_being_read(
 
     monkeypatch.setattr(evaluation, "evaluate_checkpoint", evaluate_checkpoint)
     progress = []
-    counts = evaluation.evaluate_study(study, tmp_path, None, progress.append)
+    counts = evaluation.evaluate_study(study, tmp_path, progress.append)
     assert deleted == [2] and read == [1, 3] and counts == {"evaluated": 2, "cached": 0}
     assert any(f"skipped: {ckpt}/iter_0000002: deleted" in line for line in progress)
 
