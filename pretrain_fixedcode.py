@@ -36,6 +36,7 @@ from megatron.core import parallel_state  # noqa: E402
 from megatron_ext import model as fixedcode_model
 from megatron_ext.arguments import add_training_args, parse_model_args
 from megatron_ext.datasets import build_train_valid
+from megatron_ext.saving import EXIT_SAVE_FAILED, SaveFailed
 from megatron_ext.training import NonFiniteLossError, pretrain
 
 
@@ -94,6 +95,9 @@ def main(argv=None) -> dict:
     except NonFiniteLossError as e:
         print(f"[fixedcode] error: {e}", file=sys.stderr, flush=True)
         sys.exit(3)
+    except SaveFailed as e:
+        print(f"[fixedcode] error: {e}", file=sys.stderr, flush=True)
+        sys.exit(EXIT_SAVE_FAILED)
     finally:
         if args.exit_signal_handler:
             exit_signals.ignore()  # a signal after this point has nothing left to stop

@@ -11,8 +11,10 @@ Core modules (no import from the subpackages ``data``, ``hf``, ``study``, ``prob
   ``initialize`` (process start-up), ``cpu_backend`` (Megatron-Core on CPU for tests and the
   demo), ``tokenizer``, ``datasets``, ``index_check`` (indexed datasets read and checked before
   use), ``data_cache``, ``held_out`` (held-out token windows);
-- the loop and its parts: ``training``, ``checkpointing``, ``metrics``, ``metric_sinks``,
-  ``exit_conditions``, ``exit_signals``, ``profiling``, ``log``;
+- the loop and its parts: ``training``, ``checkpointing`` (the format, loading),
+  ``saving`` (writing saves, sync or async), ``manifest`` (each save's checksums),
+  ``retention`` (which saves are kept), ``metrics``, ``metric_sinks``, ``exit_conditions``,
+  ``exit_signals``, ``profiling``, ``log``;
 - outside the loop: ``param_count`` (parameters per arm), ``slurm`` (job scripts and
   submission), ``files`` (the atomic writer), ``reporting`` (table cells and figures).
 

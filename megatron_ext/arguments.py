@@ -252,6 +252,17 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
     c.add_argument("--save", default=None, help="checkpoint directory")
     c.add_argument("--save-interval", type=int, default=None,
                    help="save a checkpoint every this many steps (and at the end)")
+    c.add_argument("--async-save", action="store_true",
+                   help="write each save in the background (megatron-core's asynchronous "
+                        "dist-checkpointing); the marker moves once every rank has written, "
+                        "and the next save, an exit and the last iteration wait for it")
+    c.add_argument("--keep-last-checkpoints", type=int, default=None, metavar="N",
+                   help="after each completed save, delete the older saves but the newest N "
+                        "(default: keep every save); never the marker's, a .partial, or one "
+                        "a study's evaluation is reading")
+    c.add_argument("--keep-checkpoints-every", type=int, default=None, metavar="K",
+                   help="with --keep-last-checkpoints: keep every save whose iteration is a "
+                        "multiple of K for good (a study's curves)")
     c.add_argument("--load", default=None,
                    help="resume from the latest checkpoint here (none yet: start fresh)")
     c.add_argument("--ckpt-step", type=int, default=None,

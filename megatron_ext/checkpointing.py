@@ -1,9 +1,10 @@
-"""Checkpoints with Megatron-Core ``dist_checkpointing``: save, find the latest, load, refuse
-incompatible ones.
+"""Checkpoints with Megatron-Core ``dist_checkpointing``: the format, find the latest,
+verify, load, refuse incompatible ones. Writing them is :mod:`megatron_ext.saving`.
 
 Layout of ``--save DIR``::
 
     DIR/iter_0000100/                   a dist_checkpointing checkpoint (torch_dist)
+    DIR/iter_0000100/manifest.json      every file's size and CRC-32 (megatron_ext.manifest)
     DIR/latest_checkpointed_iteration.txt   "100", written last
 
 Every rank writes its part of a save, as in Megatron-LM: weights replicated over data-parallel
@@ -13,7 +14,9 @@ optimizer's state is stored in the layout the checkpoint's content metadata name
 
 A save goes to ``iter_N.partial/``, which is renamed to ``iter_N/`` once every rank has
 finished, and only then is the marker replaced (atomically). A crash during a save therefore
-never leaves a checkpoint that ``--load`` would pick up.
+never leaves a checkpoint that ``--load`` would pick up. Before anything is read from a save,
+its files are checked against its manifest (:func:`load_common`); a damaged save is refused,
+naming the first bad file and the newest intact save.
 
 State saved: ``model`` and ``optimizer`` (sharded), ``rng_state`` (one object per rank), and
 common objects: ``args`` (every argument, as a dict), ``fixed_code``
@@ -29,12 +32,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import multiprocessing
 import os
 import random
 import re
-import shutil
-import time
 from typing import Optional
 
 import numpy as np
@@ -43,19 +43,12 @@ import torch
 import megatron.core
 from megatron.core import dist_checkpointing, parallel_state, tensor_parallel
 from megatron.core.dist_checkpointing.mapping import ShardedObject
-from megatron.core.dist_checkpointing.serialization import get_default_save_sharded_strategy
-from megatron.core.dist_checkpointing.strategies import filesystem_async
-from megatron.core.dist_checkpointing.strategies.fully_parallel import (
-    FullyParallelSaveStrategyWrapper,
-)
 from megatron.core.optimizer import distrib_optimizer
 from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 
 import megatron_ext
 
-from .codes import FixedCode
-from .derived import Derived, run_record
-from .files import write_text
+from . import manifest
 from .log import log
 
 MARKER = "latest_checkpointed_iteration.txt"
@@ -132,8 +125,9 @@ def completed_iterations(save_dir: str) -> list[int]:
     return sorted(i for i in (int(m.group(1)) for m in found if m) if i <= latest)
 
 
-def load_common(load_dir: str, iteration: Optional[int] = None) -> tuple[str, dict]:
-    """``(path, common objects)`` of a checkpoint (default: the latest)."""
+def existing_save(load_dir: str, iteration: Optional[int] = None) -> tuple[str, int]:
+    """``(path, iteration)`` of save ``iteration`` (default: the latest) of ``load_dir``;
+    SystemExit when there is none."""
     if iteration is None:
         iteration = latest_iteration(load_dir)
         if iteration is None:
@@ -141,6 +135,70 @@ def load_common(load_dir: str, iteration: Optional[int] = None) -> tuple[str, di
     path = checkpoint_path(load_dir, iteration)
     if not os.path.isdir(path):
         raise SystemExit(f"error: checkpoint {path} does not exist")
+    return path, iteration
+
+
+def verify_save(path: str) -> None:
+    """Check a save's files against its manifest before it is read, the files spread over
+    the ranks when torch.distributed runs (every rank calls it); raises
+    :class:`~megatron_ext.manifest.DamagedCheckpoint` on every rank, naming a bad file."""
+    files = manifest.read_manifest(path)
+    if files is None:
+        log(f"[fixedcode] {path} was written before manifests: not verified")
+        return
+    ranks = torch.distributed.is_initialized()
+    rank, world = ((torch.distributed.get_rank(), torch.distributed.get_world_size())
+                   if ranks else (0, 1))
+    try:
+        manifest.verify(path, sorted(files)[rank::world])
+        error = None
+    except manifest.DamagedCheckpoint as e:
+        error = str(e)
+    if world > 1:
+        errors = [None] * world
+        torch.distributed.all_gather_object(errors, error)
+        error = next((e for e in errors if e), None)
+    if error:
+        raise manifest.DamagedCheckpoint(error)
+
+
+def check_save(save_dir: str, iteration: Optional[int] = None) -> str:
+    """Verify a save (default: the latest) without loading anything from it; returns a
+    one-line summary. Raises :class:`~megatron_ext.manifest.DamagedCheckpoint` naming the
+    first bad or missing file, SystemExit when the save is missing or has no manifest."""
+    path, _ = existing_save(save_dir, iteration)
+    files = manifest.verify(path)
+    if files is None:
+        raise SystemExit(f"error: {path} has no {manifest.MANIFEST} (written before "
+                         f"manifests): cannot verify")
+    size = sum(f["size"] for f in files.values())
+    return f"ok: {path}: {len(files)} files, {size / 2**20:.1f} MiB, sizes and checksums match"
+
+
+def newest_intact(load_dir: str, below: int) -> Optional[int]:
+    """The newest save of ``load_dir`` before iteration ``below`` that verifies, or None."""
+    for iteration in reversed(completed_iterations(load_dir)):
+        if iteration < below:
+            try:
+                verify_save(checkpoint_path(load_dir, iteration))
+                return iteration
+            except manifest.DamagedCheckpoint:
+                continue
+    return None
+
+
+def load_common(load_dir: str, iteration: Optional[int] = None) -> tuple[str, dict]:
+    """``(path, common objects)`` of a checkpoint (default: the latest), verified first."""
+    path, iteration = existing_save(load_dir, iteration)
+    try:
+        verify_save(path)
+    except manifest.DamagedCheckpoint as e:
+        older = newest_intact(load_dir, below=iteration)
+        raise SystemExit(
+            f"error: damaged checkpoint: {e}. " + (
+                f"The newest intact save is iteration {older}: load it with --load {load_dir} "
+                f"--ckpt-step {older}" if older is not None
+                else f"No older intact save in {load_dir}")) from None
     common = dist_checkpointing.load_common_state_dict(path)
     written = common.get("checkpoint_format", 1)
     if written > CHECKPOINT_FORMAT:
@@ -205,7 +263,7 @@ def reconcile_schedule(saved_args: dict, args: argparse.Namespace, train_iters: 
         "values, or --use-checkpoint-opt_param-scheduler to keep the checkpoint's")
 
 
-def _rng_state() -> dict:
+def rng_state() -> dict:
     return {
         "random": random.getstate(),
         "numpy": np.random.get_state(),
@@ -262,7 +320,7 @@ def check_optimizer_resharding(common: dict, args: argparse.Namespace, path: str
             f"--dist-ckpt-optim-fully-reshardable to change them)")
 
 
-def _sharded_state(model, optimizer, rng: Optional[dict], is_loading: bool,
+def sharded_state(model, optimizer, rng: Optional[dict], is_loading: bool,
                    metadata: dict, with_rng: bool = True) -> dict:
     """``model`` is the bare GPTModel (not its DDP wrapper); ``metadata`` the checkpoint's
     content metadata."""
@@ -277,79 +335,6 @@ def _sharded_state(model, optimizer, rng: Optional[dict], is_loading: bool,
         world, rank = torch.distributed.get_world_size(), torch.distributed.get_rank()
         state["rng_state"] = ShardedObject("rng_state", rng, (world,), (rank,), replica_id=0)
     return state
-
-
-def _fork_writer_results_queue() -> None:
-    """megatron-core's torch_dist writer reports through a ``Manager`` queue that it starts,
-    on a rank's first save, with the *spawn* method: the new process re-imports the entry
-    point (torch, megatron-core), 4-6 s of CPU per rank. A Manager forked from this process
-    serves the same queue within milliseconds (the writers themselves are forked too)."""
-    if filesystem_async._results_queue is None:
-        filesystem_async._results_queue = multiprocessing.get_context("fork").Manager().Queue()
-
-
-def save_checkpoint(args: argparse.Namespace, derived: Derived, model, optimizer, scheduler,
-                    state: TrainState, code: Optional[FixedCode],
-                    wandb_run_id: Optional[str] = None) -> str:
-    """Save on every rank; returns the final checkpoint path. ``code``: the model's fixed code
-    (``None`` for the learned arm), stored whole as the common object ``fixed_code``."""
-    iteration = state.iteration
-    final = checkpoint_path(args.save, iteration)
-    partial = final + ".partial"
-    rank0 = torch.distributed.get_rank() == 0
-    if rank0:
-        # Leftovers of a crashed save: shards without completion, or a completed directory
-        # whose marker was never written. Neither is a checkpoint; both are redone.
-        shutil.rmtree(partial, ignore_errors=True)
-        shutil.rmtree(final, ignore_errors=True)
-        os.makedirs(partial)
-    torch.distributed.barrier()
-    _fork_writer_results_queue()
-    metadata = content_metadata(args)
-    sharded = _sharded_state(model, optimizer, _rng_state(), is_loading=False, metadata=metadata)
-    sharded.update(args=run_record(args, derived),
-                   fixed_code=None if code is None else code.to_dict(),
-                   scheduler=scheduler.state_dict(),
-                   wandb_run_id=wandb_run_id, **dataclasses.asdict(state), **provenance())
-    strategy = FullyParallelSaveStrategyWrapper(
-        get_default_save_sharded_strategy(),
-        parallel_state.get_data_parallel_group(with_context_parallel=True))
-    dist_checkpointing.save(sharded, partial, strategy, content_metadata=metadata)
-    torch.distributed.barrier()
-    # Test hooks: die after the shards, before completion; or stay inside the save a while
-    # (a window for a signal to arrive in).
-    if os.environ.get("FIXEDCODE_FAULT_AFTER_SHARDS") == str(iteration):
-        os._exit(17)
-    time.sleep(float(os.environ.get("FIXEDCODE_TEST_SAVE_SECONDS", 0)))
-    if rank0:
-        os.rename(partial, final)
-        write_text(os.path.join(args.save, MARKER), str(iteration))
-    torch.distributed.barrier()
-    return final
-
-
-class Checkpointer:
-    """The run's save policy: every ``--save-interval`` iterations and when the run ends,
-    only with ``--save``, never the same iteration twice."""
-
-    def __init__(self, args: argparse.Namespace, derived: Derived, model, optimizer, scheduler,
-                 code: Optional[FixedCode], wandb_run_id: Optional[str],
-                 last_saved: Optional[int]):
-        self.args, self.derived = args, derived
-        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
-        self.code, self.wandb_run_id = code, wandb_run_id
-        self.last_saved = last_saved
-
-    def due(self, iteration: int) -> bool:
-        return bool(self.args.save_interval) and iteration % self.args.save_interval == 0
-
-    def save(self, state: TrainState) -> None:
-        if not self.args.save or self.last_saved == state.iteration:
-            return
-        path = save_checkpoint(self.args, self.derived, self.model, self.optimizer,
-                               self.scheduler, state, self.code, self.wandb_run_id)
-        self.last_saved = state.iteration
-        log(f"[fixedcode] saved checkpoint {path}")
 
 
 def _torch_adam_distributed(optimizer) -> list:
@@ -396,7 +381,7 @@ def load_checkpoint(path: str, common: dict, model, optimizer, scheduler) -> Non
     _init_torch_adam_state(optimizer)
     same_world = common["args"].get("world_size") == world
     state = dist_checkpointing.load(
-        _sharded_state(model, optimizer, None, is_loading=True,
+        sharded_state(model, optimizer, None, is_loading=True,
                        metadata=saved_content_metadata(common),
                        with_rng=same_world), path)
     model.load_state_dict(state["model"])

@@ -4,7 +4,7 @@
 
 :func:`pretrain` takes the three callables users know from Megatron-LM's pretrain_gpt.py
 (model provider, forward step, datasets provider) and runs the loop; each policy around it
-belongs to an object: when to save (:class:`~megatron_ext.checkpointing.Checkpointer`), when
+belongs to an object: when to save (:class:`~megatron_ext.saving.Checkpointer`), when
 to stop (:class:`~megatron_ext.exit_conditions.ExitConditions`), what to log
 (:class:`~megatron_ext.metrics.MetricsLogger`), how many non-finite steps to bear
 (:class:`NonFiniteGuard`).
@@ -33,7 +33,7 @@ from megatron.core.transformer.module import Float16Module
 from megatron.core.transformer.torch_norm import WrappedTorchNorm
 
 from . import checkpointing
-from .checkpointing import Checkpointer, TrainState
+from .checkpointing import TrainState
 from .code_limits import require_vocab_fits
 from .codes import FixedCode
 from .datasets import build_loader, samples_per_split
@@ -46,6 +46,7 @@ from .metrics import MetricsLogger
 from .model import build_code, local_layer_spec, transformer_engine_imports
 from .norms import NormReporter
 from .profiling import StepProfiler, validate_profile_args
+from .saving import Checkpointer
 from .tokenizer import build_tokenizer
 
 
@@ -73,8 +74,15 @@ def setup_args(args: argparse.Namespace) -> tuple:
     validate_profile_args(args)
     if args.ckpt_step is not None and not args.load:
         raise SystemExit("error: --ckpt-step needs --load")
-    if args.save_interval and not args.save:
-        raise SystemExit("error: --save-interval needs --save")
+    for flag in ("save_interval", "async_save", "keep_last_checkpoints"):
+        if getattr(args, flag) and not args.save:
+            raise SystemExit(f"error: --{flag.replace('_', '-')} needs --save")
+    for flag in ("keep_last_checkpoints", "keep_checkpoints_every"):
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:
+            raise SystemExit(f"error: --{flag.replace('_', '-')} must be at least 1")
+    if args.keep_checkpoints_every and not args.keep_last_checkpoints:
+        raise SystemExit("error: --keep-checkpoints-every applies with --keep-last-checkpoints "
+                         "only (without it every save is kept)")
     if args.input_interface != "learned":
         require_vocab_fits(derived.padded_vocab_size, args.code_bits, tokenizer.vocab_size)
     return tokenizer, derived
@@ -444,13 +452,12 @@ def pretrain(args: argparse.Namespace, model_provider: Callable, forward_step: C
         if valid_dataset is not None and (state.iteration % args.eval_interval == 0
                                           or state.iteration == derived.train_iters):
             reason = validate()
-        if checkpointer.due(state.iteration):
-            checkpointer.save(state)
+        checkpointer.save(state)
         if not reason and state.iteration < derived.train_iters:
             reason = exits.check(state.iteration)
     bar.close()
     profiler.close()
-    checkpointer.save(state)
+    checkpointer.save(state, final=True)
     metrics.close()
     if reason:
         log(f"[fixedcode] {reason}: exiting at iteration {state.iteration}")

@@ -18,7 +18,7 @@ from megatron.core.optimizer.optimizer import Float16OptimizerWithFloat16Params
 from megatron.core.transformer.module import Float16Module
 
 from conftest import TINY_RUN
-from megatron_ext import checkpointing, training
+from megatron_ext import checkpointing, saving, training
 from megatron_ext.hf.megatron_checkpoint import load_model, read_checkpoint
 from megatron_ext.derived import derive
 from megatron_ext.metric_sinks import read_metrics
@@ -240,15 +240,20 @@ def test_checkpoints_name_their_optimizer_layout_and_save_in_parallel(
     from megatron.core.dist_checkpointing.strategies.fully_parallel import (
         FullyParallelSaveStrategyWrapper)
 
+    from megatron.core.dist_checkpointing.strategies.async_utils import AsyncRequest
+
     saved = {}
-    monkeypatch.setattr(checkpointing.dist_checkpointing, "save",
-                        lambda sharded, path, strategy, content_metadata: saved.update(
-                            strategy=strategy, content_metadata=content_metadata))
+
+    def save(sharded, path, strategy, content_metadata, async_sharded_save):
+        saved.update(strategy=strategy, content_metadata=content_metadata)
+        return AsyncRequest(None, (), [])
+
+    monkeypatch.setattr(saving.dist_checkpointing, "save", save)
     args = parse_args(TINY_RUN + ["--train-iters", "1", "--save", str(tmp_path), *flags])
     model, optimizer = Recorder(), Recorder()
     scheduler = type("Scheduler", (), {"state_dict": lambda self: {}})()
-    checkpointing.save_checkpoint(args, derive(args, 1, 511), model, optimizer, scheduler,
-                                  checkpointing.TrainState(), None)
+    saving.start_save(args, derive(args, 1, 511), model, optimizer, scheduler,
+                      checkpointing.TrainState(), None)
     dp_group = parallel_state.get_data_parallel_group(with_context_parallel=True)
     expected = {"singleton_local_shards": False, "chained_optim_avoid_prefix": True}
     if layout:
@@ -277,8 +282,8 @@ def test_distributed_optimizer_saves_and_resumes_without_te_or_apex(cpu_dist, tm
     batch = random_batch(args)
     train_step(args, derived.num_microbatches, make_forward_step(args), itertools.repeat(batch),
                ddp, optimizer, scheduler)
-    checkpointing.save_checkpoint(args, derived, model, optimizer, scheduler,
-                                  checkpointing.TrainState(iteration=1), code)
+    saving.save_checkpoint(args, derived, model, optimizer, scheduler,
+                           checkpointing.TrainState(iteration=1), code)
 
     model2, _, optimizer2, scheduler2 = build_model_and_optimizer(args, derived, model_provider,
                                                                   code)

@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from megatron_ext.codes import PAPER_ARMS
+from megatron_ext.saving import EXIT_SAVE_FAILED
 
 REPO = Path(__file__).resolve().parent.parent
 RECIPE = REPO / "slurm" / "recipes" / "tiny_cpu.args"
@@ -146,6 +147,8 @@ def run_batch_logic(tmp_path, **fake_env) -> tuple[str, list, int]:
     ("", 128 + 15, True, 0, "killed by the forwarded signal (exit 143)"),
     # Any other failure after the signal is a crash.
     ("", 1, False, 1, "training exited with 1 after the signal: a crash, not requeueing"),
+    # A save that failed (full disk) would fail again.
+    ("", EXIT_SAVE_FAILED, False, EXIT_SAVE_FAILED, "save failed (exit 4: full disk"),
 ])
 def test_usr1_reaches_srun_and_requeues_up_to_the_cap(tmp_path, restart_count, train_rc,
                                                      requeued, job_rc, says):

@@ -112,6 +112,7 @@ def test_a_changed_schedule_needs_a_decision():
 def test_data_parallel_resume_overlapped_reduction_and_fewer_processes(tmp_path):
     """Two processes (data parallel over gloo, two micro-batches each per step):
 
+    * a save written in the background by both ranks (--async-save) completes;
     * an interrupted and resumed run equals the uninterrupted one exactly, although it
       reduces gradients bucket by bucket during the backward pass (several buckets) and the
       uninterrupted run reduces them once at the end;
@@ -123,8 +124,10 @@ def test_data_parallel_resume_overlapped_reduction_and_fewer_processes(tmp_path)
     straight = step_losses(run_pretrain(run, nproc=2))
     ckpt, single = tmp_path / "ckpt", tmp_path / "single"
     overlapped = run + ["--overlap-grad-reduce", "--ddp-bucket-size", "20000"]
-    first = run_pretrain(overlapped + ["--save", ckpt, "--load", ckpt, "--exit-interval", "3"],
-                         nproc=2)
+    # Its save at 2 is written in the background by both ranks (completed before the one at 3).
+    first = run_pretrain(overlapped + ["--save", ckpt, "--load", ckpt, "--exit-interval", "3",
+                                       "--save-interval", "2", "--async-save"], nproc=2)
+    assert f"saved checkpoint {ckpt}/iter_0000002 (written in the background" in first.stdout
     buckets = re.search(r"gradient reduction overlaps the backward pass: (\d+) buckets",
                         first.stdout)
     assert buckets and int(buckets.group(1)) > 1
@@ -355,7 +358,8 @@ def test_bad_flags_are_clear_errors(cpu_dist, flags, message):
 def test_a_resumed_run_gets_its_saved_code_once_not_the_flags(cpu_dist, tmp_path):
     """The code is resolved once, by resolve_checkpoint, and handed on explicitly: resuming with
     another --code-seed keeps the saved A and b, and nothing about it rides on the arguments."""
-    from megatron_ext.checkpointing import TrainState, save_checkpoint
+    from megatron_ext.checkpointing import TrainState
+    from megatron_ext.saving import save_checkpoint
     from megatron_ext.model import build_code
     from megatron_ext.training import build_model_and_optimizer
     from pretrain_fixedcode import model_provider

@@ -24,6 +24,7 @@ import numpy as np
 from megatron_ext.checkpointing import completed_iterations, iteration_name
 from megatron_ext.files import write_json
 from megatron_ext.held_out import held_out_tokens
+from megatron_ext.retention import SaveDeleted, reading
 
 from .spec import EvalSettings, Study, run_dir
 
@@ -117,7 +118,13 @@ def evaluate_study(study: Study, study_dir: Path, progress=print) -> dict:
         initialize_distributed("cpu", 1, 1)
     for i, (run, iteration) in enumerate(todo, 1):
         progress(f"[eval {i}/{len(todo)}] {run} iteration {iteration}")
-        record = evaluate_checkpoint(run, iteration, study.eval)
+        try:
+            # held against the training run's retention (--keep-last-checkpoints) while read
+            with reading(str(run / "checkpoints"), iteration):
+                record = evaluate_checkpoint(run, iteration, study.eval)
+        except SaveDeleted as e:
+            progress(f"[eval {i}/{len(todo)}] skipped: {e}")
+            continue
         path = cache_path(run, iteration)
         path.parent.mkdir(parents=True, exist_ok=True)
         write_json(str(path), record)

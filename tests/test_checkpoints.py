@@ -1,0 +1,263 @@
+"""Saves at scale: the manifest and its verification, retention and its lock, a full disk, and
+asynchronous saves killed mid-write (megatron_ext/manifest.py, retention.py, saving.py)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from conftest import PRETRAIN, TINY_RUN, run_pretrain, step_losses
+from megatron_ext import checkpointing, manifest, retention, saving
+from megatron_ext.checkpointing import MARKER, TrainState
+from megatron_ext.metric_sinks import read_metrics
+from test_training import signal_run
+
+CHECK_CHECKPOINT = PRETRAIN.parent / "tools" / "check_checkpoint.py"
+
+
+def write_save(save_dir, iteration: int, marker: bool = True) -> str:
+    """A stand-in save: two files and a manifest, optionally named by the marker."""
+    path = checkpointing.checkpoint_path(str(save_dir), iteration)
+    os.makedirs(path)
+    for name, size in (("__0_0.distcp", 3000), ("common.pt", 100)):
+        with open(os.path.join(path, name), "wb") as f:
+            f.write(os.urandom(size))
+    manifest.write_manifest(path, {})
+    if marker:
+        (save_dir / MARKER).write_text(str(iteration))
+    return path
+
+
+def test_the_manifest_names_a_flipped_byte_a_truncated_and_a_missing_file(tmp_path):
+    path = write_save(tmp_path, 5)
+    assert sorted(manifest.verify(path)) == ["__0_0.distcp", "common.pt"]
+    shard = os.path.join(path, "__0_0.distcp")
+    data = bytearray(open(shard, "rb").read())
+    data[1234] ^= 0x01
+    open(shard, "wb").write(bytes(data))
+    with pytest.raises(manifest.DamagedCheckpoint, match=f"{shard}: checksum .* changed"):
+        manifest.verify(path)
+    open(shard, "wb").write(bytes(data[:2000]))
+    with pytest.raises(manifest.DamagedCheckpoint, match=f"{shard}: 2000 bytes, the manifest "
+                                                         f"says 3000"):
+        manifest.verify(path)
+    os.remove(shard)
+    with pytest.raises(manifest.DamagedCheckpoint, match=f"{shard}: missing"):
+        manifest.verify(path)
+
+
+@pytest.mark.parametrize("keep_last, keep_every, deleted", [
+    (1, None, [1, 2, 3, 4, 5]),
+    (2, None, [1, 2, 3, 4]),
+    (1, 2, [1, 3, 5]),
+    (10, None, []),
+])
+def test_retention_keeps_the_newest_and_every_kth(keep_last, keep_every, deleted):
+    # 8 is newer than the marker (a save completed but not yet named): never deleted.
+    assert retention.to_delete([1, 2, 3, 4, 5, 6, 8], 6, keep_last, keep_every) == deleted
+
+
+def test_retention_deletes_nothing_a_study_evaluation_is_reading(tmp_path):
+    for i in (1, 2, 3):
+        write_save(tmp_path, i)
+    (tmp_path / "iter_0000004.partial").mkdir()  # a save being written
+    logged = []
+    with retention.reading(str(tmp_path), 1):  # as megatron_ext/study/evaluation.py reads
+        assert retention.prune(str(tmp_path), 3, 1, None, logged.append) == [2]
+    assert f"[fixedcode] retention: kept {tmp_path}/iter_0000001: a reader holds its lock" \
+        in logged
+    assert sorted(os.listdir(tmp_path)) == sorted([MARKER, "iter_0000001", "iter_0000001.lock",
+                                                   "iter_0000003", "iter_0000004.partial"])
+    # Once read, it goes; a reader that comes after the deletion is told so.
+    assert retention.prune(str(tmp_path), 3, 1, None, logged.append) == [1]
+    with pytest.raises(retention.SaveDeleted, match="iter_0000001: deleted"):
+        with retention.reading(str(tmp_path), 1):
+            pass
+
+
+def test_retention_during_a_study_evaluation_spares_the_save_being_read(
+        cpu_dist, tmp_path, monkeypatch):
+    """The study's evaluation holds each save's lock while it reads it: a training run's
+    retention running meanwhile deletes the others, and the evaluation skips a save deleted
+    before its turn."""
+    from types import SimpleNamespace
+
+    from megatron_ext.study import evaluation
+    from megatron_ext.study.spec import EvalSettings
+    arm = SimpleNamespace(name="binary")
+    study = SimpleNamespace(runs=lambda: [(arm, 1)], eval=EvalSettings())
+    ckpt = tmp_path / "binary" / "seed1" / "checkpoints"
+    ckpt.mkdir(parents=True)
+    for i in (1, 2, 3):
+        write_save(ckpt, i)
+    read, deleted = [], []
+
+    def evaluate_checkpoint(run, iteration, settings):
+        if iteration == 1:  # the training run's retention, while save 1 is being read
+            deleted.extend(retention.prune(str(ckpt), 3, 1, None, print))
+        assert (ckpt / f"iter_{iteration:07d}").is_dir()
+        read.append(iteration)
+        return {"iteration": iteration}
+
+    monkeypatch.setattr(evaluation, "evaluate_checkpoint", evaluate_checkpoint)
+    progress = []
+    counts = evaluation.evaluate_study(study, tmp_path, progress.append)
+    assert deleted == [2] and read == [1, 3] and counts == {"evaluated": 2, "cached": 0}
+    assert any(f"skipped: {ckpt}/iter_0000002: deleted" in line for line in progress)
+
+
+def test_a_deletion_killed_midway_leaves_loadable_saves(tmp_path, monkeypatch):
+    for i in (1, 2, 3):
+        write_save(tmp_path, i)
+
+    def killed(path, *args, **kwargs):
+        raise KeyboardInterrupt  # the process dies inside the removal
+
+    monkeypatch.setattr(retention.shutil, "rmtree", killed)
+    with pytest.raises(KeyboardInterrupt):
+        retention.prune(str(tmp_path), 3, 1, None, print)
+    monkeypatch.undo()
+    # The save being deleted was renamed first: nothing lists or loads it, the rest verify.
+    assert checkpointing.completed_iterations(str(tmp_path)) == [2, 3]
+    assert (tmp_path / "iter_0000001.deleting").is_dir()
+    for i in (2, 3):
+        assert checkpointing.check_save(str(tmp_path), i).startswith("ok: ")
+    retention.prune(str(tmp_path), 3, 1, None, print)  # finishes the interrupted deletion
+    assert sorted(os.listdir(tmp_path)) == sorted([MARKER, "iter_0000003"])
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--async-save"], "--async-save needs --save"),
+    (["--keep-last-checkpoints", "2"], "--keep-last-checkpoints needs --save"),
+    (["--save", "x", "--keep-last-checkpoints", "0"], "--keep-last-checkpoints must be at least 1"),
+    (["--save", "x", "--keep-checkpoints-every", "5"],
+     "--keep-checkpoints-every applies with --keep-last-checkpoints only"),
+])
+def test_bad_save_flags_are_clear_errors(cpu_dist, flags, message):
+    from megatron_ext.training import setup_args
+    from pretrain_fixedcode import parse_args
+    with pytest.raises(SystemExit, match=message):
+        setup_args(parse_args(TINY_RUN + ["--train-iters", "2"] + flags))
+
+
+@pytest.fixture
+def checkpointer(cpu_dist, tmp_path):
+    """A Checkpointer of the tiny model, saving to tmp_path/ckpt."""
+    from megatron_ext.training import build_model_and_optimizer, resolve_checkpoint, setup_args
+    from pretrain_fixedcode import model_provider, parse_args
+    args = parse_args(TINY_RUN + ["--input-interface", "binary", "--train-iters", "4",
+                                  "--save", str(tmp_path / "ckpt")])
+    args.device = "cpu"
+    _, derived = setup_args(args)
+    _, _, code = resolve_checkpoint(args, derived)
+    model, _, optimizer, scheduler = build_model_and_optimizer(args, derived, model_provider,
+                                                               code)
+    return saving.Checkpointer(args, derived, model, optimizer, scheduler, code, None, None)
+
+
+def test_a_damaged_latest_save_is_refused_naming_the_file_and_the_newest_intact_one(
+        checkpointer):
+    save_dir = checkpointer.args.save
+    for i in (1, 2):
+        checkpointer.save(TrainState(iteration=i), final=True)
+    path = checkpointing.checkpoint_path(save_dir, 2)
+    files = [f for f in os.listdir(path) if f != manifest.MANIFEST]
+    assert checkpointing.check_save(save_dir).startswith(f"ok: {path}: {len(files)} files")
+    shard = os.path.join(path, min(f for f in files if f.endswith(".distcp")))
+    data = bytearray(open(shard, "rb").read())
+    data[len(data) // 2] ^= 0x40
+    open(shard, "wb").write(bytes(data))
+    with pytest.raises(SystemExit, match=f"damaged checkpoint: {shard}: checksum .* The newest "
+                                         f"intact save is iteration 1: load it with --load "
+                                         f"{save_dir} --ckpt-step 1"):
+        checkpointing.load_common(save_dir)
+    with pytest.raises(manifest.DamagedCheckpoint, match=shard):
+        checkpointing.check_save(save_dir)
+    assert checkpointing.load_common(save_dir, 1)[1]["iteration"] == 1
+
+
+def test_a_full_disk_keeps_the_previous_save_and_exits_with_its_code(checkpointer, monkeypatch):
+    save_dir = checkpointer.args.save
+    checkpointer.save(TrainState(iteration=1), final=True)
+    monkeypatch.setenv("FIXEDCODE_FAULT_DISK_FULL", "2")
+    with pytest.raises(saving.SaveFailed, match="the save of iteration 2 to .* failed .*No space "
+                                                "left on device"):
+        checkpointer.save(TrainState(iteration=2), final=True)
+    assert sorted(os.listdir(save_dir)) == sorted([MARKER, "iter_0000001"])
+    assert checkpointing.latest_iteration(save_dir) == 1
+    from megatron_ext.hf.megatron_checkpoint import load_model, read_checkpoint
+    path, train_args, fixed_code, iteration = read_checkpoint(save_dir)  # verified first
+    assert iteration == 1 and load_model(path, train_args, fixed_code) is not None
+    # The entry point turns it into exit code 4 (the Slurm script does not requeue it).
+    import pretrain_fixedcode
+
+    def fails(*args):
+        raise saving.SaveFailed("disk full")
+
+    monkeypatch.setattr(pretrain_fixedcode, "pretrain", fails)
+    with pytest.raises(SystemExit) as ended:
+        pretrain_fixedcode.main(TINY_RUN + ["--train-iters", "1"])
+    assert ended.value.code == saving.EXIT_SAVE_FAILED == 4
+
+
+def test_an_async_save_killed_mid_write_resumes_from_the_previous_one(tmp_path):
+    """Saves every 2 iterations in the background, each write held 3 s: at iteration 6 the
+    run waits for the write of iteration 4 and is killed -9 there, with 6 steps trained. The
+    resumed run starts from iteration 2 and ends with the killed run's losses; it also applies
+    retention."""
+    ckpt = tmp_path / "ckpt"
+    run = TINY_RUN + ["--input-interface", "binary", "--train-iters", "6", "--save", ckpt,
+                      "--load", ckpt, "--save-interval", "2", "--async-save"]
+    proc = subprocess.Popen([sys.executable, str(PRETRAIN), *map(str, run)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "FIXEDCODE_TEST_WRITE_SECONDS": "3"},
+                            start_new_session=True)
+    out = []
+    for line in proc.stdout:
+        out.append(line)
+        if "waiting for the background save of iteration 4" in line:
+            os.killpg(proc.pid, signal.SIGKILL)  # the rank and its writer processes
+            break
+    proc.wait(timeout=60)
+    out = "".join(out)
+    assert proc.returncode == -signal.SIGKILL, out[-2000:]
+    assert f"saved checkpoint {ckpt}/iter_0000002 (written in the background" in out
+    assert (ckpt / MARKER).read_text() == "2" and not (ckpt / "iter_0000004").exists()
+    killed = {r["iteration"]: r["lm loss"] for r in read_metrics(str(ckpt / "metrics.jsonl"))
+              if r["kind"] == "train"}
+    assert sorted(killed) == list(range(1, 7))
+
+    resumed = run_pretrain(run + ["--keep-last-checkpoints", "1",
+                                  "--keep-checkpoints-every", "4"])
+    assert f"resumed from {ckpt}/iter_0000002 at iteration 2" in resumed.stdout
+    # The metrics file keeps iterations 1-2 of the killed run; 3-6 are the resumed run's.
+    assert step_losses(resumed) == killed
+    assert f"retention: deleted {ckpt}/iter_0000002" in resumed.stdout
+    assert sorted(p.name for p in ckpt.iterdir() if p.name.startswith("iter_")) == \
+        ["iter_0000004", "iter_0000006"]
+    checked = subprocess.run([sys.executable, str(CHECK_CHECKPOINT), str(ckpt)],
+                             capture_output=True, text=True)
+    assert checked.returncode == 0 and f"ok: {ckpt}/iter_0000006" in checked.stdout
+
+
+def test_an_exit_signal_during_a_background_write_waits_for_it(tmp_path):
+    """SIGTERM while the save of iteration 2 is written in the background (held 3 s): the run
+    stops after its step, waits for that write and completes the save, saves the iteration it
+    stopped at (unless that is 2), exits 0."""
+    ckpt = tmp_path / "ckpt"
+    rc, out, _ = signal_run(TINY_RUN + ["--input-interface", "binary", "--train-iters", "100",
+                                        "--exit-signal-handler", "--save", ckpt,
+                                        "--save-interval", "2", "--async-save"],
+                            signal.SIGTERM, when="in the background (training stalled",
+                            env={"FIXEDCODE_TEST_WRITE_SECONDS": "3"})
+    assert rc == 0, out[-2000:]
+    stopped = int(out.split("received SIGTERM: exiting at iteration ")[1].split()[0])
+    assert out.index("waiting for the background save of iteration 2") \
+        < out.index(f"saved checkpoint {ckpt}/iter_0000002 (written in the background") \
+        < out.index("received SIGTERM: exiting at iteration")
+    assert (ckpt / MARKER).read_text() == str(stopped)
+    assert checkpointing.check_save(str(ckpt)).startswith(f"ok: {ckpt}/iter_{stopped:07d}")
