@@ -16,6 +16,9 @@ from typing import Optional, Sequence
 from .codes import SCHEMES, TILINGS, check_options
 from .tokenizer import TOKENIZER_TYPES
 
+# Megatron-LM's --attention-backend values (megatron.core.transformer.enums.AttnBackend).
+ATTENTION_BACKENDS = ("auto", "flash", "fused", "unfused", "local")
+
 # The reference shape of the paper (SmolLM2-1.7B-like).
 PRESETS = {
     "smollm2-1.7b": dict(num_layers=24, hidden_size=2048, num_attention_heads=32,
@@ -66,6 +69,11 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
                    default=None,
                    help="transformer layers (default: transformer_engine on a GPU where "
                         "Transformer Engine imports, as in Megatron-LM; local otherwise)")
+    g.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default="auto",
+                   help="Transformer Engine layers: TE's attention backend, as in Megatron-LM "
+                        "(auto: TE's choice). Local layers: auto or flash run torch's fused "
+                        "scaled_dot_product_attention (flash: the flash kernel only on a GPU), "
+                        "unfused or local Megatron-Core's DotProductAttention; fused is TE's")
     g.add_argument("--fp8-format", choices=["e4m3", "hybrid"], default=None,
                    help="FP8 training with Transformer Engine")
     g.add_argument("--fp8-recipe", choices=["delayed", "tensorwise", "blockwise", "mxfp8"],

@@ -20,14 +20,18 @@ from megatron.core.models.gpt.gpt_layer_specs import (
     get_gpt_layer_local_spec,
     get_gpt_layer_with_transformer_engine_spec,
 )
+from megatron.core.transformer.enums import AttnBackend
+from megatron.core.transformer.torch_norm import WrappedTorchNorm
 from megatron.core.transformer.transformer_block import (
     TransformerBlockSubmodules,
     get_num_layers_to_build,
 )
 from megatron.core.transformer.transformer_config import TransformerConfig
 
+from .attention import local_core_attention
 from .codes import FixedCode
 from .embedding import FixedCodeEmbedding
+from .torch_norm import TorchNorm
 
 
 def build_code(args: argparse.Namespace, padded_vocab_size: int) -> Optional[FixedCode]:
@@ -104,6 +108,7 @@ def transformer_config_from_args(args: argparse.Namespace, on_cpu: bool) -> Tran
         tensor_model_parallel_size=args.tensor_model_parallel_size,
         pipeline_model_parallel_size=args.pipeline_model_parallel_size,
         sequence_parallel=args.sequence_parallel,
+        attention_backend=AttnBackend[args.attention_backend],
         use_cpu_initialization=on_cpu,
         bias_dropout_fusion=False,  # no biases, dropout 0: the residual add stays plain
         persist_layer_norm=False,  # apex only
@@ -119,16 +124,29 @@ def transformer_config_from_args(args: argparse.Namespace, on_cpu: bool) -> Tran
 
 
 def transformer_engine_imports() -> bool:
+    return transformer_engine_version() is not None
+
+
+def transformer_engine_version() -> Optional[str]:
+    """The version of Transformer Engine that imports here, else ``None``."""
     try:
-        import transformer_engine  # noqa: F401
+        import transformer_engine
     except ImportError:
-        return False
-    return True
+        return None
+    return transformer_engine.__version__
 
 
 def local_layer_spec(args: argparse.Namespace):
-    """Megatron-Core's local (PyTorch) transformer layer for the chosen normalization."""
-    return get_gpt_layer_local_spec(normalization=args.normalization)
+    """Megatron-Core's local (PyTorch) transformer layer for the chosen normalization, with
+    the core attention ``--attention-backend`` selects (:mod:`megatron_ext.attention`) and
+    torch's norms marked for sequence parallelism (:mod:`megatron_ext.torch_norm`)."""
+    spec = get_gpt_layer_local_spec(normalization=args.normalization)
+    layer = spec.submodules
+    for name in ("input_layernorm", "pre_mlp_layernorm"):
+        if getattr(layer, name) is WrappedTorchNorm:
+            setattr(layer, name, TorchNorm)
+    layer.self_attention.submodules.core_attention = local_core_attention(args.attention_backend)
+    return spec
 
 
 def decoder_spec(args: argparse.Namespace, config: TransformerConfig,

@@ -30,19 +30,20 @@ from megatron.core.optimizer import OptimizerConfig, distrib_optimizer, get_mega
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.transformer.module import Float16Module
-from megatron.core.transformer.torch_norm import WrappedTorchNorm
 
 from . import checkpointing
+from .attention import local_core_attention
 from .checkpointing import Checkpointer, TrainState
 from .codes import FixedCode
 from .datasets import build_loader, samples_per_split
+from .device_checks import check_cuda_connections, fp8_refusal
 from .derived import Derived, derive, run_record
 from .exit_conditions import ExitConditions, max_over_ranks
 from .initialize import initialize_distributed, resolve_device
 from .log import is_logging_rank, log
 from .metric_sinks import agree_wandb_run_id
 from .metrics import MetricsLogger
-from .model import build_code, local_layer_spec, transformer_engine_imports
+from .model import build_code, transformer_engine_imports, transformer_engine_version
 from .norms import NormReporter
 from .profiling import StepProfiler, validate_profile_args
 from .tokenizer import build_tokenizer
@@ -66,7 +67,7 @@ def setup_args(args: argparse.Namespace) -> tuple:
                          "Engine nor Apex imports, so the distributed optimizer runs torch's "
                          "Adam, whose state megatron-core 0.16.1 cannot load in that layout; "
                          "drop the flag (the default layout resumes) or pip install '.[gpu]'")
-    resolve_layers(args, derived.data_parallel_size)
+    resolve_layers(args)
     if args.ddp_bucket_size is not None and not args.overlap_grad_reduce:
         raise SystemExit("error: --ddp-bucket-size applies with --overlap-grad-reduce only")
     validate_profile_args(args)
@@ -81,11 +82,12 @@ def setup_args(args: argparse.Namespace) -> tuple:
     return tokenizer, derived
 
 
-def resolve_layers(args: argparse.Namespace, data_parallel_size: int = 1) -> None:
-    """Settle the transformer layers, FP8 and sequence parallelism for ``args.device`` as
-    Megatron-LM settles them (megatron/training/arguments.py): Transformer Engine layers by
-    default on a GPU where TE imports (local layers otherwise, said in the log), sequence
-    parallelism turned off with a warning at TP=1, refused where the layers cannot run it."""
+def resolve_layers(args: argparse.Namespace) -> None:
+    """Settle the transformer layers, attention, FP8 and sequence parallelism for
+    ``args.device`` as Megatron-LM settles them (megatron/training/arguments.py): Transformer
+    Engine layers by default on a GPU where TE imports (local layers otherwise, said in the
+    log), sequence parallelism turned off with a warning at TP=1; on a GPU, the checks of
+    :mod:`megatron_ext.device_checks`."""
     if args.transformer_impl is None:
         te = args.device == "cuda" and transformer_engine_imports()
         args.transformer_impl = "transformer_engine" if te else "local"
@@ -99,20 +101,23 @@ def resolve_layers(args: argparse.Namespace, data_parallel_size: int = 1) -> Non
     if args.fp8_format and args.transformer_impl != "transformer_engine":
         raise SystemExit("error: --fp8-format needs --transformer-impl transformer_engine "
                          "(Transformer Engine layers, on a GPU)")
+    if args.transformer_impl == "local":
+        local_core_attention(args.attention_backend)  # refuses TE's own backends
+    elif args.attention_backend == "local":
+        raise SystemExit("error: --attention-backend local is Megatron-Core's attention of the "
+                         "local layers: it needs --transformer-impl local, as in Megatron-LM")
     if args.sequence_parallel and args.tensor_model_parallel_size == 1:
         log("[fixedcode] warning: --sequence-parallel turned off: it splits activations over "
             "tensor-parallel ranks, and --tensor-model-parallel-size is 1 (as in Megatron-LM)")
         args.sequence_parallel = False
-    if args.device == "cpu" and (args.sequence_parallel or (
-            args.use_distributed_optimizer and data_parallel_size > 1)):
-        raise SystemExit("error: --sequence-parallel, and --use-distributed-optimizer over "
-                         "several data-parallel ranks, need GPUs (their reduce-scatter is not "
-                         "available on CPU/gloo)")
-    if (args.sequence_parallel and args.transformer_impl == "local"
-            and local_layer_spec(args).submodules.input_layernorm is WrappedTorchNorm):
-        raise SystemExit(f"error: --sequence-parallel needs --transformer-impl "
-                         f"transformer_engine: the local layers' {args.normalization} (torch's) "
-                         f"does not support sequence parallelism")
+    if args.device == "cuda":
+        capability = torch.cuda.get_device_capability()
+        check_cuda_connections(args.tensor_model_parallel_size, args.sequence_parallel,
+                               capability, os.environ)
+        if args.fp8_format:
+            refusal = fp8_refusal(args.fp8_recipe, capability, transformer_engine_version())
+            if refusal:
+                raise SystemExit(f"error: {refusal}")
 
 
 def resolve_checkpoint(args: argparse.Namespace, derived: Derived):

@@ -21,6 +21,7 @@ from conftest import TINY_RUN
 from megatron_ext import checkpointing, training
 from megatron_ext.hf.megatron_checkpoint import load_model, read_checkpoint
 from megatron_ext.derived import derive
+from megatron_ext.device_checks import fp8_refusal
 from megatron_ext.metric_sinks import read_metrics
 from megatron_ext.metrics import peak_flops
 from megatron_ext.model import model_provider as build_gpt
@@ -133,7 +134,10 @@ def test_a_nan_gradient_with_a_finite_loss_is_never_applied(cpu_dist, tmp_path):
 
 @pytest.fixture
 def te_imports(monkeypatch):
-    """``te_imports(True/False)``: whether Transformer Engine 'imports' for resolve_layers."""
+    """``te_imports(True/False)``: whether Transformer Engine 'imports' for resolve_layers;
+    the 'GPU' is a Hopper (sm 9.0) launched with CUDA_DEVICE_MAX_CONNECTIONS=1."""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1")
     return lambda imports: monkeypatch.setattr(training, "transformer_engine_imports",
                                                lambda: imports)
 
@@ -170,9 +174,11 @@ def test_a_gpu_gets_transformer_engine_layers_by_default(te_imports, capsys):
      "--transformer-impl transformer_engine needs a GPU"),
     ("cuda", ["--fp8-format", "hybrid"],
      "--fp8-format needs --transformer-impl transformer_engine"),
-    ("cuda", ["--tensor-model-parallel-size", "2", "--sequence-parallel"],
-     "--sequence-parallel needs --transformer-impl transformer_engine: the local layers' "
-     "RMSNorm (torch's) does not support sequence parallelism"),
+    ("cpu", ["--attention-backend", "fused"],
+     "--attention-backend fused selects Transformer Engine's fused (cuDNN) attention, which "
+     "needs --transformer-impl transformer_engine"),
+    ("cuda", ["--transformer-impl", "transformer_engine", "--attention-backend", "local"],
+     "--attention-backend local is Megatron-Core's attention of the local layers"),
 ])
 def test_layer_flags_that_cannot_run_are_clear_errors(te_imports, device, flags, message):
     te_imports(False)
@@ -182,16 +188,60 @@ def test_layer_flags_that_cannot_run_are_clear_errors(te_imports, device, flags,
         resolve_layers(args)
 
 
-def test_sequence_parallel_is_turned_off_at_tp1_and_kept_with_te_layers(te_imports, capsys):
+def test_sequence_parallel_is_turned_off_at_tp1_and_kept_at_tp2(te_imports, capsys):
     te_imports(False)
     args = gpu_args("--sequence-parallel")
     resolve_layers(args)
     assert not args.sequence_parallel
     assert "warning: --sequence-parallel turned off" in capsys.readouterr().out
+    for te in (True, False):
+        te_imports(te)
+        args = gpu_args("--tensor-model-parallel-size", "2", "--sequence-parallel")
+        resolve_layers(args)
+        assert args.sequence_parallel
+        assert args.transformer_impl == ("transformer_engine" if te else "local")
+
+
+def test_tensor_parallelism_on_a_gpu_needs_one_cuda_connection(te_imports, monkeypatch):
+    te_imports(False)
+    monkeypatch.delenv("CUDA_DEVICE_MAX_CONNECTIONS")
+    resolve_layers(gpu_args())  # TP=1: no requirement
+    for flags in (["--tensor-model-parallel-size", "2"],
+                  ["--tensor-model-parallel-size", "2", "--sequence-parallel"]):
+        with pytest.raises(SystemExit, match="needs CUDA_DEVICE_MAX_CONNECTIONS=1"):
+            resolve_layers(gpu_args(*flags))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (10, 0))
+    resolve_layers(gpu_args("--tensor-model-parallel-size", "2"))  # Blackwell: none
+
+
+@pytest.mark.parametrize("recipe,capability,te,refusal", [
+    ("delayed", (9, 0), "2.8.0", None), ("delayed", (8, 9), "1.13.0", None),
+    ("delayed", (8, 0), "2.8.0", "--fp8-recipe delayed needs a GPU of sm 8.9 or newer; this "
+                                  "one is sm 8.0"),
+    ("delayed", (9, 0), None, "--fp8-recipe delayed needs Transformer Engine >= 1.0; none "
+                              "imports"),
+    ("tensorwise", (9, 0), "2.1.0", "--fp8-recipe tensorwise needs Transformer Engine >= "
+                                    "2.2.0.dev0; found 2.1.0"),
+    ("tensorwise", (9, 0), "2.2.0", None),
+    ("blockwise", (9, 0), "2.3.0", None),
+    ("blockwise", (10, 0), "2.8.0", "--fp8-recipe blockwise needs a GPU of Hopper (sm 9.0); "
+                                    "this one is sm 10.0"),
+    ("blockwise", (9, 0), "2.2.1", "--fp8-recipe blockwise needs Transformer Engine >= "
+                                   "2.3.0.dev0; found 2.2.1"),
+    ("mxfp8", (9, 0), "2.8.0", "--fp8-recipe mxfp8 needs a GPU of sm 10.0 or newer; this one "
+                               "is sm 9.0"),
+    ("mxfp8", (10, 0), "2.1.0", None),
+])
+def test_fp8_recipes_a_device_or_te_cannot_run_are_refused(recipe, capability, te, refusal):
+    assert fp8_refusal(recipe, capability, te) == refusal
+
+
+def test_fp8_is_refused_at_start_up(te_imports, monkeypatch):
     te_imports(True)
-    args = gpu_args("--tensor-model-parallel-size", "2", "--sequence-parallel")
-    resolve_layers(args)
-    assert args.sequence_parallel and args.transformer_impl == "transformer_engine"
+    monkeypatch.setattr(training, "transformer_engine_version", lambda: "2.8.0")
+    resolve_layers(gpu_args("--fp8-format", "hybrid", "--fp8-recipe", "blockwise"))
+    with pytest.raises(SystemExit, match="error: --fp8-recipe mxfp8 needs a GPU of sm 10.0"):
+        resolve_layers(gpu_args("--fp8-format", "hybrid", "--fp8-recipe", "mxfp8"))
 
 
 def test_the_final_norm_never_comes_from_transformer_engine(cpu_dist, monkeypatch):
