@@ -20,6 +20,7 @@ from conftest import TINY_RUN
 from megatron_ext.arguments import ATTENTION_BACKENDS
 from megatron_ext.attention import SDPAttention, local_core_attention, sdpa_kernels
 from megatron_ext.metric_sinks import read_metrics
+from megatron_ext.metrics import flops_per_token
 from megatron_ext.model import model_provider as build_gpt
 from megatron_ext.training import pretrain
 from pretrain_fixedcode import datasets_provider, make_forward_step, model_provider, parse_args
@@ -106,6 +107,8 @@ def losses(path) -> dict:
 
 
 def test_every_arm_trains_to_the_same_losses_with_sdpa_and_unfused(cpu_dist, nvte_env, tmp_path):
+    """10 steps of each arm; the log's TFLOP/s per device are the model's FLOPs per token
+    (Megatron-LM's count) times its tokens per second."""
     for arm, flags in ARMS.items():
         runs = {}
         for backend in ("auto", "unfused"):
@@ -118,6 +121,9 @@ def test_every_arm_trains_to_the_same_losses_with_sdpa_and_unfused(cpu_dist, nvt
             assert model.config.attention_backend == AttnBackend[backend]
             pretrain(args, model_provider, make_forward_step(args), datasets_provider)
             runs[backend] = losses(tmp_path / f"{arm}-{backend}")
+            for r in read_metrics(str(tmp_path / f"{arm}-{backend}")):  # the logged TFLOP/s
+                assert r["tflops-per-gpu"] == pytest.approx(
+                    flops_per_token(args, 512) * r["tokens-per-second"] / 1e12), arm
             for name in NVTE:  # each model sets them for its backend
                 os.environ.pop(name, None)
         assert sorted(runs["auto"]) == list(range(1, 11)), arm

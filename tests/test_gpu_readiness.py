@@ -23,7 +23,7 @@ from megatron_ext.hf.megatron_checkpoint import load_model, read_checkpoint
 from megatron_ext.derived import derive
 from megatron_ext.device_checks import fp8_refusal
 from megatron_ext.metric_sinks import read_metrics
-from megatron_ext.metrics import peak_flops
+from megatron_ext.metrics import flops_per_token, peak_flops
 from megatron_ext.model import model_provider as build_gpt
 from megatron_ext.training import (NonFiniteLossError, build_model_and_optimizer, pretrain,
                                    resolve_layers, setup_args, train_step)
@@ -384,3 +384,18 @@ def test_dp_reshardable_optimizer_state_refuses_another_tp_size():
 ])
 def test_mfu_divides_by_the_device_and_precision_peak(name, fp8, tflops):
     assert peak_flops(name, fp8) == (None if tflops is None else tflops * 1e12)
+
+
+@pytest.mark.parametrize("flags", [[], ["--num-query-groups", "2"], ["--no-swiglu"]],
+                         ids=["mha", "gqa", "gelu"])
+def test_model_flops_are_megatron_lms_count(cpu_dist, flags):
+    """Megatron-LM 0.16.1 counts 6 FLOPs per token per weight of every GEMM (the output
+    logits included, no input embedding) plus, per layer, the causal half of the attention
+    scores and of their product with the values: 2 x 3 x 2 x hidden x sequence / 2. The
+    weights are counted here from the built model; the formula counts them from the shape."""
+    args = parse_args(TINY_RUN + ["--train-iters", "1", *flags])
+    model = build_gpt(args, 512, on_cpu=True)
+    gemm_weights = sum(p.numel() for name, p in model.named_parameters()
+                       if p.dim() == 2 and not name.startswith("embedding."))
+    attention = 6 * args.num_layers * args.hidden_size * args.seq_length
+    assert flops_per_token(args, 512) == 6 * gemm_weights + attention
