@@ -5,8 +5,8 @@ for LayerNorm without apex) refuses ``sequence_parallel``. Under sequence parall
 tensor-parallel rank normalises its own slice of the sequence, so each holds only part of
 the norm's weight gradient; Megatron's own norms (apex's, TE's) mark their parameters
 ``sequence_parallel`` and ``finalize_model_grads`` then sums those gradients over the
-tensor-parallel group. :class:`TorchNorm` does the same for torch's norms. The module and
-its parameter names are torch's, as before: checkpoints are unchanged.
+tensor-parallel group. :class:`TorchNorm` does the same for torch's norms. It also serves ``--fp32-residual-connection``. The module and its parameter names
+are torch's, as before: checkpoints are unchanged.
 :func:`megatron_ext.model.local_layer_spec` puts it in place of ``WrappedTorchNorm``.
 """
 
@@ -22,7 +22,8 @@ NORMS = {"RMSNorm": torch.nn.RMSNorm, "LayerNorm": torch.nn.LayerNorm}
 class TorchNorm:
     """Same constructor as ``WrappedTorchNorm``; builds torch's norm for
     ``config.normalization``, its parameters marked ``sequence_parallel`` when the config
-    is."""
+    is. Under ``fp32_residual_connection`` it normalises the fp32 residual stream in fp32
+    and hands the next layer ``params_dtype``, as apex's and TE's norms do."""
 
     def __new__(cls, config: TransformerConfig, hidden_size: int, eps: float = 1e-5,
                 persist_layer_norm: bool = False, zero_centered_gamma: bool = False,
@@ -33,4 +34,8 @@ class TorchNorm:
         norm = NORMS[config.normalization](normalized_shape=hidden_size, eps=eps)
         for param in norm.parameters():
             param.sequence_parallel = config.sequence_parallel
+        if config.fp32_residual_connection:
+            # The stream comes in fp32; the layer after the norm computes in params_dtype.
+            dtype = config.params_dtype
+            norm.register_forward_hook(lambda module, inputs, output: output.to(dtype))
         return norm

@@ -13,7 +13,9 @@ to stop (:class:`~megatron_ext.exit_conditions.ExitConditions`), what to log
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import gc
 import math
 import os
 import sys
@@ -70,6 +72,12 @@ def setup_args(args: argparse.Namespace) -> tuple:
     resolve_layers(args)
     if args.ddp_bucket_size is not None and not args.overlap_grad_reduce:
         raise SystemExit("error: --ddp-bucket-size applies with --overlap-grad-reduce only")
+    if args.overlap_param_gather and not (args.use_distributed_optimizer
+                                          and args.overlap_grad_reduce):
+        raise SystemExit("error: --overlap-param-gather needs --use-distributed-optimizer and "
+                         "--overlap-grad-reduce, as in Megatron-LM")
+    if args.manual_gc_interval < 0:
+        raise SystemExit(f"error: --manual-gc-interval {args.manual_gc_interval} is negative")
     validate_profile_args(args)
     if args.ckpt_step is not None and not args.load:
         raise SystemExit("error: --ckpt-step needs --load")
@@ -177,6 +185,7 @@ def build_model_and_optimizer(args, derived: Derived, model_provider: Callable,
         config=model.config,
         ddp_config=DistributedDataParallelConfig(
             grad_reduce_in_fp32=True, overlap_grad_reduce=args.overlap_grad_reduce,
+            overlap_param_gather=args.overlap_param_gather,
             bucket_size=args.ddp_bucket_size,
             use_distributed_optimizer=args.use_distributed_optimizer),
         module=module)
@@ -208,10 +217,12 @@ def build_model_and_optimizer(args, derived: Derived, model_provider: Callable,
 
 
 def _reduce_losses(loss_dicts: list) -> Optional[float]:
-    """Mean ``lm loss`` over the micro-batches (last pipeline stage), else None."""
+    """Mean ``lm loss`` over the micro-batches and data-parallel ranks (last pipeline
+    stage, one all-reduce per step), else None."""
     if not loss_dicts:
         return None
     total = torch.stack([d["lm loss"] for d in loss_dicts]).sum(0)
+    torch.distributed.all_reduce(total, group=parallel_state.get_data_parallel_group())
     return (total[0] / total[1]).item()
 
 
@@ -305,6 +316,33 @@ def train_step(args, num_microbatches: int, forward_step, train_iter, ddp, optim
     return StepResult(loss, grad_norm, num_zeros, None, norms)
 
 
+@contextlib.contextmanager
+def gathered_parameters(args, ddp: DistributedDataParallel):
+    """Whole, current parameters in the model for what reads them between steps (validation,
+    a checkpoint, the parameter norm). Under ``--overlap-param-gather`` the distributed
+    optimizer's update reaches the other ranks' copies only in the next forward pass's
+    pre-hooks: they are gathered now and the hooks stay off meanwhile, as Megatron-LM does."""
+    if not args.overlap_param_gather:
+        yield
+        return
+    ddp.disable_forward_pre_hook(param_sync=True)
+    try:
+        yield
+    finally:
+        ddp.enable_forward_pre_hook()
+
+
+@contextlib.contextmanager
+def collected_garbage(args):
+    """``--manual-gc``: collect on entry and on exit (around validation, unless
+    ``--no-manual-gc-eval``)."""
+    if args.manual_gc and args.manual_gc_eval:
+        gc.collect()
+    yield
+    if args.manual_gc and args.manual_gc_eval:
+        gc.collect()
+
+
 def evaluate(args, num_microbatches: int, forward_step, valid_dataset, ddp,
              exits: ExitConditions) -> tuple[Optional[float], Optional[str]]:
     """``(mean validation loss over the first --eval-iters global batches, None)``, or
@@ -327,7 +365,8 @@ def evaluate(args, num_microbatches: int, forward_step, valid_dataset, ddp,
 
 
 def _diagnostics(args, norms: Optional[NormReporter], grad_norms: dict,
-                 num_zeros: Optional[float], optimizer, state: TrainState) -> dict:
+                 num_zeros: Optional[float], optimizer, state: TrainState,
+                 ddp: DistributedDataParallel) -> dict:
     """The optional scalars of a log iteration (``--log-params-norm``,
     ``--log-num-zeros-in-grad``, ``--log-layer-norms``; under ``--fp16`` the loss scale and
     the overflow skips so far), measured after the update."""
@@ -336,7 +375,8 @@ def _diagnostics(args, norms: Optional[NormReporter], grad_norms: dict,
         out["loss-scale"] = optimizer.get_loss_scale().item()
         out["overflow-skipped-iterations"] = state.overflow_skipped
     if args.log_params_norm:
-        out["params-norm"] = norms.params_norm()
+        with gathered_parameters(args, ddp):
+            out["params-norm"] = norms.params_norm()
     if args.log_num_zeros_in_grad and num_zeros is not None:
         out["num-zeros"] = int(num_zeros)
     if args.log_layer_norms:
@@ -409,8 +449,9 @@ def pretrain(args: argparse.Namespace, model_provider: Callable, forward_step: C
     def validate() -> Optional[str]:
         """Validate at the current iteration; the exit reason if a signal stopped it."""
         nonlocal valid_loss
-        valid_loss, reason = evaluate(args, derived.num_microbatches, forward_step,
-                                      valid_dataset, ddp, exits)
+        with gathered_parameters(args, ddp), collected_garbage(args):
+            valid_loss, reason = evaluate(args, derived.num_microbatches, forward_step,
+                                          valid_dataset, ddp, exits)
         state.validation_pending = bool(reason)
         if reason:
             log(f"[fixedcode] {reason}: validation at iteration {state.iteration} stopped; "
@@ -423,6 +464,9 @@ def pretrain(args: argparse.Namespace, model_provider: Callable, forward_step: C
     if state.validation_pending:  # a signal stopped it before the checkpoint was saved
         reason = validate() if valid_dataset is not None else None
         state.validation_pending = bool(reason)
+    if args.manual_gc:  # Python's collector pauses each rank at its own moment
+        gc.disable()
+        gc.collect()
     bar = tqdm(total=derived.train_iters, initial=state.iteration, desc="train", unit="it",
                disable=not (sys.stderr.isatty() and metrics.is_logging_rank))
     while state.iteration < derived.train_iters and not reason:
@@ -445,18 +489,25 @@ def pretrain(args: argparse.Namespace, model_provider: Callable, forward_step: C
         metrics.step(state.iteration, step.loss, step.grad_norm,
                      scheduler.get_lr(optimizer.param_groups[0]), time.time() - step_start,
                      state.nonfinite_skipped,
-                     _diagnostics(args, norms, step.norms, step.num_zeros, optimizer, state)
-                     if log_now else None)
+                     _diagnostics(args, norms, step.norms, step.num_zeros, optimizer, state,
+                                  ddp) if log_now else None)
         if valid_dataset is not None and (state.iteration % args.eval_interval == 0
                                           or state.iteration == derived.train_iters):
             reason = validate()
         if checkpointer.due(state.iteration):
-            checkpointer.save(state)
+            with gathered_parameters(args, ddp):
+                checkpointer.save(state)
+        if args.manual_gc and args.manual_gc_interval \
+                and state.iteration % args.manual_gc_interval == 0:
+            gc.collect()
         if not reason and state.iteration < derived.train_iters:
             reason = exits.check(state.iteration)
     bar.close()
     profiler.close()
-    checkpointer.save(state)
+    with gathered_parameters(args, ddp):
+        checkpointer.save(state)
+    if args.manual_gc:
+        gc.enable()
     metrics.close()
     if reason:
         log(f"[fixedcode] {reason}: exiting at iteration {state.iteration}")

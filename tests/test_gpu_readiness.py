@@ -399,3 +399,75 @@ def test_model_flops_are_megatron_lms_count(cpu_dist, flags):
                        if p.dim() == 2 and not name.startswith("embedding."))
     attention = 6 * args.num_layers * args.hidden_size * args.seq_length
     assert flops_per_token(args, 512) == 6 * gemm_weights + attention
+
+
+def test_the_loss_is_all_reduced_once_per_step(cpu_dist, monkeypatch):
+    """Four micro-batches, one all-reduce of the reported loss over the data-parallel group
+    (Megatron-LM's count), and the step's loss is the mean over all of them."""
+    from megatron.core import parallel_state
+    args = parse_args(TINY_RUN + ["--train-iters", "1", "--global-batch-size", "8"])
+    args.device = "cpu"
+    _, derived = setup_args(args)
+    assert derived.num_microbatches == 4
+    _, ddp, optimizer, scheduler = build_model_and_optimizer(args, derived, model_provider)
+    batches = [random_batch(args) for _ in range(4)]
+    reduced = []
+    all_reduce = torch.distributed.all_reduce
+
+    def counting(tensor, *a, group=None, **k):
+        if group is parallel_state.get_data_parallel_group():
+            reduced.append(tensor.clone())
+        return all_reduce(tensor, *a, group=group, **k)
+
+    monkeypatch.setattr(torch.distributed, "all_reduce", counting)
+    step = train_step(args, 4, make_forward_step(args), iter(batches), ddp, optimizer, scheduler)
+    assert len(reduced) == 1 and reduced[0][1] == 4 * args.micro_batch_size * args.seq_length
+    assert step.loss == pytest.approx((reduced[0][0] / reduced[0][1]).item())
+
+
+def test_manual_gc_collects_at_megatron_lms_points(cpu_dist, monkeypatch, tmp_path):
+    """--manual-gc: the collector off while training, a collection at the start, every
+    --manual-gc-interval steps and around each validation; back on at the end."""
+    import gc
+    collected, enabled = [], []
+    monkeypatch.setattr(gc, "collect", lambda *a: collected.append(gc.isenabled()))
+    args = parse_args(TINY_RUN + ["--train-iters", "4", "--manual-gc", "--manual-gc-interval",
+                                  "2", "--eval-interval", "2", "--eval-iters", "1",
+                                  "--metrics-file", str(tmp_path / "m.jsonl")])
+
+    def forward_step(data_iterator, model):
+        enabled.append(gc.isenabled())
+        return make_forward_step(args)(data_iterator, model)
+
+    pretrain(args, model_provider, forward_step, datasets_provider)
+    assert len(collected) == 1 + 2 + 2 * 2 and not any(collected)
+    assert enabled and not any(enabled) and gc.isenabled()
+
+
+@pytest.mark.parametrize("arm", ["learned", "binary"])
+def test_fp32_residual_connection_keeps_the_stream_in_fp32(cpu_dist, arm):
+    """--bf16 --fp32-residual-connection: bf16 weights and GEMMs, the residual stream between
+    the layers in fp32 (from the input on, table or code), a step trains through it.
+    megatron-core 0.16.1's own residual add would cast the stream back to bf16 after the
+    first layer."""
+    args = parse_args(TINY_RUN + ["--input-interface", arm, "--bf16", "--train-iters", "1",
+                                  "--fp32-residual-connection"])
+    args.device = "cpu"
+    _, derived = setup_args(args)
+    model, ddp, optimizer, scheduler = build_model_and_optimizer(args, derived, model_provider)
+    seen = {}
+    layer = model.decoder.layers[0]
+
+    def record(name):
+        def hook(module, inputs, output):
+            seen.setdefault(name, (output[0] if isinstance(output, tuple) else output).dtype)
+        return hook
+
+    for name, module in (("stream", layer), ("norm", layer.input_layernorm),
+                         ("qkv", layer.self_attention.linear_qkv)):
+        module.register_forward_hook(record(name))
+    step = train_step(args, derived.num_microbatches, make_forward_step(args),
+                      itertools.repeat(random_batch(args)), ddp, optimizer, scheduler)
+    assert seen == {"stream": torch.float32, "norm": torch.bfloat16, "qkv": torch.bfloat16}
+    assert step.skip is None and math.isfinite(step.loss)
+    assert layer.self_attention.linear_qkv.weight.dtype == torch.bfloat16

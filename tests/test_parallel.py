@@ -2,7 +2,8 @@
 and all-gather): over 10 training steps of every arm, TP=2 with sequence parallelism gives
 the losses of TP=1 (the fixed-code input computes only its rank's slice of the sequence),
 and the distributed optimizer at DP=2 those of DDP at DP=2; it also saves and resumes
-exactly. Both layers' attention is the default, SDPA, so TP=2 also checks it against TP=1."""
+exactly, also with its parameters gathered during the forward pass
+(``--overlap-param-gather``). Both layers' attention is the default, SDPA, so TP=2 also checks it against TP=1."""
 
 from __future__ import annotations
 
@@ -59,3 +60,17 @@ def test_distributed_optimizer_dp2_equals_ddp_and_resumes_exactly(runs):
     assert sorted(first) == [1, 2, 3, 4, 5] and sorted(resumed) == list(range(6, STEPS + 1))
     assert "at iteration 5" in stdout
     assert {**first, **resumed} == dist
+
+
+def test_overlapped_parameter_gather_gives_the_same_run(runs):
+    """Gradients reduced and parameters gathered bucket by bucket during the passes; the
+    checkpoint (and the parameter norm) read between steps see the gathered parameters, so
+    the run interrupted and resumed has the straight run's losses."""
+    root, stdout = runs
+    dist = losses(root, "dist-opt")
+    overlapped = {**losses(root, "overlap-first"), **losses(root, "overlap-resumed")}
+    assert sorted(overlapped) == list(range(1, STEPS + 1))
+    for it in dist:
+        assert overlapped[it] == pytest.approx(dist[it], abs=1e-6), it
+    norms = [r["params-norm"] for r in read_metrics(str(root / "overlap-resumed.jsonl"))]
+    assert len(norms) == STEPS - 5 and all(n > 0 for n in norms)
