@@ -84,6 +84,11 @@ def peak_flops(device_name: str, fp8: bool) -> Optional[float]:
     return None
 
 
+def reserved_gib(device: str) -> Optional[float]:
+    """Peak memory the GPU's caching allocator reserved (None on CPU)."""
+    return torch.cuda.max_memory_reserved() / 2**30 if device == "cuda" else None
+
+
 def memory_gib(device: str) -> float:
     """Peak allocated GPU memory, or this process's resident memory on CPU."""
     if device == "cuda":
@@ -161,7 +166,7 @@ class MetricsLogger:
         tokens_per_s = d.global_batch_size * a.seq_length / step_time
         loss = sum(self.losses) / len(self.losses) if self.losses else None
         grad_norm = sum(self.norms) / len(self.norms) if self.norms else None
-        mem = memory_gib(a.device)
+        mem, reserved = memory_gib(a.device), reserved_gib(a.device)
         flops_per_device = self.flops_per_token * tokens_per_s / d.world_size
         mfu = flops_per_device / self.peak if self.peak else None
         mfu_fp8 = flops_per_device / self.fp8_peak if self.fp8_peak else None
@@ -183,7 +188,9 @@ class MetricsLogger:
             parts.append(f"MFU: {100 * mfu:.1f}%")
         if mfu_fp8 is not None:
             parts.append(f"MFU of FP8 peak: {100 * mfu_fp8:.1f}%")
-        parts += [f"mem: {mem:.2f} GiB", f"skipped: {skipped_total}"]
+        parts.append(f"mem: {mem:.2f} GiB" + ("" if reserved is None
+                                                 else f" (reserved {reserved:.2f} GiB)"))
+        parts.append(f"skipped: {skipped_total}")
         if "overflow-skipped-iterations" in diagnostics:
             parts.append(f"overflow skipped: {diagnostics['overflow-skipped-iterations']}")
         if self.is_logging_rank:
@@ -196,7 +203,7 @@ class MetricsLogger:
             "lm loss": loss, "learning-rate": lr, "grad-norm": grad_norm,
             "tokens-per-second": tokens_per_s, "step-time-ms": step_time * 1000,
             "tflops-per-gpu": flops_per_device / 1e12, "mfu": mfu, "mfu-fp8-peak": mfu_fp8,
-            "memory-gib": mem, "skipped-iterations": skipped_total, **diagnostics})
+            "memory-gib": mem, "memory-reserved-gib": reserved, "skipped-iterations": skipped_total, **diagnostics})
         self._reset()
 
     def validation(self, iteration: int, loss: Optional[float]) -> None:
