@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import runpy
 import sys
 from pathlib import Path
 
@@ -30,8 +31,9 @@ ARMS = ("learned", "binary", "gf2")
 
 
 def child(arm: str, model_argv: list, warmup: int, reps: int) -> None:
-    sys.path.insert(0, str(REPO))
-    from pretrain_fixedcode import make_forward_step, model_provider, parse_args
+    entry = runpy.run_path(str(REPO / "pretrain_fixedcode.py"))  # a script, not a module
+    make_forward_step, model_provider, parse_args = (
+        entry["make_forward_step"], entry["model_provider"], entry["parse_args"])
     from megatron_ext.initialize import initialize_distributed, resolve_device
     from megatron_ext.training import build_model_and_optimizer, setup_args, train_step
 

@@ -20,6 +20,8 @@ import json
 import os
 from typing import Optional
 
+from .files import write_text
+
 
 class TensorBoardSink:
     def __init__(self, logdir: str):
@@ -63,9 +65,7 @@ class JsonlSink:
         os.makedirs(directory, exist_ok=True)
         if os.path.exists(path):
             kept = [r for r in read_metrics(path) if r["iteration"] <= resumed_iteration]
-            with open(path + ".tmp", "w") as f:
-                f.writelines(json.dumps(r) + "\n" for r in kept)
-            os.replace(path + ".tmp", path)
+            write_text(path, "".join(json.dumps(r) + "\n" for r in kept))
         self.file = open(path, "a")
 
     def write(self, kind: str, iteration: int, scalars: dict, where: dict) -> None:
