@@ -1,7 +1,9 @@
 """Start-up checks of what a GPU run needs, made before any model is built, as Megatron-LM
 makes them (megatron/training/arguments.py, megatron/core/fp8_utils.py): called by
-:func:`megatron_ext.training.resolve_layers` on a GPU. Each takes what it checks as plain
-values (environment, compute capability, TE version), so the CPU tests run them all.
+:func:`megatron_ext.training.resolve_layers` on a GPU; and the image build's check that its
+Transformer Engine is the pinned one (``python -m megatron_ext.device_checks``, in the
+Dockerfile). Each takes what it checks as plain values (environment, compute capability,
+versions), so the CPU tests run them all.
 """
 
 from __future__ import annotations
@@ -49,3 +51,32 @@ def fp8_refusal(recipe: str, capability: tuple[int, int],
         return (f"--fp8-recipe {recipe} needs Transformer Engine >= {version}; "
                 f"{'none imports' if te_version is None else 'found ' + te_version}")
     return None
+
+
+def te_pin_refusal(te_version: Optional[str], requirements: list[str]) -> Optional[str]:
+    """Why this Transformer Engine (``None``: none imports) is not the one the installed
+    package's ``[gpu]`` extra pins (``requirements``: ``importlib.metadata.requires``), or
+    ``None`` when it is."""
+    from packaging.requirements import Requirement
+    pins = [r for r in map(Requirement, requirements) if r.name == "transformer-engine"]
+    if not pins:
+        return "the installed fixedcode declares no transformer-engine pin"
+    spec = pins[0].specifier
+    if te_version is None:
+        return f"Transformer Engine does not import; the [gpu] extra pins {spec}"
+    if not spec.contains(Version(te_version).base_version, prereleases=True):
+        return f"Transformer Engine {te_version} is outside the [gpu] extra's pin {spec}"
+    return None
+
+
+if __name__ == "__main__":  # the Dockerfile's build check
+    import importlib.metadata
+    import sys
+
+    from .model import transformer_engine_version
+    version = transformer_engine_version()
+    refusal = te_pin_refusal(version, importlib.metadata.requires("fixedcode") or [])
+    if refusal:
+        sys.exit(f"error: {refusal}: use a base image whose TE is in the pin, or change the pin "
+                 f"in pyproject.toml after testing that TE")
+    print(f"Transformer Engine {version}: within the [gpu] extra's pin")

@@ -21,7 +21,7 @@ from conftest import TINY_RUN
 from megatron_ext import checkpointing, training
 from megatron_ext.hf.megatron_checkpoint import load_model, read_checkpoint
 from megatron_ext.derived import derive
-from megatron_ext.device_checks import fp8_refusal
+from megatron_ext.device_checks import fp8_refusal, te_pin_refusal
 from megatron_ext.metric_sinks import read_metrics
 from megatron_ext.metrics import flops_per_token, peak_flops
 from megatron_ext.model import model_provider as build_gpt
@@ -471,3 +471,16 @@ def test_fp32_residual_connection_keeps_the_stream_in_fp32(cpu_dist, arm):
     assert seen == {"stream": torch.float32, "norm": torch.bfloat16, "qkv": torch.bfloat16}
     assert step.skip is None and math.isfinite(step.loss)
     assert layer.self_attention.linear_qkv.weight.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("version,refusal", [
+    ("2.9.0", None), ("2.11.0+3d4a4e6", None), ("2.10.0.dev0+abc", None),
+    ("2.7.0+4e7d7c1", "Transformer Engine 2.7.0+4e7d7c1 is outside the [gpu] extra's pin"),
+    ("2.12.0", "Transformer Engine 2.12.0 is outside the [gpu] extra's pin"),
+    (None, "Transformer Engine does not import"),
+])
+def test_the_image_build_refuses_a_transformer_engine_outside_the_pin(version, refusal):
+    """Against the installed package's own [gpu] requirement (pyproject.toml)."""
+    import importlib.metadata
+    got = te_pin_refusal(version, importlib.metadata.requires("fixedcode"))
+    assert got == refusal if refusal is None else refusal in got
