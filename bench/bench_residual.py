@@ -69,6 +69,7 @@ def main(argv=None) -> None:
     parser.add_argument("--input-interface", default="binary", help="the arm")
     parser.add_argument("--train-iters", type=int, default=40, help="steps of each run")
     cli = parser.parse_args(argv)
+    torch.set_num_threads(1)  # as measure.run_child's OMP_NUM_THREADS=1, which machine() says
     sys.path.insert(0, str(REPO))
     from megatron_ext.initialize import initialize_distributed
     from megatron_ext.metric_sinks import read_metrics
