@@ -21,6 +21,7 @@ import os
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -101,7 +102,8 @@ def main(argv=None) -> None:
                 trained = kept["model"]
     init = build_gpt(parse_args(flags), 4096, on_cpu=True)
     print(f"`python bench/bench_residual.py --input-interface {cli.input_interface} "
-          f"--train-iters {cli.train_iters}`; {measure.machine()}\n")
+          f"--train-iters {cli.train_iters}`; {measure.machine()}; "
+          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n")
     print("| first layer, bf16 stream | increments lost | median relative error of the rest |")
     print("|---|---|---|")
     for name, model in (("at initialisation", init), (f"after {cli.train_iters} fp32 steps",
