@@ -22,12 +22,12 @@ from pathlib import Path
 import torch
 
 import measure
+from megatron_ext.codes import PAPER_ARMS
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULTS = ["--num-layers", "2", "--hidden-size", "256", "--num-attention-heads", "4",
             "--seq-length", "256", "--micro-batch-size", "2", "--vocab-size", "49151",
             "--tokenizer-type", "NullTokenizer", "--mock-data", "--train-iters", "1"]
-ARMS = ("learned", "binary", "gf2")
 
 
 def child(arm: str, model_argv: list, warmup: int, reps: int) -> None:
@@ -81,7 +81,7 @@ def main() -> None:
         return child(args.child, model_argv, args.warmup, reps)
 
     results = {arm: measure.run_child(__file__, arm, "--warmup", str(args.warmup), "--reps",
-                                      str(reps), *model_argv) for arm in ARMS}
+                                      str(reps), *model_argv) for arm in PAPER_ARMS}
     base = results["learned"]
     print(f"# bench_train_step: {base['shape']}; warmup {args.warmup}, reps {reps} (median)\n"
           f"# machine: {measure.machine()}\n# memory: {measure.MEMORY_KIND}")

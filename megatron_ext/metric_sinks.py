@@ -56,6 +56,23 @@ def read_metrics(path: str) -> list[dict]:
     return records
 
 
+def summarise_run(path: str) -> Optional[dict]:
+    """What the reports over runs read from a metrics file (or a ``--save`` directory's):
+    ``iteration`` and ``train_loss`` of the last training record, ``skipped`` (steps skipped
+    so far), ``tokens_per_iteration``, and ``valid_curve``, ``[(iteration, loss)]`` with the
+    last record of an iteration winning (a validation redone after an interruption); None
+    when the file holds no training record."""
+    records = read_metrics(path)
+    train = [r for r in records if r["kind"] == "train"]
+    if not train:
+        return None
+    return {"iteration": train[-1]["iteration"], "train_loss": train[-1]["lm loss"],
+            "skipped": train[-1].get("skipped-iterations", 0),
+            "tokens_per_iteration": train[0]["tokens"] // train[0]["iteration"],
+            "valid_curve": sorted({r["iteration"]: r["lm loss validation"] for r in records
+                                   if r["kind"] == "valid"}.items())}
+
+
 class JsonlSink:
     """Appends to ``path``, one flushed line per record, after dropping the records of
     iterations beyond ``resumed_iteration`` (rewritten atomically)."""

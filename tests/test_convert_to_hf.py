@@ -343,3 +343,9 @@ def test_bad_paths_are_named(ckpts, tmp_path):
     with pytest.raises(SystemExit, match="--tokenizer-model /missing.model does not exist"):
         convert_to_hf.main(["--load", ckpts[TP2], "--output", str(tmp_path / "new"),
                             "--tokenizer-model", "/missing.model"])
+
+
+def test_the_exported_config_knows_the_same_code_schemes_as_training():
+    """configuration_fixedcode.py restates the schemes (it imports nothing of megatron_ext)."""
+    from megatron_ext.hf import configuration_fixedcode
+    assert configuration_fixedcode.SCHEMES == codes.SCHEMES

@@ -15,7 +15,7 @@ import sys
 from typing import Optional, Sequence
 
 from megatron_ext.files import write_text
-from megatron_ext.metric_sinks import read_metrics
+from megatron_ext.metric_sinks import summarise_run
 from megatron_ext.reporting import number, pyplot, save_figure
 
 
@@ -23,17 +23,13 @@ def summarise(runs: dict[str, str]) -> dict[str, dict]:
     """Final values per arm: iteration, train loss, validation loss and perplexity."""
     table = {}
     for arm, path in runs.items():
-        records = read_metrics(path)
-        train = [(r["iteration"], r["lm loss"]) for r in records
-                 if r["kind"] == "train" and "lm loss" in r]
-        # The last record of an iteration wins (a validation redone after an interruption).
-        valid = sorted({r["iteration"]: r["lm loss validation"] for r in records
-                        if r["kind"] == "valid"}.items())
-        if not train:
+        run = summarise_run(path)
+        if run is None:
             raise SystemExit(f"error: {path} holds no training losses: is it a training run?")
+        valid = run["valid_curve"]
         table[arm] = {
-            "iteration": train[-1][0],
-            "train_loss": train[-1][1],
+            "iteration": run["iteration"],
+            "train_loss": run["train_loss"],
             "valid_loss": valid[-1][1] if valid else None,
             "valid_ppl": math.exp(valid[-1][1]) if valid else None,
             "valid_curve": valid,

@@ -23,7 +23,7 @@ import numpy as np
 import megatron_ext
 from megatron_ext.checkpointing import completed_iterations
 from megatron_ext.files import write_text
-from megatron_ext.metric_sinks import read_metrics
+from megatron_ext.metric_sinks import summarise_run
 from megatron_ext.reporting import mean_interval, pyplot, save_figure, signed_range
 
 from .evaluation import TASK_METRIC, read_cached
@@ -38,10 +38,8 @@ def collect(study: Study, study_dir: Path) -> dict:
     for arm, seed in study.runs():
         run = run_dir(study_dir, arm, seed)
         metrics = run / "checkpoints" / "metrics.jsonl"
-        if not metrics.exists():
-            continue
-        train = [r for r in read_metrics(str(metrics)) if r["kind"] == "train"]
-        if not train:
+        trained = summarise_run(str(metrics)) if metrics.exists() else None
+        if trained is None:
             continue
         evals = {}
         for it in completed_iterations(run / "checkpoints"):
@@ -49,9 +47,9 @@ def collect(study: Study, study_dir: Path) -> dict:
             if record is not None:
                 evals[it] = record
         runs.setdefault(arm.name, {})[seed] = {
-            "tokens_per_iteration": train[0]["tokens"] // train[0]["iteration"],
-            "skipped": train[-1].get("skipped-iterations", 0),
-            "trained": train[-1]["iteration"],
+            "tokens_per_iteration": trained["tokens_per_iteration"],
+            "skipped": trained["skipped"],
+            "trained": trained["iteration"],
             "evals": evals,
         }
     return runs
