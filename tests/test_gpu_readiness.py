@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -17,7 +20,7 @@ from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 from megatron.core.optimizer.optimizer import Float16OptimizerWithFloat16Params
 from megatron.core.transformer.module import Float16Module
 
-from conftest import TINY_RUN
+from conftest import REPO, TINY_RUN
 from megatron_ext import checkpointing, training
 from megatron_ext.hf.megatron_checkpoint import load_model, read_checkpoint
 from megatron_ext.derived import derive
@@ -486,3 +489,16 @@ def test_the_image_build_refuses_a_transformer_engine_outside_the_pin(version, r
     import importlib.metadata
     got = te_pin_refusal(version, importlib.metadata.requires("fixedcode"))
     assert got == refusal if refusal is None else refusal in got
+
+
+def test_the_process_group_is_destroyed_when_training_ends(tmp_path):
+    """Left to the interpreter's exit, NCCL warns, and on the first GPU run its warning became
+    the log's last line, hiding the error. The entry point destroys the group itself."""
+    code = ("import sys, torch, pretrain_fixedcode as p; p.main(sys.argv[1:]); "
+            "print('initialized after main:', torch.distributed.is_initialized())")
+    run = subprocess.run([sys.executable, "-c", code, *TINY_RUN, "--train-iters", "1",
+                          "--metrics-file", str(tmp_path / "m.jsonl")], capture_output=True,
+                         text=True, timeout=300, cwd=REPO,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "initialized after main: False" in run.stdout
