@@ -22,6 +22,7 @@ run with exit code :data:`EXIT_SAVE_FAILED`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import errno
 import functools
@@ -30,7 +31,7 @@ import multiprocessing
 import os
 import shutil
 import time
-from typing import Optional
+from typing import Callable, ContextManager, Optional
 
 import torch
 from torch.distributed.checkpoint.api import CheckpointException
@@ -204,8 +205,12 @@ class Checkpointer:
 
     def __init__(self, args: argparse.Namespace, derived: Derived, model, optimizer, scheduler,
                  code: Optional[FixedCode], wandb_run_id: Optional[str],
-                 last_saved: Optional[int]):
+                 last_saved: Optional[int],
+                 gathered: Callable[[], ContextManager] = contextlib.nullcontext):
+        """``gathered``: a context in which the model holds whole, current parameters (under
+        ``--overlap-param-gather`` they are gathered only for a save, not every step)."""
         self.args, self.derived = args, derived
+        self.gathered = gathered
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.code, self.wandb_run_id = code, wandb_run_id
         self.last_saved = last_saved
@@ -230,11 +235,13 @@ class Checkpointer:
             parts = (self.args, self.derived, self.model, self.optimizer, self.scheduler,
                      state, self.code, self.wandb_run_id)
             if self.queue is None or final:
-                save_checkpoint(*parts)
+                with self.gathered():
+                    save_checkpoint(*parts)
                 log(f"[fixedcode] saved checkpoint {path} (training stalled "
                     f"{time.time() - start:.2f} s)")
             else:
-                self.queue.schedule_async_request(start_save(*parts))
+                with self.gathered():
+                    self.queue.schedule_async_request(start_save(*parts))
                 self.pending = (state.iteration, start)
                 log(f"[fixedcode] saving checkpoint {path} in the background (training "
                     f"stalled {time.time() - start:.2f} s)")

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import TIMING
 from megatron_ext.codes import PAPER_ARMS
 from megatron_ext.saving import EXIT_SAVE_FAILED
 
@@ -230,7 +231,6 @@ def submit_tiny_binary_job(run_dir: Path, env, recipe: Path = RECIPE, max_restar
 ITERATION = re.compile(r"iteration\s+(\d+)/\s*\d+.*?lm loss: (\S+)")
 FINAL = re.compile(r"final train loss (\S+)")
 RUN_START = re.compile(r"^\[slurm\] job \d+ on \S+, SLURM_RESTART_COUNT=(\d+),", re.M)
-TIMING = {"time", "tokens-per-second", "step-time-ms", "memory-gib"}
 
 
 def losses(text: str) -> dict:
