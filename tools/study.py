@@ -197,7 +197,9 @@ def evaluate_and_report(study: spec.Study, study_dir: Path) -> dict:
     print(f"[study] evaluated {counts['evaluated']} checkpoints ({counts['cached']} cached)")
     if study.probes:
         from megatron_ext.study.probing import probe_study
-        counts = probe_study(study, study_dir, progress=progress)
+        from megatron_ext.study.report import final_iteration
+        counts = probe_study(study, study_dir, final_iteration(study, study_dir),
+                             progress=progress)
         print(f"[study] probed {counts['probed']} final checkpoints ({counts['cached']} cached)")
     return report(study, study_dir)
 

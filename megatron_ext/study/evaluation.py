@@ -50,10 +50,16 @@ def held_out_tokens(prefix: str, count: int, seq_length: int) -> np.ndarray:
     dataset ``prefix`` (its documents in order, end-of-document tokens included), cut into
     ``n = count // seq_length`` consecutive windows that overlap by one token (the label of
     a window's last position)."""
+    return cut_windows(indexed_documents(prefix), count, seq_length, f"eval data {prefix}",
+                       "the eval tokens")
+
+
+def indexed_documents(prefix: str):
+    """The documents of the indexed dataset ``prefix``, in order, as int64 arrays (read
+    lazily)."""
     from megatron.core.datasets.indexed_dataset import IndexedDataset
     dataset = IndexedDataset(prefix)
-    documents = (np.asarray(dataset[i], dtype=np.int64) for i in range(len(dataset)))
-    return cut_windows(documents, count, seq_length, f"eval data {prefix}", "the eval tokens")
+    return (np.asarray(dataset[i], dtype=np.int64) for i in range(len(dataset)))
 
 
 def cut_windows(documents, count: int, seq_length: int, source: str, knob: str) -> np.ndarray:
@@ -127,8 +133,10 @@ def evaluate_checkpoint(run: Path, iteration: int, settings: EvalSettings, expor
         windows = held_out_tokens(settings.data_path, settings.tokens, train_args.seq_length)
         loss = held_out_loss(load_model(path, train_args, fixed_code), windows,
                              settings.batch_size)
+        from megatron_ext.probes.run import tokens_sha256
         record.update(valid_loss=loss, valid_ppl=math.exp(min(loss, 50.0)),
-                      valid_tokens=int(windows.shape[0] * train_args.seq_length))
+                      valid_tokens=int(windows.shape[0] * train_args.seq_length),
+                      valid_tokens_sha256=tokens_sha256(windows))
     if settings.tasks:
         record["tasks"] = downstream(ckpt, iteration, settings, export_hf)
     return record
