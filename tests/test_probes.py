@@ -232,6 +232,25 @@ def test_the_ridge_penalty_is_chosen_on_held_out_documents():
     assert fit.choose_penalty(X, exact, folds) == min(fit.PENALTIES)
 
 
+def test_held_out_text_that_a_model_trained_on_is_refused(exports, probed):
+    """Named with the model and its training prefix; --allow-train-text overrides it and
+    the report says so."""
+    from megatron_ext.probes.models import check_held_out
+    from megatron_ext.slurm import REPO
+    info = dataclasses.replace(describe(exports["learned"]),
+                               trained_on=("data/x_text_document",))
+    with pytest.raises(SystemExit, match=re.escape(
+            f"error: --data-path {REPO}/data/x_text_document is a training prefix "
+            f"(data/x_text_document) of model learned's training run")):
+        check_held_out([info], str(REPO / "data/x_text_document"), allow=False)
+    check_held_out([info], str(REPO / "data/x_text_document"), allow=True)
+    check_held_out([info], str(REPO / "data/heldout_text_document"), allow=False)
+    result = probed[0]
+    allowed = {**result, "settings": {**result["settings"], "allow_train_text": True}}
+    assert "Held-out check overridden (`allow_train_text`)" in report.markdown(allowed)
+    assert "Held-out check overridden" not in report.markdown(result)
+
+
 def test_the_id_bits_cover_vocabularies_over_65536(exports):
     info = describe(exports["learned"])
     assert num_bits([info]) == 12
@@ -354,6 +373,17 @@ def test_bad_inputs_are_named(tmp_path, probed_study):
     with pytest.raises(SystemExit, match="exceed model checkpoints's context of 32"):
         probe.main([str(study_dir / "binary/seed1/checkpoints"), "--data-path",
                     str(probed_study[0] / "heldout"), "--seq-length", "64", "--tokens", "640"])
+
+
+def test_a_bad_jsonl_line_is_named_with_its_flag(tmp_path):
+    """The held-out JSONL is read by the data tools' reader: a line that is not a JSON
+    object ends the run naming --jsonl, the file and the line, before any tokenizing."""
+    path = tmp_path / "held.jsonl"
+    path.write_text('{"text": "a"}\nnot json\n')
+    tokenizer = build_tokenizer("NullTokenizer", None, 10)
+    tokenizer.tokenize = lambda text: [1]  # the text is not NullTokenizer's ids
+    with pytest.raises(SystemExit, match=re.escape(f"error: --jsonl {path}:2: ")):
+        list(probe.jsonl_documents(str(path), "text", tokenizer))
 
 
 @pytest.mark.parametrize("probes, message", [

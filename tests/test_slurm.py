@@ -26,10 +26,12 @@ from pathlib import Path
 
 import pytest
 
+from megatron_ext.codes import PAPER_ARMS
+
 REPO = Path(__file__).resolve().parent.parent
 RECIPE = REPO / "slurm" / "recipes" / "tiny_cpu.args"
 CPU_JOB = ["--gpus-per-node", "0", "--ntasks-per-node", "2"]
-ARMS = ("learned", "binary", "gf2")
+ARMS = PAPER_ARMS  # tools/submit.py's default arms
 
 
 def submit(*args: str, env=None) -> subprocess.CompletedProcess:

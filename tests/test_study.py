@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from megatron_ext.slurm import REPO
 from megatron_ext.study import spec
 from megatron_ext.study.stats import hierarchical_bootstrap, paired_difference, t_interval
 from tools import study, train_tokenizer
@@ -138,12 +139,12 @@ def test_a_held_out_set_that_the_recipe_trains_on_is_refused(recipe, data):
               "eval": {"data_path": "data/x_text_document"}}
     with pytest.raises(SystemExit, match=r"error: eval data_path \S+/data/x_text_document is a "
                        r"training prefix \(data/x_text_document\) of the recipe \S+recipe.args"):
-        spec.build_study(fields, spec.REPO)
+        spec.build_study(fields, REPO)
     fields["eval"]["allow_train_text"] = True
-    assert spec.build_study(fields, spec.REPO).eval.allow_train_text
+    assert spec.build_study(fields, REPO).eval.allow_train_text
     with pytest.raises(SystemExit, match="probes data_path"):
         spec.build_study({**fields, "eval": {}, "probes": {"data_path": "data/x_text_document"}},
-                         spec.REPO)
+                         REPO)
 
 
 def test_a_study_directory_holds_one_study(recipe, tmp_path):
@@ -237,7 +238,7 @@ def test_the_held_out_loss_is_the_models_own_loss(tiny_study):
     cross-entropy by torch, on the same held-out windows."""
     from megatron_ext.hf.megatron_checkpoint import load_model, read_checkpoint
     from megatron_ext.initialize import initialize_distributed
-    from megatron_ext.study.evaluation import held_out_tokens
+    from megatron_ext.held_out import held_out_tokens
     study_dir, _ = tiny_study
     definition = spec.settle(study_dir, None)
     initialize_distributed("cpu", 1, 1)

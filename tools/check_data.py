@@ -24,7 +24,7 @@ from typing import Optional
 
 from tqdm import tqdm
 
-from megatron_ext.data.files import write_json
+from megatron_ext.files import write_json
 from megatron_ext.data.index_check import (SPLITS, IndexCheckError, read_index, split_problems,
                                            split_ranges, token_id_range)
 from megatron_ext.tokenizer import TOKENIZER_TYPES, build_tokenizer

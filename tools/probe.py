@@ -20,10 +20,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from megatron_ext.probes.settings import ProbeSettings  # noqa: E402
+from megatron_ext.probes.settings import ProbeSettings
 
 DEFAULTS = ProbeSettings()
 
@@ -81,24 +78,16 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
 
 def jsonl_documents(path: str, key: str, tokenizer):
     """Token arrays of the JSONL documents, each ending with the end-of-document token."""
-    from megatron_ext.data.readers import BadInput, describe_bad_input, iter_batches, \
-        parse_unit
-    for batch in iter_batches([path], "line", [key]):
-        for line, raw in batch.units:
-            try:
-                texts = parse_unit(raw, line, batch.kind, [key])[key]
-            except BadInput as e:
-                where = describe_bad_input(path, e.line, e.kind, e.detail)
-                raise SystemExit(f"error: --jsonl {where}") from e
-            ids = [i for text in texts for i in tokenizer.tokenize(text)] + [tokenizer.eod]
-            yield np.asarray(ids, dtype=np.int64)
+    from megatron_ext.data.readers import iter_texts
+    for texts in iter_texts([path], "line", [key], "--jsonl"):
+        ids = [i for text in texts[key] for i in tokenizer.tokenize(text)] + [tokenizer.eod]
+        yield np.asarray(ids, dtype=np.int64)
 
 
 def held_out(args: argparse.Namespace, seq_length: int
              ) -> tuple[np.ndarray, np.ndarray, str]:
     """The windows, each token's document, and a description of where they come from."""
-    from megatron_ext.probes.collect import cut_documents
-    from megatron_ext.study.evaluation import indexed_documents
+    from megatron_ext.held_out import cut_documents, indexed_documents
     if args.data_path:
         return (*cut_documents(indexed_documents(args.data_path), args.tokens, seq_length,
                                f"--data-path {args.data_path}", "--tokens"),
@@ -121,11 +110,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         name, sep, path = spec.partition("=")
         infos.append(describe(path, name) if sep else describe(spec))
     if args.data_path:
-        from megatron_ext.recipes import check_held_out
-        for info in infos:
-            check_held_out(args.data_path, info.trained_on, REPO, "--data-path",
-                           f"model {info.name}'s training run",
-                           args.allow_train_text, "--allow-train-text")
+        from megatron_ext.probes.models import check_held_out
+        check_held_out(infos, args.data_path, args.allow_train_text)
     seq_length = args.seq_length or min(i.context for i in infos)
     windows, documents, source = held_out(args, seq_length)
     settings = ProbeSettings(data_path=args.data_path, tokens=args.tokens, sample=args.sample,

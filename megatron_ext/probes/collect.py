@@ -1,9 +1,8 @@
 """The fixed token sample and the residual stream at every layer, on it.
 
-Held-out windows (``[n, S + 1]`` ids, :func:`megatron_ext.study.evaluation.cut_windows`)
-come with the document of every token (:func:`cut_documents`). The sample is split **by
-document**: the sampled positions of half of the documents train the probes, the other
-half's score them, so no text is on both sides (a split by window would put the two halves
+Held-out windows (``[n, S + 1]`` ids) come with the document of every token
+(:func:`megatron_ext.held_out.cut_documents`). The sample is split **by document**: the
+sampled positions of half of the documents train the probes, the other half's score them, so no text is on both sides (a split by window would put the two halves
 of a document on either side). From positions ``1 .. S-1`` of every window a fixed random
 sample of token positions is drawn (each has a previous token in its context and a next
 token to predict). The models then run over the windows that hold sampled positions, batch
@@ -36,23 +35,6 @@ class Sample:
 
     def __len__(self) -> int:
         return len(self.window)
-
-
-def cut_documents(documents, count: int, seq_length: int, source: str, knob: str
-                  ) -> tuple[np.ndarray, np.ndarray]:
-    """``(windows, document ids)``: :func:`~megatron_ext.study.evaluation.cut_windows` of
-    the token arrays ``documents``, and the same cut of each token's document number."""
-    from megatron_ext.study.evaluation import cut_windows
-    need, parts, have = (count // seq_length) * seq_length + 1, [], 0
-    for document in documents:
-        if have >= need:
-            break
-        parts.append(np.asarray(document))
-        have += len(document)
-    windows = cut_windows(parts, count, seq_length, source, knob)
-    ids = cut_windows([np.full(len(d), i) for i, d in enumerate(parts)], count, seq_length,
-                      source, knob)
-    return windows, ids
 
 
 def draw_sample(windows: np.ndarray, documents: np.ndarray, count: int, seed: int) -> Sample:

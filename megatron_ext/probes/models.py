@@ -181,6 +181,16 @@ def difference(a: ModelInfo, b: ModelInfo) -> Optional[str]:
     return None
 
 
+def check_held_out(models: list[ModelInfo], data_path: str, allow: bool) -> None:
+    """Refuse held-out text (``--data-path``) that a model's training run read (its
+    relative prefixes taken from the repository root, where the launchers start runs)."""
+    from megatron_ext.recipes import check_held_out as check
+    from megatron_ext.slurm import REPO
+    for info in models:
+        check(data_path, info.trained_on, REPO, "--data-path",
+              f"model {info.name}'s training run", allow, "--allow-train-text")
+
+
 def random_twin(model: torch.nn.Module, seed: int) -> torch.nn.Module:
     """A randomly initialised model of the same arm and shape (the same config, the same
     fixed code), drawn from ``seed`` by Hugging Face's initialisation: normal weights of std

@@ -2,15 +2,15 @@
 ``probes.png`` (each metric against the layer: one colour per model (:func:`colours`, the
 same in a study's figures), solid trained, dashed its random initialisation, dotted the
 control task, grey the chance level, crosses on trivially satisfied points). Every file is
-written atomically (the study report's writers)."""
+written atomically (:mod:`megatron_ext.files`)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
 
-from megatron_ext.study.report import _save, _write
+from megatron_ext.files import write_text
+from megatron_ext.reporting import MISSING, colours, number, pyplot, save_figure
 
 # (key, column title) of the main table. Bit probes show accuracy; chance, the control
 # task's accuracy and the unseen-type accuracy have their own columns.
@@ -42,46 +42,13 @@ SELECTIVITY = ("Selectivity (sel.) = chance-corrected accuracy, (acc − chance)
                "row has.")
 
 
-# One colour per arm in every figure of a study and of the probes: the inputs by their
-# interface names, any other name (a study's named arm, a probed model) in order after them.
-ARM_COLOURS = {"learned": "C0", "binary": "C1", "gf2": "C2", "permuted": "C3", "random": "C4"}
-OTHER_COLOURS = ("C5", "C6", "C7", "C8", "C9")
-
-
-def colours(names: list[str]) -> dict:
-    """``{name: matplotlib colour}``: :data:`ARM_COLOURS` for the interface names, the
-    others in order (cycling)."""
-    others = [n for n in names if n not in ARM_COLOURS]
-    return {n: ARM_COLOURS.get(n) or OTHER_COLOURS[others.index(n) % len(OTHER_COLOURS)]
-            for n in names}
-
-
-def readable_tokens(count: float) -> str:
-    """``384``, ``12.3K``, ``1.5M``, ``100B``, ``2T``."""
-    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if abs(count) >= size:
-            return f"{count / size:.3g}{unit}"
-    return f"{count:g}"
-
-
-def tokens_axis(ax) -> None:
-    """Label an x axis of token counts in readable units (:func:`readable_tokens`)."""
-    from matplotlib.ticker import FuncFormatter
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: readable_tokens(x)))
-    ax.set_xlabel("tokens seen")
-
-
-def _num(value: Optional[float], digits: int = 3) -> str:
-    return "—" if value is None else f"{value:.{digits}f}"
-
-
 def _cell(row: dict, key: str) -> str:
     if key == "ridge":
         return f"{row[key]:g}"
     value = row.get(key)
     if key.endswith("_selectivity"):
-        return "—" if value is None else f"{value:+.3f}"
-    return _num(value) + ("*" if key in row.get("trivial", {}) else "")
+        return number(value, "+.3f")
+    return number(value) + ("*" if key in row.get("trivial", {}) else "")
 
 
 def _layer(row: dict) -> str:
@@ -90,11 +57,11 @@ def _layer(row: dict) -> str:
 
 def chance_line(chance: dict) -> str:
     return ("Chance (always the most frequent training label, scored on the same tokens): "
-            f"id bits {_num(chance['id_bits'])}, control {_num(chance['id_bits_control'])}, "
-            f"unseen {_num(chance['id_bits_unseen'])}; id top-K {_num(chance['id_topk'])}; "
-            f"prev bits {_num(chance['prev_bits'])}, control "
-            f"{_num(chance['prev_bits_control'])}, unseen {_num(chance['prev_bits_unseen'])}; "
-            f"prev top-K {_num(chance['prev_topk'])}.")
+            f"id bits {number(chance['id_bits'])}, control {number(chance['id_bits_control'])}, "
+            f"unseen {number(chance['id_bits_unseen'])}; id top-K {number(chance['id_topk'])}; "
+            f"prev bits {number(chance['prev_bits'])}, control "
+            f"{number(chance['prev_bits_control'])}, unseen {number(chance['prev_bits_unseen'])}; "
+            f"prev top-K {number(chance['prev_topk'])}.")
 
 
 def trivial_note(reasons: set) -> str:
@@ -135,7 +102,7 @@ def markdown(result: dict) -> str:
                                              for note, n in notes.items()) + ".",
               "", trivial_note(reasons), "",
               "Position transfer: probes fitted on positions < S/2, scored on positions ≥ S/2 "
-              "(chance: " + ", ".join(f"{t} {_num(chance[f'{k}_position_transfer'])}"
+              "(chance: " + ", ".join(f"{t} {number(chance[f'{k}_position_transfer'])}"
                                       for k, t in TRANSFER) + ").",
               "", "| model | layer | " + " | ".join(t for _, t in TRANSFER) + " |",
               "|---|---|" + "---:|" * len(TRANSFER)]
@@ -143,7 +110,7 @@ def markdown(result: dict) -> str:
         for init, suffix in INITS:
             for row in entry[init]:
                 lines.append(f"| {name}{suffix} | {_layer(row)} | " + " | ".join(
-                    _num(row[f"{t}_position_transfer"]) for t, _ in TRANSFER) + " |")
+                    number(row[f"{t}_position_transfer"]) for t, _ in TRANSFER) + " |")
     if result["cka"]:
         layers = max(len(p["trained"]) for p in result["cka"])
         lines += ["", "Debiased linear CKA on the scoring tokens: trained (random "
@@ -154,9 +121,9 @@ def markdown(result: dict) -> str:
                   + " |", "|---|" + "---:|" * len(result["cka"])]
         for layer in range(layers):
             lines.append(f"| {layer} | " + " | ".join(
-                f"{_num(p['trained'][layer])} ({_num(p['random_init'][layer])}) "
-                f"[{_num(p['trained_floor'][layer])} / {_num(p['random_init_floor'][layer])}]"
-                if layer < len(p["trained"]) else "—" for p in result["cka"]) + " |")
+                f"{number(p['trained'][layer])} ({number(p['random_init'][layer])}) "
+                f"[{number(p['trained_floor'][layer])} / {number(p['random_init_floor'][layer])}]"
+                if layer < len(p["trained"]) else MISSING for p in result["cka"]) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -165,9 +132,7 @@ def plot(curves: list[dict], chance: dict, path: Path, title: str) -> None:
     ``group`` (one colour per group, :func:`colours`), ``style`` ("-", "--", ":"),
     ``values`` ({metric: [value per layer]}) and optionally ``bands`` ({metric: [(low,
     high) per layer]}) and ``trivial`` ({metric: [bool per layer]}: crossed)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     from matplotlib.ticker import MaxNLocator
     panels = [(m, t) for m, t in PANELS if any(m in c["values"] for c in curves)]
     columns = 3
@@ -206,7 +171,7 @@ def plot(curves: list[dict], chance: dict, path: Path, title: str) -> None:
         ax.axis("off")
     axes.flat[len(panels)].legend(legend.values(), legend.keys(), loc="center", fontsize=8)
     fig.suptitle(title)
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def curves(result: dict) -> list[dict]:
@@ -240,6 +205,6 @@ def write(result: dict, out_dir: Path) -> str:
     plot(curves(result), result["chance"], out_dir / "probes.png",
          "probes per layer: solid trained, dashed random init, dotted control task, "
          "x trivially satisfied")
-    _write(out_dir / "probes.md", f"# Probes\n\n{text}\n![probes per layer](probes.png)\n")
-    _write(out_dir / "probes.json", json.dumps(result, indent=1) + "\n")
+    write_text(out_dir / "probes.md", f"# Probes\n\n{text}\n![probes per layer](probes.png)\n")
+    write_text(out_dir / "probes.json", json.dumps(result, indent=1) + "\n")
     return text

@@ -47,7 +47,6 @@ one class per type is the same task. Layer 0 is the input itself, marked with wh
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import itertools
 import math
 import time
@@ -57,6 +56,7 @@ import numpy as np
 import torch
 
 from megatron_ext.codes import bits_of
+from megatron_ext.held_out import tokens_sha256
 
 from . import fit
 from .collect import Sample, draw_sample, hidden_states, memory_bound
@@ -177,11 +177,6 @@ class Targets:
             return None
         truth, guess = self.matrix[rows, self.columns[task]], predicted[:, self.columns[task]]
         return ((guess > 0) == (truth > 0))[:, varying].double()
-
-
-def tokens_sha256(windows: np.ndarray) -> str:
-    """The held-out tokens' fingerprint: sha256 of the windows as little-endian int64."""
-    return hashlib.sha256(np.ascontiguousarray(windows, dtype="<i8").tobytes()).hexdigest()
 
 
 def run_probes(models: Sequence[ModelInfo], windows: np.ndarray, documents: np.ndarray,

@@ -18,10 +18,11 @@ import json
 from pathlib import Path
 from typing import Optional
 
-from megatron_ext.data.files import write_json
+from megatron_ext.checkpointing import completed_iterations, iteration_name
+from megatron_ext.files import write_json
+from megatron_ext.held_out import cut_documents, indexed_documents
+from megatron_ext.reporting import mean_interval
 
-from .evaluation import completed_iterations, indexed_documents
-from .report import _fmt
 from .spec import Study, run_dir
 from .stats import t_interval
 
@@ -36,7 +37,7 @@ PLOTTED = ("id_bits", "id_topk", "prev_bits", "prev_topk", "lens_loss", "readout
 
 
 def cache_path(run: Path, iteration: int) -> Path:
-    return run / "probes" / f"iter_{iteration:07d}.json"
+    return run / "probes" / f"{iteration_name(iteration)}.json"
 
 
 def read_probes(run: Path, iteration: int, settings) -> Optional[dict]:
@@ -50,7 +51,6 @@ def read_probes(run: Path, iteration: int, settings) -> Optional[dict]:
 def probe_study(study: Study, study_dir: Path, final: Optional[int], progress=print) -> dict:
     """Probe each run's checkpoint at ``final`` (the study's common final iteration) unless
     cached; ``{"probed": n, "cached": m}``."""
-    from megatron_ext.probes.collect import cut_documents
     from megatron_ext.probes.models import describe
     from megatron_ext.probes.run import run_probes
     settings, counts = study.probes, {"probed": 0, "cached": 0}
@@ -150,7 +150,7 @@ def _cell(row: dict, metric: str) -> str:
     if interval is None:
         return "—"
     mark = "*" if metric in row.get("trivial", {}) else ""
-    return f"{_fmt(interval, 3)}{mark} ({interval['n']})"
+    return f"{mean_interval(interval, 3)}{mark} ({interval['n']})"
 
 
 def plot(summary: dict, path: Path) -> None:

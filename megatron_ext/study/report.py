@@ -9,7 +9,7 @@ and then the items (with one seed: conditional on that run, and labelled so). Th
 names how many comparisons it makes. Every row carries the tokens seen and the steps
 skipped. With ``[probes]``, the probes of the final checkpoints per layer
 (:mod:`.probing`). Each arm has one colour in every figure
-(:func:`megatron_ext.probes.report.colours`).
+(:func:`megatron_ext.reporting.colours`).
 """
 
 from __future__ import annotations
@@ -24,9 +24,13 @@ from typing import Optional
 import numpy as np
 
 import megatron_ext
-from megatron_ext.metric_sinks import read_metrics
+from megatron_ext.checkpointing import completed_iterations
+from megatron_ext.files import write_text
+from megatron_ext.metric_sinks import summarise_run
+from megatron_ext.reporting import (colours, mean_interval, pyplot, save_figure,
+                                    signed_range, tokens_axis)
 
-from .evaluation import TASK_METRIC, completed_iterations, read_cached
+from .evaluation import TASK_METRIC, read_cached
 from .spec import Study, run_dir
 from .stats import hierarchical_bootstrap, paired_difference, t_interval
 
@@ -38,10 +42,8 @@ def collect(study: Study, study_dir: Path) -> dict:
     for arm, seed in study.runs():
         run = run_dir(study_dir, arm, seed)
         metrics = run / "checkpoints" / "metrics.jsonl"
-        if not metrics.exists():
-            continue
-        train = [r for r in read_metrics(str(metrics)) if r["kind"] == "train"]
-        if not train:
+        trained = summarise_run(str(metrics)) if metrics.exists() else None
+        if trained is None:
             continue
         evals = {}
         for it in completed_iterations(run / "checkpoints"):
@@ -49,9 +51,9 @@ def collect(study: Study, study_dir: Path) -> dict:
             if record is not None:
                 evals[it] = record
         runs.setdefault(arm.name, {})[seed] = {
-            "tokens_per_iteration": train[0]["tokens"] // train[0]["iteration"],
-            "skipped": train[-1].get("skipped-iterations", 0),
-            "trained": train[-1]["iteration"],
+            "tokens_per_iteration": trained["tokens_per_iteration"],
+            "skipped": trained["skipped"],
+            "trained": trained["iteration"],
             "evals": evals,
         }
     return runs
@@ -160,24 +162,6 @@ def comparisons(study: Study, summary: dict) -> int:
     return pairs * (len(names) + len([n for n in names if n != "valid_loss"]))
 
 
-def _fmt(interval: Optional[dict], digits: int = 4) -> str:
-    if interval is None:
-        return "—"
-    if interval["half_width"] is None:
-        return f"{interval['mean']:.{digits}f} (1 seed: no interval)"
-    return f"{interval['mean']:.{digits}f} ± {interval['half_width']:.{digits}f}"
-
-
-def _fmt_range(interval: Optional[dict], digits: int = 4) -> str:
-    if interval is None:
-        return "—"
-    if interval.get("low") is None:
-        return f"{interval['mean']:+.{digits}f} (1 seed: no interval)"
-    text = (f"{interval['mean']:+.{digits}f} [{interval['low']:+.{digits}f}, "
-            f"{interval['high']:+.{digits}f}]")
-    return text + " (1 seed: conditional on that run)" if interval.get("conditional") else text
-
-
 def markdown(study: Study, study_dir: Path, summary: dict, generated: dict) -> str:
     names = metric_names(study)
     lines = [f"# Study `{Path(study_dir).name}`", "",
@@ -216,7 +200,7 @@ def markdown(study: Study, study_dir: Path, summary: dict, generated: dict) -> s
               "|---|---|---|" + "---:|" * len(names)]
     for arm in study.arms:
         a = summary["arms"][arm.name]
-        cells = [_fmt((a["final"] or {}).get(n)) for n in names]
+        cells = [mean_interval((a["final"] or {}).get(n)) for n in names]
         skipped = sum(a["skipped_steps"].values())
         lines.append(f"| {arm.name} | {len(a['seeds'])} | {skipped} | " + " | ".join(cells)
                      + " |")
@@ -242,7 +226,7 @@ def markdown(study: Study, study_dir: Path, summary: dict, generated: dict) -> s
     for arm in study.arms:
         for p in summary["arms"][arm.name]["curve"]:
             lines.append(f"| {arm.name} | {p['iteration']:,} | {p['tokens']:,} | "
-                         + " | ".join(_fmt(p.get(n)) for n in names) + " |")
+                         + " | ".join(mean_interval(p.get(n)) for n in names) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -252,17 +236,14 @@ def _difference_table(names: list[str], rows: list, title: str) -> list[str]:
              + "".join(f" | Δ {label(n)} (by seed, then item)" for n in tasks) + " |",
              "|---|" + "---:|" * (len(names) + len(tasks))]
     for name, row in rows:
-        cells = [_fmt_range(row[n]["by_seed"]) for n in names]
-        cells += [_fmt_range(row[n].get("by_item")) for n in tasks]
+        cells = [signed_range(row[n]["by_seed"]) for n in names]
+        cells += [signed_range(row[n].get("by_item")) for n in tasks]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return lines
 
 
 def _plot_curves(study: Study, summary: dict, names: list[str], path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from megatron_ext.probes.report import colours, tokens_axis
+    plt = pyplot()
     colour = colours([a.name for a in study.arms])
     fig, axes = plt.subplots(1, len(names), figsize=(5.5 * len(names), 4), dpi=110,
                              squeeze=False)
@@ -283,14 +264,11 @@ def _plot_curves(study: Study, summary: dict, names: list[str], path: Path) -> N
         ax.grid(alpha=0.3)
         ax.legend()
     fig.suptitle("mean over seeds, 95% interval shaded")
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def _plot_differences(study: Study, summary: dict, names: list[str], path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from megatron_ext.probes.report import colours
+    plt = pyplot()
     arms = list(summary["differences"])
     colour = colours([a.name for a in study.arms])
     fig, axes = plt.subplots(1, len(names), figsize=(5.5 * len(names), 1 + 0.5 * len(arms)),
@@ -306,22 +284,7 @@ def _plot_differences(study: Study, summary: dict, names: list[str], path: Path)
         ax.grid(alpha=0.3)
     fig.suptitle(f"iteration {summary['final_iteration']:,}: mean difference, 95% interval "
                  f"(paired by seed)")
-    _save(fig, path)
-
-
-def _save(fig, path: Path) -> None:
-    import matplotlib.pyplot as plt
-    fig.tight_layout()
-    tmp = path.with_suffix(".tmp.png")
-    fig.savefig(tmp)
-    plt.close(fig)
-    os.replace(tmp, path)
-
-
-def _write(path: Path, text: str) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    save_figure(fig, path)
 
 
 def write_report(study: Study, study_dir: Path) -> dict:
@@ -350,7 +313,7 @@ def write_report(study: Study, study_dir: Path) -> dict:
             probing.plot(summary["probes"], study_dir / "probes.png")
             text += "\n" + probing.markdown(study, summary["probes"],
                                             summary["final_iteration"])
-    _write(study_dir / "STUDY.md", text)
-    _write(study_dir / "study.json", json.dumps(
+    write_text(study_dir / "STUDY.md", text)
+    write_text(study_dir / "study.json", json.dumps(
         {"study": study.to_json(), "generated": generated, **summary}, indent=1) + "\n")
     return summary

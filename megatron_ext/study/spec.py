@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Optional
 
 from megatron_ext import recipes
+from megatron_ext.codes import ARMS
+from megatron_ext.files import write_text
 from megatron_ext.probes.settings import ProbeSettings
 
 # Set by the study for every run; an arm or recipe that sets them is refused.
@@ -118,12 +120,6 @@ def read_recipe(path: str) -> list[str]:
     return recipes.read_recipe(Path(path), PER_RUN_FLAGS, "the study sets for every run")
 
 
-def _input_interfaces() -> tuple[str, ...]:
-    from megatron_ext.arguments import build_parser
-    action = next(a for a in build_parser("")._actions if a.dest == "input_interface")
-    return tuple(action.choices)
-
-
 def build_study(fields: dict, base: Path) -> Study:
     """A study from ``fields`` (a study file's keys, or flags): ``recipe``, ``overrides``
     (flags appended to the recipe's, e.g. a smaller ``--train-samples``), ``arms``,
@@ -138,8 +134,7 @@ def build_study(fields: dict, base: Path) -> Study:
     for key in ("recipe", "arms", "seeds"):
         if not fields.get(key):
             raise SystemExit(f"error: the study needs {key} (a study file key or --{key})")
-    interfaces = _input_interfaces()
-    arms = tuple(parse_arm(str(a), interfaces) for a in fields["arms"])
+    arms = tuple(parse_arm(str(a), ARMS) for a in fields["arms"])
     names = [a.name for a in arms]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
@@ -178,16 +173,15 @@ def build_study(fields: dict, base: Path) -> Study:
     return study
 
 
-REPO = Path(__file__).resolve().parents[2]  # where tools/study.py starts the runs
-
-
 def _check_held_out(study: Study) -> None:
-    """The held-out sets (eval, probes) must not be a training prefix of any run."""
+    """The held-out sets (eval, probes) must not be a training prefix of any run (whose
+    relative prefixes are taken from the repository root, where the launchers start it)."""
+    from megatron_ext.slurm import REPO as RUNS_START_IN
     trained = sorted({p for arm in study.arms
                       for p in recipes.training_prefixes([*study.recipe, *arm.flags])})
     for what, settings in (("eval data_path", study.eval), ("probes data_path", study.probes)):
         if settings is not None and settings.data_path:
-            recipes.check_held_out(settings.data_path, trained, REPO, what,
+            recipes.check_held_out(settings.data_path, trained, RUNS_START_IN, what,
                                    f"the recipe {study.recipe_path} (or an arm)",
                                    settings.allow_train_text,
                                    "allow_train_text = true (in its section)")
@@ -212,8 +206,7 @@ def _probe_settings(fields: Optional[dict], base: Path, eval_data: Optional[str]
 
 def _check_flags(study: Study) -> None:
     """Every run's flags must parse as pretrain_fixedcode.py's (named per arm)."""
-    from megatron_ext.arguments import add_training_args, build_parser
-    from pretrain_fixedcode import parse_args
+    from megatron_ext.arguments import add_training_args, build_parser, parse_model_args
     parser = build_parser("")
     add_training_args(parser)
     for arm in study.arms:
@@ -223,7 +216,7 @@ def _check_flags(study: Study) -> None:
             raise SystemExit(f"error: arm {arm.name!r} with recipe {study.recipe_path}: "
                              f"unknown flag(s) {' '.join(unknown)}")
         try:
-            parse_args(flags)
+            parse_model_args(flags, "", add_training_args)
         except SystemExit as e:
             raise SystemExit(f"error: arm {arm.name!r} with recipe {study.recipe_path}: "
                              f"{e.code or 'invalid flags'}") from e
@@ -258,7 +251,5 @@ def settle(study_dir: Path, study: Optional[Study], save: bool = True) -> Study:
     if not save:
         return study
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(study.to_json(), indent=2) + "\n")
-    os.replace(tmp, path)
+    write_text(path, json.dumps(study.to_json(), indent=2) + "\n")
     return study
