@@ -233,6 +233,38 @@ def test_a_study_trains_evaluates_and_reports(tiny_study):
     assert re.search(r"\| binary \| 2 \| 0 \| \d\.\d{4} ± \d\.\d{4} \|", text)
 
 
+def test_each_arm_keeps_one_colour_in_every_figure(tiny_study, monkeypatch):
+    """The curves and the differences of a study, and the probes' figures, take their
+    colours from one definition (reporting.colours); token axes read 384, 1.5M, 100B."""
+    from matplotlib.colors import to_hex
+    from megatron_ext.reporting import colours, readable_tokens
+    from megatron_ext.study import report
+    study_dir, summary = tiny_study
+    definition = spec.settle(study_dir, None)
+    drawn = {}
+
+    def keep(fig, path):
+        ax = fig.axes[0]
+        if ax.get_legend_handles_labels()[1]:  # the curves: one labelled line per arm
+            drawn[path.name] = {label: to_hex(line.get_color()) for line, label in
+                                zip(*ax.get_legend_handles_labels())}
+        else:  # the differences: one error bar per arm, in the order of the y ticks
+            arms = [t.get_text() for t in ax.get_yticklabels()]
+            drawn[path.name] = {arm: to_hex(c.lines[0].get_color())
+                                for arm, c in zip(arms, ax.containers)}
+    monkeypatch.setattr(report, "save_figure", keep)
+    report._plot_curves(definition, summary, ["valid_loss"], study_dir / "valid_loss.png")
+    report._plot_differences(definition, summary, ["valid_loss"], study_dir / "d.png")
+    expected = {name: to_hex(c) for name, c in colours(["learned", "binary"]).items()}
+    assert drawn["valid_loss.png"] == expected
+    assert drawn["d.png"] == {"binary": expected["binary"]}
+    assert to_hex(colours(["binary", "gf2", "small"])["binary"]) == expected["binary"]
+    assert len(set(colours(["learned", "binary", "gf2", "permuted", "random", "a", "b"])
+                   .values())) == 7
+    assert [readable_tokens(x) for x in (384, 12_300, 1.5e6, 1e11)] == \
+        ["384", "12.3K", "1.5M", "100B"]
+
+
 def test_the_held_out_loss_is_the_models_own_loss(tiny_study):
     """Independent of the study's evaluation code: logits from the loaded checkpoint,
     cross-entropy by torch, on the same held-out windows."""
