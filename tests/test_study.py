@@ -147,6 +147,36 @@ def test_a_held_out_set_that_the_recipe_trains_on_is_refused(recipe, data):
                          REPO)
 
 
+def test_probe_differences_pair_every_two_arms_by_seed():
+    from megatron_ext.study.probing import PAIRED, differences
+    def arm(values):  # {seed: value of every metric at layers 0 and 1}
+        return {"by_seed": {s: [{m: v + layer for m, _ in PAIRED} for layer in (0, 1)]
+                            for s, v in values.items()}}
+    summary = {"learned": arm({1: 0.0, 2: 0.0, 3: 0.0}), "binary": arm({1: 1.0, 2: 2.0, 3: 3.0}),
+               "gf2": arm({1: 1.0, 2: 1.0, 9: 5.0})}
+    pairs = differences(summary)
+    assert [(p["a"], p["b"]) for p in pairs] == [("learned", "binary"), ("learned", "gf2"),
+                                                 ("binary", "gf2")]
+    gf2_binary = pairs[2]["layers"][1]["id_bits_selectivity"]
+    assert gf2_binary["seeds"] == [1, 2] and gf2_binary["mean"] == pytest.approx(-0.5)
+    assert pairs[0]["layers"][0]["readout_loss"]["mean"] == pytest.approx(2.0)
+
+
+def test_an_eval_cache_made_before_allow_train_text_still_holds(tmp_path):
+    """allow_train_text changes no result: adding it must not re-evaluate every checkpoint
+    of an existing study."""
+    import dataclasses
+    from megatron_ext.study.evaluation import cache_path, read_cached
+    settings = spec.EvalSettings(data_path="x", tasks=("piqa",), data_dir="d")
+    old = {k: list(v) if isinstance(v, tuple) else v
+           for k, v in dataclasses.asdict(settings).items() if k != "allow_train_text"}
+    path = cache_path(tmp_path, 3)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"iteration": 3, "settings": old, "valid_loss": 1.0}))
+    assert read_cached(tmp_path, 3, settings)["valid_loss"] == 1.0
+    assert read_cached(tmp_path, 3, dataclasses.replace(settings, tokens=5)) is None
+
+
 def test_a_study_directory_holds_one_study(recipe, tmp_path):
     one = spec.build_study({"recipe": str(recipe), "arms": ["learned"], "seeds": [1]}, tmp_path)
     two = spec.build_study({"recipe": str(recipe), "arms": ["learned"], "seeds": [1, 2]},

@@ -104,8 +104,12 @@ def read_cached(run: Path, iteration: int, settings: EvalSettings) -> Optional[d
 
 
 def _settings_json(settings: EvalSettings) -> dict:
-    """The settings as their cache file holds them (tuples become lists)."""
-    return json.loads(json.dumps(dataclasses.asdict(settings)))
+    """The settings that change a result, as their cache file holds them (tuples become
+    lists): ``allow_train_text`` changes none, so caches made before it existed still
+    hold."""
+    fields = dataclasses.asdict(settings)
+    del fields["allow_train_text"]
+    return json.loads(json.dumps(fields))
 
 
 def evaluate_study(study: Study, study_dir: Path, export_hf, progress=print) -> dict:
