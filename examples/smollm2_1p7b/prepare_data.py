@@ -37,7 +37,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from megatron_ext.data.index_check import read_index, split_ranges, train_epochs
+from megatron_ext.index_check import read_index, split_ranges, train_epochs
 from megatron_ext.files import write_json
 
 REPO = Path(__file__).resolve().parents[2]

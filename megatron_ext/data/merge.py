@@ -14,7 +14,7 @@ import os
 import shutil
 
 from megatron_ext.files import publish
-from megatron_ext.data.index_check import read_index
+from megatron_ext.index_check import read_index
 from megatron_ext.data.index_write import write_index
 
 
