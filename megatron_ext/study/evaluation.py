@@ -23,7 +23,7 @@ import numpy as np
 
 from megatron_ext.checkpointing import completed_iterations, iteration_name
 from megatron_ext.files import write_json
-from megatron_ext.held_out import held_out_tokens
+from megatron_ext.held_out import held_out_tokens, tokens_sha256
 from megatron_ext.retention import SaveDeleted, reading
 
 from .spec import EvalSettings, Study, run_dir
@@ -83,7 +83,8 @@ def evaluate_checkpoint(run: Path, iteration: int, settings: EvalSettings) -> di
         loss = held_out_loss(load_model(path, train_args, fixed_code), windows,
                              settings.batch_size)
         record.update(valid_loss=loss, valid_ppl=math.exp(min(loss, 50.0)),
-                      valid_tokens=int(windows.shape[0] * train_args.seq_length))
+                      valid_tokens=int(windows.shape[0] * train_args.seq_length),
+                      valid_tokens_sha256=tokens_sha256(windows))
     if settings.tasks:
         record["tasks"] = downstream(ckpt, iteration, settings)
     return record
@@ -98,8 +99,12 @@ def read_cached(run: Path, iteration: int, settings: EvalSettings) -> Optional[d
 
 
 def _settings_json(settings: EvalSettings) -> dict:
-    """The settings as their cache file holds them (tuples become lists)."""
-    return json.loads(json.dumps(dataclasses.asdict(settings)))
+    """The settings that change a result, as their cache file holds them (tuples become
+    lists): ``allow_train_text`` changes none, so caches made before it existed still
+    hold."""
+    fields = dataclasses.asdict(settings)
+    del fields["allow_train_text"]
+    return json.loads(json.dumps(fields))
 
 
 def evaluate_study(study: Study, study_dir: Path, progress=print) -> dict:
