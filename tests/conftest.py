@@ -1,14 +1,21 @@
 """Shared test fixtures: Megatron-Core on CPU in this process, and running the training
-entry point as a subprocess (its global parallel state then stays out of the test process)."""
+entry point, in this process by default (one CPU gloo process group shared by the whole
+test session; importing torch and megatron.core once saves seconds per run), or as a
+subprocess where the process itself is under test (signals, crashes, torchrun)."""
 
 from __future__ import annotations
 
+import contextlib
+import io
+import logging
 import os
 import signal
 import subprocess
 import sys
 import tempfile
+import traceback
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -31,15 +38,17 @@ def cpu_dist():
     yield
 
 
-def run_pretrain(args, nproc: int = 1, env=None, check: bool = True,
-                 timeout: int = 300) -> subprocess.CompletedProcess:
-    """Run pretrain_fixedcode.py (under torchrun when nproc > 1); returns the completed run,
-    with ``.metrics``: the records of the run's metrics file (``--metrics-file``, else
-    ``--save``'s ``metrics.jsonl``; a temporary one when the arguments name neither).
+def run_pretrain(args, nproc: int = 1, env=None, check: bool = True, timeout: int = 300,
+                 in_process: Optional[bool] = None) -> subprocess.CompletedProcess:
+    """Run pretrain_fixedcode.py; returns the completed run (``returncode``, ``stdout``,
+    ``stderr``), with ``.metrics``: the records of the run's metrics file
+    (``--metrics-file``, else ``--save``'s ``metrics.jsonl``; a temporary one when the
+    arguments name neither).
 
-    Output goes through files, not pipes, and the run gets its own process group, killed at
-    the end: helper processes orphaned by a crash (multiprocessing's resource tracker) must
-    neither hold the test's pipes open nor outlive it."""
+    ``in_process`` (default: when ``nproc`` is 1 on a machine without a GPU): the entry
+    point's ``main`` runs in this process (:func:`_run_in_process`); otherwise a subprocess,
+    under torchrun when ``nproc`` > 1. Pass ``in_process=False`` where the process itself is
+    under test (``os._exit`` crashes, signals). ``timeout`` applies to subprocesses."""
     from megatron_ext.metric_sinks import read_metrics
     args = [str(a) for a in args]
     with tempfile.TemporaryDirectory() as scratch:
@@ -50,12 +59,76 @@ def run_pretrain(args, nproc: int = 1, env=None, check: bool = True,
         else:
             metrics = os.path.join(scratch, "metrics.jsonl")
             args += ["--metrics-file", metrics]
-        result = _run(args, nproc, env, timeout)
+        if in_process is None:
+            in_process = nproc == 1 and not _gpu_visible()
+        if in_process:
+            if nproc != 1:
+                raise ValueError("an in-process run has one rank")
+            result = _run_in_process(args, env)
+        else:
+            result = _run(args, nproc, env, timeout)
         result.metrics = read_metrics(metrics) if os.path.exists(metrics) else []
     if check and result.returncode != 0:
         raise AssertionError(f"pretrain failed ({result.returncode}):\n{result.stdout[-3000:]}\n"
                              f"{result.stderr[-5000:]}")
     return result
+
+
+def _gpu_visible() -> bool:
+    import torch
+    return torch.cuda.is_available()
+
+
+def _run_in_process(args: list, env) -> subprocess.CompletedProcess:
+    """``pretrain_fixedcode.main(args)`` in this process, as the subprocess would run it:
+    ``env`` set for the run, stdout/stderr (and warnings logged through ``logging``)
+    captured, an exit (``SystemExit``) or an uncaught exception turned into its return code
+    and message. What a run leaves in the process is reset after it: the recorded exit
+    signal and the SIGTERM/SIGUSR1 handlers (``--exit-signal-handler``), the environment,
+    the logging handler. The process group and Megatron's parallel state (TP=PP=1, one rank)
+    stay for the next run; each run reseeds every generator and Megatron's RNG tracker
+    (``initialize.set_seed``), and nothing else of Megatron's global state is used by the
+    loop (no microbatch calculator, global args or timers: the loop passes them)."""
+    import pretrain_fixedcode
+    from megatron_ext import exit_signals
+    out, err = io.StringIO(), io.StringIO()
+    handler = logging.StreamHandler(err)
+    handler.setLevel(logging.WARNING)
+    saved_env = dict(os.environ)
+    saved_handlers = {sig: signal.getsignal(sig) for sig in exit_signals.EXIT_SIGNALS}
+    os.environ.update(env or {})
+    logging.getLogger().addHandler(handler)
+    returncode = 0
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                if "--exit-signal-handler" in args:
+                    exit_signals.install()  # what the entry point does at its first line
+                pretrain_fixedcode.main(args)
+            except SystemExit as e:
+                returncode = _exit_code(e.code, err)
+            except Exception:  # noqa: BLE001 - a crashing process prints it and exits 1
+                traceback.print_exc(file=err)
+                returncode = 1
+    finally:
+        logging.getLogger().removeHandler(handler)
+        os.environ.clear()
+        os.environ.update(saved_env)
+        for sig, action in saved_handlers.items():
+            signal.signal(sig, action)
+        exit_signals.reset()
+    return subprocess.CompletedProcess([sys.executable, str(PRETRAIN), *args], returncode,
+                                       out.getvalue(), err.getvalue())
+
+
+def _exit_code(code, err) -> int:
+    """The status a process exiting with ``sys.exit(code)`` returns (a message: printed, 1)."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=err)
+    return 1
 
 
 def _run(args, nproc: int, env, timeout: int) -> subprocess.CompletedProcess:

@@ -33,6 +33,24 @@ def test_a_few_steps_lower_the_loss(tmp_path, arm):
     assert f"[fixedcode] training done: iteration 30 | final train loss {last:.6f}" in run.stdout
 
 
+def test_an_in_process_run_is_the_subprocess_run(tmp_path):
+    """The tests' in-process harness (conftest.run_pretrain) trains as the entry point's
+    own process does: the same losses, metrics and log, run after run in one process."""
+    run = TINY_RUN + ["--input-interface", "binary", "--train-iters", "4", "--eval-iters", "1",
+                      "--eval-interval", "2", "--exit-signal-handler"]
+    alone = run_pretrain(run, in_process=False)
+    first, again = run_pretrain(run, in_process=True), run_pretrain(run, in_process=True)
+    assert len(step_losses(alone)) == 4 and len(valid_losses(alone)) == 2
+    for run in (first, again):
+        assert step_losses(run) == step_losses(alone)
+        assert valid_losses(run) == valid_losses(alone)
+        assert run.stdout.splitlines()[-1] == alone.stdout.splitlines()[-1]
+    failed = run_pretrain(TINY_RUN + ["--train-iters", "1", "--input-interface", "binary",
+                                      "--code-bits", "8"], in_process=True, check=False)
+    assert failed.returncode == 1 and "do not fit --code-bits 8" in failed.stderr
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler did not stay
+
+
 def test_resume_gives_the_same_per_step_losses(tmp_path):
     run = TINY_RUN + ["--input-interface", "gf2", "--train-iters", "8", "--lr-warmup-iters", "2",
                       "--eval-iters", "1", "--eval-interval", "4"]
@@ -289,7 +307,8 @@ def test_a_save_killed_midway_is_not_loaded(tmp_path):
     run = TINY_RUN + ["--input-interface", "binary", "--train-iters", "4", "--save", ckpt,
                       "--load", ckpt, "--save-interval", "2"]
     # Saves iteration 2, then dies after writing the shards of iteration 4.
-    crashed = run_pretrain(run, env={"FIXEDCODE_FAULT_AFTER_SHARDS": "4"}, check=False)
+    crashed = run_pretrain(run, env={"FIXEDCODE_FAULT_AFTER_SHARDS": "4"}, check=False,
+                           in_process=False)  # the process dies (os._exit)
     assert crashed.returncode == 17
     assert (ckpt / "iter_0000004.partial").is_dir()
     assert not (ckpt / "iter_0000004").exists()
