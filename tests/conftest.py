@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import traceback
 from pathlib import Path
 from typing import Optional
@@ -28,6 +29,9 @@ TINY_MODEL = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads
 TINY_RUN = TINY_MODEL + ["--micro-batch-size", "2", "--global-batch-size", "4", "--lr", "3e-3",
                          "--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "511",
                          "--log-interval", "1", "--eval-iters", "0", "--num-workers", "0"]
+# The run of pp2_checkpoint; --lr-decay-iters fixed, so that it resumes with more iterations.
+PP2_RUN = ["--num-query-groups", "2", "--input-interface", "binary",
+           "--pipeline-model-parallel-size", "2", "--train-iters", "3", "--lr-decay-iters", "8"]
 
 
 @pytest.fixture(scope="session")
@@ -36,6 +40,16 @@ def cpu_dist():
     from megatron_ext.initialize import initialize_distributed
     initialize_distributed("cpu", 1, 1, seed=1234)
     yield
+
+
+@pytest.fixture(scope="session")
+def pp2_checkpoint(tmp_path_factory) -> Path:
+    """One checkpoint of two pipeline stages (torchrun, 2 processes) for the pipeline and the
+    export tests: the binary arm with grouped-query attention, 3 steps, saved at 3 (its
+    ``metrics.jsonl`` beside it). Read-only: a test that resumes it copies it first."""
+    ckpt = tmp_path_factory.mktemp("pp2") / "ckpt"
+    run_pretrain(TINY_RUN + PP2_RUN + ["--save", ckpt, "--save-interval", "3"], nproc=2)
+    return ckpt
 
 
 def run_pretrain(args, nproc: int = 1, env=None, check: bool = True, timeout: int = 300,
@@ -115,7 +129,8 @@ def _run_in_process(args: list, env) -> subprocess.CompletedProcess:
         os.environ.clear()
         os.environ.update(saved_env)
         for sig, action in saved_handlers.items():
-            signal.signal(sig, action)
+            if signal.getsignal(sig) is not action:
+                signal.signal(sig, action)
         exit_signals.reset()
     return subprocess.CompletedProcess([sys.executable, str(PRETRAIN), *args], returncode,
                                        out.getvalue(), err.getvalue())

@@ -39,8 +39,6 @@ UNSEEN = (PLAYS / "romances/the-tempest.md").read_text(encoding="utf-8")[:3000] 
 GQA = ["--num-query-groups", "2"]
 RUNS = {  # name -> (extra training flags, processes)
     "learned": (GQA + ["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", "{hf}"], 1),
-    "binary_pp2": (GQA + ["--input-interface", "binary", "--pipeline-model-parallel-size", "2"],
-                   2),
     "gf2": (GQA + ["--input-interface", "gf2", "--tokenizer-type", "SentencePieceTokenizer",
                    "--tokenizer-model", "{sp}"], 1),
     "random_recode": (["--input-interface", "random", "--code-tiling", "recode", "--code-bits",
@@ -53,8 +51,10 @@ TP2 = "learned_tied_tp2"
 
 
 @pytest.fixture(scope="module")
-def ckpts(tmp_path_factory):
-    """``{name: checkpoint dir}``: 3 training steps each, saved at the end, run side by side."""
+def ckpts(tmp_path_factory, pp2_checkpoint):
+    """``{name: checkpoint dir}``: 3 training steps each, saved at the end; the torchrun runs
+    side by side with the in-process ones (main thread); ``binary_pp2``: conftest's checkpoint
+    of two pipeline stages."""
     root = tmp_path_factory.mktemp("ckpts")
     tokenizers = {
         key: train_tokenizer.main(["--input", str(PLAYS / "comedies/the-comedy-of-errors.md"),
@@ -70,7 +70,10 @@ def ckpts(tmp_path_factory):
         return name, str(root / name)
 
     with ThreadPoolExecutor(len(RUNS)) as pool:
-        return dict(pool.map(train, RUNS))
+        torchrun = [pool.submit(train, name) for name in RUNS if RUNS[name][1] > 1]
+        done = [train(name) for name in RUNS if RUNS[name][1] == 1]
+        done += [future.result() for future in torchrun]
+    return {**dict(done), "binary_pp2": str(pp2_checkpoint)}
 
 
 @pytest.fixture(scope="module")
@@ -190,7 +193,7 @@ def test_every_scheme_and_tiling_exports_with_logit_parity(flags, tmp_path, cpu_
     assert diff <= TOLERANCE
 
 
-@pytest.mark.parametrize("name", list(RUNS))
+@pytest.mark.parametrize("name", [*RUNS, "binary_pp2"])
 def test_hf_logits_equal_megatron_logits(name, ckpts, exports, tp2_export, cpu_dist):
     if name == TP2:
         hf_dir, stdout = tp2_export

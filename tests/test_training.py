@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import time
 
 import pytest
 
-from conftest import PRETRAIN, TINY_RUN, run_pretrain, step_losses, valid_losses
+from conftest import PP2_RUN, PRETRAIN, TINY_RUN, run_pretrain, step_losses, valid_losses
 from megatron_ext.checkpointing import reconcile_schedule
 from megatron_ext.derived import derive
 from megatron_ext.profiling import validate_profile_args
@@ -159,17 +160,19 @@ def test_data_parallel_resume_overlapped_reduction_and_fewer_processes(tmp_path)
         assert resumed[it] == pytest.approx(straight[it], rel=1e-4), it
 
 
-def test_pipeline_parallel_trains(tmp_path):
+def test_pipeline_parallel_trains(pp2_checkpoint, tmp_path):
     """Two pipeline stages over gloo: the last stage reports a decreasing loss and the
     checkpoint of both stages loads back."""
+    from megatron_ext.metric_sinks import read_metrics
     ckpt = tmp_path / "ckpt"
-    run = TINY_RUN + ["--input-interface", "gf2", "--pipeline-model-parallel-size", "2",
-                      "--save", ckpt, "--load", ckpt, "--lr-decay-iters", "13"]
-    losses = step_losses(run_pretrain(run + ["--train-iters", "12"], nproc=2))
-    assert losses[12] < losses[1]
-    resumed = run_pretrain(run + ["--train-iters", "13"], nproc=2)
-    assert f"resumed from {ckpt}/iter_0000012 at iteration 12" in resumed.stdout
-    assert sorted(step_losses(resumed)) == list(range(1, 14))
+    shutil.copytree(pp2_checkpoint, ckpt)
+    losses = {r["iteration"]: r["lm loss"] for r in read_metrics(str(ckpt / "metrics.jsonl"))
+              if r["kind"] == "train"}
+    assert sorted(losses) == [1, 2, 3] and losses[3] < losses[1]
+    resumed = run_pretrain(TINY_RUN + PP2_RUN + ["--train-iters", "4", "--save", ckpt,
+                                                 "--load", ckpt], nproc=2)
+    assert f"resumed from {ckpt}/iter_0000003 at iteration 3" in resumed.stdout
+    assert sorted(step_losses(resumed)) == [1, 2, 3, 4]
 
 
 def test_activation_recompute_gives_the_same_losses():
