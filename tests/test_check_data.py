@@ -46,8 +46,7 @@ def training_data(*flags):
     --global-batch-size 4 (run it under the cpu_dist fixture)."""
     args = parse_args([a for a in TINY_RUN if a != "--mock-data"]
                       + ["--train-iters", "2", *map(str, flags)])
-    args.device = "cpu"
-    tokenizer, derived = setup_args(args)
+    tokenizer, derived, _ = setup_args(args, "cpu")
     return build_train_valid(args, tokenizer, samples_per_split(args, derived), 0)
 
 

@@ -104,7 +104,7 @@ def test_a_fresh_start_never_overwrites_checkpoints(tmp_path):
     with pytest.raises(SystemExit, match=re.escape(
             f"--save {tmp_path} already holds checkpoints (latest: iteration 4); resume them "
             f"with --load {tmp_path}, or save to another directory")):
-        resolve_checkpoint(args, derive(args, 1, 511))
+        resolve_checkpoint(args, derive(args, 1, 511), setup_args(args, "cpu")[2])
 
 
 def test_a_changed_schedule_needs_a_decision():
@@ -118,14 +118,17 @@ def test_a_changed_schedule_needs_a_decision():
             "--override-opt_param-scheduler")):
         reconcile_schedule(saved, parse_args(cooldown), 6, "CKPT")
     args = parse_args(cooldown + ["--use-checkpoint-opt_param-scheduler"])
-    assert len(reconcile_schedule(saved, args, 6, "CKPT")) == 3
-    assert (args.lr, args.lr_decay_iters, args.lr_wsd_decay_iters) == (3e-3, 8, 4)
+    diffs, kept = reconcile_schedule(saved, args, 6, "CKPT")
+    assert len(diffs) == 3
+    assert (kept["lr"], kept["lr_decay_iters"], kept["lr_wsd_decay_iters"]) == (3e-3, 8, 4)
+    assert (args.lr, args.lr_decay_iters, args.lr_wsd_decay_iters) == (1e-3, None, 2)  # as given
     args = parse_args(cooldown + ["--override-opt_param-scheduler"])
-    assert len(reconcile_schedule(saved, args, 6, "CKPT")) == 3
-    assert (args.lr, args.lr_decay_iters, args.lr_wsd_decay_iters) == (1e-3, None, 2)
+    diffs, kept = reconcile_schedule(saved, args, 6, "CKPT")
+    assert len(diffs) == 3
+    assert (kept["lr"], kept["lr_decay_iters"], kept["lr_wsd_decay_iters"]) == (1e-3, None, 2)
     same = parse_args(TINY_RUN + ["--train-iters", "8", "--lr-decay-style", "WSD",
                                   "--lr-wsd-decay-iters", "4"])
-    assert reconcile_schedule(saved, same, 8, "CKPT") == []
+    assert reconcile_schedule(saved, same, 8, "CKPT")[0] == []
 
 
 def test_data_parallel_resume_overlapped_reduction_and_fewer_processes(tmp_path):
@@ -363,8 +366,7 @@ def test_bad_flags_are_clear_errors(cpu_dist, flags, message):
     """Checked before anything is built (in this process: the set-up the entry point runs)."""
     with pytest.raises(SystemExit, match=re.escape(message)):
         args = parse_args(TINY_RUN + flags + ["--train-iters", "2"])
-        args.device = "cpu"
-        resolve_checkpoint(args, setup_args(args)[1])
+        resolve_checkpoint(args, *setup_args(args, "cpu")[1:])
 
 
 def test_a_resumed_run_gets_its_saved_code_once_not_the_flags(cpu_dist, tmp_path):
@@ -376,18 +378,40 @@ def test_a_resumed_run_gets_its_saved_code_once_not_the_flags(cpu_dist, tmp_path
     from pretrain_fixedcode import model_provider
     run = TINY_RUN + ["--input-interface", "gf2", "--save", str(tmp_path), "--train-iters", "2"]
     args = parse_args(run)
-    args.device = "cpu"
-    _, derived = setup_args(args)
-    _, _, code = resolve_checkpoint(args, derived)
+    _, derived, resolved = setup_args(args, "cpu")
+    _, _, code, resolved = resolve_checkpoint(args, derived, resolved)
+    args = resolved.applied_to(args)
     model, _, optimizer, scheduler = build_model_and_optimizer(args, derived, model_provider, code)
     assert model.embedding.code == code
     save_checkpoint(args, derived, model, optimizer, scheduler, TrainState(iteration=1), code)
     resumed = parse_args(run + ["--load", str(tmp_path), "--code-seed", "7"])
-    resumed.device = "cpu"
-    path, _, saved = resolve_checkpoint(resumed, setup_args(resumed)[1])
+    path, _, saved, _ = resolve_checkpoint(resumed, *setup_args(resumed, "cpu")[1:])
     assert path == f"{tmp_path}/iter_0000001"
     assert saved == code != build_code(resumed, derived.padded_vocab_size)
     assert not hasattr(resumed, "fixed_code") and not hasattr(args, "fixed_code")
+
+
+def test_the_flags_are_the_command_line_after_a_run(cpu_dist, tmp_path):
+    """What start-up settles (--device auto, the default --transformer-impl,
+    --sequence-parallel at TP=1, a resumed run's schedule) is not written into the parsed
+    flags; the checkpoint records the values the run applied."""
+    import copy
+    from megatron_ext.checkpointing import load_common
+    from megatron_ext.training import pretrain
+    from pretrain_fixedcode import datasets_provider, forward_step, model_provider
+    run = TINY_RUN + ["--input-interface", "binary", "--save", tmp_path, "--load", tmp_path]
+    run_pretrain(run + ["--train-iters", "1"])
+    args = parse_args([str(a) for a in run] + [
+        "--train-iters", "2", "--sequence-parallel", "--lr", "1e-3",
+        "--use-checkpoint-opt_param-scheduler"])
+    parsed = copy.deepcopy(vars(args))
+    assert (args.device, args.transformer_impl, args.sequence_parallel) == ("auto", None, True)
+    result = pretrain(args, model_provider, forward_step, datasets_provider)
+    assert vars(args) == parsed
+    assert (result.iteration, result.exit_reason) == (2, None)
+    saved = load_common(str(tmp_path))[1]["args"]
+    assert (saved["device"], saved["transformer_impl"], saved["sequence_parallel"],
+            saved["lr"]) == ("cpu", "local", False, 3e-3)  # 3e-3: the checkpoint's schedule
 
 
 def test_resuming_with_another_input_interface_is_refused(tmp_path):
