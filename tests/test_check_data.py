@@ -360,6 +360,7 @@ def test_the_tool_checks_ids_and_splits_against_the_flags(tmp_path, capsys, flag
     }[flags[0]] in message)
 
 
+@pytest.mark.integration
 def test_the_tool_starts_without_torch_or_megatron():
     code = ("import sys; from tools import check_data; "
             "print(sorted({'torch', 'megatron'} & {m.split('.')[0] for m in sys.modules}))")

@@ -40,6 +40,7 @@ def poisoned_at(args, iterations, poison):
     return lambda x: poison(x) if next(calls) // per_step + 1 in iterations else x
 
 
+@pytest.mark.integration
 def test_fp16_overflows_are_counted_apart_and_a_nan_loss_still_stops(cpu_dist, tmp_path):
     """--fp16 on the CPU backend, through megatron-core's mixed-precision optimizer: the
     dynamic loss scaler starts at 2^32 and skips the first steps while it comes down; those
@@ -101,6 +102,7 @@ def test_bf16_wraps_the_model_and_keeps_fp32_main_parameters(cpu_dist):
     assert all(torch.equal(p.detach(), p.main_param.bfloat16()) for p in model.parameters())
 
 
+@pytest.mark.integration
 def test_a_nan_gradient_with_a_finite_loss_is_never_applied(cpu_dist, tmp_path):
     """One NaN in one gradient at iteration 4 (the loss stays finite): that update is
     skipped and counted, training goes on, and no checkpoint holds a NaN."""

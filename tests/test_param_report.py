@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from conftest import REPO
 
 
@@ -15,6 +17,7 @@ def run_report(*flags: str) -> str:
     return proc.stdout
 
 
+@pytest.mark.integration
 def test_reference_shape_counts():
     out = run_report("--preset", "smollm2-1.7b", "--json")
     import json
@@ -28,6 +31,7 @@ def test_reference_shape_counts():
     assert counts["binary"]["head"] == 100_663_296
 
 
+@pytest.mark.integration
 def test_small_shape_matches_independent_formula():
     L, d, ffn, V = 3, 64, 160, 1000
     out = run_report("--num-layers", str(L), "--hidden-size", str(d), "--num-attention-heads",
@@ -43,6 +47,7 @@ def test_small_shape_matches_independent_formula():
     assert counts["learned"]["total"] == backbone + 2 * padded * d
 
 
+@pytest.mark.integration
 def test_table_output_shows_the_difference():
     out = run_report("--preset", "smollm2-1.7b", "--arms", "learned", "binary")
     assert "1,711,376,384" in out and "1,812,039,680" in out

@@ -28,6 +28,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 RECIPE = REPO / "slurm" / "recipes" / "tiny_cpu.args"
+# One worker runs them all, one after another (pytest-xdist --dist loadgroup): the cluster
+# test's two-task jobs take both cores.
+pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("processes")]
 CPU_JOB = ["--gpus-per-node", "0", "--ntasks-per-node", "2"]
 ARMS = ("learned", "binary", "gf2")
 

@@ -24,6 +24,7 @@ from pretrain_fixedcode import parse_args
 MARKER = "latest_checkpointed_iteration.txt"
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("arm", ["learned", "binary", "gf2"])
 def test_a_few_steps_lower_the_loss(tmp_path, arm):
     run = run_pretrain(TINY_RUN + ["--input-interface", arm, "--train-iters", "30"])
@@ -34,6 +35,7 @@ def test_a_few_steps_lower_the_loss(tmp_path, arm):
     assert f"[fixedcode] training done: iteration 30 | final train loss {last:.6f}" in run.stdout
 
 
+@pytest.mark.integration
 def test_an_in_process_run_is_the_subprocess_run(tmp_path):
     """The tests' in-process harness (conftest.run_pretrain) trains as the entry point's
     own process does: the same losses, metrics and log, run after run in one process."""
@@ -52,6 +54,7 @@ def test_an_in_process_run_is_the_subprocess_run(tmp_path):
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler did not stay
 
 
+@pytest.mark.integration
 def test_resume_gives_the_same_per_step_losses(tmp_path):
     run = TINY_RUN + ["--input-interface", "gf2", "--train-iters", "8", "--lr-warmup-iters", "2",
                       "--eval-iters", "1", "--eval-interval", "4"]
@@ -77,6 +80,7 @@ def step_lrs(run) -> dict[int, float]:
     return {r["iteration"]: r["learning-rate"] for r in run.metrics if r["kind"] == "train"}
 
 
+@pytest.mark.integration
 def test_a_cooldown_branches_from_a_stable_checkpoint(tmp_path):
     """WSD: decay from a stable-phase checkpoint into a directory of its own, with a new
     schedule; a requeue of the branch continues the branch."""
@@ -131,6 +135,8 @@ def test_a_changed_schedule_needs_a_decision():
     assert reconcile_schedule(saved, same, 8, "CKPT")[0] == []
 
 
+@pytest.mark.integration
+@pytest.mark.xdist_group("processes")  # torchrun: both cores
 def test_data_parallel_resume_overlapped_reduction_and_fewer_processes(tmp_path):
     """Two processes (data parallel over gloo, two micro-batches each per step):
 
@@ -163,6 +169,8 @@ def test_data_parallel_resume_overlapped_reduction_and_fewer_processes(tmp_path)
         assert resumed[it] == pytest.approx(straight[it], rel=1e-4), it
 
 
+@pytest.mark.integration
+@pytest.mark.xdist_group("processes")  # torchrun, and conftest's pp2_checkpoint
 def test_pipeline_parallel_trains(pp2_checkpoint, tmp_path):
     """Two pipeline stages over gloo: the last stage reports a decreasing loss and the
     checkpoint of both stages loads back."""
@@ -178,6 +186,7 @@ def test_pipeline_parallel_trains(pp2_checkpoint, tmp_path):
     assert sorted(step_losses(resumed)) == [1, 2, 3, 4]
 
 
+@pytest.mark.integration
 def test_activation_recompute_gives_the_same_losses():
     """Recomputing activations changes memory, not results: every recompute mode matches the
     run that stores them. A fixed-code input requires no gradient of its own, yet the
@@ -190,6 +199,7 @@ def test_activation_recompute_gives_the_same_losses():
             == stored, mode
 
 
+@pytest.mark.integration
 def test_pytorch_profiler_records_the_asked_iterations(tmp_path):
     tb = tmp_path / "tb"
     out = run_pretrain(TINY_RUN + ["--input-interface", "gf2", "--train-iters", "5", "--profile",
@@ -249,6 +259,7 @@ def signal_run(args, sig, when=None, delay: float = 0.0, env=None, again_when=No
 SIGNAL_RUN = TINY_RUN + ["--input-interface", "binary", "--exit-signal-handler"]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])
 def test_exit_signal_during_training_saves_and_exits_zero(tmp_path, sig):
     ckpt = tmp_path / "ckpt"
@@ -263,6 +274,7 @@ def test_exit_signal_during_training_saves_and_exits_zero(tmp_path, sig):
     assert f"saved checkpoint {ckpt}/iter_{saved:07d}" in out
 
 
+@pytest.mark.integration
 def test_exit_signal_during_start_up_exits_zero_without_a_save(tmp_path):
     """0.5 s after the start the process is still importing torch: before the handler was
     installed first thing, Python's default action killed it (exit -10)."""
@@ -275,6 +287,7 @@ def test_exit_signal_during_start_up_exits_zero_without_a_save(tmp_path):
     assert not (ckpt / MARKER).exists() and "iteration        1/" not in out
 
 
+@pytest.mark.integration
 def test_exit_signal_during_validation_saves_and_the_resumed_run_validates_first(tmp_path):
     ckpt = tmp_path / "ckpt"
     run = SIGNAL_RUN + ["--train-iters", "6", "--eval-interval", "3", "--eval-iters", "300",
@@ -296,6 +309,7 @@ def test_exit_signal_during_validation_saves_and_the_resumed_run_validates_first
     assert sorted(valid_losses(straight)) == [3, 6]
 
 
+@pytest.mark.integration
 def test_exit_signal_during_a_save_lets_the_save_finish(tmp_path):
     ckpt = tmp_path / "ckpt"
     rc, out, _ = signal_run(SIGNAL_RUN + ["--train-iters", "100", "--save", ckpt,
@@ -308,6 +322,7 @@ def test_exit_signal_during_a_save_lets_the_save_finish(tmp_path):
     assert (ckpt / MARKER).read_text() == "2" and not (ckpt / "iter_0000002.partial").exists()
 
 
+@pytest.mark.integration
 def test_a_save_killed_midway_is_not_loaded(tmp_path):
     ckpt = tmp_path / "ckpt"
     run = TINY_RUN + ["--input-interface", "binary", "--train-iters", "4", "--save", ckpt,
@@ -325,6 +340,7 @@ def test_a_save_killed_midway_is_not_loaded(tmp_path):
     assert (ckpt / "iter_0000004").is_dir() and not (ckpt / "iter_0000004.partial").exists()
 
 
+@pytest.mark.integration
 def test_nonfinite_losses_stop_with_a_clear_error(tmp_path):
     ckpt = tmp_path / "ckpt"
     proc = run_pretrain(TINY_RUN + ["--input-interface", "binary", "--train-iters", "50",
@@ -339,6 +355,7 @@ def test_nonfinite_losses_stop_with_a_clear_error(tmp_path):
     assert last_saved == stopped - 1  # the failing step itself was never saved
 
 
+@pytest.mark.integration
 def test_a_bad_flag_stops_the_run_with_a_clear_error():
     """End to end: the message reaches stderr and the exit status is non-zero."""
     args = [a for a in TINY_RUN if a != "--mock-data"]
@@ -391,6 +408,7 @@ def test_a_resumed_run_gets_its_saved_code_once_not_the_flags(cpu_dist, tmp_path
     assert not hasattr(resumed, "fixed_code") and not hasattr(args, "fixed_code")
 
 
+@pytest.mark.integration
 def test_the_flags_are_the_command_line_after_a_run(cpu_dist, tmp_path):
     """What start-up settles (--device auto, the default --transformer-impl,
     --sequence-parallel at TP=1, a resumed run's schedule) is not written into the parsed
@@ -414,6 +432,7 @@ def test_the_flags_are_the_command_line_after_a_run(cpu_dist, tmp_path):
             saved["lr"]) == ("cpu", "local", False, 3e-3)  # 3e-3: the checkpoint's schedule
 
 
+@pytest.mark.integration
 def test_resuming_with_another_input_interface_is_refused(tmp_path):
     ckpt = tmp_path / "ckpt"
     run_pretrain(TINY_RUN + ["--input-interface", "binary", "--train-iters", "1", "--save", ckpt])
