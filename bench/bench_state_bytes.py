@@ -1,6 +1,6 @@
 """Training-state bytes a fixed-code input saves at the reference 1.7B shape: weights,
-gradients and Adam state, from the real parameter counts of tools/param_report.py (Megatron
-modules instantiated on the meta device).
+gradients and Adam state, from the real parameter counts of megatron_ext/param_count.py
+(Megatron modules instantiated on the meta device).
 
 Bytes per trainable parameter, as megatron_ext/training.py trains with ``--bf16``: bf16
 weights (2), fp32 gradients (4: Megatron DDP's ``grad_reduce_in_fp32=True``), Adam in fp32:
@@ -14,13 +14,10 @@ Adam state over the data-parallel ranks::
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from megatron_ext.arguments import parse_model_args  # noqa: E402
-from tools.param_report import ARMS, report  # noqa: E402
+from megatron_ext.arguments import parse_model_args
+from megatron_ext.codes import ARMS
+from megatron_ext.param_count import count_arms
 
 WEIGHT_BYTES, ADAM_BYTES = 2, 12
 
@@ -31,7 +28,7 @@ def main() -> None:
                         help="bytes per gradient element: 4 fp32 (default), 2 bf16")
     args, model_argv = parser.parse_known_args()
     model_args = parse_model_args(model_argv or ["--preset", "smollm2-1.7b"], "state bytes")
-    counts = report(model_args, ARMS)
+    counts = count_arms(model_args, ARMS)
 
     per_param = {"weights (bf16)": WEIGHT_BYTES,
                  f"gradients ({'fp32' if args.grad_bytes == 4 else 'bf16'})": args.grad_bytes,

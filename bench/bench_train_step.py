@@ -15,23 +15,25 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import runpy
 import sys
 from pathlib import Path
 
 import torch
 
 import measure
+from megatron_ext.codes import PAPER_ARMS
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULTS = ["--num-layers", "2", "--hidden-size", "256", "--num-attention-heads", "4",
             "--seq-length", "256", "--micro-batch-size", "2", "--vocab-size", "49151",
             "--tokenizer-type", "NullTokenizer", "--mock-data", "--train-iters", "1"]
-ARMS = ("learned", "binary", "gf2")
 
 
 def child(arm: str, model_argv: list, warmup: int, reps: int) -> None:
-    sys.path.insert(0, str(REPO))
-    from pretrain_fixedcode import forward_step, model_provider, parse_args
+    entry = runpy.run_path(str(REPO / "pretrain_fixedcode.py"))  # a script, not a module
+    forward_step, model_provider, parse_args = (
+        entry["forward_step"], entry["model_provider"], entry["parse_args"])
     from megatron_ext.initialize import initialize_distributed, resolve_device
     from megatron_ext.training import build_model_and_optimizer, setup_args, train_step
 
@@ -80,7 +82,7 @@ def main() -> None:
         return child(args.child, model_argv, args.warmup, reps)
 
     results = {arm: measure.run_child(__file__, arm, "--warmup", str(args.warmup), "--reps",
-                                      str(reps), *model_argv) for arm in ARMS}
+                                      str(reps), *model_argv) for arm in PAPER_ARMS}
     base = results["learned"]
     print(f"# bench_train_step: {base['shape']}; warmup {args.warmup}, reps {reps} (median)\n"
           f"# machine: {measure.machine()}\n# memory: {measure.MEMORY_KIND}")

@@ -1,13 +1,25 @@
 """fixedcode: a Megatron-Core extension for LMs whose input table is a fixed code of the token id.
 
-Modules: ``codes`` (the code schemes), ``embedding`` (FixedCodeEmbedding for GPTModel),
-``kernels`` and ``cuda_extension`` (the fast forward: PyTorch path or fused CUDA kernel), ``model`` (the
-model provider), ``arguments`` (Megatron-LM flags), ``derived`` (the values derived once at
-start-up: batch, world layout, padded vocabulary), ``initialize`` (process start-up),
-``training``, ``checkpointing``, ``datasets``, ``data_cache``, ``metrics``, ``metric_sinks``, ``norms``,
-``exit_conditions``, ``exit_signals``, ``log`` (the training loop and its parts),
-``tokenizer``, ``data`` (preprocessing), ``hf`` (Hugging Face export), ``cpu_backend``
-(Megatron-Core on CPU for tests and the demo).
+Core modules (no import from the subpackages ``data``, ``hf``, ``study``, ``probes``):
+
+- the code and the model: ``codes`` (the code schemes, the arms), ``code_limits`` (the
+  rules a code's flags and vocabulary follow, without torch), ``embedding``
+  (FixedCodeEmbedding for GPTModel), ``kernels`` and ``cuda_extension`` (the fast forward:
+  PyTorch path or fused CUDA kernel), ``model`` (the model provider), ``norms``;
+- the run: ``arguments`` (Megatron-LM flags), ``recipes`` (files of flags), ``derived``
+  (the values settled once at start-up: batch, world layout, padded vocabulary; device,
+  layers, a resumed schedule),
+  ``initialize`` (process start-up), ``cpu_backend`` (Megatron-Core on CPU for tests and the
+  demo), ``tokenizer``, ``datasets``, ``index_check`` (indexed datasets read and checked before
+  use), ``data_cache``, ``held_out`` (held-out token windows);
+- the loop and its parts: ``training``, ``validation``, ``checkpointing``, ``metrics``,
+  ``metric_sinks``, ``exit_conditions``, ``exit_signals``, ``profiling``, ``log``;
+- outside the loop: ``param_count`` (parameters per arm), ``slurm`` (job scripts and
+  submission), ``files`` (the atomic writer), ``reporting`` (table cells and figures).
+
+Subpackages: ``data`` (corpus preprocessing), ``hf`` (Hugging Face export and evaluation),
+``probes`` (per-layer probes), ``study`` (arms x seeds, evaluated and reported). The command
+lines are in tools/.
 """
 
 import warnings

@@ -13,7 +13,7 @@ import argparse
 import math
 from typing import Optional, Sequence
 
-from .codes import SCHEMES, TILINGS, check_options
+from .codes import ARMS, TILINGS, check_options
 from .tokenizer import TOKENIZER_TYPES
 
 # The reference shape of the paper (SmolLM2-1.7B-like).
@@ -92,7 +92,7 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
                         "fused_weight_gradient_mlp_cuda is importable)")
 
     c = parser.add_argument_group("fixed-code input")
-    c.add_argument("--input-interface", choices=["learned", *SCHEMES], default="learned",
+    c.add_argument("--input-interface", choices=ARMS, default="learned",
                    help="learned table (control), or a fixed code (docs/codes.md): binary code of "
                         "the id, GF(2) affine code, binary code of a seeded permutation of the "
                         "ids, or a seeded random code")

@@ -32,6 +32,7 @@ import dataclasses
 import multiprocessing
 import os
 import random
+import re
 import shutil
 import time
 from typing import Optional
@@ -54,6 +55,7 @@ import megatron_ext
 
 from .codes import FixedCode
 from .derived import Derived, run_record
+from .files import write_text
 from .log import log
 
 MARKER = "latest_checkpointed_iteration.txt"
@@ -95,8 +97,14 @@ MODEL_DEFINING_ARGS = (
 ADDED_ARGS = {"code_tiling": "repeat"}
 
 
+def iteration_name(iteration: int) -> str:
+    """``iter_0000100``: a save's folder, and the stem of what is cached per save (a study's
+    evaluations and probes)."""
+    return f"iter_{iteration:07d}"
+
+
 def checkpoint_path(save_dir: str, iteration: int) -> str:
-    return os.path.join(save_dir, f"iter_{iteration:07d}")
+    return os.path.join(save_dir, iteration_name(iteration))
 
 
 def latest_iteration(load_dir: str) -> Optional[int]:
@@ -112,6 +120,16 @@ def latest_iteration(load_dir: str) -> Optional[int]:
         raise SystemExit(f"error: {marker} names iteration {iteration}, but "
                          f"{checkpoint_path(load_dir, iteration)} is missing")
     return iteration
+
+
+def completed_iterations(save_dir: str) -> list[int]:
+    """Iterations of the completed saves in ``save_dir`` (never ``.partial``), up to its
+    latest marker; none when it is not a folder."""
+    latest = latest_iteration(save_dir) if os.path.isdir(save_dir) else None
+    if latest is None:
+        return []
+    found = (re.fullmatch(r"iter_(\d{7})", name) for name in os.listdir(save_dir))
+    return sorted(i for i in (int(m.group(1)) for m in found if m) if i <= latest)
 
 
 def load_common(load_dir: str, iteration: Optional[int] = None) -> tuple[str, dict]:
@@ -305,12 +323,7 @@ def save_checkpoint(args: argparse.Namespace, derived: Derived, model, optimizer
     time.sleep(float(os.environ.get("FIXEDCODE_TEST_SAVE_SECONDS", 0)))
     if rank0:
         os.rename(partial, final)
-        marker = os.path.join(args.save, MARKER)
-        with open(marker + ".tmp", "w") as f:
-            f.write(str(iteration))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(marker + ".tmp", marker)
+        write_text(os.path.join(args.save, MARKER), str(iteration))
     torch.distributed.barrier()
     return final
 

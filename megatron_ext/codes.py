@@ -33,6 +33,9 @@ import torch
 from megatron_ext.code_limits import MAX_BITS, check_options, check_vocab_fits  # noqa: F401
 
 SCHEMES = ("binary", "gf2", "permuted", "random")
+# The arms (--input-interface): the learned table, the control, or a fixed code.
+ARMS = ("learned", *SCHEMES)
+PAPER_ARMS = ("learned", "binary", "gf2")  # the paper's comparison (submit's, the demo's)
 TABLE_SCHEMES = ("permuted", "random")  # the code input x(t) is a stored per-id table
 TILINGS = ("repeat", "recode")
 VALUE_MAPS = ("pm1", "01")

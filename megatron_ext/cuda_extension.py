@@ -23,6 +23,8 @@ from pathlib import Path
 
 import torch
 
+from .files import write_text
+
 NAME = "fixedcode_cuda"
 CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = (CSRC / "binding.cpp", CSRC / "fixed_code.cu")
@@ -78,10 +80,8 @@ def _build():
         # torch rebuilds when the sources change (as NAME_v1.so, ...): record which file
         # holds the build of which sources, for the read-only case. Ranks sharing the
         # directory write the same record; each replaces it whole.
-        partial = directory / f"{RECORD}.{os.getpid()}"
-        partial.write_text(json.dumps({"sources_sha256": sources_hash(),
-                                       "file": Path(module.__file__).name}))
-        os.replace(partial, directory / RECORD)
+        write_text(directory / RECORD, json.dumps({"sources_sha256": sources_hash(),
+                                                   "file": Path(module.__file__).name}))
         return module, None
     except Exception as e:  # no compiler, a compile error, an ABI mismatch: all mean "none"
         return None, f"building or loading it in {directory} failed: {e}"

@@ -24,7 +24,7 @@ from megatron.core.datasets.utils import get_blend_from_list
 
 from megatron_ext import data_cache
 from megatron_ext.derived import Derived
-from megatron_ext.data.index_check import check_train_epochs, check_training_data
+from megatron_ext.index_check import check_train_epochs, check_training_data
 
 
 def _blend(flag: str, paths):

@@ -20,6 +20,8 @@ import json
 import os
 from typing import Optional
 
+from .files import write_text
+
 
 class TensorBoardSink:
     def __init__(self, logdir: str):
@@ -54,6 +56,23 @@ def read_metrics(path: str) -> list[dict]:
     return records
 
 
+def summarise_run(path: str) -> Optional[dict]:
+    """What the reports over runs read from a metrics file (or a ``--save`` directory's):
+    ``iteration`` and ``train_loss`` of the last training record, ``skipped`` (steps skipped
+    so far), ``tokens_per_iteration``, and ``valid_curve``, ``[(iteration, loss)]`` with the
+    last record of an iteration winning (a validation redone after an interruption); None
+    when the file holds no training record."""
+    records = read_metrics(path)
+    train = [r for r in records if r["kind"] == "train"]
+    if not train:
+        return None
+    return {"iteration": train[-1]["iteration"], "train_loss": train[-1]["lm loss"],
+            "skipped": train[-1].get("skipped-iterations", 0),
+            "tokens_per_iteration": train[0]["tokens"] // train[0]["iteration"],
+            "valid_curve": sorted({r["iteration"]: r["lm loss validation"] for r in records
+                                   if r["kind"] == "valid"}.items())}
+
+
 class JsonlSink:
     """Appends to ``path``, one flushed line per record, after dropping the records of
     iterations beyond ``resumed_iteration`` (rewritten atomically)."""
@@ -63,9 +82,7 @@ class JsonlSink:
         os.makedirs(directory, exist_ok=True)
         if os.path.exists(path):
             kept = [r for r in read_metrics(path) if r["iteration"] <= resumed_iteration]
-            with open(path + ".tmp", "w") as f:
-                f.writelines(json.dumps(r) + "\n" for r in kept)
-            os.replace(path + ".tmp", path)
+            write_text(path, "".join(json.dumps(r) + "\n" for r in kept))
         self.file = open(path, "a")
 
     def write(self, kind: str, iteration: int, scalars: dict, where: dict) -> None:

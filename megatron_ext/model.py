@@ -131,8 +131,8 @@ def local_layer_spec(args: argparse.Namespace):
     return get_gpt_layer_local_spec(normalization=args.normalization)
 
 
-def decoder_spec(args: argparse.Namespace, config: TransformerConfig,
-                 vp_stage: Optional[int] = None) -> TransformerBlockSubmodules:
+def decoder_spec(args: argparse.Namespace,
+                 config: TransformerConfig) -> TransformerBlockSubmodules:
     """This pipeline stage's transformer layers and the decoder's final norm.
 
     Given a layer spec alone, megatron-core builds the final norm from Transformer Engine
@@ -151,13 +151,12 @@ def decoder_spec(args: argparse.Namespace, config: TransformerConfig,
         layer = local_layer_spec(args)
         final_norm = layer.submodules.input_layernorm
     return TransformerBlockSubmodules(
-        layer_specs=[layer] * get_num_layers_to_build(config, vp_stage=vp_stage),
+        layer_specs=[layer] * get_num_layers_to_build(config),
         layer_norm=final_norm)
 
 
 def model_provider(args: argparse.Namespace, padded_vocab_size: int, pre_process: bool = True,
-                   post_process: bool = True, vp_stage: Optional[int] = None,
-                   on_cpu: bool = False, code: Optional[FixedCode] = None) -> GPTModel:
+                   post_process: bool = True, on_cpu: bool = False, code: Optional[FixedCode] = None) -> GPTModel:
     """Build the GPTModel of one pipeline stage for the arm ``args.input_interface``.
 
     ``padded_vocab_size``: the tokenizer's, padded (derived.Derived; a checkpoint's saved
@@ -174,7 +173,7 @@ def model_provider(args: argparse.Namespace, padded_vocab_size: int, pre_process
         code.check_width(args.hidden_size)
     model = GPTModel(
         config=config,
-        transformer_layer_spec=decoder_spec(args, config, vp_stage),
+        transformer_layer_spec=decoder_spec(args, config),
         vocab_size=padded_vocab_size,
         max_sequence_length=args.max_position_embeddings,
         pre_process=pre_process,
@@ -183,7 +182,6 @@ def model_provider(args: argparse.Namespace, padded_vocab_size: int, pre_process
         share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
         position_embedding_type=args.position_embedding_type,
         rotary_base=args.rotary_base,
-        vp_stage=vp_stage,
     )
     # The one difference between the arms: a fixed-code arm's input is the code, not a table.
     if code is not None and pre_process:

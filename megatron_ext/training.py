@@ -39,6 +39,7 @@ from megatron.core.transformer.torch_norm import WrappedTorchNorm
 
 from . import checkpointing
 from .checkpointing import Checkpointer, TrainState
+from .code_limits import require_vocab_fits
 from .codes import FixedCode
 from .datasets import samples_per_split
 from .derived import Derived, Resolved, derive, run_record
@@ -86,10 +87,8 @@ def setup_args(args: argparse.Namespace, device: str) -> tuple:
         raise SystemExit("error: --ckpt-step needs --load")
     if args.save_interval and not args.save:
         raise SystemExit("error: --save-interval needs --save")
-    if args.input_interface != "learned" and tokenizer.vocab_size > 2 ** args.code_bits:
-        raise SystemExit(f"error: the tokenizer's {tokenizer.vocab_size} tokens do not fit "
-                         f"--code-bits {args.code_bits} (at most 2^{args.code_bits} = "
-                         f"{2 ** args.code_bits} ids); raise --code-bits")
+    if args.input_interface != "learned":
+        require_vocab_fits(derived.padded_vocab_size, args.code_bits, tokenizer.vocab_size)
     return tokenizer, derived, resolved
 
 

@@ -1,4 +1,4 @@
-"""Data checks before training: megatron_ext/data/index_check.py (damaged files, the splits of
+"""Data checks before training: megatron_ext/index_check.py (damaged files, the splits of
 --split as megatron.core computes them), training's refusal of data it would hang on, and
 tools/check_data.py. Datasets are written by megatron.core's IndexedDatasetBuilder."""
 
@@ -20,7 +20,7 @@ from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 from megatron.core.datasets.indexed_dataset import IndexedDataset, IndexedDatasetBuilder
 
 from conftest import REPO, TINY_RUN
-from megatron_ext.data.index_check import (IndexCheckError, check_train_epochs, read_index,
+from megatron_ext.index_check import (IndexCheckError, check_train_epochs, read_index,
                                            split_problems, split_ranges, token_id_range,
                                            train_epochs)
 from megatron_ext.datasets import build_train_valid, samples_per_split

@@ -29,6 +29,7 @@ from conftest import REPO, TINY_MODEL, TINY_RUN, run_pretrain  # noqa: E402
 from megatron_ext import codes  # noqa: E402
 from megatron_ext.hf import modeling_fixedcode  # noqa: E402
 from megatron_ext.hf.configuration_fixedcode import FixedCodeLlamaConfig  # noqa: E402
+from megatron_ext.hf import export  # noqa: E402
 from megatron_ext.hf.convert import check_mappable, hf_state_dict  # noqa: E402
 from megatron_ext.tokenizer import build_tokenizer  # noqa: E402
 from tools import convert_to_hf, train_tokenizer  # noqa: E402
@@ -342,7 +343,7 @@ def test_unknown_weights_are_refused(ckpts):
 def test_an_older_transformers_is_named_before_any_work(monkeypatch, tmp_path):
     """The first GPU run's image had transformers 5.17 (below the pin): the export died inside
     transformers with a config validation error. It is now refused up front."""
-    monkeypatch.setattr(convert_to_hf.transformers, "__version__", "5.17.0")
+    monkeypatch.setattr(export.transformers, "__version__", "5.17.0")
     with pytest.raises(SystemExit, match=re.escape(
             "the export needs transformers >= 5.24, this environment has 5.17.0")):
         convert_to_hf.main(["--load", str(tmp_path), "--output", str(tmp_path / "hf")])
@@ -359,3 +360,9 @@ def test_bad_paths_are_named(ckpts, tmp_path):
     with pytest.raises(SystemExit, match="--tokenizer-model /missing.model does not exist"):
         convert_to_hf.main(["--load", ckpts[TP2], "--output", str(tmp_path / "new"),
                             "--tokenizer-model", "/missing.model"])
+
+
+def test_the_exported_config_knows_the_same_code_schemes_as_training():
+    """configuration_fixedcode.py restates the schemes (it imports nothing of megatron_ext)."""
+    from megatron_ext.hf import configuration_fixedcode
+    assert configuration_fixedcode.SCHEMES == codes.SCHEMES

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -66,7 +67,7 @@ def test_input_rms_and_the_matching_code_scale():
     (blocks of bits 0-15, 0-15, 0-7): bits 0-8 are one half the time, bits 9-15 never, so
     13 of 40 positions on average: RMS sqrt(13/40) at --code-scale 1."""
     from megatron_ext.arguments import parse_model_args
-    from tools.param_report import input_rms
+    from megatron_ext.param_count import input_rms
     args = parse_model_args(SMALL + ["--code-values", "01", "--init-method-std", "0.01"], "t")
     rms = input_rms(args, ["learned", "binary", "permuted"])
     assert rms["learned"] == (0.01, None)
@@ -94,3 +95,17 @@ def test_show_code_prints_the_rows_of_the_configured_code(capsys):
         assert (int(ident), int(x), bar) == (t, int(code.table[t]), "|")
         assert [len(b) for b in blocks] == [12, 12, 12, 4]  # the last block truncated
         assert "".join(blocks) == "".join(map(str, py_row(code.to_dict(), t, 40)))
+
+
+@pytest.mark.parametrize("extra", [[], ["--show-code", "2"]])
+def test_a_padded_vocabulary_too_large_for_the_code_is_an_error_line(extra):
+    """The issue's case: 1,000 tokens fit --code-bits 10, but padded to a multiple of 300
+    they are 1,200 ids: refused with the training's error, not a ValueError traceback."""
+    from tools.param_report import main
+    flags = ["--num-layers", "2", "--hidden-size", "40", "--num-attention-heads", "4",
+             "--seq-length", "32", "--vocab-size", "1000", "--code-bits", "10",
+             "--make-vocab-size-divisible-by", "300", "--arms", "learned", "binary"]
+    with pytest.raises(SystemExit, match=re.escape(
+            "error: vocabulary of 1200 tokens (the tokenizer's 1000, padded by "
+            "--make-vocab-size-divisible-by) does not fit a 10-bit code")):
+        main(flags + extra)

@@ -212,6 +212,17 @@ def test_bad_inputs_are_named(tmp_path, tiny_study):
                     str(tiny_study["root"] / "heldout"), "--seq-length", "64", "--tokens", "640"])
 
 
+def test_a_bad_jsonl_line_is_named_with_its_flag(tmp_path):
+    """The held-out JSONL is read by the data tools' reader: a line that is not a JSON
+    object ends the run naming --jsonl, the file and the line, before any tokenizing."""
+    path = tmp_path / "held.jsonl"
+    path.write_text('{"text": "a"}\nnot json\n')
+    tokenizer = build_tokenizer("NullTokenizer", None, 10)
+    tokenizer.tokenize = lambda text: [1]  # the text is not NullTokenizer's ids
+    with pytest.raises(SystemExit, match=re.escape(f"error: --jsonl {path}:2: ")):
+        list(probe.jsonl_documents(str(path), "text", tokenizer))
+
+
 @pytest.mark.parametrize("probes, message", [
     ({"colour": 1}, "unknown probes setting(s) ['colour']"),
     ({}, "[probes] needs data_path (or [eval] data_path)"),

@@ -26,13 +26,15 @@ from pathlib import Path
 
 import pytest
 
+from megatron_ext.codes import PAPER_ARMS
+
 REPO = Path(__file__).resolve().parent.parent
 RECIPE = REPO / "slurm" / "recipes" / "tiny_cpu.args"
 # One worker runs them all, one after another (pytest-xdist --dist loadgroup): the cluster
 # test's two-task jobs take both cores.
 pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("processes")]
 CPU_JOB = ["--gpus-per-node", "0", "--ntasks-per-node", "2"]
-ARMS = ("learned", "binary", "gf2")
+ARMS = PAPER_ARMS  # tools/submit.py's default arms
 
 
 def submit(*args: str, env=None) -> subprocess.CompletedProcess:

@@ -165,7 +165,7 @@ def test_the_held_out_loss_is_the_models_own_loss(tiny_study):
     cross-entropy by torch, on the same held-out windows."""
     from megatron_ext.hf.megatron_checkpoint import load_model, read_checkpoint
     from megatron_ext.initialize import initialize_distributed
-    from megatron_ext.study.evaluation import held_out_tokens
+    from megatron_ext.held_out import held_out_tokens
     study_dir = tiny_study["study_dir"]
     definition = spec.settle(study_dir, None)
     initialize_distributed("cpu", 1, 1)

@@ -370,7 +370,14 @@ def test_a_bad_flag_stops_the_run_with_a_clear_error():
     (["--input-interface", "gf2", "--no-untie-embeddings-and-output-weights"],
      "has no input table to tie to the output head"),
     (["--input-interface", "binary", "--code-bits", "8"],
-     "the tokenizer's 512 tokens do not fit --code-bits 8 (at most 2^8 = 256 ids)"),
+     "error: vocabulary of 512 tokens does not fit a 8-bit code (at most 2^8 = 256); raise "
+     "--code-bits to at least 9"),
+    # The tokenizer's 1,000 tokens fit 10 bits, its padded vocabulary of 1,200 does not.
+    (["--input-interface", "permuted", "--vocab-size", "999", "--code-bits", "10",
+      "--make-vocab-size-divisible-by", "300"],
+     "error: vocabulary of 1200 tokens (the tokenizer's 1000, padded by "
+     "--make-vocab-size-divisible-by) does not fit a 10-bit code (at most 2^10 = 1024); raise "
+     "--code-bits to at least 11 or lower --make-vocab-size-divisible-by"),
     (["--input-interface", "binary", "--global-batch-size", "5"],
      "--global-batch-size 5 is not a multiple of --micro-batch-size 2"),
     (["--ddp-bucket-size", "1000"], "--ddp-bucket-size applies with --overlap-grad-reduce only"),

@@ -29,17 +29,14 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-import megatron_ext  # noqa: E402,F401  (its warning filters first)
+import megatron_ext  # noqa: F401  (its warning filters first)
 import torch  # noqa: E402
 
 from megatron_ext import recipes  # noqa: E402
 from megatron_ext.arguments import add_training_args, parse_model_args  # noqa: E402
 from megatron_ext.datasets import build_datasets, samples_per_split  # noqa: E402
-from megatron_ext.tokenizer import build_tokenizer  # noqa: E402
 from megatron_ext.derived import derive  # noqa: E402
+from megatron_ext.tokenizer import build_tokenizer  # noqa: E402
 
 DESCRIPTION = __doc__.splitlines()[0]
 

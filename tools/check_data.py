@@ -2,7 +2,7 @@
 
 For each dataset: documents, sequences, tokens, dtype and the smallest and largest token id
 (the whole ``.bin`` is read, in chunks), after the checks training also makes at start
-(megatron_ext/data/index_check.py: header, counts, ``.bin`` size). The token ids are checked
+(megatron_ext/index_check.py: header, counts, ``.bin`` size). The token ids are checked
 against the vocabulary (``--vocab-size``, or ``--tokenizer-type``/``--tokenizer-model``) and
 against ``--code-bits`` (the fixed-code arms need ids < 2^bits). With ``--seq-length`` each file
 is divided by ``--split`` as ``--data-path PREFIX`` would be, each split's documents and tokens
@@ -24,8 +24,8 @@ from typing import Optional
 
 from tqdm import tqdm
 
-from megatron_ext.data.files import write_json
-from megatron_ext.data.index_check import (SPLITS, IndexCheckError, read_index, split_problems,
+from megatron_ext.files import write_json
+from megatron_ext.index_check import (SPLITS, IndexCheckError, read_index, split_problems,
                                            split_ranges, token_id_range)
 from megatron_ext.tokenizer import TOKENIZER_TYPES, build_tokenizer
 

@@ -1,8 +1,8 @@
 """Trainable parameters per part (input table, backbone, head, total) for each arm, the input's
 RMS at initialisation, and the rows of a fixed code.
 
-Counted from real instantiated Megatron-Core modules (on the meta device: no memory is
-allocated), never from a formula. The table also gives each arm's input RMS at step 0: the
+Counted by megatron_ext/param_count.py from real instantiated Megatron-Core modules (on the
+meta device: no memory is allocated), never from a formula. The table also gives each arm's input RMS at step 0: the
 learned table starts at N(0, --init-method-std), RMS ≈ that std; a fixed code's RMS is
 computed over the whole vocabulary, with the --code-scale that would match the learned one.
 Usage::
@@ -17,87 +17,16 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import sys
 from typing import Optional, Sequence
 
 import torch
 
-from megatron_ext.arguments import padded_vocab_size, parse_model_args
-from megatron_ext.codes import SCHEMES, FixedCode
-from megatron_ext.initialize import destroy_distributed, initialize_distributed
-from megatron_ext.kernels import fixed_code_forward, lookup_tables
-from megatron_ext.model import build_code, model_provider
-
-ARMS = ("learned", *SCHEMES)
-
-
-def count_parameters(model: torch.nn.Module) -> dict:
-    """Trainable parameters of a GPTModel by part."""
-    parts = {"input_table": 0, "backbone": 0, "head": 0}
-    for name, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
-        part = ("input_table" if name.startswith("embedding.")
-                else "head" if name.startswith("output_layer.") else "backbone")
-        parts[part] += p.numel()
-    parts["total"] = sum(parts.values())
-    return parts
-
-
-def arm_args(args: argparse.Namespace, arm: str) -> argparse.Namespace:
-    """``args`` for one arm."""
-    out = copy.copy(args)
-    out.input_interface = arm
-    return out
-
-
-def padded_vocab(args: argparse.Namespace, tp: int = 1) -> int:
-    """The vocabulary as training pads it at TP size ``tp``."""
-    if args.vocab_size is None:
-        raise SystemExit("error: --vocab-size is required (or use --preset)")
-    return padded_vocab_size(args.vocab_size, args.make_vocab_size_divisible_by, tp)
-
-
-def report(args: argparse.Namespace, arms: Sequence[str]) -> dict:
-    """``{arm: {part: count}}`` for a model shape given by ``args``."""
-    counts, vocab = {}, padded_vocab(args)
-    initialize_distributed("cpu")
-    try:
-        for arm in arms:
-            with torch.device("meta"):
-                model = model_provider(arm_args(args, arm), vocab, on_cpu=True)
-            counts[arm] = count_parameters(model)
-    finally:
-        destroy_distributed()
-    return counts
-
-
-def code_rms(code: FixedCode, vocab_size: int, hidden_size: int) -> float:
-    """RMS of the code's input over every id of the vocabulary and every position."""
-    table = code.table if code.table is not None else torch.zeros(0, dtype=torch.int64)
-    lookup = lookup_tables(code, hidden_size)
-    squares = 0.0
-    for start in range(0, vocab_size, 4096):
-        ids = torch.arange(start, min(start + 4096, vocab_size))
-        rows = fixed_code_forward(code, ids, table, lookup, hidden_size, torch.float32, "torch")
-        squares += rows.double().square().sum().item()
-    return (squares / (vocab_size * hidden_size)) ** 0.5
-
-
-def input_rms(args: argparse.Namespace, arms: Sequence[str]) -> dict:
-    """``{arm: (input RMS at step 0, --code-scale matching the learned RMS or None)}``."""
-    std, vocab = args.init_method_std, padded_vocab(args)
-    rms = {}
-    for arm in arms:
-        if arm == "learned":
-            rms[arm] = (std, None)
-            continue
-        value = code_rms(build_code(arm_args(args, arm), vocab), vocab, args.hidden_size)
-        rms[arm] = (value, args.code_scale * std / value)  # the RMS scales with --code-scale
-    return rms
-
+from megatron_ext.arguments import parse_model_args
+from megatron_ext.codes import ARMS
+from megatron_ext.model import build_code
+from megatron_ext.param_count import count_arms, input_rms, padded_vocab
 
 def format_table(counts: dict, rms: dict, std: float) -> str:
     parts = ("input_table", "backbone", "head", "total")
@@ -124,7 +53,7 @@ def show_code(args: argparse.Namespace, rows: int) -> str:
     bits (position 0 first, one group per block of n positions)."""
     if args.input_interface == "learned":
         raise SystemExit("error: --show-code needs a fixed-code --input-interface")
-    vocab = padded_vocab(args, args.tensor_model_parallel_size)
+    vocab = padded_vocab(args, [args.input_interface], args.tensor_model_parallel_size)
     code = build_code(args, vocab)
     low, high = code.bit_values()
     n, ids = code.num_bits, torch.arange(min(rows, vocab))
@@ -152,7 +81,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     if args.show_code is not None:
         print(show_code(args, args.show_code))
         return {}
-    counts = report(args, args.arms)
+    counts = count_arms(args, args.arms)
     print(json.dumps(counts, indent=2) if args.json
           else format_table(counts, input_rms(args, args.arms), args.init_method_std))
     return counts

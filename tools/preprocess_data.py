@@ -31,7 +31,7 @@ from tqdm import tqdm
 
 from megatron_ext.code_limits import check_options, check_vocab_fits
 from megatron_ext.data.encode import EncodedBatch, encode_batch, init_worker
-from megatron_ext.data.files import file_fingerprint
+from megatron_ext.files import file_fingerprint
 from megatron_ext.data.index_write import optimal_dtype
 from megatron_ext.data.merge import merge_datasets, publish_dataset
 from megatron_ext.data.parts import WorkDir, dataset_prefix

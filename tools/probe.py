@@ -20,10 +20,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from megatron_ext.probes.settings import ProbeSettings  # noqa: E402
+from megatron_ext.probes.settings import ProbeSettings
 
 DEFAULTS = ProbeSettings()
 
@@ -77,22 +74,15 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
 
 def jsonl_documents(path: str, key: str, tokenizer):
     """Token arrays of the JSONL documents, each ending with the end-of-document token."""
-    from megatron_ext.data.readers import BadInput, describe_bad_input, iter_batches, \
-        parse_unit
-    for batch in iter_batches([path], "line", [key]):
-        for line, raw in batch.units:
-            try:
-                texts = parse_unit(raw, line, batch.kind, [key])[key]
-            except BadInput as e:
-                where = describe_bad_input(path, e.line, e.kind, e.detail)
-                raise SystemExit(f"error: --jsonl {where}") from e
-            ids = [i for text in texts for i in tokenizer.tokenize(text)] + [tokenizer.eod]
-            yield np.asarray(ids, dtype=np.int64)
+    from megatron_ext.data.readers import iter_texts
+    for texts in iter_texts([path], "line", [key], "--jsonl"):
+        ids = [i for text in texts[key] for i in tokenizer.tokenize(text)] + [tokenizer.eod]
+        yield np.asarray(ids, dtype=np.int64)
 
 
 def held_out(args: argparse.Namespace, seq_length: int) -> tuple[np.ndarray, str]:
     """The windows and a description of where they come from."""
-    from megatron_ext.study.evaluation import cut_windows, held_out_tokens
+    from megatron_ext.held_out import cut_windows, held_out_tokens
     if args.data_path:
         return held_out_tokens(args.data_path, args.tokens, seq_length), \
             f"the first {args.tokens:,} tokens of {args.data_path}"

@@ -12,7 +12,7 @@ intervals across seeds and differences against the control.
 ``--nproc-per-node`` under torchrun), then evaluates and reports; a rerun skips finished
 runs and resumes interrupted ones from their checkpoints. With ``--launcher slurm`` it
 submits every run that is neither finished nor queued as a preemption-safe job
-(tools/submit.py's), ``--dry-run`` printing the scripts instead; ``eval`` and ``report``
+(megatron_ext/study/launch.py), ``--dry-run`` printing the scripts instead; ``eval`` and ``report``
 follow once checkpoints exist. See docs/studies.md.
 """
 
@@ -20,20 +20,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
-import signal
-import subprocess
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from megatron_ext.study import spec  # noqa: E402
-from tools import submit  # noqa: E402
-
-PRETRAIN = REPO / "pretrain_fixedcode.py"
+from megatron_ext import slurm
+from megatron_ext.study import launch, spec
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> tuple[argparse.ArgumentParser,
@@ -66,7 +58,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> tuple[argparse.ArgumentParser,
                         help="local: train only (evaluate later with `eval`)")
     launch.add_argument("--dry-run", action="store_true",
                         help="slurm: print the job scripts; write and submit nothing")
-    submit.add_job_args(run.add_argument_group("slurm jobs (as tools/submit.py)"))
+    slurm.add_job_args(run.add_argument_group("slurm jobs (as tools/submit.py)"))
     for name, text in (("eval", "evaluate the checkpoints not evaluated yet, then report"),
                        ("report", "write STUDY.md, study.json and the figures")):
         sub = commands.add_parser(name, help=text, allow_abbrev=False)
@@ -99,106 +91,8 @@ def study_from_args(args: argparse.Namespace) -> Optional[spec.Study]:
     return spec.build_study(fields, base) if fields else None
 
 
-def finished(run: Path) -> bool:
-    """Whether the run's latest checkpoint is its last iteration."""
-    from megatron_ext.checkpointing import latest_iteration, load_common
-    ckpt = run / "checkpoints"
-    if not ckpt.is_dir() or latest_iteration(str(ckpt)) is None:
-        return False
-    common = load_common(str(ckpt))[1]
-    return common["iteration"] >= common["args"]["train_iters"]
-
-
-def run_flags(study: spec.Study, arm: spec.Arm, seed: int, run: Path) -> list[str]:
-    """A run's flags: the recipe, the arm's, the seed, where it saves (tools/submit.py's)."""
-    return submit.run_flags(list(study.recipe), run,
-                            [*arm.training_flags(), "--seed", str(seed)])
-
-
-def train_locally(study: spec.Study, study_dir: Path, nproc: int) -> None:
-    """Train the unfinished runs one after another; each resumes from its checkpoints. The
-    training output is shown prefixed with the run and kept in RUN/train.log. Ctrl-C (or
-    SIGTERM) lets the current run save and stop; rerunning continues."""
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # as Ctrl-C
-    todo = [(a, s) for a, s in study.runs() if not finished(spec.run_dir(study_dir, a, s))]
-    print(f"[study] {len(study.runs()) - len(todo)} of {len(study.runs())} runs finished; "
-          f"training {len(todo)}", flush=True)
-    launcher = ([sys.executable] if nproc == 1 else
-                [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                 "--nproc-per-node", str(nproc)])
-    for i, (arm, seed) in enumerate(todo, 1):
-        run = spec.run_dir(study_dir, arm, seed)
-        run.mkdir(parents=True, exist_ok=True)
-        flags = run_flags(study, arm, seed, run)
-        tag = f"[{arm.name} seed {seed}]"
-        print(f"[study] run {i}/{len(todo)}: {arm.name} seed {seed} -> {run}", flush=True)
-        with open(run / "train.log", "a") as log:
-            proc = subprocess.Popen([*launcher, str(PRETRAIN), *flags], stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT, text=True, cwd=REPO,
-                                    start_new_session=True)
-            try:
-                rc = _relay(proc, log, tag)
-            except KeyboardInterrupt:
-                proc.send_signal(signal.SIGTERM)  # --exit-signal-handler: save, then exit
-                _relay(proc, log, tag)
-                raise SystemExit(f"[study] interrupted: {arm.name} seed {seed} saved its "
-                                 f"checkpoint; rerun the same command to continue")
-        if rc != 0:
-            raise SystemExit(f"error: run {arm.name} seed {seed} failed (exit {rc}); see "
-                             f"{run / 'train.log'}")
-
-
-def _relay(proc: subprocess.Popen, log, tag: str) -> int:
-    """Copy a run's output to its log and, prefixed, to stdout until it exits; its code."""
-    for line in proc.stdout:
-        log.write(line)
-        print(f"{tag} {line}", end="", flush=True)
-    return proc.wait()
-
-
-def queued_job(name: str) -> Optional[str]:
-    """The id of a pending or running Slurm job of this name, or None."""
-    if shutil.which("squeue") is None:
-        return None
-    out = subprocess.run(["squeue", "-h", "-n", name, "-o", "%i"], capture_output=True,
-                         text=True).stdout.split()
-    return out[0] if out else None
-
-
-def submit_to_slurm(study: spec.Study, study_dir: Path, args: argparse.Namespace) -> None:
-    """Submit each run that is neither finished nor queued (tools/submit.py's job script)."""
-    for arm, seed in study.runs():
-        run = spec.run_dir(study_dir, arm, seed)
-        name = f"{study_dir.name}-{arm.name}-seed{seed}"
-        if finished(run):
-            print(f"{arm.name} seed {seed}: finished")
-            continue
-        job = queued_job(name)
-        if job:
-            print(f"{arm.name} seed {seed}: queued or running as job {job}")
-            continue
-        script = submit.job_script(args, name, run, run_flags(study, arm, seed, run), study_dir)
-        if args.dry_run:
-            print(f"# ===== {arm.name} seed {seed}: {run / 'job.sbatch'} =====\n{script}")
-            continue
-        job = submit.write_and_submit(run, script)
-        print(f"{arm.name} seed {seed}: job {job}, log {run / f'slurm-{job}.log'}")
-
-
-def export_hf(load: Path, iteration: int, output: str) -> None:
-    from tools import convert_to_hf
-    convert_to_hf.main(["--load", str(load), "--iteration", str(iteration), "--output", output])
-
-
 def evaluate_and_report(study: spec.Study, study_dir: Path) -> dict:
-    from megatron_ext.study.evaluation import evaluate_study
-    progress = lambda msg: print(msg, flush=True)  # noqa: E731
-    counts = evaluate_study(study, study_dir, export_hf, progress=progress)
-    print(f"[study] evaluated {counts['evaluated']} checkpoints ({counts['cached']} cached)")
-    if study.probes:
-        from megatron_ext.study.probing import probe_study
-        counts = probe_study(study, study_dir, progress=progress)
-        print(f"[study] probed {counts['probed']} final checkpoints ({counts['cached']} cached)")
+    launch.evaluate(study, study_dir)
     return report(study, study_dir)
 
 
@@ -218,12 +112,12 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
             else report(study, args.study_dir)
     study = spec.settle(args.study_dir, study_from_args(args), save=not args.dry_run)
     if args.launcher == "slurm":
-        submit.check_job_args(parser, args, args.study_dir)
-        submit_to_slurm(study, args.study_dir, args)
+        slurm.check_job_args(parser, args, args.study_dir)
+        launch.submit_to_slurm(study, args.study_dir, args, args.dry_run)
         return {}
     if args.dry_run:
         parser.error("--dry-run applies to --launcher slurm")
-    train_locally(study, args.study_dir, args.nproc_per_node)
+    launch.train_locally(study, args.study_dir, args.nproc_per_node)
     return {} if args.no_eval else evaluate_and_report(study, args.study_dir)
 
 

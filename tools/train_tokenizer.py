@@ -32,9 +32,8 @@ from typing import Iterator, Optional
 import sentencepiece
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from megatron_ext.data.files import file_fingerprint, fsync_path, publish, read_json, write_json
-from megatron_ext.data.readers import (BadInput, describe_bad_input, expand_inputs, iter_batches,
-                                       parse_unit)
+from megatron_ext.files import file_fingerprint, fsync_path, publish, read_json, write_json
+from megatron_ext.data.readers import expand_inputs, iter_texts
 
 MODEL_TYPES = ("bpe", "unigram", "hf-bpe")
 HF_EOS = "<|endoftext|>"
@@ -63,15 +62,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
 
 
 def _texts(paths: list[str], keys: list[str]) -> Iterator[str]:
-    for batch in iter_batches(paths, "file", keys):
-        for line, raw in batch.units:
-            try:
-                texts = parse_unit(raw, line, batch.kind, keys)
-            except BadInput as e:
-                where = describe_bad_input(batch.path, e.line, e.kind, e.detail)
-                raise SystemExit(f"error: {where}") from None
-            for key in keys:
-                yield from texts[key]
+    for texts in iter_texts(paths, "file", keys):
+        for key in keys:
+            yield from texts[key]
 
 
 def _train_sentencepiece(args, paths: list[str], folder: str) -> dict[str, str]:

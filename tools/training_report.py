@@ -11,28 +11,25 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import sys
 from typing import Optional, Sequence
 
-from megatron_ext.metric_sinks import read_metrics
+from megatron_ext.files import write_text
+from megatron_ext.metric_sinks import summarise_run
+from megatron_ext.reporting import number, pyplot, save_figure
 
 
 def summarise(runs: dict[str, str]) -> dict[str, dict]:
     """Final values per arm: iteration, train loss, validation loss and perplexity."""
     table = {}
     for arm, path in runs.items():
-        records = read_metrics(path)
-        train = [(r["iteration"], r["lm loss"]) for r in records
-                 if r["kind"] == "train" and "lm loss" in r]
-        # The last record of an iteration wins (a validation redone after an interruption).
-        valid = sorted({r["iteration"]: r["lm loss validation"] for r in records
-                        if r["kind"] == "valid"}.items())
-        if not train:
+        run = summarise_run(path)
+        if run is None:
             raise SystemExit(f"error: {path} holds no training losses: is it a training run?")
+        valid = run["valid_curve"]
         table[arm] = {
-            "iteration": train[-1][0],
-            "train_loss": train[-1][1],
+            "iteration": run["iteration"],
+            "train_loss": run["train_loss"],
             "valid_loss": valid[-1][1] if valid else None,
             "valid_ppl": math.exp(valid[-1][1]) if valid else None,
             "valid_curve": valid,
@@ -41,20 +38,16 @@ def summarise(runs: dict[str, str]) -> dict[str, dict]:
 
 
 def markdown(table: dict[str, dict]) -> str:
-    fmt = lambda v, spec: "—" if v is None else format(v, spec)  # noqa: E731
     lines = ["| arm | iteration | train loss (last log interval) | validation loss | validation ppl |",
              "|---|---:|---:|---:|---:|"]
     for arm, r in table.items():
-        lines.append(f"| {arm} | {r['iteration']} | {fmt(r['train_loss'], '.4f')} | "
-                     f"{fmt(r['valid_loss'], '.4f')} | {fmt(r['valid_ppl'], '.2f')} |")
+        lines.append(f"| {arm} | {r['iteration']} | {number(r['train_loss'], '.4f')} | "
+                     f"{number(r['valid_loss'], '.4f')} | {number(r['valid_ppl'], '.2f')} |")
     return "\n".join(lines)
 
 
 def plot(table: dict[str, dict], path: str) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
+    fig, ax = pyplot().subplots(figsize=(6, 4), dpi=120)
     for arm, r in table.items():
         if r["valid_curve"]:
             steps, values = zip(*r["valid_curve"])
@@ -64,11 +57,7 @@ def plot(table: dict[str, dict], path: str) -> None:
     ax.set_title("Validation loss per input interface")
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    tmp = path + ".tmp.png"
-    fig.savefig(tmp)
-    plt.close(fig)
-    os.replace(tmp, path)
+    save_figure(fig, path)
 
 
 def parse_runs(specs: Sequence[str]) -> dict[str, str]:
@@ -93,9 +82,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     text = markdown(table)
     print(text)
     if args.markdown:
-        with open(args.markdown + ".tmp", "w") as f:
-            f.write(text + "\n")
-        os.replace(args.markdown + ".tmp", args.markdown)
+        write_text(args.markdown, text + "\n")
     if args.plot:
         plot(table, args.plot)
         print(f"validation-loss plot: {args.plot}")

@@ -24,10 +24,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from megatron_ext.codes import SCHEMES
+from megatron_ext.codes import PAPER_ARMS, SCHEMES
+from megatron_ext.files import write_text
 
 REPO = Path(__file__).resolve().parents[2]
-ARMS = ("learned", "binary", "gf2")
 CHOICES = ("learned", *SCHEMES, *(f"{s}-recode" for s in SCHEMES))
 HELD_OUT = ("tragedies/macbeth.md", "comedies/twelfth-night.md", "histories/richard-ii.md")
 VOCAB_SIZE = 2048
@@ -67,9 +67,7 @@ def build_corpus(out: Path) -> None:
         files[split] += [json.dumps({"text": s.strip(), "play": play.stem})
                          for s in scenes if s.strip()]
     for split, docs in files.items():
-        tmp = out / f"{split}.jsonl.tmp"
-        tmp.write_text("\n".join(docs) + "\n", encoding="utf-8")
-        os.replace(tmp, out / f"{split}.jsonl")
+        write_text(out / f"{split}.jsonl", "\n".join(docs) + "\n")
         print(f"corpus: {len(docs)} {split} documents")
 
 
@@ -77,7 +75,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", default=str(REPO / "demo"))
     parser.add_argument("--train-iters", type=int, default=150)
-    parser.add_argument("--arms", nargs="+", choices=CHOICES, default=list(ARMS),
+    parser.add_argument("--arms", nargs="+", choices=CHOICES, default=list(PAPER_ARMS),
                         help="arms to train and compare, each labelled by its name in the "
                              "report (default: %(default)s)")
     args = parser.parse_args()

@@ -23,16 +23,15 @@ import argparse
 import json
 import os
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 from typing import Optional
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
+from megatron_ext.index_check import read_index, train_epochs
+from megatron_ext.files import write_json
 
-from megatron_ext.data.files import write_json  # noqa: E402
-from megatron_ext.data.index_check import read_index, train_epochs  # noqa: E402
-from tools import preprocess_data  # noqa: E402
+REPO = Path(__file__).resolve().parents[2]
 
 RECIPE = Path(__file__).resolve().parent / "recipe.args"
 TOKENIZER_REPO = "HuggingFaceTB/SmolLM2-1.7B"
@@ -99,10 +98,14 @@ def build(args: argparse.Namespace, flags: dict[str, list[str]]) -> dict:
                 raise SystemExit(f"error: {folder} does not exist: run the fetch step first")
             os.makedirs(os.path.dirname(os.path.abspath(prefix)), exist_ok=True)
             resume = os.path.isdir(f"{output_prefix}.work")
-            preprocess_data.main(["--input", folder, "--output-prefix", output_prefix,
-                                  "--tokenizer-type", flags["--tokenizer-type"][0],
-                                  "--tokenizer-model", tokenizer, "--append-eod",
-                                  "--workers", str(args.workers)] + ["--resume"] * resume)
+            done = subprocess.run([sys.executable, str(REPO / "tools/preprocess_data.py"),
+                                   "--input", folder, "--output-prefix", output_prefix,
+                                   "--tokenizer-type", flags["--tokenizer-type"][0],
+                                   "--tokenizer-model", tokenizer, "--append-eod",
+                                   "--workers", str(args.workers)] + ["--resume"] * resume)
+            if done.returncode != 0:
+                raise SystemExit(f"error: tools/preprocess_data.py failed on {folder} (exit "
+                                 f"{done.returncode}); rerun to resume")
         index = read_index(prefix)
         report["components"][name] = {"prefix": prefix, "documents": index.documents,
                                       "tokens": index.tokens(), "weight": weight}

@@ -4,7 +4,7 @@ megatron.core's ``IndexedDatasetBuilder`` writes (``add_document`` for each docu
 importing megatron.core and torch, which would cost the data tools seconds of start-up.
 
 The ``.bin`` is the tokens of every sequence, in order, in the dataset's dtype; the ``.idx``
-layout is in megatron_ext/data/index_check.py, which reads it back.
+layout is in megatron_ext/index_check.py, which reads it back.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import struct
 
 import numpy as np
 
-from megatron_ext.data.index_check import DTYPES, MAGIC
+from megatron_ext.index_check import DTYPES, MAGIC
 
 VERSION = 1
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 import os
 import shutil
 
-from megatron_ext.data.files import publish
-from megatron_ext.data.index_check import read_index
+from megatron_ext.files import publish
+from megatron_ext.index_check import read_index
 from megatron_ext.data.index_write import write_index
 
 

@@ -19,7 +19,7 @@ import shutil
 import numpy as np
 
 from megatron_ext.data.encode import EncodedBatch
-from megatron_ext.data.files import fsync_path, read_json, write_json
+from megatron_ext.files import fsync_path, read_json, write_json
 from megatron_ext.data.index_write import write_index
 
 # A part ends after the batch that takes it to this many documents, which bounds the index it

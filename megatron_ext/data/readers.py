@@ -320,3 +320,17 @@ def parse_unit(raw, line: int, kind: str, keys: list[str]) -> dict[str, list[str
             raise BadInput(line, "missing key", repr(key))
         texts[key] = _texts_of(record[key], key, line)
     return texts
+
+
+def iter_texts(paths: list[str], text_document: str, keys: list[str],
+               flag: str = "") -> Iterator[dict[str, list[str]]]:
+    """The texts of each unit of ``paths`` in order, per key (:func:`parse_unit`), read in
+    this process (the tokenizer trainer, the probes' JSONL text); a bad unit ends the run
+    with an error naming the file and line (after ``flag``, the option that gave the file)."""
+    for batch in iter_batches(paths, text_document, keys):
+        for line, raw in batch.units:
+            try:
+                yield parse_unit(raw, line, batch.kind, keys)
+            except BadInput as e:
+                where = describe_bad_input(batch.path, e.line, e.kind, e.detail)
+                raise SystemExit(f"error: {flag + ' ' if flag else ''}{where}") from None

@@ -12,6 +12,8 @@ tilings and tables existed lack the last four keys: they mean repeat and null.
 from huggingface_hub.dataclasses import strict
 from transformers import LlamaConfig
 
+# megatron_ext.codes.SCHEMES, restated: this file travels with an export and imports nothing
+# of megatron_ext (tests/test_convert_to_hf.py holds the two equal).
 SCHEMES = ("binary", "gf2", "permuted", "random")
 
 

@@ -36,11 +36,10 @@ from typing import Optional
 import torch
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
-from ..codes import SCHEMES
+from ..codes import ARMS
 from .configuration_fixedcode import FixedCodeLlamaConfig
 from .modeling_fixedcode import FixedCodeLlamaForCausalLM
 
-ARMS = ("learned", *SCHEMES)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 REQUIRED_ARGS = ("input_interface", "num_layers", "hidden_size", "ffn_hidden_size",
                  "num_attention_heads", "num_query_groups", "normalization", "norm_epsilon",

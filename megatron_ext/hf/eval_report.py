@@ -10,6 +10,9 @@ import json
 import os
 from typing import Optional
 
+from ..files import write_text
+from ..reporting import MISSING
+
 # (task, metric) rows of the table, in order.
 METRICS = (("hellaswag", "acc_norm"), ("piqa", "acc"), ("lambada_openai", "acc"),
            ("lambada_openai", "perplexity"))
@@ -57,7 +60,7 @@ def build_report(models: list[dict], tasks: list[str]) -> dict:
 
 def _cell(values: Optional[dict]) -> str:
     if values is None:
-        return "—"
+        return MISSING
     if values["stderr"] is None:
         return f"{values['value']:.2f}"
     return f"{values['value']:.2f} ± {values['stderr']:.2f}"
@@ -71,7 +74,7 @@ def markdown(report: dict) -> str:
     for row in report["rows"]:
         cells = [row["task"], row["metric"] + (" (%)" if row["metric"] in PERCENT else "")]
         cells += [_cell(row["models"][m["path"]]) for m in report["models"]]
-        cells += [f"{row['paper'][arm]:.2f}" if arm in row["paper"] else "—"
+        cells += [f"{row['paper'][arm]:.2f}" if arm in row["paper"] else MISSING
                   for arm in paper_arms]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -82,8 +85,6 @@ def write_report(report: dict, output_dir: str) -> tuple[str, str]:
     os.makedirs(output_dir, exist_ok=True)
     md_path = os.path.join(output_dir, "results.md")
     json_path = os.path.join(output_dir, "results.json")
-    with open(md_path, "w") as f:
-        f.write(markdown(report) + "\n")
-    with open(json_path, "w") as f:
-        json.dump(report, f, indent=2)
+    write_text(md_path, markdown(report) + "\n")
+    write_text(json_path, json.dumps(report, indent=2))
     return md_path, json_path

@@ -1,6 +1,6 @@
 """The fixed token sample and the residual stream at every layer, on it.
 
-Held-out windows (``[n, S + 1]`` ids, :func:`megatron_ext.study.evaluation.cut_windows`) are
+Held-out windows (``[n, S + 1]`` ids, :func:`megatron_ext.held_out.cut_windows`) are
 split by window into a training half and a scoring half. From positions ``1 .. S-1`` of
 every window a fixed random sample of token positions is drawn (each has a previous token
 in its context and a next token to predict). The models then run over the windows batch by

@@ -1,15 +1,15 @@
 """A probe run's outputs: ``probes.json`` (everything), ``probes.md`` (the tables) and
 ``probes.png`` (each metric against the layer: one colour per model, solid trained, dashed
 its random initialisation, dotted the control task, grey the chance level). Every file is
-written atomically (the study report's writers)."""
+written atomically (:mod:`megatron_ext.files`)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
 
-from megatron_ext.study.report import _save, _write
+from megatron_ext.files import write_text
+from megatron_ext.reporting import MISSING, number, pyplot, save_figure
 
 # (key, column title) of the main table; probes show "accuracy (selectivity)" where a
 # control task exists.
@@ -30,12 +30,8 @@ PANELS = (("id_bits", "current token: id bits accuracy"),
 INITS = (("trained", ""), ("random_init", " · random init"))
 
 
-def _num(value: Optional[float], digits: int = 3) -> str:
-    return "—" if value is None else f"{value:.{digits}f}"
-
-
 def _cell(row: dict, key: str) -> str:
-    text = _num(row[key])
+    text = number(row[key])
     selectivity = row.get(f"{key}_selectivity")
     return text if selectivity is None else f"{text} ({selectivity:+.3f})"
 
@@ -53,10 +49,10 @@ def markdown(result: dict) -> str:
              f"mean over the {d['bits_varying']['id_bits']} of 16 bits that vary; top-K: K = "
              f"{k}. {result['memory']}.", "",
              f"Chance (always the most frequent training label): id bits "
-             f"{_num(chance['id_bits'])}, control {_num(chance['id_bits_control'])}; id "
-             f"top-K {_num(chance['id_topk'])}; prev bits {_num(chance['prev_bits'])}, "
-             f"control {_num(chance['prev_bits_control'])}; prev top-K "
-             f"{_num(chance['prev_topk'])}.", "",
+             f"{number(chance['id_bits'])}, control {number(chance['id_bits_control'])}; id "
+             f"top-K {number(chance['id_topk'])}; prev bits {number(chance['prev_bits'])}, "
+             f"control {number(chance['prev_bits_control'])}; prev top-K "
+             f"{number(chance['prev_topk'])}.", "",
              "| model | layer | " + " | ".join(t for _, t in COLUMNS) + " |",
              "|---|---|" + "---:|" * len(COLUMNS)]
     notes = {}
@@ -79,7 +75,7 @@ def markdown(result: dict) -> str:
         for init, suffix in INITS:
             for row in entry[init]:
                 lines.append(f"| {name}{suffix} | {_layer(row)} | " + " | ".join(
-                    _num(row[f"{t}_position_transfer"]) for t, _ in TRANSFER) + " |")
+                    number(row[f"{t}_position_transfer"]) for t, _ in TRANSFER) + " |")
     if result["cka"]:
         layers = max(len(p["trained"]) for p in result["cka"])
         lines += ["", "Linear CKA on the scoring tokens (random initialisations in brackets).",
@@ -87,8 +83,8 @@ def markdown(result: dict) -> str:
                   + " |", "|---|" + "---:|" * len(result["cka"])]
         for layer in range(layers):
             lines.append(f"| {layer} | " + " | ".join(
-                f"{_num(p['trained'][layer])} ({_num(p['random_init'][layer])})"
-                if layer < len(p["trained"]) else "—" for p in result["cka"]) + " |")
+                f"{number(p['trained'][layer])} ({number(p['random_init'][layer])})"
+                if layer < len(p["trained"]) else MISSING for p in result["cka"]) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -96,9 +92,7 @@ def plot(curves: list[dict], chance: dict, path: Path, title: str) -> None:
     """One panel per metric of :data:`PANELS` that some curve has. A curve: ``label``,
     ``group`` (one colour per group), ``style`` ("-", "--", ":"), ``values`` ({metric:
     [value per layer]}) and optionally ``bands`` ({metric: [(low, high) per layer]})."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     from matplotlib.ticker import MaxNLocator
     panels = [(m, t) for m, t in PANELS if any(m in c["values"] for c in curves)]
     columns = 3
@@ -131,7 +125,7 @@ def plot(curves: list[dict], chance: dict, path: Path, title: str) -> None:
         ax.axis("off")
     axes.flat[len(panels)].legend(legend.values(), legend.keys(), loc="center", fontsize=8)
     fig.suptitle(title)
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def curves(result: dict) -> list[dict]:
@@ -162,6 +156,6 @@ def write(result: dict, out_dir: Path) -> str:
     text = markdown(result)
     plot(curves(result), result["chance"], out_dir / "probes.png",
          "probes per layer: solid trained, dashed random init, dotted control task")
-    _write(out_dir / "probes.md", f"# Probes\n\n{text}\n![probes per layer](probes.png)\n")
-    _write(out_dir / "probes.json", json.dumps(result, indent=1) + "\n")
+    write_text(out_dir / "probes.md", f"# Probes\n\n{text}\n![probes per layer](probes.png)\n")
+    write_text(out_dir / "probes.json", json.dumps(result, indent=1) + "\n")
     return text

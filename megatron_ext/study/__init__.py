@@ -1,3 +1,4 @@
-"""Studies: arms x seeds of one recipe, trained (``launch``), every checkpoint evaluated once
-(``evaluation``), compared across seeds with intervals (``stats``) and reported (``report``).
-``tools/study.py`` is the command line; ``spec`` defines what a study is."""
+"""Studies: arms x seeds of one recipe (``spec``), trained here or on Slurm (``launch``),
+every checkpoint evaluated once (``evaluation``), the final ones probed with ``[probes]``
+(``probing``), compared across seeds with intervals (``stats``) and reported (``report``).
+``tools/study.py`` is the command line."""

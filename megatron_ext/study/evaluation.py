@@ -15,14 +15,15 @@ import dataclasses
 import json
 import math
 import os
-import re
 import tempfile
 from pathlib import Path
 from typing import Optional
 
 import numpy as np
 
-from megatron_ext.data.files import write_json
+from megatron_ext.checkpointing import completed_iterations, iteration_name
+from megatron_ext.files import write_json
+from megatron_ext.held_out import held_out_tokens
 
 from .spec import EvalSettings, Study, run_dir
 
@@ -30,49 +31,8 @@ from .spec import EvalSettings, Study, run_dir
 TASK_METRIC = {"hellaswag": "acc_norm", "piqa": "acc", "lambada_openai": "acc"}
 
 
-def completed_iterations(ckpt_dir: Path) -> list[int]:
-    """Iterations of the completed saves in a ``--save`` directory (never ``.partial``),
-    up to its latest marker."""
-    from megatron_ext.checkpointing import latest_iteration
-    latest = latest_iteration(str(ckpt_dir)) if ckpt_dir.is_dir() else None
-    if latest is None:
-        return []
-    found = (re.fullmatch(r"iter_(\d{7})", p.name) for p in ckpt_dir.iterdir())
-    return sorted(i for i in (int(m.group(1)) for m in found if m) if i <= latest)
-
-
 def cache_path(run: Path, iteration: int) -> Path:
-    return run / "eval" / f"iter_{iteration:07d}.json"
-
-
-def held_out_tokens(prefix: str, count: int, seq_length: int) -> np.ndarray:
-    """``[n, seq_length + 1]`` token windows: the first ``count`` tokens of the indexed
-    dataset ``prefix`` (its documents in order, end-of-document tokens included), cut into
-    ``n = count // seq_length`` consecutive windows that overlap by one token (the label of
-    a window's last position)."""
-    from megatron.core.datasets.indexed_dataset import IndexedDataset
-    dataset = IndexedDataset(prefix)
-    documents = (np.asarray(dataset[i], dtype=np.int64) for i in range(len(dataset)))
-    return cut_windows(documents, count, seq_length, f"eval data {prefix}", "the eval tokens")
-
-
-def cut_windows(documents, count: int, seq_length: int, source: str, knob: str) -> np.ndarray:
-    """:func:`held_out_tokens`' windows of an iterable of token arrays (read only as far as
-    needed); too few tokens name ``source`` and the ``knob`` to lower."""
-    n = count // seq_length
-    need, parts, have = n * seq_length + 1, [], 0
-    for document in documents:
-        if have >= need:
-            break
-        parts.append(document)
-        have += len(document)
-    if n == 0 or have < need:
-        raise SystemExit(f"error: {source} holds {have:,} tokens; the held-out set "
-                         f"needs {need:,} ({knob} {count:,} of sequence length "
-                         f"{seq_length}): lower {knob}")
-    stream = np.concatenate(parts)[:need]
-    index = np.arange(n)[:, None] * seq_length + np.arange(seq_length + 1)[None, :]
-    return stream[index]
+    return run / "eval" / f"{iteration_name(iteration)}.json"
 
 
 def held_out_loss(model, windows: np.ndarray, batch_size: int) -> float:

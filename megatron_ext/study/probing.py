@@ -15,10 +15,10 @@ import json
 from pathlib import Path
 from typing import Optional
 
-from megatron_ext.data.files import write_json
-
-from .evaluation import completed_iterations, held_out_tokens
-from .report import _fmt
+from megatron_ext.checkpointing import completed_iterations, iteration_name
+from megatron_ext.files import write_json
+from megatron_ext.held_out import held_out_tokens
+from megatron_ext.reporting import mean_interval
 from .spec import Study, run_dir
 from .stats import t_interval
 
@@ -30,7 +30,7 @@ PLOTTED = ("id_bits", "id_topk", "prev_bits", "prev_topk", "lens_loss", "readout
 
 
 def cache_path(run: Path, iteration: int) -> Path:
-    return run / "probes" / f"iter_{iteration:07d}.json"
+    return run / "probes" / f"{iteration_name(iteration)}.json"
 
 
 def read_probes(run: Path, iteration: int, settings) -> Optional[dict]:
@@ -108,7 +108,7 @@ def markdown(study: Study, summary: dict, final: int) -> str:
                     layer += " (input)†"
                     notes.setdefault(row["note"], set()).add(arm)
                 lines.append(f"| {arm}{suffix} | {layer} | "
-                             + " | ".join(_fmt(row.get(m), 3) for m, _ in METRICS) + " |")
+                             + " | ".join(mean_interval(row.get(m), 3) for m, _ in METRICS) + " |")
     lines += ["", "† " + "; ".join(f"{note} ({', '.join(sorted(arms))})"
                                    for note, arms in notes.items()) + ".", "",
               "![probes per layer](probes.png)", ""]

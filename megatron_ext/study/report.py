@@ -21,9 +21,12 @@ from typing import Optional
 import numpy as np
 
 import megatron_ext
-from megatron_ext.metric_sinks import read_metrics
+from megatron_ext.checkpointing import completed_iterations
+from megatron_ext.files import write_text
+from megatron_ext.metric_sinks import summarise_run
+from megatron_ext.reporting import mean_interval, pyplot, save_figure, signed_range
 
-from .evaluation import TASK_METRIC, completed_iterations, read_cached
+from .evaluation import TASK_METRIC, read_cached
 from .spec import Study, run_dir
 from .stats import paired_bootstrap, paired_difference, t_interval
 
@@ -35,10 +38,8 @@ def collect(study: Study, study_dir: Path) -> dict:
     for arm, seed in study.runs():
         run = run_dir(study_dir, arm, seed)
         metrics = run / "checkpoints" / "metrics.jsonl"
-        if not metrics.exists():
-            continue
-        train = [r for r in read_metrics(str(metrics)) if r["kind"] == "train"]
-        if not train:
+        trained = summarise_run(str(metrics)) if metrics.exists() else None
+        if trained is None:
             continue
         evals = {}
         for it in completed_iterations(run / "checkpoints"):
@@ -46,9 +47,9 @@ def collect(study: Study, study_dir: Path) -> dict:
             if record is not None:
                 evals[it] = record
         runs.setdefault(arm.name, {})[seed] = {
-            "tokens_per_iteration": train[0]["tokens"] // train[0]["iteration"],
-            "skipped": train[-1].get("skipped-iterations", 0),
-            "trained": train[-1]["iteration"],
+            "tokens_per_iteration": trained["tokens_per_iteration"],
+            "skipped": trained["skipped"],
+            "trained": trained["iteration"],
             "evals": evals,
         }
     return runs
@@ -135,23 +136,6 @@ def _items_over_seeds(seeds: dict, shared: list, final: int, name: str) -> np.nd
     return np.mean([seeds[s]["evals"][final]["tasks"][name]["items"] for s in shared], axis=0)
 
 
-def _fmt(interval: Optional[dict], digits: int = 4) -> str:
-    if interval is None:
-        return "—"
-    if interval["half_width"] is None:
-        return f"{interval['mean']:.{digits}f} (1 seed: no interval)"
-    return f"{interval['mean']:.{digits}f} ± {interval['half_width']:.{digits}f}"
-
-
-def _fmt_range(interval: Optional[dict], digits: int = 4) -> str:
-    if interval is None:
-        return "—"
-    if interval.get("low") is None:
-        return f"{interval['mean']:+.{digits}f} (1 seed: no interval)"
-    return (f"{interval['mean']:+.{digits}f} [{interval['low']:+.{digits}f}, "
-            f"{interval['high']:+.{digits}f}]")
-
-
 def markdown(study: Study, study_dir: Path, summary: dict, generated: dict) -> str:
     names = metric_names(study)
     lines = [f"# Study `{Path(study_dir).name}`", "",
@@ -181,7 +165,7 @@ def markdown(study: Study, study_dir: Path, summary: dict, generated: dict) -> s
               "|---|---|---|" + "---:|" * len(names)]
     for arm in study.arms:
         a = summary["arms"][arm.name]
-        cells = [_fmt((a["final"] or {}).get(n)) for n in names]
+        cells = [mean_interval((a["final"] or {}).get(n)) for n in names]
         skipped = sum(a["skipped_steps"].values())
         lines.append(f"| {arm.name} | {len(a['seeds'])} | {skipped} | " + " | ".join(cells)
                      + " |")
@@ -191,8 +175,8 @@ def markdown(study: Study, study_dir: Path, summary: dict, generated: dict) -> s
               + " |",
               "|---|" + "---:|" * (len(names) + len([n for n in names if n != "valid_loss"]))]
     for arm, row in summary["differences"].items():
-        cells = [_fmt_range(row[n]["by_seed"]) for n in names]
-        cells += [_fmt_range(row[n]["by_item"]) for n in names if n != "valid_loss"]
+        cells = [signed_range(row[n]["by_seed"]) for n in names]
+        cells += [signed_range(row[n]["by_item"]) for n in names if n != "valid_loss"]
         lines.append(f"| {arm} | " + " | ".join(cells) + " |")
     lines.append("")
     if study.eval.data_path:
@@ -206,14 +190,12 @@ def markdown(study: Study, study_dir: Path, summary: dict, generated: dict) -> s
     for arm in study.arms:
         for p in summary["arms"][arm.name]["curve"]:
             lines.append(f"| {arm.name} | {p['iteration']:,} | {p['tokens']:,} | "
-                         + " | ".join(_fmt(p.get(n)) for n in names) + " |")
+                         + " | ".join(mean_interval(p.get(n)) for n in names) + " |")
     return "\n".join(lines) + "\n"
 
 
 def _plot_curves(study: Study, summary: dict, names: list[str], path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(names), figsize=(5.5 * len(names), 4), dpi=110,
                              squeeze=False)
     for ax, name in zip(axes[0], names):
@@ -233,13 +215,11 @@ def _plot_curves(study: Study, summary: dict, names: list[str], path: Path) -> N
         ax.grid(alpha=0.3)
         ax.legend()
     fig.suptitle("mean over seeds, 95% interval shaded")
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def _plot_differences(study: Study, summary: dict, names: list[str], path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     arms = list(summary["differences"])
     fig, axes = plt.subplots(1, len(names), figsize=(5.5 * len(names), 1 + 0.5 * len(arms)),
                              dpi=110, squeeze=False)
@@ -254,22 +234,7 @@ def _plot_differences(study: Study, summary: dict, names: list[str], path: Path)
         ax.grid(alpha=0.3)
     fig.suptitle(f"iteration {summary['final_iteration']:,}: mean difference, 95% interval "
                  f"(paired by seed)")
-    _save(fig, path)
-
-
-def _save(fig, path: Path) -> None:
-    import matplotlib.pyplot as plt
-    fig.tight_layout()
-    tmp = path.with_suffix(".tmp.png")
-    fig.savefig(tmp)
-    plt.close(fig)
-    os.replace(tmp, path)
-
-
-def _write(path: Path, text: str) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    save_figure(fig, path)
 
 
 def write_report(study: Study, study_dir: Path) -> dict:
@@ -298,7 +263,7 @@ def write_report(study: Study, study_dir: Path) -> dict:
             probing.plot(summary["probes"], study_dir / "probes.png")
             text += "\n" + probing.markdown(study, summary["probes"],
                                             summary["final_iteration"])
-    _write(study_dir / "STUDY.md", text)
-    _write(study_dir / "study.json", json.dumps(
+    write_text(study_dir / "STUDY.md", text)
+    write_text(study_dir / "study.json", json.dumps(
         {"study": study.to_json(), "generated": generated, **summary}, indent=1) + "\n")
     return summary

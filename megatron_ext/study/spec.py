@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Optional
 
 from megatron_ext import recipes
+from megatron_ext.codes import ARMS
+from megatron_ext.files import write_text
 from megatron_ext.probes.settings import ProbeSettings
 
 # Set by the study for every run; an arm or recipe that sets them is refused.
@@ -116,12 +118,6 @@ def read_recipe(path: str) -> list[str]:
     return recipes.read_recipe(Path(path), PER_RUN_FLAGS, "the study sets for every run")
 
 
-def _input_interfaces() -> tuple[str, ...]:
-    from megatron_ext.arguments import build_parser
-    action = next(a for a in build_parser("")._actions if a.dest == "input_interface")
-    return tuple(action.choices)
-
-
 def build_study(fields: dict, base: Path) -> Study:
     """A study from ``fields`` (a study file's keys, or flags): ``recipe``, ``overrides``
     (flags appended to the recipe's, e.g. a smaller ``--train-samples``), ``arms``,
@@ -136,8 +132,7 @@ def build_study(fields: dict, base: Path) -> Study:
     for key in ("recipe", "arms", "seeds"):
         if not fields.get(key):
             raise SystemExit(f"error: the study needs {key} (a study file key or --{key})")
-    interfaces = _input_interfaces()
-    arms = tuple(parse_arm(str(a), interfaces) for a in fields["arms"])
+    arms = tuple(parse_arm(str(a), ARMS) for a in fields["arms"])
     names = [a.name for a in arms]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
@@ -194,8 +189,7 @@ def _probe_settings(fields: Optional[dict], base: Path, eval_data: Optional[str]
 
 def _check_flags(study: Study) -> None:
     """Every run's flags must parse as pretrain_fixedcode.py's (named per arm)."""
-    from megatron_ext.arguments import add_training_args, build_parser
-    from pretrain_fixedcode import parse_args
+    from megatron_ext.arguments import add_training_args, build_parser, parse_model_args
     parser = build_parser("")
     add_training_args(parser)
     for arm in study.arms:
@@ -205,7 +199,7 @@ def _check_flags(study: Study) -> None:
             raise SystemExit(f"error: arm {arm.name!r} with recipe {study.recipe_path}: "
                              f"unknown flag(s) {' '.join(unknown)}")
         try:
-            parse_args(flags)
+            parse_model_args(flags, "", add_training_args)
         except SystemExit as e:
             raise SystemExit(f"error: arm {arm.name!r} with recipe {study.recipe_path}: "
                              f"{e.code or 'invalid flags'}") from e
@@ -240,7 +234,5 @@ def settle(study_dir: Path, study: Optional[Study], save: bool = True) -> Study:
     if not save:
         return study
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(study.to_json(), indent=2) + "\n")
-    os.replace(tmp, path)
+    write_text(path, json.dumps(study.to_json(), indent=2) + "\n")
     return study

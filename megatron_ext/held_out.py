@@ -1,0 +1,39 @@
+"""Held-out token windows: the fixed token set that a study's evaluation and the probes read
+(the same tokens for every run and checkpoint).
+
+A held-out set is the first ``count`` tokens of a token stream (an indexed dataset's
+documents in order, end-of-document tokens included), cut into consecutive windows of
+``seq_length + 1`` tokens that overlap by one (the label of a window's last position).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def held_out_tokens(prefix: str, count: int, seq_length: int) -> np.ndarray:
+    """``[n, seq_length + 1]`` token windows: the first ``count`` tokens of the indexed
+    dataset ``prefix``, cut into ``n = count // seq_length`` windows."""
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+    dataset = IndexedDataset(prefix)
+    documents = (np.asarray(dataset[i], dtype=np.int64) for i in range(len(dataset)))
+    return cut_windows(documents, count, seq_length, f"eval data {prefix}", "the eval tokens")
+
+
+def cut_windows(documents, count: int, seq_length: int, source: str, knob: str) -> np.ndarray:
+    """:func:`held_out_tokens`' windows of an iterable of token arrays (read only as far as
+    needed); too few tokens name ``source`` and the ``knob`` to lower."""
+    n = count // seq_length
+    need, parts, have = n * seq_length + 1, [], 0
+    for document in documents:
+        if have >= need:
+            break
+        parts.append(document)
+        have += len(document)
+    if n == 0 or have < need:
+        raise SystemExit(f"error: {source} holds {have:,} tokens; the held-out set "
+                         f"needs {need:,} ({knob} {count:,} of sequence length "
+                         f"{seq_length}): lower {knob}")
+    stream = np.concatenate(parts)[:need]
+    index = np.arange(n)[:, None] * seq_length + np.arange(seq_length + 1)[None, :]
+    return stream[index]

@@ -1,0 +1,203 @@
+"""Slurm jobs of training runs: the batch scripts filled from the templates in slurm/, and
+their submission with sbatch (tools/submit.py's arms, tools/study.py's runs).
+
+A job script is slurm/fixedcode.sbatch with the run's training flags (a recipe, the run's
+own flags, and where it saves: :func:`run_flags`), the resources and the preemption
+settings (:func:`add_job_args`); the optional cache job is slurm/build_data_cache.sbatch.
+The templates and the entry script are read from the source checkout this package is
+installed from (``make`` installs it editable).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+from megatron_ext import recipes
+
+REPO = Path(__file__).resolve().parent.parent
+TEMPLATE = REPO / "slurm" / "fixedcode.sbatch"
+CACHE_TEMPLATE = REPO / "slurm" / "build_data_cache.sbatch"
+CACHE_JOB = "data_cache"  # its folder in RUN_DIR, and its job name's suffix
+# Set here per run (or always): a recipe that sets them is refused.
+PER_ARM_FLAGS = ("--input-interface", "--save", "--load", "--tensorboard-dir",
+                 "--exit-signal-handler")
+
+
+def add_job_args(p: argparse.ArgumentParser) -> None:
+    """The job options (resources, preemption, container), shared with tools/study.py."""
+    p.add_argument("--nodes", type=int, default=1)
+    p.add_argument("--gpus-per-node", type=int, default=8,
+                   help="0: CPU-only job (no GPU request; then --ntasks-per-node is required)")
+    p.add_argument("--ntasks-per-node", type=int,
+                   help="training ranks per node (default: --gpus-per-node, one rank per GPU)")
+    p.add_argument("--cpus-per-task", type=int, help="also sets OMP_NUM_THREADS")
+    p.add_argument("--time", help="sbatch --time limit of each run, e.g. 04:00:00")
+    p.add_argument("--partition")
+    p.add_argument("--account")
+    p.add_argument("--signal-secs", type=int, default=300,
+                   help="SIGUSR1 this many seconds before the time limit: the ranks save and "
+                        "exit, the job requeues itself (default 300; >= one step + one save)")
+    p.add_argument("--max-restarts", type=int, default=20,
+                   help="requeue at most this many times (SLURM_RESTART_COUNT); 0: never")
+    p.add_argument("--container-image",
+                   help="pyxis/enroot image for srun; the repo and the run folder are mounted "
+                        "at their own paths")
+    p.add_argument("--container-mounts", help="extra pyxis mounts, SRC:DST[,SRC:DST...]")
+    p.add_argument("--python",
+                   help="interpreter on the nodes (default: this one; 'python' in a container)")
+
+
+def check_job_args(p: argparse.ArgumentParser, args: argparse.Namespace,
+                   run_dir: Path) -> None:
+    """Validate the job options (errors name the flag) and fill their defaults."""
+    for flag in ("nodes", "signal_secs"):
+        if getattr(args, flag) < 1:
+            p.error(f"--{flag.replace('_', '-')} must be >= 1")
+    for flag in ("gpus_per_node", "max_restarts"):
+        if getattr(args, flag) < 0:
+            p.error(f"--{flag.replace('_', '-')} must be >= 0")
+    if args.ntasks_per_node is None:
+        if args.gpus_per_node == 0:
+            p.error("--ntasks-per-node is required with --gpus-per-node 0")
+        args.ntasks_per_node = args.gpus_per_node
+    if args.container_mounts and not args.container_image:
+        p.error("--container-mounts needs --container-image")
+    if args.python is None:
+        args.python = "python" if args.container_image else sys.executable
+    if any(c.isspace() for c in str(run_dir)):
+        p.error(f"{run_dir}: no whitespace allowed (it goes into #SBATCH lines)")
+
+
+def check_cache_recipe(recipe: List[str], path: Path) -> None:
+    """--build-cache needs a recipe with --data-cache-path and indexed data: a build job that
+    fails would leave the arms' jobs waiting on it for ever (DependencyNeverSatisfied)."""
+    given = {token.split("=")[0] for token in recipe}
+    if "--data-cache-path" not in given:
+        raise SystemExit(f"error: --build-cache: recipe {path} sets no --data-cache-path, the "
+                         f"directory (shared by every node) the caches are built into")
+    if "--mock-data" in given:
+        raise SystemExit(f"error: --build-cache: recipe {path} trains on --mock-data, which "
+                         f"has no index caches to build")
+
+
+def read_recipe(path: Path) -> List[str]:
+    """The recipe's flags, refusing the ones submit.py sets per arm."""
+    return recipes.read_recipe(path, PER_ARM_FLAGS, "tools/submit.py sets in every job script")
+
+
+def run_flags(recipe: List[str], run_dir: Path, own: List[str]) -> List[str]:
+    """A run's training flags: the recipe, the run's ``own`` flags, and where it saves."""
+    ckpt = str(run_dir / "checkpoints")
+    return recipe + own + ["--save", ckpt, "--load", ckpt,
+                           "--tensorboard-dir", str(run_dir / "tensorboard"),
+                           "--exit-signal-handler"]
+
+
+def flag_lines(flags: List[str]) -> str:
+    """One ``--flag [values]`` per line, shell-quoted, for the TRAIN_ARGS array."""
+    lines: List[List[str]] = []
+    for token in flags:
+        if token.startswith("--") or not lines:
+            lines.append([])
+        lines[-1].append(shlex.quote(token))
+    return "\n".join("    " + " ".join(line) for line in lines)
+
+
+def sbatch_directives(args: argparse.Namespace, job_name: str) -> str:
+    options = [("job-name", job_name), ("nodes", args.nodes),
+               ("ntasks-per-node", args.ntasks_per_node)]
+    if args.gpus_per_node:
+        options.append(("gpus-per-node", args.gpus_per_node))
+    return directive_lines(options + [(name, getattr(args, name)) for name in
+                                      ("cpus_per_task", "time", "partition", "account")])
+
+
+def directive_lines(options) -> str:
+    """``#SBATCH --name=value`` per ``(name, value)``, skipping None values."""
+    return "\n".join(f"#SBATCH --{name.replace('_', '-')}={value}" for name, value in options
+                     if value is not None)
+
+
+def container_args(args: argparse.Namespace, run_dir: Path) -> str:
+    if not args.container_image:
+        return ""
+    dirs = [REPO] + ([] if run_dir.is_relative_to(REPO) else [run_dir])
+    mounts = ",".join([f"{d}:{d}" for d in dirs]
+                      + ([args.container_mounts] if args.container_mounts else []))
+    return " ".join(shlex.quote(a) for a in (f"--container-image={args.container_image}",
+                                             f"--container-mounts={mounts}",
+                                             f"--container-workdir={REPO}"))
+
+
+def render(path: Path, fields: dict) -> str:
+    """Fill every ``{{NAME}}`` of the template at ``path``; a missing or an unused field is an
+    error."""
+    template = path.read_text()
+    names = set(re.findall(r"\{\{(\w+)\}\}", template))
+    if names != set(fields):
+        raise SystemExit(f"error: {path} fields {sorted(names)} do not match "
+                         f"megatron_ext/slurm.py's {sorted(fields)}")
+    return re.sub(r"\{\{(\w+)\}\}", lambda m: str(fields[m.group(1)]), template)
+
+
+def job_script(args: argparse.Namespace, job_name: str, run_dir: Path, flags: List[str],
+               mount_dir: Path) -> str:
+    """The batch script of one run (training ``flags``, log in ``run_dir``); ``mount_dir``
+    is mounted into a container."""
+    return render(TEMPLATE, {
+        "SBATCH_DIRECTIVES": sbatch_directives(args, job_name),
+        "LOG": run_dir / "slurm-%j.log",
+        "SIGNAL_SECS": args.signal_secs,
+        "MAX_RESTARTS": args.max_restarts,
+        "CONTAINER_ARGS": container_args(args, mount_dir),
+        "TRAIN_ARGS": flag_lines(flags),
+        "REPO": shlex.quote(str(REPO)),
+        "PYTHON": shlex.quote(args.python),
+    })
+
+
+def cache_job_script(args: argparse.Namespace, recipe: List[str], run_dir: Path) -> str:
+    """The batch script of the job that builds the recipe's dataset index caches: one task
+    on one node, no GPU, sized by the --build-cache-* options; the builder is told the
+    training job's world size (the default global batch depends on it)."""
+    world = args.nodes * args.ntasks_per_node
+    return render(CACHE_TEMPLATE, {
+        "SBATCH_DIRECTIVES": directive_lines([
+            ("job-name", f"{args.run_dir.name}-{CACHE_JOB}"), ("nodes", 1), ("ntasks", 1),
+            ("cpus-per-task", args.build_cache_cpus_per_task),
+            ("time", args.build_cache_time), ("partition", args.build_cache_partition),
+            ("account", args.account)]),
+        "LOG": run_dir / "slurm-%j.log",
+        "CONTAINER_ARGS": container_args(args, args.run_dir),
+        "BUILD_ARGS": flag_lines(recipe + ["--world-size", str(world)]),
+        "REPO": shlex.quote(str(REPO)),
+        "PYTHON": shlex.quote(args.python),
+    })
+
+
+def submit(script: Path, after: Optional[str] = None) -> str:
+    """Submit ``script`` (to start once job ``after`` has succeeded); the job id. The
+    dependency is given to sbatch, not written in the script, so the script can be
+    resubmitted by hand later."""
+    if shutil.which("sbatch") is None:
+        raise SystemExit("error: sbatch not found: run on a Slurm login node, or use --dry-run")
+    dependency = [f"--dependency=afterok:{after}"] if after else []
+    done = subprocess.run(["sbatch", "--parsable", *dependency, str(script)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"error: sbatch {script} failed: {done.stderr.strip()}")
+    return done.stdout.strip().split(";")[0]
+
+
+def write_and_submit(run_dir: Path, script: str, after: Optional[str] = None) -> str:
+    """Write ``run_dir/job.sbatch`` and submit it (after job ``after``); the job id."""
+    run_dir.mkdir(parents=True, exist_ok=True)   # Slurm does not create the log's folder
+    (run_dir / "job.sbatch").write_text(script)
+    return submit(run_dir / "job.sbatch", after)

@@ -1,0 +1,109 @@
+"""The project's structure, as the developers' guide states it: imports point one way (the
+core <- data, hf <- study, probes <- tools), no private name crosses a package, tools are
+command lines that import only the package, and the README stays a front door. Read from
+the source text (ast), nothing is imported."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+
+PACKAGE = REPO / "megatron_ext"
+# What each part may import of megatron_ext's subpackages.
+ALLOWED = {"core": set(), "data": set(), "hf": set(), "probes": {"hf", "data"},
+           "study": {"hf", "data", "probes"}}
+
+
+def part_of(path: Path) -> str:
+    relative = path.relative_to(PACKAGE).parts
+    return relative[0] if len(relative) > 1 else "core"
+
+
+def imports(path: Path):
+    """``(module, names)`` of every import in ``path`` (function-level ones too), relative
+    imports resolved to ``megatron_ext...``."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    package = ".".join(path.relative_to(REPO).with_suffix("").parts[:-1])
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, []
+        elif isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if node.level:
+                base = package.split(".")[:len(package.split(".")) - node.level + 1]
+                module = ".".join(base + ([module] if module else []))
+            yield module, [a.name for a in node.names]
+
+
+def subpackage(module: str, names: list[str]) -> set[str]:
+    """The megatron_ext subpackages an import reaches."""
+    parts = module.split(".")
+    if parts[0] != "megatron_ext":
+        return set()
+    if len(parts) > 1:
+        return {parts[1]} & set(ALLOWED)
+    return set(names) & set(ALLOWED)
+
+
+MODULES = sorted(PACKAGE.rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(REPO)))
+def test_imports_point_one_way(path):
+    part = part_of(path)
+    reached = set().union(*(subpackage(m, n) for m, n in imports(path))) - {part}
+    assert reached <= ALLOWED[part], f"{part} imports {sorted(reached - ALLOWED[part])}"
+    assert not any(m == "pretrain_fixedcode" or m.startswith("tools") for m, _ in imports(path))
+
+
+@pytest.mark.parametrize("path", MODULES + sorted((REPO / "tools").glob("*.py")),
+                         ids=lambda p: str(p.relative_to(REPO)))
+def test_no_private_name_crosses_a_package(path):
+    own = ".".join(path.relative_to(REPO).with_suffix("").parts[:-1])
+    for module, names in imports(path):
+        if module.startswith("megatron_ext") and module.rsplit(".", 1)[0] != own \
+                and module != own:
+            assert not [n for n in names if n.startswith("_") and n != "__version__"], module
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "tools").glob("*.py")),
+                         ids=lambda p: p.name)
+def test_tools_are_command_lines_over_the_package(path):
+    text = path.read_text(encoding="utf-8")
+    assert "sys.path.insert" not in text
+    assert not any(m.split(".")[0] in ("tools", "pretrain_fixedcode") for m, _ in imports(path))
+    assert "def main(" in text and 'if __name__ == "__main__":' in text
+
+
+def test_tools_is_not_a_package():
+    assert not (REPO / "tools" / "__init__.py").exists()
+
+
+def test_the_readme_is_a_front_door():
+    assert len((REPO / "README.md").read_text(encoding="utf-8").splitlines()) <= 300
+
+
+@pytest.mark.parametrize("path", [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))],
+                         ids=lambda p: p.name)
+def test_docs_hold_no_paths_of_a_machine(path):
+    found = re.findall(r"(?<![\w.])/(?:work|home|root|scratch|Users)/\S*",
+                       path.read_text(encoding="utf-8"))
+    assert not found, found
+
+
+@pytest.mark.parametrize("init", sorted(PACKAGE.rglob("__init__.py")),
+                         ids=lambda p: str(p.relative_to(REPO)))
+def test_every_package_docstring_lists_its_modules(init):
+    """Every module of the package is named in its docstring, and every name in double
+    backquotes that looks like a module of it exists."""
+    doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8")))
+    modules = {p.stem for p in init.parent.glob("*.py") if p.stem != "__init__"}
+    subpackages = {p.parent.name for p in init.parent.glob("*/__init__.py")}
+    named = set(re.findall(r"``(\w+)``", doc))
+    assert modules | subpackages <= named, sorted((modules | subpackages) - named)
