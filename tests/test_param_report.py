@@ -2,23 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import re
-import subprocess
-import sys
 
 import pytest
 
-from conftest import REPO
-
 
 def run_report(*flags: str) -> str:
-    proc = subprocess.run([sys.executable, str(REPO / "tools" / "param_report.py"), *flags],
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc.stdout
+    """What ``tools/param_report.py FLAGS`` prints, run in this process."""
+    from tools import param_report
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        param_report.main(list(flags))
+    return out.getvalue()
 
 
-@pytest.mark.integration
 def test_reference_shape_counts():
     out = run_report("--preset", "smollm2-1.7b", "--json")
     import json
@@ -32,7 +31,6 @@ def test_reference_shape_counts():
     assert counts["binary"]["head"] == 100_663_296
 
 
-@pytest.mark.integration
 def test_small_shape_matches_independent_formula():
     L, d, ffn, V = 3, 64, 160, 1000
     out = run_report("--num-layers", str(L), "--hidden-size", str(d), "--num-attention-heads",
@@ -48,7 +46,6 @@ def test_small_shape_matches_independent_formula():
     assert counts["learned"]["total"] == backbone + 2 * padded * d
 
 
-@pytest.mark.integration
 def test_table_output_shows_the_difference():
     out = run_report("--preset", "smollm2-1.7b", "--arms", "learned", "binary")
     assert "1,711,376,384" in out and "1,812,039,680" in out

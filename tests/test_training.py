@@ -50,7 +50,7 @@ def test_an_in_process_run_is_the_subprocess_run(tmp_path):
         assert run.stdout.splitlines()[-1] == alone.stdout.splitlines()[-1]
     failed = run_pretrain(TINY_RUN + ["--train-iters", "1", "--input-interface", "binary",
                                       "--code-bits", "8"], in_process=True, check=False)
-    assert failed.returncode == 1 and "do not fit --code-bits 8" in failed.stderr
+    assert failed.returncode == 1 and "does not fit a 8-bit code" in failed.stderr
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler did not stay
 
 
