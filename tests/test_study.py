@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import STUDY_PIQA
+from conftest import STUDY_PIQA, study_trains_in_process
 from megatron_ext.study import spec
 from megatron_ext.study.stats import paired_bootstrap, paired_difference, t_interval
 from tools import study
@@ -193,7 +193,7 @@ def test_a_rerun_trains_nothing_and_evaluates_nothing_twice(tiny_study, capsys):
 
 
 @pytest.mark.integration
-def test_an_interrupted_local_study_saves_and_a_rerun_resumes(recipe, tmp_path):
+def test_an_interrupted_local_study_saves_and_a_rerun_resumes(recipe, tmp_path, capsys):
     """SIGTERM (or Ctrl-C) to the study lets the current run save first; rerunning the same
     command resumes that run from its checkpoint and goes on with the others."""
     import signal
@@ -216,7 +216,9 @@ def test_an_interrupted_local_study_saves_and_a_rerun_resumes(recipe, tmp_path):
     stopped = int(re.search(r"received SIGTERM: exiting at iteration (\d+)", out).group(1))
     ckpt = study_dir / "learned" / "seed1" / "checkpoints"
     assert int((ckpt / "latest_checkpointed_iteration.txt").read_text()) == stopped < 12
-    again = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert again.returncode == 0, again.stdout[-2000:]
-    assert f"resumed from {ckpt}/iter_{stopped:07d} at iteration {stopped}" in again.stdout
-    assert "[study] run 2/2: binary seed 1" in again.stdout
+    capsys.readouterr()
+    with study_trains_in_process():  # the rerun: this process is not under test
+        study.main(cmd[2:])
+    again = capsys.readouterr().out
+    assert f"resumed from {ckpt}/iter_{stopped:07d} at iteration {stopped}" in again
+    assert "[study] run 2/2: binary seed 1" in again
