@@ -41,6 +41,7 @@ def test_an_in_process_run_is_the_subprocess_run(tmp_path):
     own process does: the same losses, metrics and log, run after run in one process."""
     run = TINY_RUN + ["--input-interface", "binary", "--train-iters", "4", "--eval-iters", "1",
                       "--eval-interval", "2", "--exit-signal-handler"]
+    handler = signal.getsignal(signal.SIGTERM)
     alone = run_pretrain(run, in_process=False)
     first, again = run_pretrain(run, in_process=True), run_pretrain(run, in_process=True)
     assert len(step_losses(alone)) == 4 and len(valid_losses(alone)) == 2
@@ -51,7 +52,7 @@ def test_an_in_process_run_is_the_subprocess_run(tmp_path):
     failed = run_pretrain(TINY_RUN + ["--train-iters", "1", "--input-interface", "binary",
                                       "--code-bits", "8"], in_process=True, check=False)
     assert failed.returncode == 1 and "does not fit a 8-bit code" in failed.stderr
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler did not stay
+    assert signal.getsignal(signal.SIGTERM) is handler  # --exit-signal-handler's did not stay
 
 
 @pytest.mark.integration
