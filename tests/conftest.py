@@ -38,11 +38,25 @@ PP2_RUN = ["--num-query-groups", "2", "--input-interface", "binary",
 TIERS = ("unit", "integration", "slurm", "gpu")  # registered in pyproject.toml
 
 
-def pytest_collection_modifyitems(items):
-    """A test marked with no tier is a ``unit`` test (``-m unit`` runs the fast ones)."""
+@pytest.hookimpl(trylast=True)  # after pytest-xdist's own
+def pytest_collection_modifyitems(config, items):
+    """A test marked with no tier is a ``unit`` test (``-m unit`` runs the fast ones).
+
+    Under ``--dist loadgroup`` (a pytest-xdist worker), a test of an ``xdist_group`` gets the
+    group in its id, which is how the scheduler reads it: pytest-xdist 3.8 writes it into a
+    field that pytest 9.2 no longer reads (pytest-dev/pytest-xdist#1386), and the groups were
+    silently ignored; where its own write takes, this does nothing."""
     for item in items:
         if not any(item.get_closest_marker(tier) for tier in TIERS):
             item.add_marker(pytest.mark.unit)
+    if config.getoption("loadgroup", default=False):
+        from _pytest.nodeid import NodeId
+        for item in items:
+            groups = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                             for m in item.iter_markers("xdist_group")})
+            suffix = "@" + "_".join(groups)
+            if groups and not item.nodeid.endswith(suffix):
+                item._id = NodeId.parse(item.nodeid + suffix)
 
 
 def pytest_configure(config):
