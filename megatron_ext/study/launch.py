@@ -9,7 +9,6 @@ checkpoint is its last iteration, so a rerun skips it.
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import signal
 import subprocess
@@ -95,10 +94,10 @@ def queued_job(name: str) -> Optional[str]:
     return out[0] if out else None
 
 
-def submit_to_slurm(study: spec.Study, study_dir: Path, job: argparse.Namespace,
-                    dry_run: bool, progress: Progress = _print) -> None:
-    """Submit each run that is neither finished nor queued; ``job``: the job options
-    (:func:`megatron_ext.slurm.add_job_args`, checked). ``dry_run`` prints the scripts."""
+def submit_to_slurm(study: spec.Study, study_dir: Path, job: slurm.Job, dry_run: bool,
+                    progress: Progress = _print) -> None:
+    """Submit each run that is neither finished nor queued as a ``job``; ``dry_run`` prints
+    the scripts instead."""
     for arm, seed in study.runs():
         run = spec.run_dir(study_dir, arm, seed)
         name = f"{study_dir.name}-{arm.name}-seed{seed}"
@@ -117,17 +116,11 @@ def submit_to_slurm(study: spec.Study, study_dir: Path, job: argparse.Namespace,
         progress(f"{arm.name} seed {seed}: job {job_id}, log {run / f'slurm-{job_id}.log'}")
 
 
-def export_hf(load: Path, iteration: int, output: str) -> None:
-    """A checkpoint as a Hugging Face model in ``output`` (for the downstream tasks)."""
-    from megatron_ext.hf.export import export_checkpoint
-    export_checkpoint(str(load), output, iteration)
-
-
 def evaluate(study: spec.Study, study_dir: Path, progress: Progress = _print) -> None:
     """Evaluate the checkpoints not evaluated yet and, with ``[probes]``, probe the final
     ones not probed yet."""
     from .evaluation import evaluate_study
-    counts = evaluate_study(study, study_dir, export_hf, progress=progress)
+    counts = evaluate_study(study, study_dir, progress=progress)
     progress(f"[study] evaluated {counts['evaluated']} checkpoints ({counts['cached']} cached)")
     if study.probes:
         from .probing import probe_study
