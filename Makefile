@@ -19,8 +19,10 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python examples/cpu_demo/run_demo.py
 
+# Two workers (pytest-xdist); tests that start several processes share one worker
+# (xdist_group "processes"), so they never oversubscribe two cores. The 25 slowest are printed.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup --durations=25 $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) demo

@@ -38,7 +38,7 @@ from megatron_ext.arguments import add_training_args, parse_model_args
 from megatron_ext.datasets import build_train_valid
 from megatron_ext.initialize import destroy_distributed
 from megatron_ext.saving import EXIT_SAVE_FAILED, SaveFailed
-from megatron_ext.training import NonFiniteLossError, pretrain
+from megatron_ext.training import NonFiniteLossError, PretrainResult, pretrain
 
 
 def model_provider(args, padded_vocab_size, pre_process=True, post_process=True, code=None):
@@ -50,12 +50,12 @@ def model_provider(args, padded_vocab_size, pre_process=True, post_process=True,
                                           on_cpu=args.device == "cpu", code=code)
 
 
-def get_batch(data_iterator, device: str):
-    """The micro-batch this pipeline stage needs (middle stages need none)."""
+def get_batch(data_iterator, device: torch.device):
+    """The micro-batch this pipeline stage needs (middle stages need none), on ``device``."""
     if not (parallel_state.is_pipeline_first_stage() or parallel_state.is_pipeline_last_stage()):
         return None, None, None, None
     batch = next(data_iterator)
-    move = (lambda t: t.to(device, non_blocking=True)) if device == "cuda" else (lambda t: t)
+    move = (lambda t: t.to(device, non_blocking=True)) if device.type == "cuda" else (lambda t: t)
     return (move(batch["tokens"]), move(batch["labels"]), move(batch["loss_mask"]),
             move(batch["position_ids"]))
 
@@ -70,12 +70,12 @@ def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
     return loss_sum / count, {"lm loss": torch.stack([loss_sum.detach(), count])}
 
 
-def make_forward_step(args):
-    def forward_step(data_iterator, model):
-        tokens, labels, loss_mask, position_ids = get_batch(data_iterator, args.device)
-        output = model(tokens, position_ids, None, labels=labels)
-        return output, partial(loss_func, loss_mask)
-    return forward_step
+def forward_step(data_iterator, model):
+    """One micro-batch through ``model``; the batch goes to the device the model is on."""
+    tokens, labels, loss_mask, position_ids = get_batch(data_iterator,
+                                                        next(model.parameters()).device)
+    output = model(tokens, position_ids, None, labels=labels)
+    return output, partial(loss_func, loss_mask)
 
 
 def datasets_provider(args, tokenizer, num_samples, consumed_train_samples):
@@ -88,14 +88,14 @@ def parse_args(argv=None):
     return parse_model_args(argv, __doc__.splitlines()[0], add_training_args)
 
 
-def main(argv=None) -> dict:
+def main(argv=None) -> PretrainResult:
     """Train; the process group is destroyed when every rank ends the same way (done, or
     the agreed non-finite stop): left to the interpreter's exit, NCCL warns, and its warning
     became the last log line of a failed GPU run, hiding the error. After any other error
     the ranks may be mid-collective, and it is left alone."""
     args = parse_args(argv)
     try:
-        result = pretrain(args, model_provider, make_forward_step(args), datasets_provider)
+        result = pretrain(args, model_provider, forward_step, datasets_provider)
     except NonFiniteLossError as e:
         destroy_distributed()
         print(f"[fixedcode] error: {e}", file=sys.stderr, flush=True)

@@ -31,15 +31,16 @@ DEFAULTS = ["--num-layers", "2", "--hidden-size", "256", "--num-attention-heads"
 
 def child(arm: str, model_argv: list, warmup: int, reps: int) -> None:
     entry = runpy.run_path(str(REPO / "pretrain_fixedcode.py"))  # a script, not a module
-    make_forward_step, model_provider, parse_args = (
-        entry["make_forward_step"], entry["model_provider"], entry["parse_args"])
+    forward_step, model_provider, parse_args = (
+        entry["forward_step"], entry["model_provider"], entry["parse_args"])
     from megatron_ext.initialize import initialize_distributed, resolve_device
     from megatron_ext.training import build_model_and_optimizer, setup_args, train_step
 
     args = parse_args(DEFAULTS + model_argv + ["--input-interface", arm])
-    args.device = resolve_device(args.device)
-    initialize_distributed(args.device, seed=args.seed)
-    _, derived = setup_args(args)
+    device = resolve_device(args.device)
+    initialize_distributed(device, seed=args.seed)
+    _, derived, resolved = setup_args(args, device)
+    args = resolved.applied_to(args)
     gen = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, args.vocab_size, (args.micro_batch_size, args.seq_length + 1),
                            generator=gen)
@@ -51,7 +52,7 @@ def child(arm: str, model_argv: list, warmup: int, reps: int) -> None:
     baseline = measure.memory_now()
     model, ddp, optimizer, scheduler = build_model_and_optimizer(args, derived, model_provider)
     measure.reset_peak()
-    forward_step, batches = make_forward_step(args), itertools.repeat(batch)
+    batches = itertools.repeat(batch)
 
     def step():
         train_step(args, derived.num_microbatches, forward_step, batches, ddp, optimizer,

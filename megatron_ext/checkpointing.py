@@ -240,23 +240,23 @@ def _schedule(args: dict) -> dict:
 
 
 def reconcile_schedule(saved_args: dict, args: argparse.Namespace, train_iters: int,
-                       path: str) -> list[str]:
+                       path: str) -> tuple[list[str], dict]:
     """On resume, settle which schedule continues when the flags and the checkpoint differ
     (``train_iters``: this run's, derived; the decay length defaults to it):
-    the flags' with ``--override-opt_param-scheduler``, the checkpoint's (copied into
-    ``args``) with ``--use-checkpoint-opt_param-scheduler``, else an error naming each
-    difference. Returns the differences, ``["--flag NEW (checkpoint OLD)", ...]``."""
+    the flags' with ``--override-opt_param-scheduler``, the checkpoint's with
+    ``--use-checkpoint-opt_param-scheduler``, else an error naming each difference. Returns
+    the differences, ``["--flag NEW (checkpoint OLD)", ...]``, and the schedule the run
+    keeps, ``{name: value}`` over :data:`SCHEDULE_FLAGS` (``args`` is not written into)."""
     if args.override_opt_param_scheduler and args.use_checkpoint_opt_param_scheduler:
         raise SystemExit("error: --override-opt_param-scheduler and "
                          "--use-checkpoint-opt_param-scheduler are exclusive")
+    flags = {k: getattr(args, k) for k in SCHEDULE_FLAGS}
     old, new = _schedule(saved_args), _schedule({**vars(args), "train_iters": train_iters})
     diffs = [f"{SCHEDULE_FLAGS[k]} {new[k]} (checkpoint {old[k]})" for k in old if old[k] != new[k]]
     if not diffs or args.override_opt_param_scheduler:
-        return diffs
+        return diffs, flags
     if args.use_checkpoint_opt_param_scheduler:
-        for k in SCHEDULE_FLAGS:
-            setattr(args, k, old[k] if old[k] is not None else getattr(args, k))
-        return diffs
+        return diffs, {k: old[k] if old[k] is not None else flags[k] for k in SCHEDULE_FLAGS}
     raise SystemExit(
         f"error: the learning-rate schedule differs from the one {path} was trained with: "
         + ", ".join(diffs) + ". Pass --override-opt_param-scheduler to continue with the new "

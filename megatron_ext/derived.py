@@ -1,11 +1,19 @@
-"""Values derived once at start-up from the flags, the world and the tokenizer: the world
-layout, the batch, the number of iterations and the padded vocabulary.
+"""Values settled once at start-up, never written into the parsed flags (``args`` stays the
+command line):
 
-One frozen :class:`Derived`, built by :func:`derive` and passed explicitly to what needs it
-(the model provider, the optimizer's schedule, the datasets, the loop, the metrics), never
-written into the parsed flags. Checkpoints and trackers store both together
-(:func:`run_record`), as Megatron-LM's saved arguments hold them. Its place: between
-``arguments.py`` (the flags) and ``training.py`` (the loop).
+* :class:`Derived` (built by :func:`derive`): values derived from the flags, the world and
+  the tokenizer: the world layout, the batch, the number of iterations and the padded
+  vocabulary;
+* :class:`Resolved` (built by ``training.setup_args`` and ``training.resolve_checkpoint``):
+  flags whose value this machine or the checkpoint settles: ``--device auto``, the default
+  ``--transformer-impl``, ``--sequence-parallel`` at TP=1, and the learning-rate schedule a
+  resumed run keeps (``--use-checkpoint-opt_param-scheduler``).
+
+Both are frozen and passed explicitly. What reads the flags as the run applies them (the
+model provider, the loop's parts) gets :meth:`Resolved.applied_to`, a copy; checkpoints and
+trackers store the applied flags with the derived values (:func:`run_record`), as
+Megatron-LM's saved arguments hold them. Its place: between ``arguments.py`` (the flags) and
+``training.py`` (the loop).
 """
 
 from __future__ import annotations
@@ -29,6 +37,22 @@ class Derived:
     @property
     def train_samples(self) -> int:
         return self.train_iters * self.global_batch_size
+
+
+@dataclasses.dataclass(frozen=True)
+class Resolved:
+    device: str  # --device: "cuda" or "cpu" ("auto" settled)
+    transformer_impl: str  # --transformer-impl: its default settled for the device
+    sequence_parallel: bool  # --sequence-parallel: off at TP=1
+    schedule: dict  # the learning-rate schedule flags (checkpointing.SCHEDULE_FLAGS): the
+    # flags', or the checkpoint's with --use-checkpoint-opt_param-scheduler
+
+    def applied_to(self, args: argparse.Namespace) -> argparse.Namespace:
+        """A copy of ``args`` with the resolved values under the flags' names: the flags as
+        the run applies them. ``args`` itself is left as parsed."""
+        return argparse.Namespace(**{
+            **vars(args), "device": self.device, "transformer_impl": self.transformer_impl,
+            "sequence_parallel": self.sequence_parallel, **self.schedule})
 
 
 def derive(args: argparse.Namespace, world: int, vocab_size: int) -> Derived:
@@ -56,6 +80,7 @@ def derive(args: argparse.Namespace, world: int, vocab_size: int) -> Derived:
 
 
 def run_record(args: argparse.Namespace, derived: Derived) -> dict:
-    """The run's arguments as a checkpoint and a tracker store them: every flag, with the
-    derived values under the flags' names (``train_iters``, ``global_batch_size``, ...)."""
+    """The run's arguments as a checkpoint and a tracker store them: every flag (as applied,
+    :meth:`Resolved.applied_to`), with the derived values under the flags' names
+    (``train_iters``, ``global_batch_size``, ...)."""
     return {**vars(args), **dataclasses.asdict(derived)}

@@ -31,10 +31,11 @@ def max_over_ranks(values: list, device: str) -> list[int]:
 
 
 class ExitConditions:
-    def __init__(self, args: argparse.Namespace, start_time: float):
+    def __init__(self, args: argparse.Namespace, device: str, start_time: float):
+        """``device``: the run's (``cuda`` or ``cpu``), where the ranks agree."""
         self.args = args
         self.start_time = start_time
-        self.device = "cuda" if args.device == "cuda" else "cpu"
+        self.device = device
         if args.exit_signal_handler:
             exit_signals.install()  # already in force when the entry point installed it
 

@@ -50,3 +50,9 @@ def ignore() -> None:
 def received() -> Optional[int]:
     """The last exit signal this process received, or None."""
     return _received
+
+
+def reset() -> None:
+    """Forget a received signal: for a process that runs several trainings (the tests)."""
+    global _received
+    _received = None

@@ -57,14 +57,17 @@ def padded_vocab(args: argparse.Namespace, arms: Sequence[str], tp: int = 1) -> 
 def count_arms(args: argparse.Namespace, arms: Sequence[str]) -> dict:
     """``{arm: {part: count}}`` for a model shape given by ``args``."""
     counts, vocab = {}, padded_vocab(args, arms)
-    initialize_distributed("cpu")
+    started = not torch.distributed.is_initialized()  # else the caller's, left running
+    if started:
+        initialize_distributed("cpu")
     try:
         for arm in arms:
             with torch.device("meta"):
                 model = model_provider(arm_args(args, arm), vocab, on_cpu=True)
             counts[arm] = count_parameters(model)
     finally:
-        destroy_distributed()
+        if started:
+            destroy_distributed()
     return counts
 
 

@@ -4,10 +4,15 @@
 
 :func:`pretrain` takes the three callables users know from Megatron-LM's pretrain_gpt.py
 (model provider, forward step, datasets provider) and runs the loop; each policy around it
-belongs to an object: when to save (:class:`~megatron_ext.saving.Checkpointer`), when
-to stop (:class:`~megatron_ext.exit_conditions.ExitConditions`), what to log
+belongs to an object: when to validate (:class:`~megatron_ext.validation.Validator`), when
+to save (:class:`~megatron_ext.saving.Checkpointer`), when to stop
+(:class:`~megatron_ext.exit_conditions.ExitConditions`), what to log
 (:class:`~megatron_ext.metrics.MetricsLogger`), how many non-finite steps to bear
-(:class:`NonFiniteGuard`).
+(:class:`NonFiniteGuard`). It returns a :class:`PretrainResult`.
+
+The flags are read, never written: what start-up settles (the device, the layers, a resumed
+schedule) is a frozen :class:`~megatron_ext.derived.Resolved`, beside the
+:class:`~megatron_ext.derived.Derived` values.
 """
 
 from __future__ import annotations
@@ -39,9 +44,9 @@ from .attention import local_core_attention
 from .checkpointing import TrainState
 from .code_limits import require_vocab_fits
 from .codes import FixedCode
-from .datasets import build_loader, samples_per_split
+from .datasets import samples_per_split
 from .device_checks import check_cuda_connections, fp8_refusal
-from .derived import Derived, derive, run_record
+from .derived import Derived, Resolved, derive, run_record
 from .exit_conditions import ExitConditions, max_over_ranks
 from .initialize import initialize_distributed, resolve_device
 from .log import is_logging_rank, log
@@ -52,15 +57,19 @@ from .norms import NormReporter
 from .profiling import StepProfiler, validate_profile_args
 from .saving import Checkpointer
 from .tokenizer import build_tokenizer
+from .validation import Validator, reduce_losses
 
 
 class NonFiniteLossError(RuntimeError):
     pass
 
 
-def setup_args(args: argparse.Namespace) -> tuple:
-    """Refuse what cannot run; returns ``(tokenizer, derived)``: the values derived from the
-    flags, the world and the tokenizer (:class:`megatron_ext.derived.Derived`), built once."""
+def setup_args(args: argparse.Namespace, device: str) -> tuple:
+    """Refuse what cannot run on ``device`` (``cuda`` or ``cpu``); returns ``(tokenizer,
+    derived, resolved)``: the values derived from the flags, the world and the tokenizer
+    (:class:`~megatron_ext.derived.Derived`) and the flags settled for this machine
+    (:class:`~megatron_ext.derived.Resolved`, with the flags' schedule), built once. ``args``
+    is not written into."""
     tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model, args.vocab_size)
     derived = derive(args, torch.distributed.get_world_size(), tokenizer.vocab_size)
     if args.log_layer_norms and args.use_distributed_optimizer:
@@ -72,7 +81,9 @@ def setup_args(args: argparse.Namespace) -> tuple:
                          "Engine nor Apex imports, so the distributed optimizer runs torch's "
                          "Adam, whose state megatron-core 0.16.1 cannot load in that layout; "
                          "drop the flag (the default layout resumes) or pip install '.[gpu]'")
-    resolve_layers(args)
+    transformer_impl, sequence_parallel = resolve_layers(args, device)
+    resolved = Resolved(device, transformer_impl, sequence_parallel,
+                        {k: getattr(args, k) for k in checkpointing.SCHEDULE_FLAGS})
     if args.ddp_bucket_size is not None and not args.overlap_grad_reduce:
         raise SystemExit("error: --ddp-bucket-size applies with --overlap-grad-reduce only")
     if args.overlap_param_gather and not (args.use_distributed_optimizer
@@ -81,7 +92,7 @@ def setup_args(args: argparse.Namespace) -> tuple:
                          "--overlap-grad-reduce, as in Megatron-LM")
     if args.manual_gc_interval < 0:
         raise SystemExit(f"error: --manual-gc-interval {args.manual_gc_interval} is negative")
-    validate_profile_args(args)
+    validate_profile_args(resolved.applied_to(args))
     if args.ckpt_step is not None and not args.load:
         raise SystemExit("error: --ckpt-step needs --load")
     for flag in ("save_interval", "async_save", "keep_last_checkpoints"):
@@ -95,52 +106,56 @@ def setup_args(args: argparse.Namespace) -> tuple:
                          "only (without it every save is kept)")
     if args.input_interface != "learned":
         require_vocab_fits(derived.padded_vocab_size, args.code_bits, tokenizer.vocab_size)
-    return tokenizer, derived
+    return tokenizer, derived, resolved
 
 
-def resolve_layers(args: argparse.Namespace) -> None:
-    """Settle the transformer layers, attention, FP8 and sequence parallelism for
-    ``args.device`` as Megatron-LM settles them (megatron/training/arguments.py): Transformer
-    Engine layers by default on a GPU where TE imports (local layers otherwise, said in the
-    log), sequence parallelism turned off with a warning at TP=1; on a GPU, the checks of
-    :mod:`megatron_ext.device_checks`."""
-    if args.transformer_impl is None:
-        te = args.device == "cuda" and transformer_engine_imports()
-        args.transformer_impl = "transformer_engine" if te else "local"
-        if args.device == "cuda":
-            log(f"[fixedcode] --transformer-impl {args.transformer_impl} (the default on a GPU: "
+def resolve_layers(args: argparse.Namespace, device: str) -> tuple[str, bool]:
+    """``(transformer_impl, sequence_parallel)``: the transformer layers, attention, FP8 and
+    sequence parallelism for ``device``, settled as Megatron-LM settles them
+    (megatron/training/arguments.py): Transformer Engine layers by default on a GPU where TE
+    imports (local layers otherwise, said in the log), sequence parallelism turned off with a
+    warning at TP=1; on a GPU, the checks of :mod:`megatron_ext.device_checks`."""
+    impl, sequence_parallel = args.transformer_impl, args.sequence_parallel
+    if impl is None:
+        te = device == "cuda" and transformer_engine_imports()
+        impl = "transformer_engine" if te else "local"
+        if device == "cuda":
+            log(f"[fixedcode] --transformer-impl {impl} (the default on a GPU: "
                 + ("Transformer Engine imports)" if te else
                    "Transformer Engine does not import; pip install '.[gpu]' for it)"))
-    elif args.transformer_impl == "transformer_engine" and args.device == "cpu":
+    elif impl == "transformer_engine" and device == "cpu":
         raise SystemExit("error: --transformer-impl transformer_engine needs a GPU (Transformer "
                          "Engine's layers run on CUDA only); use --transformer-impl local")
-    if args.fp8_format and args.transformer_impl != "transformer_engine":
+    if args.fp8_format and impl != "transformer_engine":
         raise SystemExit("error: --fp8-format needs --transformer-impl transformer_engine "
                          "(Transformer Engine layers, on a GPU)")
-    if args.transformer_impl == "local":
+    if impl == "local":
         local_core_attention(args.attention_backend)  # refuses TE's own backends
     elif args.attention_backend == "local":
         raise SystemExit("error: --attention-backend local is Megatron-Core's attention of the "
                          "local layers: it needs --transformer-impl local, as in Megatron-LM")
-    if args.sequence_parallel and args.tensor_model_parallel_size == 1:
+    if sequence_parallel and args.tensor_model_parallel_size == 1:
         log("[fixedcode] warning: --sequence-parallel turned off: it splits activations over "
             "tensor-parallel ranks, and --tensor-model-parallel-size is 1 (as in Megatron-LM)")
-        args.sequence_parallel = False
-    if args.device == "cuda":
+        sequence_parallel = False
+    if device == "cuda":
         capability = torch.cuda.get_device_capability()
-        check_cuda_connections(args.tensor_model_parallel_size, args.sequence_parallel,
+        check_cuda_connections(args.tensor_model_parallel_size, sequence_parallel,
                                capability, os.environ)
         if args.fp8_format:
             refusal = fp8_refusal(args.fp8_recipe, capability, transformer_engine_version())
             if refusal:
                 raise SystemExit(f"error: {refusal}")
+    return impl, sequence_parallel
 
 
-def resolve_checkpoint(args: argparse.Namespace, derived: Derived):
-    """``(path, common, code)``: the checkpoint to resume (``None, None`` for a fresh run)
-    and the run's fixed code (``None`` for the learned arm), resolved once: the checkpoint's
-    saved code (A and b are never redrawn), else one drawn from the flags. The caller passes
-    the code to the model provider and to saving.
+def resolve_checkpoint(args: argparse.Namespace, derived: Derived, resolved: Resolved):
+    """``(path, common, code, resolved)``: the checkpoint to resume (``None, None`` for a
+    fresh run), the run's fixed code (``None`` for the learned arm), resolved once: the
+    checkpoint's saved code (A and b are never redrawn), else one drawn from the flags; and
+    ``resolved`` with the schedule the run keeps (the checkpoint's, with
+    ``--use-checkpoint-opt_param-scheduler``). The caller passes the code to the model
+    provider and to saving.
 
     A ``--save`` directory that holds a checkpoint is the run's own: it is resumed even when
     ``--load`` names another directory (a requeued branch continues, rather than starting
@@ -159,25 +174,28 @@ def resolve_checkpoint(args: argparse.Namespace, derived: Derived):
     path = common = None
     if load and (step is not None or checkpointing.latest_iteration(load) is not None):
         path, common = checkpointing.load_common(load, step)
-        checkpointing.check_compatible(common["args"], run_record(args, derived), path)
+        checkpointing.check_compatible(common["args"], run_record(resolved.applied_to(args),
+                                                                  derived), path)
         checkpointing.check_optimizer_resharding(common, args, path)
         saved = common["fixed_code"]
         code = None if saved is None else FixedCode.from_dict(saved)
-        changes = checkpointing.reconcile_schedule(common["args"], args, derived.train_iters,
-                                                   path)
+        changes, schedule = checkpointing.reconcile_schedule(common["args"], args,
+                                                             derived.train_iters, path)
+        resolved = dataclasses.replace(resolved, schedule=schedule)
         if changes:
             log("[fixedcode] learning-rate schedule " + (
                 "from these flags, not the checkpoint's: " if args.override_opt_param_scheduler
                 else "kept from the checkpoint; ignored: ") + ", ".join(changes))
     else:
         code = build_code(args, derived.padded_vocab_size)
-    return path, common, code
+    return path, common, code, resolved
 
 
 def build_model_and_optimizer(args, derived: Derived, model_provider: Callable,
                               code: Optional[FixedCode] = None):
-    """``code``: the run's fixed code (:func:`resolve_checkpoint`); omitted, the model
-    provider draws one from the flags."""
+    """``args``: the flags as the run applies them (:meth:`Resolved.applied_to`); ``code``:
+    the run's fixed code (:func:`resolve_checkpoint`); omitted, the model provider draws one
+    from the flags."""
     pre = parallel_state.is_pipeline_first_stage()
     post = parallel_state.is_pipeline_last_stage()
     model = model_provider(args, derived.padded_vocab_size, pre_process=pre, post_process=post,
@@ -222,16 +240,6 @@ def build_model_and_optimizer(args, derived: Derived, model_provider: Callable,
     if args.fp16:
         model.config.grad_scale_func = optimizer.scale_loss
     return model, ddp, optimizer, scheduler
-
-
-def _reduce_losses(loss_dicts: list) -> Optional[float]:
-    """Mean ``lm loss`` over the micro-batches and data-parallel ranks (last pipeline
-    stage, one all-reduce per step), else None."""
-    if not loss_dicts:
-        return None
-    total = torch.stack([d["lm loss"] for d in loss_dicts]).sum(0)
-    torch.distributed.all_reduce(total, group=parallel_state.get_data_parallel_group())
-    return (total[0] / total[1]).item()
 
 
 def _nonfinite_grads(ddp: DistributedDataParallel) -> torch.Tensor:
@@ -307,7 +315,7 @@ def train_step(args, num_microbatches: int, forward_step, train_iter, ddp, optim
         forward_step_func=forward_step, data_iterator=train_iter, model=[ddp],
         num_microbatches=num_microbatches, seq_length=args.seq_length,
         micro_batch_size=args.micro_batch_size, forward_only=False)
-    loss = _reduce_losses(losses)
+    loss = reduce_losses(losses)
     norms = grad_norms() if grad_norms else {}
     bad_loss, bad_grads = max_over_ranks(
         [loss is not None and not math.isfinite(loss), not args.fp16 and _nonfinite_grads(ddp)],
@@ -340,38 +348,6 @@ def gathered_parameters(args, ddp: DistributedDataParallel):
         ddp.enable_forward_pre_hook()
 
 
-@contextlib.contextmanager
-def collected_garbage(args):
-    """``--manual-gc``: collect on entry and on exit (around validation, unless
-    ``--no-manual-gc-eval``)."""
-    if args.manual_gc and args.manual_gc_eval:
-        gc.collect()
-    yield
-    if args.manual_gc and args.manual_gc_eval:
-        gc.collect()
-
-
-def evaluate(args, num_microbatches: int, forward_step, valid_dataset, ddp,
-             exits: ExitConditions) -> tuple[Optional[float], Optional[str]]:
-    """``(mean validation loss over the first --eval-iters global batches, None)``, or
-    ``(None, reason)`` when an exit signal stopped it after a batch."""
-    ddp.eval()
-    batches = iter(build_loader(valid_dataset, args.micro_batch_size, args.num_workers, 0))
-    totals, reason = [], None
-    with torch.no_grad():
-        for _ in range(args.eval_iters):
-            losses = get_forward_backward_func()(
-                forward_step_func=forward_step, data_iterator=batches, model=[ddp],
-                num_microbatches=num_microbatches, seq_length=args.seq_length,
-                micro_batch_size=args.micro_batch_size, forward_only=True)
-            totals.extend(losses)
-            reason = exits.signalled()
-            if reason:
-                break
-    ddp.train()
-    return (None, reason) if reason else (_reduce_losses(totals), None)
-
-
 def _diagnostics(args, norms: Optional[NormReporter], grad_norms: dict,
                  num_zeros: Optional[float], optimizer, state: TrainState,
                  ddp: DistributedDataParallel) -> dict:
@@ -393,25 +369,33 @@ def _diagnostics(args, norms: Optional[NormReporter], grad_norms: dict,
     return out
 
 
+@dataclasses.dataclass(frozen=True)
+class PretrainResult:
+    """How a training job ended (losses on the last pipeline stage only, else None)."""
+    iteration: int  # the last completed iteration
+    train_loss: Optional[float] = None  # the last update's
+    valid_loss: Optional[float] = None  # the last validation's
+    exit_reason: Optional[str] = None  # why it stopped before --train-iters, or None
+
+
 def pretrain(args: argparse.Namespace, model_provider: Callable, forward_step: Callable,
-             datasets_provider: Callable) -> dict:
-    """Run a whole training job; returns ``{"iteration", "train_loss", "valid_loss",
-    "exit_reason"}`` (losses on the last rank only).
+             datasets_provider: Callable) -> PretrainResult:
+    """Run a whole training job. ``args`` (the parsed flags) is read, never written.
 
     With ``--exit-signal-handler``, an exit signal during start-up ends the job at the end
     of the current phase (checkpoint load, dataset building) with nothing saved; during
     validation, after the current batch, saving a checkpoint that asks the resumed run to
     validate first; during a training step, after the step, saving."""
     start_time = time.time()
-    args.device = resolve_device(args.device)
-    initialize_distributed(args.device, args.tensor_model_parallel_size,
+    device = resolve_device(args.device)
+    initialize_distributed(device, args.tensor_model_parallel_size,
                            args.pipeline_model_parallel_size, args.seed)
-    exits = ExitConditions(args, start_time)
-    tokenizer, derived = setup_args(args)
-    resume_path, common, code = resolve_checkpoint(args, derived)
-    model, ddp, optimizer, scheduler = build_model_and_optimizer(args, derived, model_provider,
+    exits = ExitConditions(args, device, start_time)
+    tokenizer, derived, resolved = setup_args(args, device)
+    resume_path, common, code, resolved = resolve_checkpoint(args, derived, resolved)
+    run = resolved.applied_to(args)  # the flags as this run applies them
+    model, ddp, optimizer, scheduler = build_model_and_optimizer(run, derived, model_provider,
                                                                  code)
-
     state = TrainState()
     if resume_path:
         checkpointing.load_checkpoint(resume_path, common, model, optimizer, scheduler)
@@ -420,59 +404,34 @@ def pretrain(args: argparse.Namespace, model_provider: Callable, forward_step: C
     elif args.load:
         log(f"[fixedcode] no checkpoint in {args.load} yet: starting from scratch")
 
-    def stopped(reason: str, when: str) -> dict:
-        log(f"[fixedcode] {reason} {when}: exiting at iteration {state.iteration}")
-        return {"iteration": state.iteration, "train_loss": None, "valid_loss": None,
-                "exit_reason": reason}
-
     reason = exits.signalled()
     if reason:
-        return stopped(reason, "during start-up, before training (nothing new to save)")
+        return _stopped(state, reason, "during start-up, before training (nothing new to save)")
     train_iter, valid_dataset = datasets_provider(
-        args, tokenizer, samples_per_split(args, derived), state.consumed_train_samples)
+        run, tokenizer, samples_per_split(args, derived), state.consumed_train_samples)
     reason = exits.signalled()
     if reason:
-        return stopped(reason, "while building the datasets (nothing new to save)")
+        return _stopped(state, reason, "while building the datasets (nothing new to save)")
 
     own_run = bool(resume_path and args.save) and (
         os.path.realpath(os.path.dirname(resume_path)) == os.path.realpath(args.save))
     wandb_run_id = agree_wandb_run_id(args, common["wandb_run_id"] if own_run else None)
-    metrics = MetricsLogger(args, derived, model, is_logging_rank(), state.iteration,
+    metrics = MetricsLogger(run, derived, model, is_logging_rank(), state.iteration,
                             wandb_run_id)
-    checkpointer = Checkpointer(args, derived, model, optimizer, scheduler, code,
+    validator = Validator(run, derived.train_iters, derived.num_microbatches, forward_step,
+                          valid_dataset, ddp, exits, metrics,
+                          gathered=functools.partial(gathered_parameters, run, ddp))
+    checkpointer = Checkpointer(run, derived, model, optimizer, scheduler, code,
                                 wandb_run_id, last_saved=state.iteration if resume_path else None,
-                                gathered=functools.partial(gathered_parameters, args, ddp))
+                                gathered=functools.partial(gathered_parameters, run, ddp))
     norms = NormReporter(model) if args.log_params_norm or args.log_layer_norms else None
     guard = NonFiniteGuard(args.max_nonfinite_steps)
-    profiler = StepProfiler(args, torch.distributed.get_rank())
-    log(f"[fixedcode] {args.input_interface} arm | {metrics.num_params:,} trainable parameters "
-        f"| {args.device} x {derived.world_size} (tp {args.tensor_model_parallel_size}, "
-        f"pp {args.pipeline_model_parallel_size}, dp {derived.data_parallel_size}) "
-        f"| {derived.num_microbatches} micro-batches per step")
-    if args.overlap_grad_reduce:
-        buckets = sum(len(buffer.buckets) for buffer in ddp.buffers)
-        log(f"[fixedcode] gradient reduction overlaps the backward pass: {buckets} buckets")
+    profiler = StepProfiler(run, torch.distributed.get_rank())
+    _log_start(run, derived, ddp, metrics.num_params)
 
-    loss = valid_loss = None
-
-    def validate() -> Optional[str]:
-        """Validate at the current iteration; the exit reason if a signal stopped it."""
-        nonlocal valid_loss
-        with gathered_parameters(args, ddp), collected_garbage(args):
-            valid_loss, reason = evaluate(args, derived.num_microbatches, forward_step,
-                                          valid_dataset, ddp, exits)
-        state.validation_pending = bool(reason)
-        if reason:
-            log(f"[fixedcode] {reason}: validation at iteration {state.iteration} stopped; "
-                f"the resumed run validates first")
-        else:
-            metrics.validation(state.iteration, valid_loss)
-        return reason
-
-    reason = None
+    loss = None
     if state.validation_pending:  # a signal stopped it before the checkpoint was saved
-        reason = validate() if valid_dataset is not None else None
-        state.validation_pending = bool(reason)
+        reason = validator.validate(state)
     if args.manual_gc:  # Python's collector pauses each rank at its own moment
         gc.disable()
         gc.collect()
@@ -483,7 +442,7 @@ def pretrain(args: argparse.Namespace, model_provider: Callable, forward_step: C
         step_start = time.time()
         log_now = metrics.is_log_iteration(state.iteration + 1)
         step = train_step(
-            args, derived.num_microbatches, forward_step, train_iter, ddp, optimizer, scheduler,
+            run, derived.num_microbatches, forward_step, train_iter, ddp, optimizer, scheduler,
             (lambda: norms.grad_norms(optimizer.get_loss_scale().item()))
             if log_now and args.log_layer_norms else None)
         state.iteration += 1
@@ -500,9 +459,8 @@ def pretrain(args: argparse.Namespace, model_provider: Callable, forward_step: C
                      state.nonfinite_skipped,
                      _diagnostics(args, norms, step.norms, step.num_zeros, optimizer, state,
                                   ddp) if log_now else None)
-        if valid_dataset is not None and (state.iteration % args.eval_interval == 0
-                                          or state.iteration == derived.train_iters):
-            reason = validate()
+        if validator.should_validate(state.iteration):
+            reason = validator.validate(state)
         checkpointer.save(state)
         if args.manual_gc and args.manual_gc_interval \
                 and state.iteration % args.manual_gc_interval == 0:
@@ -515,14 +473,33 @@ def pretrain(args: argparse.Namespace, model_provider: Callable, forward_step: C
     if args.manual_gc:
         gc.enable()
     metrics.close()
-    if reason:
-        log(f"[fixedcode] {reason}: exiting at iteration {state.iteration}")
-    else:
-        summary = f"[fixedcode] training done: iteration {state.iteration}"
-        if loss is not None:
-            summary += f" | final train loss {loss:.6f}"
-        if valid_loss is not None:
-            summary += f" | final validation loss {valid_loss:.6f}"
-        log(summary)
-    return {"iteration": state.iteration, "train_loss": loss, "valid_loss": valid_loss,
-            "exit_reason": reason}
+    result = PretrainResult(state.iteration, loss, validator.last_loss, reason)
+    _log_end(result)
+    return result
+
+
+def _stopped(state: TrainState, reason: str, when: str) -> PretrainResult:
+    log(f"[fixedcode] {reason} {when}: exiting at iteration {state.iteration}")
+    return PretrainResult(state.iteration, exit_reason=reason)
+
+
+def _log_start(run: argparse.Namespace, derived: Derived, ddp, num_params: int) -> None:
+    log(f"[fixedcode] {run.input_interface} arm | {num_params:,} trainable parameters "
+        f"| {run.device} x {derived.world_size} (tp {run.tensor_model_parallel_size}, "
+        f"pp {run.pipeline_model_parallel_size}, dp {derived.data_parallel_size}) "
+        f"| {derived.num_microbatches} micro-batches per step")
+    if run.overlap_grad_reduce:
+        buckets = sum(len(buffer.buckets) for buffer in ddp.buffers)
+        log(f"[fixedcode] gradient reduction overlaps the backward pass: {buckets} buckets")
+
+
+def _log_end(result: PretrainResult) -> None:
+    if result.exit_reason:
+        log(f"[fixedcode] {result.exit_reason}: exiting at iteration {result.iteration}")
+        return
+    summary = f"[fixedcode] training done: iteration {result.iteration}"
+    if result.train_loss is not None:
+        summary += f" | final train loss {result.train_loss:.6f}"
+    if result.valid_loss is not None:
+        summary += f" | final validation loss {result.valid_loss:.6f}"
+    log(summary)

@@ -27,7 +27,7 @@ from megatron_ext.arguments import padded_vocab_size
 from megatron_ext.initialize import initialize_distributed
 from megatron_ext.model import model_provider
 from megatron_ext.norms import NormReporter
-from pretrain_fixedcode import make_forward_step, parse_args
+from pretrain_fixedcode import forward_step, parse_args
 
 VOCAB = 500
 MICRO_BATCH = 2
@@ -70,7 +70,7 @@ def norms_after_backward(args, model) -> dict:
     model.config.finalize_model_grads_func = finalize_model_grads
     reporter = NormReporter(model)
     get_forward_backward_func()(
-        forward_step_func=make_forward_step(args), data_iterator=iter([batch(args.seq_length)]),
+        forward_step_func=forward_step, data_iterator=iter([batch(args.seq_length)]),
         model=[ddp], num_microbatches=1, seq_length=args.seq_length,
         micro_batch_size=MICRO_BATCH, forward_only=False)
     return {"params_norm": reporter.params_norm(), "param_norms": reporter.param_norms(),

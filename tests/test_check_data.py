@@ -46,8 +46,7 @@ def training_data(*flags):
     --global-batch-size 4 (run it under the cpu_dist fixture)."""
     args = parse_args([a for a in TINY_RUN if a != "--mock-data"]
                       + ["--train-iters", "2", *map(str, flags)])
-    args.device = "cpu"
-    tokenizer, derived = setup_args(args)
+    tokenizer, derived, _ = setup_args(args, "cpu")
     return build_train_valid(args, tokenizer, samples_per_split(args, derived), 0)
 
 
@@ -361,6 +360,7 @@ def test_the_tool_checks_ids_and_splits_against_the_flags(tmp_path, capsys, flag
     }[flags[0]] in message)
 
 
+@pytest.mark.integration
 def test_the_tool_starts_without_torch_or_megatron():
     code = ("import sys; from tools import check_data; "
             "print(sorted({'torch', 'megatron'} & {m.split('.')[0] for m in sys.modules}))")

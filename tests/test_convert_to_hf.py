@@ -40,8 +40,6 @@ UNSEEN = (PLAYS / "romances/the-tempest.md").read_text(encoding="utf-8")[:3000] 
 GQA = ["--num-query-groups", "2"]
 RUNS = {  # name -> (extra training flags, processes)
     "learned": (GQA + ["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", "{hf}"], 1),
-    "binary_pp2": (GQA + ["--input-interface", "binary", "--pipeline-model-parallel-size", "2"],
-                   2),
     "gf2": (GQA + ["--input-interface", "gf2", "--tokenizer-type", "SentencePieceTokenizer",
                    "--tokenizer-model", "{sp}"], 1),
     "random_recode": (["--input-interface", "random", "--code-tiling", "recode", "--code-bits",
@@ -51,17 +49,21 @@ RUNS = {  # name -> (extra training flags, processes)
                           "SentencePieceTokenizer", "--tokenizer-model", "{sp}"], 2),
 }
 TP2 = "learned_tied_tp2"
+# One worker runs the file (pytest-xdist --dist loadgroup): its checkpoints are built once,
+# with the torchrun trainings, which take both cores.
+pytestmark = pytest.mark.xdist_group("processes")
 
 
 @pytest.fixture(scope="module")
-def ckpts(tmp_path_factory):
-    """``{name: checkpoint dir}``: 3 training steps each, saved at the end, run side by side."""
+def ckpts(tmp_path_factory, pp2_checkpoint, comedy_tokenizer):
+    """``{name: checkpoint dir}``: 3 training steps each, saved at the end; the torchrun runs
+    side by side with the in-process ones (main thread); ``binary_pp2``: conftest's checkpoint
+    of two pipeline stages."""
     root = tmp_path_factory.mktemp("ckpts")
-    tokenizers = {
-        key: train_tokenizer.main(["--input", str(PLAYS / "comedies/the-comedy-of-errors.md"),
-                                   "--model-type", kind, "--vocab-size", "400",
-                                   "--output-prefix", str(root / key)]).tokenizer_model
-        for key, kind in (("hf", "hf-bpe"), ("sp", "bpe"))}
+    sp = train_tokenizer.main(["--input", str(PLAYS / "comedies/the-comedy-of-errors.md"),
+                               "--model-type", "bpe", "--vocab-size", "400",
+                               "--output-prefix", str(root / "sp")]).tokenizer_model
+    tokenizers = {"hf": comedy_tokenizer, "sp": sp}
 
     def train(name):
         flags, nproc = RUNS[name]
@@ -71,7 +73,10 @@ def ckpts(tmp_path_factory):
         return name, str(root / name)
 
     with ThreadPoolExecutor(len(RUNS)) as pool:
-        return dict(pool.map(train, RUNS))
+        torchrun = [pool.submit(train, name) for name in RUNS if RUNS[name][1] > 1]
+        done = [train(name) for name in RUNS if RUNS[name][1] == 1]
+        done += [future.result() for future in torchrun]
+    return {**dict(done), "binary_pp2": str(pp2_checkpoint)}
 
 
 @pytest.fixture(scope="module")
@@ -191,7 +196,8 @@ def test_every_scheme_and_tiling_exports_with_logit_parity(flags, tmp_path, cpu_
     assert diff <= TOLERANCE
 
 
-@pytest.mark.parametrize("name", list(RUNS))
+@pytest.mark.integration
+@pytest.mark.parametrize("name", [*RUNS, "binary_pp2"])
 def test_hf_logits_equal_megatron_logits(name, ckpts, exports, tp2_export, cpu_dist):
     if name == TP2:
         hf_dir, stdout = tp2_export
@@ -208,6 +214,7 @@ def test_hf_logits_equal_megatron_logits(name, ckpts, exports, tp2_export, cpu_d
     assert (logits - reference).abs().max().item() <= 1e-4
 
 
+@pytest.mark.integration
 def test_learned_arm_is_a_stock_llama(exports, tp2_export):
     for hf_dir, tied in ((exports["learned"][0], False), (tp2_export[0], True)):
         config = json.loads(Path(hf_dir, "config.json").read_text())
@@ -219,6 +226,7 @@ def test_learned_arm_is_a_stock_llama(exports, tp2_export):
         assert ("lm_head.weight" in weight_names(hf_dir)) == (not tied)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("name", ["binary_pp2", "gf2", "random_recode"])
 def test_fixed_code_arms_carry_the_code_and_no_table(name, ckpts, exports):
     hf_dir, _ = exports[name]
@@ -244,6 +252,7 @@ def test_fixed_code_arms_carry_the_code_and_no_table(name, ckpts, exports):
     assert model.to(torch.bfloat16).model.embed_tokens(ids).dtype == torch.bfloat16
 
 
+@pytest.mark.integration
 def test_a_saved_code_is_read_not_redrawn(ckpts, cpu_dist):
     """The checkpoint stores the whole code (table and recodings for 6 blocks of 11 bits at
     width 64); loading uses it, whatever --code-seed says."""
@@ -257,6 +266,7 @@ def test_a_saved_code_is_read_not_redrawn(ckpts, cpu_dist):
     assert build_code(train, train.padded_vocab_size) != saved  # what redrawing from the changed seed would give
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("name,kind", [("learned", "HuggingFaceTokenizer"),
                                        ("gf2", "SentencePieceTokenizer")])
 def test_tokenizer_encodes_like_training_and_generate_gives_text(name, kind, ckpts, exports):
@@ -274,6 +284,7 @@ def test_tokenizer_encodes_like_training_and_generate_gives_text(name, kind, ckp
     assert out.shape[1] == prompt["input_ids"].shape[1] + 6 and isinstance(text, str) and text
 
 
+@pytest.mark.integration
 def test_null_tokenizer_export_warns_and_has_no_tokenizer(ckpts, tmp_path, cpu_dist):
     with pytest.warns(UserWarning, match="NullTokenizer checkpoint: no tokenizer files"):
         convert_to_hf.main(["--load", ckpts["binary_pp2"], "--output", str(tmp_path / "hf")])
@@ -282,6 +293,7 @@ def test_null_tokenizer_export_warns_and_has_no_tokenizer(ckpts, tmp_path, cpu_d
     assert generation["eos_token_id"] == 511  # NullTokenizer's EOD: --vocab-size 511
 
 
+@pytest.mark.integration
 def test_bf16_export_is_bf16_and_validates(ckpts, tmp_path, cpu_dist):
     result = convert_to_hf.main(["--load", ckpts["gf2"], "--output", str(tmp_path / "hf"),
                                  "--dtype", "bf16", "--validate"])
@@ -290,6 +302,7 @@ def test_bf16_export_is_bf16_and_validates(ckpts, tmp_path, cpu_dist):
         assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("change,reason", [
     ({"normalization": "LayerNorm"}, "--normalization LayerNorm: Llama has RMSNorm only"),
     ({"swiglu": False}, "--no-swiglu: Llama's MLP is SwiGLU"),
@@ -305,12 +318,14 @@ def test_unmappable_backbones_are_refused_with_the_reason(change, reason, ckpts)
     assert reason in str(e.value)
 
 
+@pytest.mark.integration
 def test_fixed_code_checkpoint_without_its_code_is_refused(ckpts):
     args = argparse.Namespace(**common_state(ckpts["gf2"])["args"])
     with pytest.raises(SystemExit, match="gf2 checkpoint without its saved fixed_code"):
         check_mappable(args, None, "CKPT")
 
 
+@pytest.mark.integration
 def test_unknown_weights_are_refused(ckpts):
     args = argparse.Namespace(**common_state(ckpts["binary_pp2"])["args"])
     state = {"decoder.layers.0.self_attention.q_layernorm.weight": torch.ones(16)}
@@ -324,6 +339,7 @@ def test_unknown_weights_are_refused(ckpts):
         hf_state_dict(state, args, torch.float32)
 
 
+@pytest.mark.integration
 def test_an_older_transformers_is_named_before_any_work(monkeypatch, tmp_path):
     """The first GPU run's image had transformers 5.17 (below the pin): the export died inside
     transformers with a config validation error. It is now refused up front."""
@@ -333,6 +349,7 @@ def test_an_older_transformers_is_named_before_any_work(monkeypatch, tmp_path):
         convert_to_hf.main(["--load", str(tmp_path), "--output", str(tmp_path / "hf")])
 
 
+@pytest.mark.integration
 def test_bad_paths_are_named(ckpts, tmp_path):
     with pytest.raises(SystemExit, match=f"no completed checkpoint in {tmp_path}"):
         convert_to_hf.main(["--load", str(tmp_path), "--output", str(tmp_path / "hf")])

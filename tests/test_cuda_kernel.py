@@ -36,6 +36,7 @@ def find_nvcc() -> str | None:
     return next((str(c) for c in candidates if c.is_file()), None)
 
 
+@pytest.mark.integration
 def test_kernel_compiles_with_nvcc_for_sm90(tmp_path):
     nvcc = find_nvcc()
     if nvcc is None:
@@ -189,6 +190,7 @@ FLAG_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only behaviour")
 def test_flag_cuda_without_gpu_errors_and_auto_falls_back():
     done = subprocess.run([sys.executable, "-c", FLAG_SCRIPT], capture_output=True, text=True,
@@ -200,6 +202,7 @@ def test_flag_cuda_without_gpu_errors_and_auto_falls_back():
     assert "--fixed-code-impl cuda needs the token ids on a GPU" in result["cuda"]["error"]
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU to run the kernel")
 @pytest.mark.parametrize("scheme", SCHEMES)
 @pytest.mark.parametrize("tiling", TILINGS)

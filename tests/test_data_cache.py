@@ -41,6 +41,7 @@ def recipe_flags(tmp_path: Path) -> list[str]:
         "--data-path", "0.6", a, "0.4", b, "--data-cache-path", str(tmp_path / "cache")]
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(120)
 def test_the_cache_job_builds_what_training_then_loads(tmp_path, monkeypatch, capsys):
     """submit.py --build-cache queues the builder, then the arms after it; the builder's job
@@ -97,6 +98,7 @@ def test_the_cache_job_builds_what_training_then_loads(tmp_path, monkeypatch, ca
     assert snapshot(cache) == files
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(60)
 def test_require_data_cache_refuses_to_build_for_other_flags(cpu_dist, tmp_path):
     """Caches built for --train-iters 3: a run of --train-iters 2 would need others."""
@@ -144,6 +146,7 @@ def test_a_rank_without_the_cache_path_fails_at_once_naming_it(cpu_dist, tmp_pat
         training_data("--data-path", a, "--data-cache-path", str(cache))
 
 
+@pytest.mark.integration
 def test_build_cache_needs_a_cached_recipe(tmp_path):
     done = subprocess.run(
         [sys.executable, str(REPO / "tools" / "submit.py"), "--recipe",

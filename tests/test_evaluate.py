@@ -197,6 +197,7 @@ def independent_metrics(hf_dir: str, data_dir: Path) -> dict:
 
 # ---- tests ------------------------------------------------------------------------------
 
+@pytest.mark.integration
 def test_metrics_equal_an_independent_scorer(models, data_dir, report):
     report, _ = report
     rows = {(row["task"], row["metric"]): row for row in report["rows"]}
@@ -215,6 +216,7 @@ def test_metrics_equal_an_independent_scorer(models, data_dir, report):
         assert 100 * hellaswag_acc == pytest.approx(expected[arm][("hellaswag", "acc")])
 
 
+@pytest.mark.integration
 def test_table_compares_the_arms_with_the_paper(models, report):
     report, out = report
     assert [(m["arm"], m["path"]) for m in report["models"]] == [
@@ -231,6 +233,7 @@ def test_table_compares_the_arms_with_the_paper(models, report):
     assert json.loads((out / "results.json").read_text()) == json.loads(json.dumps(report))
 
 
+@pytest.mark.integration
 def test_progress_is_printed(models, report, capsys, data_dir, tmp_path):
     evaluate.main([models["binary"], "--tasks", "piqa", "--data-dir", str(data_dir),
                    "--output-dir", str(tmp_path), "--device", "cpu", "--limit", "1",
@@ -241,6 +244,7 @@ def test_progress_is_printed(models, report, capsys, data_dir, tmp_path):
     assert "| piqa | acc (%) |" in out.out
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("task,row,message", [
     ("piqa", {**PIQA[0], "label": "1"}, r"piqa\.jsonl:2: label must be the int 0 or 1, got '1'"),
     ("hellaswag", {k: v for k, v in HELLASWAG[0].items() if k != "ctx_b"},
@@ -256,6 +260,7 @@ def test_rows_off_the_official_layout_are_named(task, row, message, models, tmp_
         evaluate.main([models["learned"], "--tasks", task, "--data-dir", str(tmp_path)])
 
 
+@pytest.mark.integration
 def test_bad_arguments_are_named(models, data_dir, tmp_path, capsys):
     with pytest.raises(SystemExit, match=f"no {tmp_path}/piqa.jsonl for task piqa"):
         evaluate.main([models["learned"], "--tasks", "piqa", "--data-dir", str(tmp_path)])

@@ -25,12 +25,14 @@ def test_recipe_parses_to_the_reference_shape(arm):
     assert args.train_samples * args.seq_length >= 100e9
 
 
+@pytest.mark.integration
 def test_train_script_refuses_an_unknown_arm():
     proc = subprocess.run(["bash", str(RECIPE.with_name("train.sh")), "hamming"],
                           capture_output=True, text=True)
     assert proc.returncode == 2 and "unknown arm 'hamming'" in proc.stderr
 
 
+@pytest.mark.integration
 def test_train_script_passes_the_recipe_and_the_arm(tmp_path):
     """train.sh hands torchrun exactly the recipe's flags plus the arm's own, with
     CUDA_DEVICE_MAX_CONNECTIONS=1 in its environment."""
@@ -66,6 +68,7 @@ def test_paper_study_files_define_the_three_arms(name, seeds, samples):
     assert args.train_samples == samples and args.hidden_size == 2048
 
 
+@pytest.mark.integration
 def test_prepare_data_builds_the_recipe_blend_offline(tmp_path):
     """The offline half of examples/smollm2_1p7b/prepare_data.py, on a tiny local copy of the
     corpus layout (Parquet shards per component) and a tokenizer trained here."""

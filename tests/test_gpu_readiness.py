@@ -30,7 +30,8 @@ from megatron_ext.metrics import flops_per_token, peak_flops
 from megatron_ext.model import model_provider as build_gpt
 from megatron_ext.training import (NonFiniteLossError, build_model_and_optimizer, pretrain,
                                    resolve_layers, setup_args, train_step)
-from pretrain_fixedcode import datasets_provider, make_forward_step, model_provider, parse_args
+import pretrain_fixedcode  # noqa: E402
+from pretrain_fixedcode import datasets_provider, model_provider, parse_args
 from test_embedding import SMALL_VOCAB, small_args
 
 NAN = float("nan")
@@ -43,6 +44,7 @@ def poisoned_at(args, iterations, poison):
     return lambda x: poison(x) if next(calls) // per_step + 1 in iterations else x
 
 
+@pytest.mark.integration
 def test_fp16_overflows_are_counted_apart_and_a_nan_loss_still_stops(cpu_dist, tmp_path):
     """--fp16 on the CPU backend, through megatron-core's mixed-precision optimizer: the
     dynamic loss scaler starts at 2^32 and skips the first steps while it comes down; those
@@ -51,7 +53,7 @@ def test_fp16_overflows_are_counted_apart_and_a_nan_loss_still_stops(cpu_dist, t
     metrics = tmp_path / "metrics.jsonl"
     args = parse_args(TINY_RUN + ["--input-interface", "binary", "--fp16", "--train-iters", "40",
                                   "--max-nonfinite-steps", "3", "--metrics-file", str(metrics)])
-    step = make_forward_step(args)
+    step = pretrain_fixedcode.forward_step
     nan_loss = poisoned_at(args, range(24, 41), lambda output: output * NAN)
 
     def forward_step(data_iterator, model):
@@ -86,8 +88,8 @@ def test_bf16_wraps_the_model_and_keeps_fp32_main_parameters(cpu_dist):
     """As Megatron-LM: every parameter in bf16 (the local layers' norms included), the
     optimizer's fp32 main copies, one update through them."""
     args = parse_args(TINY_RUN + ["--input-interface", "gf2", "--bf16", "--train-iters", "1"])
-    args.device = "cpu"
-    _, derived = setup_args(args)
+    _, derived, resolved = setup_args(args, "cpu")
+    args = resolved.applied_to(args)
     model, ddp, optimizer, scheduler = build_model_and_optimizer(args, derived, model_provider)
     assert isinstance(ddp.module, Float16Module) and ddp.module.module is model
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
@@ -97,13 +99,14 @@ def test_bf16_wraps_the_model_and_keeps_fp32_main_parameters(cpu_dist):
     assert {p.dtype for p in main} == {torch.float32}
     before = [p.detach().clone() for p in main]
     batch = random_batch(args)
-    step = train_step(args, derived.num_microbatches, make_forward_step(args),
+    step = train_step(args, derived.num_microbatches, pretrain_fixedcode.forward_step,
                       itertools.repeat(batch), ddp, optimizer, scheduler)
     assert step.skip is None and math.isfinite(step.loss) and step.grad_norm > 0
     assert all(not torch.equal(p, b) for p, b in zip(main, before))
     assert all(torch.equal(p.detach(), p.main_param.bfloat16()) for p in model.parameters())
 
 
+@pytest.mark.integration
 def test_a_nan_gradient_with_a_finite_loss_is_never_applied(cpu_dist, tmp_path):
     """One NaN in one gradient at iteration 4 (the loss stays finite): that update is
     skipped and counted, training goes on, and no checkpoint holds a NaN."""
@@ -121,8 +124,8 @@ def test_a_nan_gradient_with_a_finite_loss_is_never_applied(cpu_dist, tmp_path):
         model.output_layer.weight.register_hook(poisoned_at(args, {4}, one_nan))
         return model
 
-    result = pretrain(args, provider, make_forward_step(args), datasets_provider)
-    assert result["iteration"] == 6
+    result = pretrain(args, provider, pretrain_fixedcode.forward_step, datasets_provider)
+    assert result.iteration == 6
     train = {r["iteration"]: r for r in read_metrics(str(ckpt)) if r["kind"] == "train"}
     assert [train[i]["skipped-iterations"] for i in range(1, 7)] == [0, 0, 0, 1, 1, 1]
     assert "grad-norm" not in train[4] and math.isfinite(train[4]["lm loss"])
@@ -148,30 +151,22 @@ def te_imports(monkeypatch):
 
 
 def gpu_args(*flags):
-    args = parse_args(TINY_RUN + ["--train-iters", "1", *flags])
-    args.device = "cuda"
-    return args
+    return parse_args(TINY_RUN + ["--train-iters", "1", *flags])
 
 
 def test_a_gpu_gets_transformer_engine_layers_by_default(te_imports, capsys):
     te_imports(True)
     args = gpu_args()
-    resolve_layers(args)
-    assert args.transformer_impl == "transformer_engine"
+    assert resolve_layers(args, "cuda") == ("transformer_engine", False)
+    assert args.transformer_impl is None  # settled, not written into the flags
     te_imports(False)
-    args = gpu_args()
-    resolve_layers(args)
-    assert args.transformer_impl == "local"
+    assert resolve_layers(gpu_args(), "cuda")[0] == "local"
     assert capsys.readouterr().out.count("[fixedcode] --transformer-impl local (the default on "
                                          "a GPU: Transformer Engine does not import") == 1
-    args = gpu_args("--transformer-impl", "local")
-    resolve_layers(args)
-    assert args.transformer_impl == "local" and capsys.readouterr().out == ""
-    args = gpu_args()
-    args.device = "cpu"  # TE importable or not, a CPU run keeps the local layers
-    te_imports(True)
-    resolve_layers(args)
-    assert args.transformer_impl == "local"
+    assert resolve_layers(gpu_args("--transformer-impl", "local"), "cuda")[0] == "local"
+    assert capsys.readouterr().out == ""
+    te_imports(True)  # TE importable or not, a CPU run keeps the local layers
+    assert resolve_layers(gpu_args(), "cpu")[0] == "local"
 
 
 @pytest.mark.parametrize("device,flags,message", [
@@ -187,36 +182,32 @@ def test_a_gpu_gets_transformer_engine_layers_by_default(te_imports, capsys):
 ])
 def test_layer_flags_that_cannot_run_are_clear_errors(te_imports, device, flags, message):
     te_imports(False)
-    args = gpu_args(*flags)
-    args.device = device
     with pytest.raises(SystemExit, match=re.escape(message)):
-        resolve_layers(args)
+        resolve_layers(gpu_args(*flags), device)
 
 
 def test_sequence_parallel_is_turned_off_at_tp1_and_kept_at_tp2(te_imports, capsys):
     te_imports(False)
     args = gpu_args("--sequence-parallel")
-    resolve_layers(args)
-    assert not args.sequence_parallel
+    assert resolve_layers(args, "cuda") == ("local", False)
+    assert args.sequence_parallel  # turned off for the run, not in the flags
     assert "warning: --sequence-parallel turned off" in capsys.readouterr().out
     for te in (True, False):
         te_imports(te)
         args = gpu_args("--tensor-model-parallel-size", "2", "--sequence-parallel")
-        resolve_layers(args)
-        assert args.sequence_parallel
-        assert args.transformer_impl == ("transformer_engine" if te else "local")
+        assert resolve_layers(args, "cuda") == ("transformer_engine" if te else "local", True)
 
 
 def test_tensor_parallelism_on_a_gpu_needs_one_cuda_connection(te_imports, monkeypatch):
     te_imports(False)
     monkeypatch.delenv("CUDA_DEVICE_MAX_CONNECTIONS")
-    resolve_layers(gpu_args())  # TP=1: no requirement
+    resolve_layers(gpu_args(), "cuda")  # TP=1: no requirement
     for flags in (["--tensor-model-parallel-size", "2"],
                   ["--tensor-model-parallel-size", "2", "--sequence-parallel"]):
         with pytest.raises(SystemExit, match="needs CUDA_DEVICE_MAX_CONNECTIONS=1"):
-            resolve_layers(gpu_args(*flags))
+            resolve_layers(gpu_args(*flags), "cuda")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (10, 0))
-    resolve_layers(gpu_args("--tensor-model-parallel-size", "2"))  # Blackwell: none
+    resolve_layers(gpu_args("--tensor-model-parallel-size", "2"), "cuda")  # Blackwell: none
 
 
 @pytest.mark.parametrize("recipe,capability,te,refusal", [
@@ -244,9 +235,9 @@ def test_fp8_recipes_a_device_or_te_cannot_run_are_refused(recipe, capability, t
 def test_fp8_is_refused_at_start_up(te_imports, monkeypatch):
     te_imports(True)
     monkeypatch.setattr(training, "transformer_engine_version", lambda: "2.8.0")
-    resolve_layers(gpu_args("--fp8-format", "hybrid", "--fp8-recipe", "blockwise"))
+    resolve_layers(gpu_args("--fp8-format", "hybrid", "--fp8-recipe", "blockwise"), "cuda")
     with pytest.raises(SystemExit, match="error: --fp8-recipe mxfp8 needs a GPU of sm 10.0"):
-        resolve_layers(gpu_args("--fp8-format", "hybrid", "--fp8-recipe", "mxfp8"))
+        resolve_layers(gpu_args("--fp8-format", "hybrid", "--fp8-recipe", "mxfp8"), "cuda")
 
 
 def test_the_final_norm_never_comes_from_transformer_engine(cpu_dist, monkeypatch):
@@ -327,15 +318,15 @@ def test_distributed_optimizer_saves_and_resumes_without_te_or_apex(cpu_dist, tm
     model and optimizer, and find the same state."""
     args = parse_args(TINY_RUN + ["--input-interface", "binary", "--bf16", "--train-iters", "1",
                                   "--use-distributed-optimizer", "--save", str(tmp_path)])
-    args.device = "cpu"
-    _, derived = setup_args(args)
-    _, _, code = training.resolve_checkpoint(args, derived)  # fresh: the code from the flags
+    _, derived, resolved = setup_args(args, "cpu")
+    _, _, code, resolved = training.resolve_checkpoint(args, derived, resolved)  # fresh
+    args = resolved.applied_to(args)
     model, ddp, optimizer, scheduler = build_model_and_optimizer(args, derived, model_provider,
                                                                  code)
     (inner,) = optimizer.chained_optimizers
     assert isinstance(inner, DistributedOptimizer)
     batch = random_batch(args)
-    train_step(args, derived.num_microbatches, make_forward_step(args), itertools.repeat(batch),
+    train_step(args, derived.num_microbatches, pretrain_fixedcode.forward_step, itertools.repeat(batch),
                ddp, optimizer, scheduler)
     saving.save_checkpoint(args, derived, model, optimizer, scheduler,
                            checkpointing.TrainState(iteration=1), code)
@@ -363,7 +354,7 @@ def test_the_fully_reshardable_layout_is_refused_without_te_or_apex(cpu_dist):
                                   "--dist-ckpt-optim-fully-reshardable"])
     with pytest.raises(SystemExit, match="--dist-ckpt-optim-fully-reshardable: neither "
                                          "Transformer Engine nor Apex imports"):
-        setup_args(args)
+        setup_args(args, "cpu")
 
 
 def test_dp_reshardable_optimizer_state_refuses_another_tp_size():

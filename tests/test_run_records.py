@@ -73,6 +73,7 @@ def resumed_run(tmp_path_factory):
     return ckpt, tb, first, second
 
 
+@pytest.mark.integration
 def test_the_metrics_file_holds_each_iteration_once_with_the_diagnostics(resumed_run):
     _, _, first, second = resumed_run
     records = second.metrics
@@ -89,6 +90,7 @@ def test_the_metrics_file_holds_each_iteration_once_with_the_diagnostics(resumed
     assert "  norms: grad-norm/input-table" in second.stdout
 
 
+@pytest.mark.integration
 def test_tensorboard_holds_the_metrics_file_scalars(resumed_run):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     _, tb, _, second = resumed_run
@@ -101,6 +103,7 @@ def test_tensorboard_holds_the_metrics_file_scalars(resumed_run):
                 assert logged[r["iteration"]] == pytest.approx(value, rel=1e-6), key
 
 
+@pytest.mark.integration
 def test_wandb_offline_holds_the_same_scalars_in_one_run_across_the_resume(resumed_run):
     ckpt, _, _, second = resumed_run
     ids, history = wandb_history(ckpt / "wandb")
@@ -113,6 +116,7 @@ def test_wandb_offline_holds_the_same_scalars_in_one_run_across_the_resume(resum
                 assert history[(r["iteration"], key)] == value, key
 
 
+@pytest.mark.integration
 def test_a_checkpoint_records_provenance_and_a_newer_format_is_refused(resumed_run, tmp_path):
     import megatron.core
     ckpt = tmp_path / "ckpt"
@@ -143,6 +147,7 @@ def test_provenance_works_from_a_source_checkout(monkeypatch):
     assert checkpointing.provenance()["fixedcode_version"] == megatron_ext.__version__ == installed
 
 
+@pytest.mark.integration
 def test_training_report_reads_run_directories_and_metrics_files(resumed_run, tmp_path):
     from tools import training_report
     ckpt, _, _, second = resumed_run

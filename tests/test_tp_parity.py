@@ -9,12 +9,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from conftest import _free_port
 from tp_parity_worker import ARMS
 
 WORKER = Path(__file__).with_name("tp_parity_worker.py")
 
 
+@pytest.mark.integration
+@pytest.mark.xdist_group("processes")  # torchrun: both cores
 def test_logits_equal_at_tp1_and_tp2(tmp_path):
     subprocess.run([sys.executable, str(WORKER), "save", str(tmp_path)], check=True,
                    capture_output=True, timeout=300)

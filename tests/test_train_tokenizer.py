@@ -27,6 +27,7 @@ def train(prefix: Path, model_type: str, vocab_size: int = 400, inputs=TRAIN):
                                  "--vocab-size", str(vocab_size), "--output-prefix", str(prefix)])
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("model_type", ["bpe", "unigram"])
 def test_sentencepiece_is_lossless_with_the_asked_vocabulary(model_type, tmp_path):
     trained = train(tmp_path / "tok", model_type)
@@ -38,6 +39,7 @@ def test_sentencepiece_is_lossless_with_the_asked_vocabulary(model_type, tmp_pat
     assert processor.decode(processor.encode(UNSEEN)) == UNSEEN
 
 
+@pytest.mark.integration
 def test_hf_bpe_is_a_lossless_hugging_face_folder(tmp_path):
     from transformers import AutoTokenizer
 
@@ -52,6 +54,7 @@ def test_hf_bpe_is_a_lossless_hugging_face_folder(tmp_path):
     assert auto.eos_token_id == backend.token_to_id("<|endoftext|>")
 
 
+@pytest.mark.integration
 def test_jsonl_inputs_train_on_the_json_keys(tmp_path):
     source = tmp_path / "plays.jsonl"
     source.write_text("".join(json.dumps({"text": Path(p).read_text(encoding="utf-8"), "id": i})
@@ -61,6 +64,7 @@ def test_jsonl_inputs_train_on_the_json_keys(tmp_path):
     assert (tmp_path / "jsonl.vocab").read_text() == (tmp_path / "text.vocab").read_text()
 
 
+@pytest.mark.integration
 def test_rerun_with_the_same_inputs_and_options_does_nothing(tmp_path):
     train(tmp_path / "tok", "bpe")
     model = tmp_path / "tok.model"
@@ -75,6 +79,7 @@ def test_rerun_with_the_same_inputs_and_options_does_nothing(tmp_path):
     assert train(tmp_path / "tok", "bpe", vocab_size=450, inputs=[copy, TRAIN[1]]).trained
 
 
+@pytest.mark.integration
 def test_failed_training_leaves_previous_outputs_untouched(tmp_path, monkeypatch):
     train(tmp_path / "tok", "bpe")
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
@@ -88,6 +93,7 @@ def test_failed_training_leaves_previous_outputs_untouched(tmp_path, monkeypatch
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
 
 
+@pytest.mark.integration
 def test_vocabulary_larger_than_the_text_allows_is_an_error(tmp_path):
     (tmp_path / "tiny.txt").write_text("to be or not to be\n", encoding="utf-8")
     with pytest.raises(SystemExit, match="--vocab-size 5000"):
@@ -95,6 +101,7 @@ def test_vocabulary_larger_than_the_text_allows_is_an_error(tmp_path):
     assert list(tmp_path.iterdir()) == [tmp_path / "tiny.txt"]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("model_type", ["bpe", "hf-bpe"])
 def test_bad_input_names_file_and_line(model_type, tmp_path):
     source = tmp_path / "bad.jsonl"
@@ -103,6 +110,7 @@ def test_bad_input_names_file_and_line(model_type, tmp_path):
         train(tmp_path / "tok", model_type, inputs=[source])
 
 
+@pytest.mark.integration
 def test_command_line_reports_errors_without_a_traceback(tmp_path):
     missing = tmp_path / "missing.txt"
     result = subprocess.run([sys.executable, "-m", "tools.train_tokenizer", "--input", str(missing),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import time
 
 import pytest
 
-from conftest import PRETRAIN, TIMING, TINY_RUN, run_pretrain, step_losses, valid_losses
+from conftest import PP2_RUN, PRETRAIN, TIMING, TINY_RUN, run_pretrain, step_losses, valid_losses
 from megatron_ext.checkpointing import reconcile_schedule
 from megatron_ext.derived import derive
 from megatron_ext.profiling import validate_profile_args
@@ -23,6 +24,7 @@ from pretrain_fixedcode import parse_args
 MARKER = "latest_checkpointed_iteration.txt"
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("arm", ["learned", "binary", "gf2"])
 def test_a_few_steps_lower_the_loss(tmp_path, arm):
     run = run_pretrain(TINY_RUN + ["--input-interface", arm, "--train-iters", "30"])
@@ -33,6 +35,27 @@ def test_a_few_steps_lower_the_loss(tmp_path, arm):
     assert f"[fixedcode] training done: iteration 30 | final train loss {last:.6f}" in run.stdout
 
 
+@pytest.mark.integration
+def test_an_in_process_run_is_the_subprocess_run(tmp_path):
+    """The tests' in-process harness (conftest.run_pretrain) trains as the entry point's
+    own process does: the same losses, metrics and log, run after run in one process."""
+    run = TINY_RUN + ["--input-interface", "binary", "--train-iters", "4", "--eval-iters", "1",
+                      "--eval-interval", "2", "--exit-signal-handler"]
+    handler = signal.getsignal(signal.SIGTERM)
+    alone = run_pretrain(run, in_process=False)
+    first, again = run_pretrain(run, in_process=True), run_pretrain(run, in_process=True)
+    assert len(step_losses(alone)) == 4 and len(valid_losses(alone)) == 2
+    for run in (first, again):
+        assert step_losses(run) == step_losses(alone)
+        assert valid_losses(run) == valid_losses(alone)
+        assert run.stdout.splitlines()[-1] == alone.stdout.splitlines()[-1]
+    failed = run_pretrain(TINY_RUN + ["--train-iters", "1", "--input-interface", "binary",
+                                      "--code-bits", "8"], in_process=True, check=False)
+    assert failed.returncode == 1 and "does not fit a 8-bit code" in failed.stderr
+    assert signal.getsignal(signal.SIGTERM) is handler  # --exit-signal-handler's did not stay
+
+
+@pytest.mark.integration
 def test_resume_gives_the_same_per_step_losses(tmp_path):
     run = TINY_RUN + ["--input-interface", "gf2", "--train-iters", "8", "--lr-warmup-iters", "2",
                       "--eval-iters", "1", "--eval-interval", "4"]
@@ -58,6 +81,7 @@ def step_lrs(run) -> dict[int, float]:
     return {r["iteration"]: r["learning-rate"] for r in run.metrics if r["kind"] == "train"}
 
 
+@pytest.mark.integration
 def test_a_cooldown_branches_from_a_stable_checkpoint(tmp_path):
     """WSD: decay from a stable-phase checkpoint into a directory of its own, with a new
     schedule; a requeue of the branch continues the branch."""
@@ -85,7 +109,7 @@ def test_a_fresh_start_never_overwrites_checkpoints(tmp_path):
     with pytest.raises(SystemExit, match=re.escape(
             f"--save {tmp_path} already holds checkpoints (latest: iteration 4); resume them "
             f"with --load {tmp_path}, or save to another directory")):
-        resolve_checkpoint(args, derive(args, 1, 511))
+        resolve_checkpoint(args, derive(args, 1, 511), setup_args(args, "cpu")[2])
 
 
 def test_a_changed_schedule_needs_a_decision():
@@ -99,16 +123,21 @@ def test_a_changed_schedule_needs_a_decision():
             "--override-opt_param-scheduler")):
         reconcile_schedule(saved, parse_args(cooldown), 6, "CKPT")
     args = parse_args(cooldown + ["--use-checkpoint-opt_param-scheduler"])
-    assert len(reconcile_schedule(saved, args, 6, "CKPT")) == 3
-    assert (args.lr, args.lr_decay_iters, args.lr_wsd_decay_iters) == (3e-3, 8, 4)
+    diffs, kept = reconcile_schedule(saved, args, 6, "CKPT")
+    assert len(diffs) == 3
+    assert (kept["lr"], kept["lr_decay_iters"], kept["lr_wsd_decay_iters"]) == (3e-3, 8, 4)
+    assert (args.lr, args.lr_decay_iters, args.lr_wsd_decay_iters) == (1e-3, None, 2)  # as given
     args = parse_args(cooldown + ["--override-opt_param-scheduler"])
-    assert len(reconcile_schedule(saved, args, 6, "CKPT")) == 3
-    assert (args.lr, args.lr_decay_iters, args.lr_wsd_decay_iters) == (1e-3, None, 2)
+    diffs, kept = reconcile_schedule(saved, args, 6, "CKPT")
+    assert len(diffs) == 3
+    assert (kept["lr"], kept["lr_decay_iters"], kept["lr_wsd_decay_iters"]) == (1e-3, None, 2)
     same = parse_args(TINY_RUN + ["--train-iters", "8", "--lr-decay-style", "WSD",
                                   "--lr-wsd-decay-iters", "4"])
-    assert reconcile_schedule(saved, same, 8, "CKPT") == []
+    assert reconcile_schedule(saved, same, 8, "CKPT")[0] == []
 
 
+@pytest.mark.integration
+@pytest.mark.xdist_group("processes")  # torchrun: both cores
 def test_data_parallel_resume_overlapped_reduction_and_fewer_processes(tmp_path):
     """Two processes (data parallel over gloo, two micro-batches each per step):
 
@@ -144,19 +173,24 @@ def test_data_parallel_resume_overlapped_reduction_and_fewer_processes(tmp_path)
         assert resumed[it] == pytest.approx(straight[it], rel=1e-4), it
 
 
-def test_pipeline_parallel_trains(tmp_path):
+@pytest.mark.integration
+@pytest.mark.xdist_group("processes")  # torchrun, and conftest's pp2_checkpoint
+def test_pipeline_parallel_trains(pp2_checkpoint, tmp_path):
     """Two pipeline stages over gloo: the last stage reports a decreasing loss and the
     checkpoint of both stages loads back."""
+    from megatron_ext.metric_sinks import read_metrics
     ckpt = tmp_path / "ckpt"
-    run = TINY_RUN + ["--input-interface", "gf2", "--pipeline-model-parallel-size", "2",
-                      "--save", ckpt, "--load", ckpt, "--lr-decay-iters", "13"]
-    losses = step_losses(run_pretrain(run + ["--train-iters", "12"], nproc=2))
-    assert losses[12] < losses[1]
-    resumed = run_pretrain(run + ["--train-iters", "13"], nproc=2)
-    assert f"resumed from {ckpt}/iter_0000012 at iteration 12" in resumed.stdout
-    assert sorted(step_losses(resumed)) == list(range(1, 14))
+    shutil.copytree(pp2_checkpoint, ckpt)
+    losses = {r["iteration"]: r["lm loss"] for r in read_metrics(str(ckpt / "metrics.jsonl"))
+              if r["kind"] == "train"}
+    assert sorted(losses) == [1, 2, 3] and losses[3] < losses[1]
+    resumed = run_pretrain(TINY_RUN + PP2_RUN + ["--train-iters", "4", "--save", ckpt,
+                                                 "--load", ckpt], nproc=2)
+    assert f"resumed from {ckpt}/iter_0000003 at iteration 3" in resumed.stdout
+    assert sorted(step_losses(resumed)) == [1, 2, 3, 4]
 
 
+@pytest.mark.integration
 def test_activation_recompute_gives_the_same_losses():
     """Recomputing activations changes memory, not results: every recompute mode matches the
     run that stores them. A fixed-code input requires no gradient of its own, yet the
@@ -169,6 +203,7 @@ def test_activation_recompute_gives_the_same_losses():
             == stored, mode
 
 
+@pytest.mark.integration
 def test_pytorch_profiler_records_the_asked_iterations(tmp_path):
     tb = tmp_path / "tb"
     out = run_pretrain(TINY_RUN + ["--input-interface", "gf2", "--train-iters", "5", "--profile",
@@ -228,6 +263,7 @@ def signal_run(args, sig, when=None, delay: float = 0.0, env=None, again_when=No
 SIGNAL_RUN = TINY_RUN + ["--input-interface", "binary", "--exit-signal-handler"]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])
 def test_exit_signal_during_training_saves_and_exits_zero(tmp_path, sig):
     ckpt = tmp_path / "ckpt"
@@ -242,6 +278,7 @@ def test_exit_signal_during_training_saves_and_exits_zero(tmp_path, sig):
     assert f"saved checkpoint {ckpt}/iter_{saved:07d}" in out
 
 
+@pytest.mark.integration
 def test_exit_signal_during_start_up_exits_zero_without_a_save(tmp_path):
     """0.5 s after the start the process is still importing torch: before the handler was
     installed first thing, Python's default action killed it (exit -10)."""
@@ -254,6 +291,7 @@ def test_exit_signal_during_start_up_exits_zero_without_a_save(tmp_path):
     assert not (ckpt / MARKER).exists() and "iteration        1/" not in out
 
 
+@pytest.mark.integration
 def test_exit_signal_during_validation_saves_and_the_resumed_run_validates_first(tmp_path):
     ckpt = tmp_path / "ckpt"
     run = SIGNAL_RUN + ["--train-iters", "6", "--eval-interval", "3", "--eval-iters", "300",
@@ -274,6 +312,7 @@ def test_exit_signal_during_validation_saves_and_the_resumed_run_validates_first
     assert sorted(valid_losses(straight)) == [3, 6]
 
 
+@pytest.mark.integration
 def test_exit_signal_during_a_save_lets_the_save_finish(tmp_path):
     ckpt = tmp_path / "ckpt"
     rc, out, _ = signal_run(SIGNAL_RUN + ["--train-iters", "100", "--save", ckpt,
@@ -286,12 +325,14 @@ def test_exit_signal_during_a_save_lets_the_save_finish(tmp_path):
     assert (ckpt / MARKER).read_text() == "2" and not (ckpt / "iter_0000002.partial").exists()
 
 
+@pytest.mark.integration
 def test_a_save_killed_midway_is_not_loaded(tmp_path):
     ckpt = tmp_path / "ckpt"
     run = TINY_RUN + ["--input-interface", "binary", "--train-iters", "4", "--save", ckpt,
                       "--load", ckpt, "--save-interval", "2"]
     # Saves iteration 2, then dies after writing the shards of iteration 4.
-    crashed = run_pretrain(run, env={"FIXEDCODE_FAULT_AFTER_SHARDS": "4"}, check=False)
+    crashed = run_pretrain(run, env={"FIXEDCODE_FAULT_AFTER_SHARDS": "4"}, check=False,
+                           in_process=False)  # the process dies (os._exit)
     assert crashed.returncode == 17
     assert (ckpt / "iter_0000004.partial").is_dir()
     assert not (ckpt / "iter_0000004").exists()
@@ -302,6 +343,7 @@ def test_a_save_killed_midway_is_not_loaded(tmp_path):
     assert (ckpt / "iter_0000004").is_dir() and not (ckpt / "iter_0000004.partial").exists()
 
 
+@pytest.mark.integration
 def test_nonfinite_losses_stop_with_a_clear_error(tmp_path):
     ckpt = tmp_path / "ckpt"
     proc = run_pretrain(TINY_RUN + ["--input-interface", "binary", "--train-iters", "50",
@@ -316,6 +358,7 @@ def test_nonfinite_losses_stop_with_a_clear_error(tmp_path):
     assert last_saved == stopped - 1  # the failing step itself was never saved
 
 
+@pytest.mark.integration
 def test_a_bad_flag_stops_the_run_with_a_clear_error():
     """End to end: the message reaches stderr and the exit status is non-zero."""
     args = [a for a in TINY_RUN if a != "--mock-data"]
@@ -355,8 +398,7 @@ def test_bad_flags_are_clear_errors(cpu_dist, flags, message):
     """Checked before anything is built (in this process: the set-up the entry point runs)."""
     with pytest.raises(SystemExit, match=re.escape(message)):
         args = parse_args(TINY_RUN + flags + ["--train-iters", "2"])
-        args.device = "cpu"
-        resolve_checkpoint(args, setup_args(args)[1])
+        resolve_checkpoint(args, *setup_args(args, "cpu")[1:])
 
 
 def test_a_resumed_run_gets_its_saved_code_once_not_the_flags(cpu_dist, tmp_path):
@@ -369,20 +411,44 @@ def test_a_resumed_run_gets_its_saved_code_once_not_the_flags(cpu_dist, tmp_path
     from pretrain_fixedcode import model_provider
     run = TINY_RUN + ["--input-interface", "gf2", "--save", str(tmp_path), "--train-iters", "2"]
     args = parse_args(run)
-    args.device = "cpu"
-    _, derived = setup_args(args)
-    _, _, code = resolve_checkpoint(args, derived)
+    _, derived, resolved = setup_args(args, "cpu")
+    _, _, code, resolved = resolve_checkpoint(args, derived, resolved)
+    args = resolved.applied_to(args)
     model, _, optimizer, scheduler = build_model_and_optimizer(args, derived, model_provider, code)
     assert model.embedding.code == code
     save_checkpoint(args, derived, model, optimizer, scheduler, TrainState(iteration=1), code)
     resumed = parse_args(run + ["--load", str(tmp_path), "--code-seed", "7"])
-    resumed.device = "cpu"
-    path, _, saved = resolve_checkpoint(resumed, setup_args(resumed)[1])
+    path, _, saved, _ = resolve_checkpoint(resumed, *setup_args(resumed, "cpu")[1:])
     assert path == f"{tmp_path}/iter_0000001"
     assert saved == code != build_code(resumed, derived.padded_vocab_size)
     assert not hasattr(resumed, "fixed_code") and not hasattr(args, "fixed_code")
 
 
+@pytest.mark.integration
+def test_the_flags_are_the_command_line_after_a_run(cpu_dist, tmp_path):
+    """What start-up settles (--device auto, the default --transformer-impl,
+    --sequence-parallel at TP=1, a resumed run's schedule) is not written into the parsed
+    flags; the checkpoint records the values the run applied."""
+    import copy
+    from megatron_ext.checkpointing import load_common
+    from megatron_ext.training import pretrain
+    from pretrain_fixedcode import datasets_provider, forward_step, model_provider
+    run = TINY_RUN + ["--input-interface", "binary", "--save", tmp_path, "--load", tmp_path]
+    run_pretrain(run + ["--train-iters", "1"])
+    args = parse_args([str(a) for a in run] + [
+        "--train-iters", "2", "--sequence-parallel", "--lr", "1e-3",
+        "--use-checkpoint-opt_param-scheduler"])
+    parsed = copy.deepcopy(vars(args))
+    assert (args.device, args.transformer_impl, args.sequence_parallel) == ("auto", None, True)
+    result = pretrain(args, model_provider, forward_step, datasets_provider)
+    assert vars(args) == parsed
+    assert (result.iteration, result.exit_reason) == (2, None)
+    saved = load_common(str(tmp_path))[1]["args"]
+    assert (saved["device"], saved["transformer_impl"], saved["sequence_parallel"],
+            saved["lr"]) == ("cpu", "local", False, 3e-3)  # 3e-3: the checkpoint's schedule
+
+
+@pytest.mark.integration
 def test_resuming_with_another_input_interface_is_refused(tmp_path):
     ckpt = tmp_path / "ckpt"
     run_pretrain(TINY_RUN + ["--input-interface", "binary", "--train-iters", "1", "--save", ckpt])
