@@ -16,6 +16,7 @@ import tempfile
 import threading
 import traceback
 import types
+import unittest.mock
 from pathlib import Path
 from typing import Optional
 
@@ -254,7 +255,11 @@ def _run_in_process(args: list, env) -> subprocess.CompletedProcess:
             try:
                 if "--exit-signal-handler" in args:
                     exit_signals.install()  # what the entry point does at its first line
-                pretrain_fixedcode.main(args)
+                # the process group outlives the run here (the process does not end);
+                # test_gpu_readiness checks the real process destroys it
+                with unittest.mock.patch.object(pretrain_fixedcode, "destroy_distributed",
+                                                lambda: None):
+                    pretrain_fixedcode.main(args)
             except SystemExit as e:
                 returncode = _exit_code(e.code, err)
             except Exception:  # noqa: BLE001 - a crashing process prints it and exits 1
