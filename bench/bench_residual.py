@@ -76,7 +76,7 @@ def main(argv=None) -> None:
     from megatron_ext.metric_sinks import read_metrics
     from megatron_ext.model import model_provider as build_gpt
     from megatron_ext.training import pretrain
-    from pretrain_fixedcode import datasets_provider, make_forward_step, model_provider, \
+    from pretrain_fixedcode import datasets_provider, forward_step, model_provider, \
         parse_args
 
     initialize_distributed("cpu")
@@ -94,7 +94,7 @@ def main(argv=None) -> None:
                 kept["model"] = model_provider(*a, **k)
                 return kept["model"]
 
-            pretrain(args, provider, make_forward_step(args), datasets_provider)
+            pretrain(args, provider, forward_step, datasets_provider)
             records = [r for r in read_metrics(path) if r["kind"] == "train"]
             losses[name] = {r["iteration"]: r["lm loss"] for r in records}
             speed[name] = statistics.median(r["tokens-per-second"] for r in records[3:])

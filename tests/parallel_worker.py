@@ -16,7 +16,7 @@ from megatron.core import parallel_state
 
 from conftest import TINY_RUN
 from megatron_ext.training import pretrain
-from pretrain_fixedcode import datasets_provider, make_forward_step, model_provider, parse_args
+from pretrain_fixedcode import datasets_provider, forward_step, model_provider, parse_args
 from tp_parity_worker import ARMS
 
 STEPS = 10
@@ -32,7 +32,7 @@ OVERLAP = ["--overlap-grad-reduce", "--overlap-param-gather", "--ddp-bucket-size
 def train(root: str, name: str, flags: list) -> None:
     args = parse_args(TINY_RUN + ["--train-iters", str(STEPS), "--device", "cpu",
                                   "--metrics-file", os.path.join(root, name + ".jsonl"), *flags])
-    pretrain(args, model_provider, make_forward_step(args), datasets_provider)
+    pretrain(args, model_provider, forward_step, datasets_provider)
     parallel_state.destroy_model_parallel()  # the next run may lay the ranks out otherwise
 
 

@@ -23,7 +23,7 @@ from megatron_ext.metric_sinks import read_metrics
 from megatron_ext.metrics import flops_per_token
 from megatron_ext.model import model_provider as build_gpt
 from megatron_ext.training import pretrain
-from pretrain_fixedcode import datasets_provider, make_forward_step, model_provider, parse_args
+from pretrain_fixedcode import datasets_provider, forward_step, model_provider, parse_args
 from tp_parity_worker import ARMS
 
 NVTE = ("NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN", "NVTE_UNFUSED_ATTN")
@@ -119,7 +119,7 @@ def test_every_arm_trains_to_the_same_losses_with_sdpa_and_unfused(cpu_dist, nvt
             assert isinstance(model.decoder.layers[0].self_attention.core_attention,
                               local_core_attention(backend))
             assert model.config.attention_backend == AttnBackend[backend]
-            pretrain(args, model_provider, make_forward_step(args), datasets_provider)
+            pretrain(args, model_provider, forward_step, datasets_provider)
             runs[backend] = losses(tmp_path / f"{arm}-{backend}")
             for r in read_metrics(str(tmp_path / f"{arm}-{backend}")):  # the logged TFLOP/s
                 assert r["tflops-per-gpu"] == pytest.approx(

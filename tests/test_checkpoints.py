@@ -141,7 +141,7 @@ def test_bad_save_flags_are_clear_errors(cpu_dist, flags, message):
     from megatron_ext.training import setup_args
     from pretrain_fixedcode import parse_args
     with pytest.raises(SystemExit, match=message):
-        setup_args(parse_args(TINY_RUN + ["--train-iters", "2"] + flags))
+        setup_args(parse_args(TINY_RUN + ["--train-iters", "2"] + flags), "cpu")
 
 
 @pytest.fixture
@@ -151,9 +151,9 @@ def checkpointer(cpu_dist, tmp_path):
     from pretrain_fixedcode import model_provider, parse_args
     args = parse_args(TINY_RUN + ["--input-interface", "binary", "--train-iters", "4",
                                   "--save", str(tmp_path / "ckpt")])
-    args.device = "cpu"
-    _, derived = setup_args(args)
-    _, _, code = resolve_checkpoint(args, derived)
+    _, derived, resolved = setup_args(args, "cpu")
+    _, _, code, resolved = resolve_checkpoint(args, derived, resolved)
+    args = resolved.applied_to(args)
     model, _, optimizer, scheduler = build_model_and_optimizer(args, derived, model_provider,
                                                                code)
     return saving.Checkpointer(args, derived, model, optimizer, scheduler, code, None, None)

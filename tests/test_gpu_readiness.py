@@ -407,8 +407,8 @@ def test_the_loss_is_all_reduced_once_per_step(cpu_dist, monkeypatch):
     (Megatron-LM's count), and the step's loss is the mean over all of them."""
     from megatron.core import parallel_state
     args = parse_args(TINY_RUN + ["--train-iters", "1", "--global-batch-size", "8"])
-    args.device = "cpu"
-    _, derived = setup_args(args)
+    _, derived, resolved = setup_args(args, "cpu")
+    args = resolved.applied_to(args)
     assert derived.num_microbatches == 4
     _, ddp, optimizer, scheduler = build_model_and_optimizer(args, derived, model_provider)
     batches = [random_batch(args) for _ in range(4)]
@@ -421,7 +421,7 @@ def test_the_loss_is_all_reduced_once_per_step(cpu_dist, monkeypatch):
         return all_reduce(tensor, *a, group=group, **k)
 
     monkeypatch.setattr(torch.distributed, "all_reduce", counting)
-    step = train_step(args, 4, make_forward_step(args), iter(batches), ddp, optimizer, scheduler)
+    step = train_step(args, 4, pretrain_fixedcode.forward_step, iter(batches), ddp, optimizer, scheduler)
     assert len(reduced) == 1 and reduced[0][1] == 4 * args.micro_batch_size * args.seq_length
     assert step.loss == pytest.approx((reduced[0][0] / reduced[0][1]).item())
 
@@ -438,7 +438,7 @@ def test_manual_gc_collects_at_megatron_lms_points(cpu_dist, monkeypatch, tmp_pa
 
     def forward_step(data_iterator, model):
         enabled.append(gc.isenabled())
-        return make_forward_step(args)(data_iterator, model)
+        return pretrain_fixedcode.forward_step(data_iterator, model)
 
     pretrain(args, model_provider, forward_step, datasets_provider)
     assert len(collected) == 1 + 2 + 2 * 2 and not any(collected)
@@ -453,8 +453,8 @@ def test_fp32_residual_connection_keeps_the_stream_in_fp32(cpu_dist, arm):
     first layer."""
     args = parse_args(TINY_RUN + ["--input-interface", arm, "--bf16", "--train-iters", "1",
                                   "--fp32-residual-connection"])
-    args.device = "cpu"
-    _, derived = setup_args(args)
+    _, derived, resolved = setup_args(args, "cpu")
+    args = resolved.applied_to(args)
     model, ddp, optimizer, scheduler = build_model_and_optimizer(args, derived, model_provider)
     seen = {}
     layer = model.decoder.layers[0]
@@ -467,7 +467,7 @@ def test_fp32_residual_connection_keeps_the_stream_in_fp32(cpu_dist, arm):
     for name, module in (("stream", layer), ("norm", layer.input_layernorm),
                          ("qkv", layer.self_attention.linear_qkv)):
         module.register_forward_hook(record(name))
-    step = train_step(args, derived.num_microbatches, make_forward_step(args),
+    step = train_step(args, derived.num_microbatches, pretrain_fixedcode.forward_step,
                       itertools.repeat(random_batch(args)), ddp, optimizer, scheduler)
     assert seen == {"stream": torch.float32, "norm": torch.bfloat16, "qkv": torch.bfloat16}
     assert step.skip is None and math.isfinite(step.loss)

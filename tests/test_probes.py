@@ -358,7 +358,8 @@ def test_the_study_probes_each_final_checkpoint_once(tiny_study, capsys):
     assert "| arm | layer | id bits | id control | id sel. | id unseen | id transfer |" in text
     assert re.search(r"Chance \(always the most frequent training label.*\): id bits \d\.\d{3}",
                      text)
-    assert "† the code: the id's bits repeated, exactly linear in them" in text
+    assert "; the code: the id's bits repeated, exactly linear in them (trivially decodable) " \
+           "(binary)." in text
     sha = record["tokens_sha256"]
     assert summary["probes"]["binary"]["tokens_sha256"] == [sha]
     assert json.loads((study_dir / "study.json").read_text())["probes"]["binary"][

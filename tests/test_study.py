@@ -245,7 +245,7 @@ def test_each_arm_keeps_one_colour_in_every_figure(tiny_study, monkeypatch):
     from matplotlib.colors import to_hex
     from megatron_ext.reporting import colours, readable_tokens
     from megatron_ext.study import report
-    study_dir, summary = tiny_study
+    study_dir, summary = tiny_study["study_dir"], tiny_study["summary"]
     definition = spec.settle(study_dir, None)
     drawn = {}
 
