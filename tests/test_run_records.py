@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from conftest import TIMING, TINY_RUN, run_pretrain, step_losses
-from megatron_ext import checkpointing
+from megatron_ext import checkpointing, manifest
 
 
 
@@ -128,6 +128,7 @@ def test_a_checkpoint_records_provenance_and_a_newer_format_is_refused(resumed_r
     common_file = os.path.join(path, "common.pt")
     saved = torch.load(common_file, weights_only=False)
     torch.save({**saved, "checkpoint_format": 99, "fixedcode_version": "9.9"}, common_file)
+    manifest.write_manifest(path, {})  # an intact save of a newer format, not a damaged one
     with pytest.raises(SystemExit, match=re.escape(
             f"{path} has checkpoint format 99 (written by fixedcode 9.9, megatron-core 0.16.1); "
             f"this fixedcode 0.1.0 reads formats up to {checkpointing.CHECKPOINT_FORMAT}")):
