@@ -4,9 +4,14 @@
 A held-out set is the first ``count`` tokens of a token stream (an indexed dataset's
 documents in order, end-of-document tokens included), cut into consecutive windows of
 ``seq_length + 1`` tokens that overlap by one (the label of a window's last position).
+:func:`cut_documents` cuts each token's document number the same way (the probes split by
+document), and :func:`tokens_sha256` fingerprints the windows (in study.json and
+probes.json: the same hash is the same tokens).
 """
 
 from __future__ import annotations
+
+import hashlib
 
 import numpy as np
 
@@ -14,10 +19,16 @@ import numpy as np
 def held_out_tokens(prefix: str, count: int, seq_length: int) -> np.ndarray:
     """``[n, seq_length + 1]`` token windows: the first ``count`` tokens of the indexed
     dataset ``prefix``, cut into ``n = count // seq_length`` windows."""
+    return cut_windows(indexed_documents(prefix), count, seq_length, f"eval data {prefix}",
+                       "the eval tokens")
+
+
+def indexed_documents(prefix: str):
+    """The documents of the indexed dataset ``prefix``, in order, as int64 arrays (read
+    lazily)."""
     from megatron.core.datasets.indexed_dataset import IndexedDataset
     dataset = IndexedDataset(prefix)
-    documents = (np.asarray(dataset[i], dtype=np.int64) for i in range(len(dataset)))
-    return cut_windows(documents, count, seq_length, f"eval data {prefix}", "the eval tokens")
+    return (np.asarray(dataset[i], dtype=np.int64) for i in range(len(dataset)))
 
 
 def cut_windows(documents, count: int, seq_length: int, source: str, knob: str) -> np.ndarray:
@@ -37,3 +48,24 @@ def cut_windows(documents, count: int, seq_length: int, source: str, knob: str) 
     stream = np.concatenate(parts)[:need]
     index = np.arange(n)[:, None] * seq_length + np.arange(seq_length + 1)[None, :]
     return stream[index]
+
+
+def cut_documents(documents, count: int, seq_length: int, source: str, knob: str
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """``(windows, document ids)``: :func:`cut_windows` of the token arrays ``documents``,
+    and the same cut of each token's document number."""
+    need, parts, have = (count // seq_length) * seq_length + 1, [], 0
+    for document in documents:
+        if have >= need:
+            break
+        parts.append(np.asarray(document))
+        have += len(document)
+    windows = cut_windows(parts, count, seq_length, source, knob)
+    ids = cut_windows([np.full(len(d), i) for i, d in enumerate(parts)], count, seq_length,
+                      source, knob)
+    return windows, ids
+
+
+def tokens_sha256(windows: np.ndarray) -> str:
+    """The held-out tokens' fingerprint: sha256 of the windows as little-endian int64."""
+    return hashlib.sha256(np.ascontiguousarray(windows, dtype="<i8").tobytes()).hexdigest()

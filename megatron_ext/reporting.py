@@ -1,6 +1,7 @@
 """What every report of the project shares (study, probes, training and evaluation
 reports): the cells of its Markdown tables, "—" for a missing value, and matplotlib set up
-without a display, its figures written atomically (:mod:`megatron_ext.files`).
+without a display, its figures written atomically (:mod:`megatron_ext.files`), each arm in
+one colour in every figure (:func:`colours`), token axes in readable units.
 
 An interval is a dict with ``mean`` and either ``half_width`` or ``low``/``high`` (None
 when there is one seed), as :mod:`megatron_ext.study.stats` returns them.
@@ -31,13 +32,16 @@ def mean_interval(interval: Optional[dict], digits: int = 4) -> str:
 
 
 def signed_range(interval: Optional[dict], digits: int = 4) -> str:
-    """``+mean [+low, +high]`` of a difference's interval, or "—"."""
+    """``+mean [+low, +high]`` of a difference's interval, or "—"; an interval conditional
+    on one run (``"conditional"``, :func:`megatron_ext.study.stats.hierarchical_bootstrap`)
+    says so."""
     if interval is None:
         return MISSING
     if interval.get("low") is None:
         return f"{interval['mean']:+.{digits}f} (1 seed: no interval)"
-    return (f"{interval['mean']:+.{digits}f} [{interval['low']:+.{digits}f}, "
+    text = (f"{interval['mean']:+.{digits}f} [{interval['low']:+.{digits}f}, "
             f"{interval['high']:+.{digits}f}]")
+    return text + " (1 seed: conditional on that run)" if interval.get("conditional") else text
 
 
 def pyplot():
@@ -59,3 +63,32 @@ def save_figure(fig, path) -> None:
     finally:
         plt.close(fig)
     publish(tmp, path)
+
+
+# One colour per arm in every figure of a study and of the probes: the inputs by their
+# interface names, any other name (a study's named arm, a probed model) in order after them.
+ARM_COLOURS = {"learned": "C0", "binary": "C1", "gf2": "C2", "permuted": "C3", "random": "C4"}
+OTHER_COLOURS = ("C5", "C6", "C7", "C8", "C9")
+
+
+def colours(names: list[str]) -> dict:
+    """``{name: matplotlib colour}``: :data:`ARM_COLOURS` for the interface names, the
+    others in order (cycling)."""
+    others = [n for n in names if n not in ARM_COLOURS]
+    return {n: ARM_COLOURS.get(n) or OTHER_COLOURS[others.index(n) % len(OTHER_COLOURS)]
+            for n in names}
+
+
+def readable_tokens(count: float) -> str:
+    """``384``, ``12.3K``, ``1.5M``, ``100B``, ``2T``."""
+    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(count) >= size:
+            return f"{count / size:.3g}{unit}"
+    return f"{count:g}"
+
+
+def tokens_axis(ax) -> None:
+    """Label an x axis of token counts in readable units (:func:`readable_tokens`)."""
+    from matplotlib.ticker import FuncFormatter
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: readable_tokens(x)))
+    ax.set_xlabel("tokens seen")

@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 import torch
 
+from megatron_ext.slurm import REPO
 from megatron_ext.study import spec
-from megatron_ext.study.stats import paired_bootstrap, paired_difference, t_interval
+from megatron_ext.study.stats import hierarchical_bootstrap, paired_difference, t_interval
 from tools import study, train_tokenizer
 
 PIQA = [{"goal": "To boil water,", "sol1": "heat it in a pot.", "sol2": "freeze it.", "label": 0},
@@ -45,15 +46,43 @@ def test_paired_difference_uses_the_shared_seeds():
     assert paired_difference({1: 1.0}, {2: 1.0}) is None
 
 
-def test_paired_bootstrap_separates_an_arm_better_on_every_item():
-    arm, control = [1.0] * 30 + [1.0] * 10, [0.0] * 30 + [1.0] * 10
-    got = paired_bootstrap(arm, control, iterations=2000)
-    assert got["mean"] == pytest.approx(0.75)
+def test_the_hierarchical_bootstrap_separates_an_arm_better_on_every_item():
+    arm, control = [[1.0] * 30 + [1.0] * 10] * 2, [[0.0] * 30 + [1.0] * 10] * 2
+    got = hierarchical_bootstrap(arm, control, iterations=2000)
+    assert got["mean"] == pytest.approx(0.75) and not got["conditional"]
     assert 0.5 < got["low"] <= 0.75 <= got["high"] <= 1.0
-    same = paired_bootstrap(control, control, iterations=200)
+    same = hierarchical_bootstrap(control, control, iterations=200)
     assert (same["low"], same["mean"], same["high"]) == (0.0, 0.0, 0.0)
-    with pytest.raises(ValueError, match="equal-length"):
-        paired_bootstrap([1.0, 0.0], [1.0])
+    assert hierarchical_bootstrap(arm[:1], control[:1], iterations=200)["conditional"]
+    with pytest.raises(ValueError, match="one shape"):
+        hierarchical_bootstrap([[1.0, 0.0]], [[1.0]])
+
+
+def _no_effect_trial(rng, seeds: int, items: int, seed_spread: float):
+    """Per-item 0/1 scores of two arms with no true difference: the same item difficulties,
+    each run (arm, seed) shifted by its own seed effect (``seed_spread`` on the logit)."""
+    p = rng.beta(2, 2, items)
+    logit = np.log(p / (1 - p))
+    runs = [logit[None] + rng.normal(0, seed_spread, (seeds, 1)) for _ in range(2)]
+    return [(rng.random((seeds, items)) < 1 / (1 + np.exp(-x))).astype(float) for x in runs]
+
+
+def test_the_hierarchical_bootstrap_covers_no_effect_despite_the_seed_spread():
+    """No true effect, 3 seeds, a seed spread (0.12 on the logit: about 3 points of
+    accuracy between runs): the 95% interval holds 0 in 92-98% of 240 trials. Resampling
+    the items alone (the previous interval: items averaged over seeds) does not."""
+    rng = np.random.default_rng(0)
+    covered = items_only = 0
+    trials = 240
+    for _ in range(trials):
+        arm, control = _no_effect_trial(rng, 3, 400, 0.12)
+        got = hierarchical_bootstrap(arm, control, iterations=400, seed=int(rng.integers(1 << 30)))
+        covered += got["low"] <= 0 <= got["high"]
+        flat = hierarchical_bootstrap(arm.mean(0, keepdims=True), control.mean(0, keepdims=True),
+                                      iterations=400, seed=1)
+        items_only += flat["low"] <= 0 <= flat["high"]
+    assert 0.92 <= covered / trials <= 0.98, covered / trials
+    assert items_only / trials < 0.9, items_only / trials
 
 
 # ---------------------------------------------------------------------- study definitions
@@ -98,6 +127,24 @@ def test_a_recipe_that_sets_a_per_run_flag_is_refused(recipe, line):
     recipe.write_text(recipe.read_text() + line + "\n")
     with pytest.raises(SystemExit, match=re.escape(f"sets {line.split()[0]}")):
         spec.build_study({"recipe": str(recipe), "arms": ["learned"], "seeds": [1]}, Path.cwd())
+
+
+@pytest.mark.parametrize("data", ["--train-data-path data/x_text_document",
+                                  "--data-path 0.7 data/a_text_document 0.3 data/x_text_document"])
+def test_a_held_out_set_that_the_recipe_trains_on_is_refused(recipe, data):
+    """Named with the recipe's prefix; ``allow_train_text`` overrides it, and the report
+    says so (the tiny study below)."""
+    recipe.write_text(recipe.read_text().replace("--mock-data", data))
+    fields = {"recipe": str(recipe), "arms": ["learned"], "seeds": [1],
+              "eval": {"data_path": "data/x_text_document"}}
+    with pytest.raises(SystemExit, match=r"error: eval data_path \S+/data/x_text_document is a "
+                       r"training prefix \(data/x_text_document\) of the recipe \S+recipe.args"):
+        spec.build_study(fields, REPO)
+    fields["eval"]["allow_train_text"] = True
+    assert spec.build_study(fields, REPO).eval.allow_train_text
+    with pytest.raises(SystemExit, match="probes data_path"):
+        spec.build_study({**fields, "eval": {}, "probes": {"data_path": "data/x_text_document"}},
+                         REPO)
 
 
 def test_a_study_directory_holds_one_study(recipe, tmp_path):
@@ -179,6 +226,9 @@ def test_a_study_trains_evaluates_and_reports(tiny_study):
     assert diff["piqa"]["by_item"]["n"] == len(PIQA)
     text = (study_dir / "STUDY.md").read_text()
     assert "## Final metrics: iteration 3 (384 tokens)" in text
+    # learned vs binary: valid loss by seed, piqa by seed and by seed-then-item
+    assert "The report shows 3 difference intervals" in text
+    assert summary["pairwise"] == []
     assert "| binary | `--input-interface binary` |" in text
     assert re.search(r"\| binary \| 2 \| 0 \| \d\.\d{4} ± \d\.\d{4} \|", text)
 

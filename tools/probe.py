@@ -51,8 +51,9 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     probe.add_argument("--top-k", type=int, default=DEFAULTS.top_k,
                        help=f"classes of the token classifiers (default {DEFAULTS.top_k})")
     probe.add_argument("--ridge", type=float, default=DEFAULTS.ridge,
-                       help=f"ridge penalty relative to the mean feature variance (default "
-                            f"{DEFAULTS.ridge})")
+                       help="a fixed ridge penalty relative to the mean feature variance "
+                            "(default: chosen per layer by cross-validation over the "
+                            "training documents)")
     probe.add_argument("--seed", type=int, default=DEFAULTS.seed,
                        help="the sample, the split, the control task and the random "
                             "initialisations (default 0)")
@@ -62,6 +63,9 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                        help="skip CKA across models (needed for models whose vocabularies "
                             "or tokenizers differ)")
     probe.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    probe.add_argument("--allow-train-text", action="store_true",
+                       help="probe a --data-path that a checkpoint trained on (refused "
+                            "otherwise; the report then says so)")
     parser.add_argument("--output", type=Path, default=Path("probes"),
                         help="output folder (default probes/)")
     args = parser.parse_args(argv)
@@ -80,18 +84,20 @@ def jsonl_documents(path: str, key: str, tokenizer):
         yield np.asarray(ids, dtype=np.int64)
 
 
-def held_out(args: argparse.Namespace, seq_length: int) -> tuple[np.ndarray, str]:
-    """The windows and a description of where they come from."""
-    from megatron_ext.held_out import cut_windows, held_out_tokens
+def held_out(args: argparse.Namespace, seq_length: int
+             ) -> tuple[np.ndarray, np.ndarray, str]:
+    """The windows, each token's document, and a description of where they come from."""
+    from megatron_ext.held_out import cut_documents, indexed_documents
     if args.data_path:
-        return held_out_tokens(args.data_path, args.tokens, seq_length), \
-            f"the first {args.tokens:,} tokens of {args.data_path}"
+        return (*cut_documents(indexed_documents(args.data_path), args.tokens, seq_length,
+                               f"--data-path {args.data_path}", "--tokens"),
+                f"the first {args.tokens:,} tokens of {args.data_path}")
     from megatron_ext.tokenizer import build_tokenizer
     tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model)
     documents = jsonl_documents(args.jsonl, args.json_key, tokenizer)
-    windows = cut_windows(documents, args.tokens, seq_length, f"--jsonl {args.jsonl}",
-                          "--tokens")
-    return windows, f"the first {args.tokens:,} tokens of {args.jsonl} ({args.tokenizer_model})"
+    return (*cut_documents(documents, args.tokens, seq_length, f"--jsonl {args.jsonl}",
+                           "--tokens"),
+            f"the first {args.tokens:,} tokens of {args.jsonl} ({args.tokenizer_model})")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> dict:
@@ -103,12 +109,16 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     for spec in args.models:
         name, sep, path = spec.partition("=")
         infos.append(describe(path, name) if sep else describe(spec))
+    if args.data_path:
+        from megatron_ext.probes.models import check_held_out
+        check_held_out(infos, args.data_path, args.allow_train_text)
     seq_length = args.seq_length or min(i.context for i in infos)
-    windows, source = held_out(args, seq_length)
+    windows, documents, source = held_out(args, seq_length)
     settings = ProbeSettings(data_path=args.data_path, tokens=args.tokens, sample=args.sample,
                              top_k=args.top_k, ridge=args.ridge, seed=args.seed,
-                             batch_size=args.batch_size)
-    result = run_probes(infos, windows, settings, source, device=args.device,
+                             batch_size=args.batch_size,
+                             allow_train_text=args.allow_train_text)
+    result = run_probes(infos, windows, documents, settings, source, device=args.device,
                         cka=not args.no_cka, progress=lambda m: print(m, flush=True))
     text = report.write(result, args.output)
     print(text)

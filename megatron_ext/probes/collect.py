@@ -1,12 +1,15 @@
 """The fixed token sample and the residual stream at every layer, on it.
 
-Held-out windows (``[n, S + 1]`` ids, :func:`megatron_ext.held_out.cut_windows`) are
-split by window into a training half and a scoring half. From positions ``1 .. S-1`` of
-every window a fixed random sample of token positions is drawn (each has a previous token
-in its context and a next token to predict). The models then run over the windows batch by
-batch; hooks on the input (``embed_tokens``) and on every decoder layer keep the hidden
-states of the sampled positions only, so memory is ``sample x (layers + 1) x hidden`` floats
-plus one batch's activations, whatever the number of held-out tokens.
+Held-out windows (``[n, S + 1]`` ids) come with the document of every token
+(:func:`megatron_ext.held_out.cut_documents`). The sample is split **by document**: the
+sampled positions of half of the documents train the probes, the other half's score them, so no text is on both sides (a split by window would put the two halves
+of a document on either side). From positions ``1 .. S-1`` of every window a fixed random
+sample of token positions is drawn (each has a previous token in its context and a next
+token to predict). The models then run over the windows that hold sampled positions, batch
+by batch; hooks on the input (``embed_tokens``) and on every decoder layer copy the sampled
+positions out of each layer's output as it is made and keep nothing else, so memory is
+``sample x (layers + 1) x hidden`` floats plus one layer's activations of one batch
+(:func:`memory_bound`), whatever the number of held-out tokens.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ class Sample:
     current: np.ndarray    # the token at the position
     previous: np.ndarray   # the token before it
     following: np.ndarray  # the token to predict
-    train: np.ndarray      # bool: in a training window (else a scoring window)
+    document: np.ndarray   # the document the position is in
+    train: np.ndarray      # bool: in a training document (else a scoring one)
     early: np.ndarray      # bool: position < S/2 (the position-transfer control)
     seq_length: int
 
@@ -33,23 +37,43 @@ class Sample:
         return len(self.window)
 
 
-def draw_sample(windows: np.ndarray, count: int, seed: int) -> Sample:
-    """``count`` positions (all of them when fewer) drawn with ``seed``, sorted."""
+def draw_sample(windows: np.ndarray, documents: np.ndarray, count: int, seed: int) -> Sample:
+    """``count`` positions (all of them when fewer) drawn with ``seed``, sorted; half of
+    the documents (drawn with ``seed``) train."""
     n, seq_length = windows.shape[0], windows.shape[1] - 1
-    if n < 2 or seq_length < 3:
-        raise SystemExit(f"error: probes need at least 2 windows of at least 3 tokens (one "
-                         f"half trains, the other scores); the held-out set gives {n} of "
-                         f"{seq_length}: raise --tokens")
+    if documents.shape != windows.shape:
+        raise ValueError(f"documents {documents.shape} must match windows {windows.shape}")
+    if n < 1 or seq_length < 3:
+        raise SystemExit(f"error: probes need windows of at least 3 tokens; the held-out set "
+                         f"gives {n} of {seq_length}: raise --tokens")
     rng = np.random.default_rng(seed)
     candidates = n * (seq_length - 1)
     flat = np.sort(rng.choice(candidates, size=min(count, candidates), replace=False))
     window, position = flat // (seq_length - 1), flat % (seq_length - 1) + 1
-    train_windows = np.zeros(n, dtype=bool)
-    train_windows[rng.permutation(n)[: n // 2]] = True
+    document = documents[window, position]
+    names = np.unique(document)
+    if len(names) < 2:
+        raise SystemExit(f"error: the held-out tokens hold {len(names)} document; the probes "
+                         f"train on half of the documents and score on the other half: "
+                         f"raise --tokens or use text of several documents")
+    train_docs = rng.permutation(names)[: len(names) // 2]
     return Sample(window=window, position=position, current=windows[window, position],
                   previous=windows[window, position - 1],
-                  following=windows[window, position + 1], train=train_windows[window],
+                  following=windows[window, position + 1], document=document,
+                  train=np.isin(document, train_docs),
                   early=position < seq_length // 2, seq_length=seq_length)
+
+
+def memory_bound(sample_size: int, layers: int, hidden: int, intermediate: int, heads: int,
+                 batch_size: int, seq_length: int) -> int:
+    """Bytes :func:`hidden_states` holds at most: the kept states (fp32) plus one decoder
+    layer's activations for one batch (fp32: its input and output, q/k/v and the attention
+    output, the attention scores and probabilities, the MLP's gate, up and product)."""
+    kept = sample_size * (layers + 1) * hidden * 4
+    tokens = batch_size * seq_length
+    layer = tokens * (6 * hidden + 3 * intermediate) * 4 + 2 * batch_size * heads * \
+        seq_length ** 2 * 4
+    return kept + layer
 
 
 @torch.no_grad()
@@ -61,26 +85,28 @@ def hidden_states(model: torch.nn.Module, windows: np.ndarray, sample: Sample,
     body = model.model
     layers = list(body.layers)
     out = torch.empty(len(layers) + 1, len(sample), model.config.hidden_size, device=device)
-    current = {}
+    batch = {}  # the current batch's sampled rows and their (window, position) in it
 
     def keep(index):
-        return lambda module, args, output: current.__setitem__(index, output)
+        def hook(module, args, output):
+            states = output[0] if isinstance(output, tuple) else output
+            out[index, batch["rows"]] = states[batch["window"], batch["position"]].float()
+        return hook
 
     hooks = [body.embed_tokens.register_forward_hook(keep(0))]
     hooks += [layer.register_forward_hook(keep(i + 1)) for i, layer in enumerate(layers)]
-    rows = torch.from_numpy(np.arange(len(sample)))
     window, position = torch.from_numpy(sample.window), torch.from_numpy(sample.position)
     try:
         for start in range(0, windows.shape[0], batch_size):
             stop = min(start + batch_size, windows.shape[0])
-            ids = torch.from_numpy(windows[start:stop, :-1]).to(device)
-            body(input_ids=ids, use_cache=False)
             chosen = (window >= start) & (window < stop)
             if not bool(chosen.any()):
                 continue
-            w, p = (window[chosen] - start).to(device), position[chosen].to(device)
-            for index, states in current.items():
-                out[index, rows[chosen].to(device)] = states[w, p].float()
+            batch.update(rows=torch.nonzero(chosen).squeeze(1).to(device),
+                         window=(window[chosen] - start).to(device),
+                         position=position[chosen].to(device))
+            body(input_ids=torch.from_numpy(windows[start:stop, :-1]).to(device),
+                 use_cache=False)
     finally:
         for hook in hooks:
             hook.remove()

@@ -35,13 +35,17 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 class ModelInfo:
     name: str
     source: str        # the folder (and iteration)
-    arm: str           # learned | binary | gf2
+    arm: str           # learned or the code's scheme (binary, gf2, permuted, random)
+    code: Optional[dict]  # {"scheme", "tiling", "num_bits"} of a fixed code; None: learned
     num_layers: int
     hidden_size: int
+    intermediate: int  # the MLP's width
+    heads: int         # attention heads
     vocab_size: int    # ids the model reads and predicts (the padded vocabulary)
     context: int       # the training sequence length, else max_position_embeddings
     tokenizer: Optional[dict]  # {"name", "probe_ids"}; None: the model reads ids only
     seed: Optional[int]  # the training --seed (checkpoints): draws the random initialisation
+    trained_on: tuple[str, ...]  # the dataset prefixes it trained on (checkpoints), else ()
     load: Callable[[], torch.nn.Module] = dataclasses.field(repr=False, compare=False)
 
     def to_json(self) -> dict:
@@ -76,9 +80,12 @@ def _describe_export(path: str, name: str) -> ModelInfo:
         tokenizer = {"name": f"the tokenizer of {path}",
                      "probe_ids": [hf(text)["input_ids"] for text in PROBE_TEXTS]}
     return ModelInfo(name=name, source=path, arm=code["scheme"] if code else "learned",
+                     code=_code_summary(code),
                      num_layers=config.num_hidden_layers, hidden_size=config.hidden_size,
+                     intermediate=config.intermediate_size, heads=config.num_attention_heads,
                      vocab_size=config.vocab_size, context=config.max_position_embeddings,
-                     tokenizer=tokenizer, seed=None, load=lambda: load_hf(path))
+                     tokenizer=tokenizer, seed=None, trained_on=(),
+                     load=lambda: load_hf(path))
 
 
 def _describe_checkpoint(path: str, name: str, iteration: Optional[int]) -> ModelInfo:
@@ -107,9 +114,52 @@ def _describe_checkpoint(path: str, name: str, iteration: Optional[int]) -> Mode
                               hf_state_dict(state, train, torch.float32), device="cpu")
 
     return ModelInfo(name=name, source=f"{path} iteration {saved}", arm=train.input_interface,
+                     code=_code_summary(fixed_code),
                      num_layers=train.num_layers, hidden_size=train.hidden_size,
+                     intermediate=train.ffn_hidden_size, heads=train.num_attention_heads,
                      vocab_size=train.padded_vocab_size, context=train.seq_length,
-                     tokenizer=described, seed=train.seed, load=load)
+                     tokenizer=described, seed=train.seed,
+                     trained_on=tuple(_trained_on(train)), load=load)
+
+
+def _trained_on(train) -> list[str]:
+    """The training run's dataset prefixes (its --data-path and --train-data-path)."""
+    from megatron_ext.recipes import TRAINING_DATA_FLAGS, training_prefixes
+    flags = []
+    for flag in TRAINING_DATA_FLAGS:
+        value = getattr(train, flag[2:].replace("-", "_"), None)
+        if value:
+            flags += [flag, *map(str, value)]
+    return training_prefixes(flags)
+
+
+def _code_summary(code: Optional[dict]) -> Optional[dict]:
+    return None if not code else {"scheme": code["scheme"],
+                                  "tiling": code.get("tiling", "repeat"),
+                                  "num_bits": int(code["num_bits"])}
+
+
+def input_note(code: Optional[dict]) -> str:
+    """What layer 0 (the input to the first layer) is, for the table's † note."""
+    if code is None:
+        return "the input table: a learned lookup of the id"
+    recoded = code["tiling"] == "recode"
+    if code["scheme"] == "binary" and not recoded:
+        return "the code: the id's bits repeated, exactly linear in them (trivially decodable)"
+    if code["scheme"] in ("binary", "gf2"):
+        return ("the code: GF(2)-affine maps of the id's bits (" + code["scheme"] + ", "
+                + code["tiling"] + " tiling): a lookup decodes them, a linear probe over the "
+                "reals need not")
+    what = {"permuted": "the bits of a permuted id", "random": "the bits of a random "
+            "integer drawn per id"}[code["scheme"]]
+    return (f"the code: {what} (a fixed table, {code['tiling']} tiling): no structure of "
+            f"the id's own bits")
+
+
+def id_bits_carried(code: Optional[dict]) -> bool:
+    """Whether the input holds the id's bits linearly (binary, repeat tiling): the residual
+    stream then carries them up every layer, trained or not."""
+    return code is not None and code["scheme"] == "binary" and code["tiling"] == "repeat"
 
 
 def difference(a: ModelInfo, b: ModelInfo) -> Optional[str]:
@@ -129,6 +179,16 @@ def difference(a: ModelInfo, b: ModelInfo) -> Optional[str]:
                 return (f"tokenizer: {a.name} ({a.tokenizer['name']}) encodes {text!r} as "
                         f"{x[:8]}..., {b.name} ({b.tokenizer['name']}) as {y[:8]}...")
     return None
+
+
+def check_held_out(models: list[ModelInfo], data_path: str, allow: bool) -> None:
+    """Refuse held-out text (``--data-path``) that a model's training run read (its
+    relative prefixes taken from the repository root, where the launchers start runs)."""
+    from megatron_ext.recipes import check_held_out as check
+    from megatron_ext.slurm import REPO
+    for info in models:
+        check(data_path, info.trained_on, REPO, "--data-path",
+              f"model {info.name}'s training run", allow, "--allow-train-text")
 
 
 def random_twin(model: torch.nn.Module, seed: int) -> torch.nn.Module:

@@ -1,6 +1,7 @@
 """A probe run's outputs: ``probes.json`` (everything), ``probes.md`` (the tables) and
-``probes.png`` (each metric against the layer: one colour per model, solid trained, dashed
-its random initialisation, dotted the control task, grey the chance level). Every file is
+``probes.png`` (each metric against the layer: one colour per model (:func:`colours`, the
+same in a study's figures), solid trained, dashed its random initialisation, dotted the
+control task, grey the chance level, crosses on trivially satisfied points). Every file is
 written atomically (:mod:`megatron_ext.files`)."""
 
 from __future__ import annotations
@@ -9,12 +10,15 @@ import json
 from pathlib import Path
 
 from megatron_ext.files import write_text
-from megatron_ext.reporting import MISSING, number, pyplot, save_figure
+from megatron_ext.reporting import MISSING, colours, number, pyplot, save_figure
 
-# (key, column title) of the main table; probes show "accuracy (selectivity)" where a
-# control task exists.
-COLUMNS = (("id_bits", "id bits (sel.)"), ("id_topk", "id top-K"),
-           ("prev_bits", "prev bits (sel.)"), ("prev_topk", "prev top-K"),
+# (key, column title) of the main table. Bit probes show accuracy; chance, the control
+# task's accuracy and the unseen-type accuracy have their own columns.
+COLUMNS = (("ridge", "ridge λ"), ("id_bits", "id bits"), ("id_bits_control", "id control"),
+           ("id_bits_selectivity", "id sel."), ("id_bits_unseen", "id unseen"),
+           ("id_topk", "id top-K"), ("prev_bits", "prev bits"),
+           ("prev_bits_control", "prev control"), ("prev_bits_selectivity", "prev sel."),
+           ("prev_bits_unseen", "prev unseen"), ("prev_topk", "prev top-K"),
            ("lens_loss", "lens loss"), ("lens_acc", "lens acc"),
            ("readout_loss", "read-out loss"), ("readout_acc", "read-out acc"))
 TRANSFER = (("id_bits", "id bits"), ("id_topk", "id top-K"), ("prev_bits", "prev bits"),
@@ -26,49 +30,80 @@ PANELS = (("id_bits", "current token: id bits accuracy"),
           ("lens_loss", "next token: logit-lens loss"),
           ("readout_loss", "next token: read-out loss"),
           ("readout_acc", "next token: read-out accuracy"),
-          ("cka", "linear CKA between models"))
+          ("cka", "debiased linear CKA between models"))
 INITS = (("trained", ""), ("random_init", " · random init"))
+TRIVIAL = {"code carried up": "the code holds the id bits linearly and the residual stream "
+                              "carries them up",
+           "= random init": "within two standard errors of the random initialisation"}
+SELECTIVITY = ("Selectivity (sel.) = chance-corrected accuracy, (acc − chance) / (1 − chance) "
+               "per bit, of the task minus that of its control task (each token type relabelled "
+               "with the id bits of another type of about the same frequency): 0 when the "
+               "probe only memorises types. Unseen: the bits scored on token types no training "
+               "row has.")
 
 
 def _cell(row: dict, key: str) -> str:
-    text = number(row[key])
-    selectivity = row.get(f"{key}_selectivity")
-    return text if selectivity is None else f"{text} ({selectivity:+.3f})"
+    if key == "ridge":
+        return f"{row[key]:g}"
+    value = row.get(key)
+    if key.endswith("_selectivity"):
+        return number(value, "+.3f")
+    return number(value) + ("*" if key in row.get("trivial", {}) else "")
 
 
 def _layer(row: dict) -> str:
     return f"{row['layer']} (input)†" if "note" in row else str(row["layer"])
 
 
+def chance_line(chance: dict) -> str:
+    return ("Chance (always the most frequent training label, scored on the same tokens): "
+            f"id bits {number(chance['id_bits'])}, control {number(chance['id_bits_control'])}, "
+            f"unseen {number(chance['id_bits_unseen'])}; id top-K {number(chance['id_topk'])}; "
+            f"prev bits {number(chance['prev_bits'])}, control "
+            f"{number(chance['prev_bits_control'])}, unseen {number(chance['prev_bits_unseen'])}; "
+            f"prev top-K {number(chance['prev_topk'])}.")
+
+
+def trivial_note(reasons: set) -> str:
+    return ("* trivially satisfied: " + "; ".join(f"{r} ({TRIVIAL[r]})" for r in
+                                                  sorted(reasons)) + ".") if reasons else ""
+
+
 def markdown(result: dict) -> str:
     d, chance = result["data"], result["chance"]
     k = max(d["top_k"].values())
-    lines = [f"Held-out tokens: {result['source']}: {d['windows']} windows of "
-             f"{d['seq_length']} tokens; {d['sampled']:,} sampled positions, {d['train']:,} "
-             f"train the probes (half of the windows), {d['score']:,} score them. Id bits: "
-             f"mean over the {d['bits_varying']['id_bits']} of 16 bits that vary; top-K: K = "
-             f"{k}. {result['memory']}.", "",
-             f"Chance (always the most frequent training label): id bits "
-             f"{number(chance['id_bits'])}, control {number(chance['id_bits_control'])}; id "
-             f"top-K {number(chance['id_topk'])}; prev bits {number(chance['prev_bits'])}, "
-             f"control {number(chance['prev_bits_control'])}; prev top-K "
-             f"{number(chance['prev_topk'])}.", "",
-             "| model | layer | " + " | ".join(t for _, t in COLUMNS) + " |",
-             "|---|---|" + "---:|" * len(COLUMNS)]
-    notes = {}
+    allowed = result["settings"].get("allow_train_text")
+    lines = [f"Held-out tokens: {result['source']} (sha256 {result['tokens_sha256'][:16]}…): "
+             f"{d['windows']} windows of {d['seq_length']} tokens from {d['documents']} "
+             f"documents; {d['sampled']:,} sampled positions: {d['train']:,} in "
+             f"{d['train_documents']} documents train the probes, {d['score']:,} in the other "
+             f"documents score them ({d['unseen']['id_bits']:,} of them of a type no training "
+             f"row has). Id bits: mean over the {d['bits_varying']['id_bits']} of "
+             f"{d['num_bits']} bits that vary; top-K: K = {k}; ridge λ chosen per layer "
+             f"by cross-validation over the training documents unless fixed. "
+             f"{result['memory']['text']}.", ""]
+    if allowed:
+        lines += ["**Held-out check overridden (`allow_train_text`)**: these tokens may be "
+                  "training text of the models.", ""]
+    lines += [chance_line(chance), "",
+              "| model | layer | " + " | ".join(t for _, t in COLUMNS) + " |",
+              "|---|---|" + "---:|" * len(COLUMNS)]
+    notes, reasons = {}, set()
     for name, entry in result["models"].items():
         for init, suffix in INITS:
             for row in entry[init]:
                 if "note" in row:
-                    notes[row["note"]] = notes.get(row["note"], []) + [f"{name}{suffix}"]
+                    notes.setdefault(row["note"], []).append(f"{name}{suffix}")
+                reasons |= set(row.get("trivial", {}).values())
                 lines.append(f"| {name}{suffix} | {_layer(row)} | "
                              + " | ".join(_cell(row, key) for key, _ in COLUMNS) + " |")
-    lines += ["", "Selectivity (sel.) = accuracy − control-task accuracy (each token type "
-              "relabelled with another type's id bits). † Layer 0 is the input to the first "
-              "layer, not a learned representation: "
-              + "; ".join(f"{note} ({', '.join(sorted(set(n)))})" for note, n in notes.items())
-              + ".", "",
-              "Position transfer: probes fitted on positions < S/2, scored on positions ≥ S/2.",
+    lines += ["", SELECTIVITY + " † Layer 0 is the input to the first layer, not a learned "
+              "representation: " + "; ".join(f"{note} ({', '.join(n)})"
+                                             for note, n in notes.items()) + ".",
+              "", trivial_note(reasons), "",
+              "Position transfer: probes fitted on positions < S/2, scored on positions ≥ S/2 "
+              "(chance: " + ", ".join(f"{t} {number(chance[f'{k}_position_transfer'])}"
+                                      for k, t in TRANSFER) + ").",
               "", "| model | layer | " + " | ".join(t for _, t in TRANSFER) + " |",
               "|---|---|" + "---:|" * len(TRANSFER)]
     for name, entry in result["models"].items():
@@ -78,20 +113,25 @@ def markdown(result: dict) -> str:
                     number(row[f"{t}_position_transfer"]) for t, _ in TRANSFER) + " |")
     if result["cka"]:
         layers = max(len(p["trained"]) for p in result["cka"])
-        lines += ["", "Linear CKA on the scoring tokens (random initialisations in brackets).",
-                  "", "| layer | " + " | ".join(f"{p['a']} vs {p['b']}" for p in result["cka"])
+        lines += ["", "Debiased linear CKA on the scoring tokens: trained (random "
+                  "initialisations); in brackets the noise floor, the largest |CKA| against "
+                  "row-permuted partners (trained / random init). Values within the floor are "
+                  "no evidence of similarity.", "",
+                  "| layer | " + " | ".join(f"{p['a']} vs {p['b']}" for p in result["cka"])
                   + " |", "|---|" + "---:|" * len(result["cka"])]
         for layer in range(layers):
             lines.append(f"| {layer} | " + " | ".join(
-                f"{number(p['trained'][layer])} ({number(p['random_init'][layer])})"
+                f"{number(p['trained'][layer])} ({number(p['random_init'][layer])}) "
+                f"[{number(p['trained_floor'][layer])} / {number(p['random_init_floor'][layer])}]"
                 if layer < len(p["trained"]) else MISSING for p in result["cka"]) + " |")
     return "\n".join(lines) + "\n"
 
 
 def plot(curves: list[dict], chance: dict, path: Path, title: str) -> None:
     """One panel per metric of :data:`PANELS` that some curve has. A curve: ``label``,
-    ``group`` (one colour per group), ``style`` ("-", "--", ":"), ``values`` ({metric:
-    [value per layer]}) and optionally ``bands`` ({metric: [(low, high) per layer]})."""
+    ``group`` (one colour per group, :func:`colours`), ``style`` ("-", "--", ":"),
+    ``values`` ({metric: [value per layer]}) and optionally ``bands`` ({metric: [(low,
+    high) per layer]}) and ``trivial`` ({metric: [bool per layer]}: crossed)."""
     plt = pyplot()
     from matplotlib.ticker import MaxNLocator
     panels = [(m, t) for m, t in PANELS if any(m in c["values"] for c in curves)]
@@ -99,23 +139,29 @@ def plot(curves: list[dict], chance: dict, path: Path, title: str) -> None:
     rows = -(-(len(panels) + 1) // columns)  # one more slot holds the legend
     fig, axes = plt.subplots(rows, columns, figsize=(4.5 * columns, 3.4 * rows), dpi=110,
                              squeeze=False)
-    colours, legend = {}, {}
+    colour = colours(list(dict.fromkeys(c["group"] for c in curves)))
+    legend = {}
     for ax, (metric, text) in zip(axes.flat, panels):
         for curve in curves:
             values = curve["values"].get(metric)
             if values is None:
                 continue
-            colour = colours.setdefault(curve["group"], f"C{len(colours)}")
             x = range(len(values))
+            y = [float("nan") if v is None else v for v in values]
             legend.setdefault(curve["label"], ax.plot(
-                x, [float("nan") if v is None else v for v in values], curve["style"],
-                color=colour, marker="o", markersize=3)[0])
+                x, y, curve["style"], color=colour[curve["group"]], marker="o",
+                markersize=3)[0])
+            marks = curve.get("trivial", {}).get(metric, ())
+            if any(marks):
+                legend.setdefault("* trivially satisfied", ax.plot(
+                    [i for i, m in zip(x, marks) if m], [v for v, m in zip(y, marks) if m],
+                    "x", color=colour[curve["group"]], markersize=8, linestyle="none")[0])
             band = curve.get("bands", {}).get(metric)
             if band and all(low is not None for low, _ in band):
-                ax.fill_between(x, *zip(*band), color=colour, alpha=0.2)
+                ax.fill_between(x, *zip(*band), color=colour[curve["group"]], alpha=0.2)
         if chance.get(metric) is not None:
             legend.setdefault("chance", ax.axhline(chance[metric], color="grey", lw=1))
-        legend.setdefault("layer 0: the input (binary, gf2: the code itself)",
+        legend.setdefault("layer 0: the input (fixed codes: the code itself)",
                           ax.axvspan(-0.25, 0.25, color="grey", alpha=0.15, lw=0))
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_title(text, fontsize=9)
@@ -137,7 +183,9 @@ def curves(result: dict) -> list[dict]:
             rows = entry[init]
             out.append({"label": f"{name}{suffix}", "group": name,
                         "style": "-" if init == "trained" else "--",
-                        "values": {m: [r[m] for r in rows] for m in metrics}})
+                        "values": {m: [r[m] for r in rows] for m in metrics},
+                        "trivial": {m: [m in r.get("trivial", {}) for r in rows]
+                                    for m in metrics}})
         out.append({"label": f"{name} · control task", "group": name, "style": ":",
                     "values": {m: [r[f"{m}_control"] for r in entry["trained"]]
                                for m in ("id_bits", "prev_bits")}})
@@ -155,7 +203,8 @@ def write(result: dict, out_dir: Path) -> str:
     out_dir.mkdir(parents=True, exist_ok=True)
     text = markdown(result)
     plot(curves(result), result["chance"], out_dir / "probes.png",
-         "probes per layer: solid trained, dashed random init, dotted control task")
+         "probes per layer: solid trained, dashed random init, dotted control task, "
+         "x trivially satisfied")
     write_text(out_dir / "probes.md", f"# Probes\n\n{text}\n![probes per layer](probes.png)\n")
     write_text(out_dir / "probes.json", json.dumps(result, indent=1) + "\n")
     return text

@@ -1,33 +1,54 @@
 """Every probe and control of one or more models on one token sample: :func:`run_probes`.
 
 Per model and per layer (0 = the input to the first layer, ``l`` = after layer ``l``), each
-probe fitted on the training windows' sampled tokens and scored on the other windows':
+probe fitted on the training documents' sampled tokens and scored on the other documents':
 
-* **token identity**: ridge probes of the 16 bits of the current token id (mean accuracy
-  over the bits that vary in the sample) and a ``top_k``-way classifier over the most
-  frequent current tokens (fitted with one more class, "any other token", and scored on the
-  top-``k`` tokens); **context**: the same for the previous token;
+* **token identity**: ridge probes of the bits of the current token id (as many bits as
+  the models' vocabulary needs; accuracy averaged over the bits that vary in the training
+  rows) and a ``top_k``-way classifier over the most frequent current tokens (fitted with one
+  more class, "any other token", and scored on the top-``k`` tokens); **context**: the same
+  for the previous token;
 * **prediction**: next-token loss and top-1 accuracy read out by the model's own final norm
   and head (the logit lens), and by a trained linear read-out (a ridge map from the layer's
   states to the last layer's, then the model's norm and head: a closed-form tuned lens);
-* **similarity**: linear CKA between every two models at each layer, on the same scoring
-  tokens; refused for models whose token ids mean different text (:func:`models.difference`).
+* **similarity**: debiased linear CKA between every two models at each layer, on the same
+  scoring tokens, with its noise floor (:func:`fit.cka_floor`); refused for models whose
+  token ids mean different text (:func:`models.difference`).
 
-Controls, computed with every score: the same probes on a randomly initialised model of the
-same arm and shape (:func:`models.random_twin`, drawn from a checkpoint's training seed,
-else from the probes' seed); control tasks (Hewitt & Liang 2019): each
-token type gets the 16 bits of another type's id (a fixed random permutation of the types
-in the sample), and ``selectivity`` = bit accuracy - control accuracy; position transfer:
-the probes fitted on positions < S/2 and scored on positions >= S/2. The ``top_k``
-classifiers have no control task: every relabelling of their classes that keeps one class
-per type is the same task. Chance levels (the training majority, scored) are reported too.
-Layer 0 is the input itself, marked: for binary and gf2 it is the code, trivially decodable.
+The ridge penalty is chosen per layer by cross-validation over the training documents
+(:func:`fit.choose_penalty`, three folds of whole documents) unless ``settings.ridge``
+fixes it; the chosen value is in every row.
+
+Controls, computed with every score:
+
+* a randomly initialised model of the same arm and shape (:func:`models.random_twin`,
+  drawn from a checkpoint's training seed, else from the probes' seed);
+* **calibrated control tasks** (after Hewitt & Liang 2019): each token type gets the id
+  bits of the type next to it in frequency (types sorted by their count in the sample,
+  swapped in pairs, :func:`control_types`), so the control labels keep the
+  task's frequency structure (BPE ids are ordered by frequency: the high bits of frequent
+  tokens are skewed). Every bit accuracy stands next to its own chance (the training
+  majority of each bit, scored), and ``selectivity`` is the difference of the
+  chance-corrected accuracies, ``(acc - chance) / (1 - chance)`` per bit, task minus
+  control: 0 for a representation that only memorises types;
+* **unseen types**: the id and previous-token bits scored on the scoring tokens whose type
+  no training row has (``*_unseen``, beside their own chance): a probe that memorises
+  types is at chance there;
+* **position transfer**: the probes fitted on positions < S/2, scored on positions >= S/2;
+* **trivially satisfied rows** are marked (``trivial``): the id bits of a code that holds
+  them linearly (carried up the residual stream at every layer), and any score of a trained
+  model within two standard errors of its random initialisation's.
+
+The ``top_k`` classifiers have no control task: every relabelling of their classes that keeps
+one class per type is the same task. Layer 0 is the input itself, marked with what it is
+(:func:`models.input_note`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import time
 from typing import Callable, Optional, Sequence
 
@@ -35,39 +56,64 @@ import numpy as np
 import torch
 
 from megatron_ext.codes import bits_of
+from megatron_ext.held_out import tokens_sha256
 
 from . import fit
-from .collect import Sample, draw_sample, hidden_states
-from .models import ModelInfo, difference, random_twin
+from .collect import Sample, draw_sample, hidden_states, memory_bound
+from .models import ModelInfo, difference, id_bits_carried, input_note, random_twin
 from .settings import ProbeSettings
 
-NUM_BITS = 16
-INPUT_NOTE = {"learned": "the input table: a lookup of the id",
-              "binary": "the code itself: trivially decodable",
-              "gf2": "the code itself: trivially decodable"}
 BIT_TASKS = ("id_bits", "id_bits_control", "prev_bits", "prev_bits_control")
 CLASS_TASKS = ("id_topk", "prev_topk")
+CONTROL_BIN = 2     # types of about the same frequency whose labels a control task permutes
+CV_FOLDS = 3        # folds of training documents that choose the ridge penalty
+SCORED = ("id_bits", "id_topk", "prev_bits", "prev_topk")  # compared with the random init
+
+
+def num_bits(models: Sequence[ModelInfo]) -> int:
+    """The id bits to probe: as many as the largest vocabulary (or code) needs."""
+    return max(max((m.vocab_size - 1).bit_length(), (m.code or {}).get("num_bits", 0))
+               for m in models)
+
+
+def control_types(types: np.ndarray, counts: np.ndarray, seed: int) -> np.ndarray:
+    """Each type's control type: the types sorted by ``counts`` (ties in random order), and
+    within consecutive bins of :data:`CONTROL_BIN` each takes the next one's place in a
+    random cycle (no type keeps its own label: that would leak the task into the control).
+    Bins of 2 (swaps of neighbours in frequency) match frequencies best: on a random table
+    over a Zipf vocabulary, bins of 32 make the control easier by 0.02."""
+    rng = np.random.default_rng([seed, 1])
+    order = np.lexsort((rng.random(len(types)), -counts))
+    out = np.empty_like(types)
+    for start in range(0, len(order), CONTROL_BIN):
+        chunk = order[start:start + CONTROL_BIN][rng.permutation(min(CONTROL_BIN,
+                                                                     len(order) - start))]
+        out[chunk] = types[np.roll(chunk, -1)]
+    return out
 
 
 class Targets:
     """The labels of the sampled tokens: ``matrix`` [n, columns] (±1 bits, one-hot classes),
-    each task's ``columns`` slice, the bits that vary (``varying``) and the classes."""
+    each task's ``columns`` slice, the training majority of every column (``majority``),
+    the bits that vary in the training rows (``varying``) and the classes."""
 
-    def __init__(self, sample: Sample, top_k: int, seed: int):
-        types = np.unique(np.concatenate([sample.current, sample.previous]))
-        shuffled = np.random.default_rng([seed, 1]).permutation(types)
+    def __init__(self, sample: Sample, top_k: int, bits: int, seed: int):
+        train = sample.train
+        types, counts = np.unique(np.concatenate([sample.current, sample.previous]),
+                                  return_counts=True)
+        shuffled = control_types(types, counts, seed)
         control = lambda ids: shuffled[np.searchsorted(types, ids)]  # noqa: E731
-        bits = {"id_bits": sample.current, "id_bits_control": control(sample.current),
-                "prev_bits": sample.previous, "prev_bits_control": control(sample.previous)}
+        ids = {"id_bits": sample.current, "id_bits_control": control(sample.current),
+               "prev_bits": sample.previous, "prev_bits_control": control(sample.previous)}
         self.classes, self.top = {}, {}
-        for task, ids in (("id_topk", sample.current), ("prev_topk", sample.previous)):
-            kinds, counts = np.unique(ids[sample.train], return_counts=True)
-            top = kinds[np.argsort(-counts, kind="stable")[:top_k]]
+        for task, tokens in (("id_topk", sample.current), ("prev_topk", sample.previous)):
+            kinds, kind_counts = np.unique(tokens[train], return_counts=True)
+            top = kinds[np.argsort(-kind_counts, kind="stable")[:top_k]]
             lookup = dict(zip(top.tolist(), range(len(top))))
             self.top[task] = top
-            self.classes[task] = np.array([lookup.get(int(t), len(top)) for t in ids])
-        blocks = {task: 2.0 * bits_of(torch.from_numpy(ids), NUM_BITS).double() - 1
-                  for task, ids in bits.items()}
+            self.classes[task] = np.array([lookup.get(int(t), len(top)) for t in tokens])
+        blocks = {task: 2.0 * bits_of(torch.from_numpy(v), bits).double() - 1
+                  for task, v in ids.items()}
         for task in CLASS_TASKS:
             blocks[task] = torch.nn.functional.one_hot(torch.from_numpy(self.classes[task]),
                                                        len(self.top[task]) + 1).double()
@@ -76,18 +122,23 @@ class Targets:
             self.columns[task] = slice(start, start + block.shape[1])
             start += block.shape[1]
         self.matrix = torch.cat(list(blocks.values()), dim=1)
-        train = torch.from_numpy(sample.train)
-        self.varying = {task: (self.matrix[train, self.columns[task]].std(0) > 0)
+        rows = torch.from_numpy(train)
+        self.majority = self.matrix[rows].mean(0)
+        self.varying = {task: (self.matrix[rows, self.columns[task]].std(0) > 0)
                         for task in BIT_TASKS}
+        seen = {"id_bits": sample.current, "prev_bits": sample.previous}
+        self.unseen = {task: torch.from_numpy(~train & ~np.isin(v, v[train]))
+                       for task, v in seen.items()}
 
-    def score(self, task: str, predicted: torch.Tensor, rows: torch.Tensor) -> Optional[float]:
+    def score(self, task: str, predicted: torch.Tensor, rows: torch.Tensor
+              ) -> Optional[float]:
         """Accuracy of ``predicted`` (all columns, for ``rows``) on ``task``."""
-        truth, guess = self.matrix[rows, self.columns[task]], predicted[:, self.columns[task]]
+        if not bool(rows.any()):
+            return None
         if task in BIT_TASKS:
-            varying = self.varying[task]
-            if not bool(varying.any()):
-                return None
-            return float(((guess > 0) == (truth > 0))[:, varying].double().mean())
+            correct = self._bits_correct(task, predicted, rows)
+            return None if correct is None else float(correct.mean())
+        truth, guess = self.matrix[rows, self.columns[task]], predicted[:, self.columns[task]]
         k = len(self.top[task])
         inside = torch.from_numpy(self.classes[task])[rows] < k
         if not bool(inside.any()):
@@ -95,32 +146,68 @@ class Targets:
         return float((guess[inside, :k].argmax(-1) == truth[inside, :k].argmax(-1))
                      .double().mean())
 
-    def chance(self, train: torch.Tensor, rows: torch.Tensor) -> dict:
+    def corrected(self, task: str, predicted: torch.Tensor, rows: torch.Tensor
+                  ) -> Optional[float]:
+        """The chance-corrected bit accuracy: ``(acc - chance) / (1 - chance)`` per bit
+        (chance: the training majority of the bit, scored on ``rows``), averaged over the
+        bits whose chance is below 1."""
+        correct = self._bits_correct(task, predicted, rows)
+        base = self._bits_correct(task, self.guess(rows), rows)
+        if correct is None:
+            return None
+        acc, chance = correct.mean(0), base.mean(0)
+        room = chance < 1
+        if not bool(room.any()):
+            return None
+        return float(((acc - chance)[room] / (1 - chance[room])).mean())
+
+    def guess(self, rows: torch.Tensor) -> torch.Tensor:
+        """The chance predictor: every column's training mean, for ``rows``."""
+        return self.majority.expand(int(rows.sum()), -1)
+
+    def chance(self, rows: torch.Tensor, tasks: Sequence[str] = BIT_TASKS + CLASS_TASKS
+               ) -> dict:
         """Each task's accuracy when always guessing its most frequent training label."""
-        guess = self.matrix[train].mean(0).expand(int(rows.sum()), -1)
-        return {task: self.score(task, guess, rows) for task in BIT_TASKS + CLASS_TASKS}
+        return {task: self.score(task, self.guess(rows), rows) for task in tasks}
+
+    def _bits_correct(self, task: str, predicted: torch.Tensor, rows: torch.Tensor
+                      ) -> Optional[torch.Tensor]:
+        varying = self.varying[task]
+        if not bool(varying.any()) or not bool(rows.any()):
+            return None
+        truth, guess = self.matrix[rows, self.columns[task]], predicted[:, self.columns[task]]
+        return ((guess > 0) == (truth > 0))[:, varying].double()
 
 
-def run_probes(models: Sequence[ModelInfo], windows: np.ndarray, settings: ProbeSettings,
-               source: str, device: str = "cpu", cka: bool = True,
+def run_probes(models: Sequence[ModelInfo], windows: np.ndarray, documents: np.ndarray,
+               settings: ProbeSettings, source: str, device: str = "cpu", cka: bool = True,
                progress: Callable[[str], None] = print) -> dict:
     """Probe ``models`` (loaded one at a time) on ``windows`` (``[n, S + 1]`` held-out ids,
-    described by ``source``); the result that :mod:`.report` writes."""
+    described by ``source``; ``documents``: each token's document); the result that
+    :mod:`.report` writes."""
     started = time.perf_counter()
     settings.check()
     _check(models, windows, cka)
-    sample = draw_sample(windows, settings.sample, settings.seed)
-    targets = Targets(sample, settings.top_k, settings.seed)
-    train, score = torch.from_numpy(sample.train), torch.from_numpy(~sample.train)
-    early_train = torch.from_numpy(sample.train & sample.early)
-    late_score = torch.from_numpy(~sample.train & ~sample.early)
-    following = torch.from_numpy(sample.following)
-    chance = targets.chance(train, score)
+    sample = draw_sample(windows, documents, settings.sample, settings.seed)
+    bits = num_bits(models)
+    targets = Targets(sample, settings.top_k, bits, settings.seed)
+    split = Split(sample, settings.seed)
+    chance = targets.chance(split.score)
+    chance.update({f"{t}_unseen": targets.chance(targets.unseen[t], (t,))[t]
+                   for t in targets.unseen})
+    chance.update({f"{t}_position_transfer": c for t, c in
+                   targets.chance(split.late_score, SCORED).items()})
     result = {"settings": dataclasses.asdict(settings), "source": source,
+              "tokens_sha256": tokens_sha256(windows),
               "data": {"windows": int(windows.shape[0]), "seq_length": sample.seq_length,
-                       "sampled": len(sample), "train": int(train.sum()),
-                       "score": int(score.sum()), "early_train": int(early_train.sum()),
-                       "late_score": int(late_score.sum()),
+                       "documents": int(len(np.unique(sample.document))),
+                       "train_documents": int(len(np.unique(sample.document[sample.train]))),
+                       "sampled": len(sample), "train": int(split.train.sum()),
+                       "score": int(split.score.sum()),
+                       "early_train": int(split.early_train.sum()),
+                       "late_score": int(split.late_score.sum()),
+                       "unseen": {t: int(v.sum()) for t, v in targets.unseen.items()},
+                       "num_bits": bits,
                        "bits_varying": {t: int(v.sum()) for t, v in targets.varying.items()},
                        "top_k": {t: len(targets.top[t]) for t in CLASS_TASKS}},
               "chance": chance, "models": {}, "cka": []}
@@ -134,23 +221,110 @@ def run_probes(models: Sequence[ModelInfo], windows: np.ndarray, settings: Probe
             progress(f"[probes] {info.name} ({init.replace('_', ' ')}): hidden states of "
                      f"{len(sample):,} tokens x {info.num_layers + 1} layers")
             states = hidden_states(model, windows, sample, settings.batch_size, device)
-            entry[init] = [_probe_layer(model, states, layer, targets, settings.ridge, train,
-                                        score, early_train, late_score, following, info.arm)
+            entry[init] = [{**probe_layer(model, states, layer, targets, split,
+                                          settings.ridge), "layer": layer}
                            for layer in range(info.num_layers + 1)]
+            entry[init][0]["note"] = input_note(info.code)
             if cka and len(models) > 1:
-                kept[(info.name, init)] = states[:, score.to(device)].cpu()
+                kept[(info.name, init)] = states[:, split.score.to(device)].cpu()
             del states, model
+        mark_trivial(entry, info, split)
         result["models"][info.name] = entry
         del trained
     for a, b in itertools.combinations([m.name for m in models], 2) if kept else ():
         pair = {"a": a, "b": b}
         for init in ("trained", "random_init"):
             x, y = kept[(a, init)], kept[(b, init)]
-            pair[init] = [fit.linear_cka(x[i], y[i]) for i in range(min(len(x), len(y)))]
+            layers = range(min(len(x), len(y)))
+            pair[init] = [fit.cka(x[i], y[i]) for i in layers]
+            pair[f"{init}_floor"] = [fit.cka_floor(x[i], y[i], settings.seed) for i in layers]
         result["cka"].append(pair)
-    result["memory"] = _memory(models, sample, int(score.sum()), bool(kept))
+    result["memory"] = _memory(models, sample, int(split.score.sum()), bool(kept),
+                               settings.batch_size)
     result["seconds"] = round(time.perf_counter() - started, 1)
     return result
+
+
+class Split:
+    """The sample's row sets as boolean tensors, and the cross-validation folds (whole
+    training documents) that choose the ridge penalty."""
+
+    def __init__(self, sample: Sample, seed: int):
+        self.train, self.score = torch.from_numpy(sample.train), torch.from_numpy(~sample.train)
+        self.early_train = torch.from_numpy(sample.train & sample.early)
+        self.late_score = torch.from_numpy(~sample.train & ~sample.early)
+        self.following = torch.from_numpy(sample.following)
+        docs = np.unique(sample.document[sample.train])
+        fold_of = dict(zip(np.random.default_rng([seed, 2]).permutation(docs).tolist(),
+                           itertools.cycle(range(min(CV_FOLDS, len(docs))))))
+        self.folds = np.array([fold_of[d] for d in sample.document[sample.train].tolist()])
+
+
+def probe_layer(model, states, layer, targets: Targets, split: Split,
+                penalty: Optional[float]) -> dict:
+    """Every probe of one layer's states (``states[layer]``): :func:`fit_layer`, then the
+    next-token read-outs through the model's own norm and head."""
+    row, readout = fit_layer(states[layer], states[-1], targets, split, penalty)
+    device = states.device
+    target = split.following[split.score].to(device)
+    row["lens_loss"], row["lens_acc"] = fit.next_token(
+        model, states[layer][split.score.to(device)], target)
+    row["readout_loss"], row["readout_acc"] = fit.next_token(model, readout.to(device), target)
+    return row
+
+
+def fit_layer(X: torch.Tensor, last: torch.Tensor, targets: Targets, split: Split,
+              penalty: Optional[float]) -> tuple[dict, torch.Tensor]:
+    """The token-identity probes of states ``X`` (``[sample, hidden]``) and the linear
+    read-out to ``last`` (the last layer's states): ``(row, read-out of the scoring rows)``.
+    ``penalty`` None: chosen by cross-validation over the training documents."""
+    device = X.device
+    on = lambda rows: rows.to(device)  # noqa: E731
+    labels = targets.matrix.to(device)
+    width = labels.shape[1]
+    train, score = split.train, split.score
+    if penalty is None:
+        penalty = (fit.choose_penalty(X[on(train)], labels[on(train)], split.folds)
+                   if len(np.unique(split.folds)) > 1 else fit.PENALTIES[1])
+    fitted = fit.ridge(X[on(train)], torch.cat([labels[on(train)], last[on(train)].double()],
+                                                1), penalty)
+    main = fitted(X[on(score)]).cpu()
+    unseen = {t: fitted(X[on(rows)])[:, :width].cpu() for t, rows in targets.unseen.items()}
+    shifted = fit.ridge(X[on(split.early_train)], labels[on(split.early_train)],
+                        penalty)(X[on(split.late_score)]).cpu()
+    row = {"layer": None, "ridge": penalty}
+    for task in BIT_TASKS + CLASS_TASKS:
+        row[task] = targets.score(task, main[:, :width], score)
+    for task in ("id_bits", "prev_bits"):
+        corrected = [targets.corrected(t, main[:, :width], score)
+                     for t in (task, f"{task}_control")]
+        row[f"{task}_corrected"], row[f"{task}_control_corrected"] = corrected
+        row[f"{task}_selectivity"] = None if None in corrected else corrected[0] - corrected[1]
+        row[f"{task}_unseen"] = targets.score(task, unseen[task], targets.unseen[task])
+    for task in SCORED:
+        row[f"{task}_position_transfer"] = targets.score(task, shifted, split.late_score)
+    return row, main[:, width:].float()
+
+
+def mark_trivial(entry: dict, info: ModelInfo, split: Split) -> None:
+    """Mark in each trained row (``row["trivial"]``: {task: why}) the scores that say
+    nothing about training: id bits that the code holds linearly, and scores within two
+    standard errors (binomial, on the scored tokens) of the random initialisation's."""
+    carried = id_bits_carried(info.code)
+    scored = int(split.score.sum())
+    for row, twin in zip(entry["trained"], entry["random_init"]):
+        marks = {}
+        for task in SCORED:
+            a, b = row[task], twin[task]
+            if a is None or b is None:
+                continue
+            error = math.sqrt(max(a * (1 - a) + b * (1 - b), 1e-12) / scored)
+            if abs(a - b) <= 2 * error:
+                marks[task] = "= random init"
+        if carried:
+            marks["id_bits"] = "code carried up"
+        if marks:
+            row["trivial"] = marks
 
 
 def _check(models: Sequence[ModelInfo], windows: np.ndarray, cka: bool) -> None:
@@ -173,40 +347,18 @@ def _check(models: Sequence[ModelInfo], windows: np.ndarray, cka: bool) -> None:
                              f"in separate runs, or pass --no-cka")
 
 
-def _probe_layer(model, states, layer, targets: Targets, penalty, train, score, early_train,
-                 late_score, following, arm) -> dict:
-    device = states.device
-    X, last = states[layer], states[-1]
-    on = lambda rows: rows.to(device)  # noqa: E731
-    labels = targets.matrix.to(device)
-    width = labels.shape[1]
-    main = fit.ridge(X[on(train)], torch.cat([labels[on(train)], last[on(train)].double()], 1),
-                     penalty)(X[on(score)])
-    shifted = fit.ridge(X[on(early_train)], labels[on(early_train)], penalty)(X[on(late_score)])
-    row = {"layer": layer}
-    if layer == 0:
-        row["note"] = INPUT_NOTE[arm]
-    for task in BIT_TASKS + CLASS_TASKS:
-        row[task] = targets.score(task, main[:, :width].cpu(), score)
-    for task in ("id_bits", "prev_bits"):
-        task_acc, control_acc = row[task], row[f"{task}_control"]
-        row[f"{task}_selectivity"] = None if task_acc is None or control_acc is None \
-            else task_acc - control_acc
-    for task in ("id_bits", "id_topk", "prev_bits", "prev_topk"):
-        row[f"{task}_position_transfer"] = targets.score(task, shifted.cpu(), late_score)
-    target = following[score].to(device)
-    row["lens_loss"], row["lens_acc"] = fit.next_token(model, X[on(score)], target)
-    row["readout_loss"], row["readout_acc"] = fit.next_token(model, main[:, width:].float(),
-                                                             target)
-    return row
-
-
-def _memory(models: Sequence[ModelInfo], sample: Sample, scored: int, cka: bool) -> str:
-    mib = lambda rows, m: rows * (m.num_layers + 1) * m.hidden_size * 4 / 2 ** 20  # noqa: E731
-    biggest = max(models, key=lambda m: (m.num_layers + 1) * m.hidden_size)
-    text = (f"Hidden states kept: {len(sample):,} sampled tokens x (layers + 1) x hidden fp32 "
-            f"for the model being probed (at most {mib(len(sample), biggest):,.1f} MiB)")
+def _memory(models: Sequence[ModelInfo], sample: Sample, scored: int, cka: bool,
+            batch_size: int) -> dict:
+    """The bound :func:`hidden_states` keeps to (bytes), and its statement."""
+    bounds = {m.name: memory_bound(len(sample), m.num_layers, m.hidden_size, m.intermediate,
+                                   m.heads, batch_size, sample.seq_length) for m in models}
+    biggest = max(bounds, key=bounds.get)
+    mib = lambda b: b / 2 ** 20  # noqa: E731
+    text = (f"Memory for hidden states: {len(sample):,} sampled tokens x (layers + 1) x hidden "
+            f"fp32 for the model being probed, plus one layer's activations for one batch of "
+            f"{batch_size} windows: at most {mib(bounds[biggest]):,.1f} MiB ({biggest})")
+    cka_bytes = sum(2 * scored * (m.num_layers + 1) * m.hidden_size * 4 for m in models)
     if cka:
         text += (f", plus the {scored:,} scoring tokens of every model for CKA "
-                 f"({sum(2 * mib(scored, m) for m in models):,.1f} MiB)")
-    return text
+                 f"({mib(cka_bytes):,.1f} MiB)")
+    return {"bound_bytes": bounds[biggest] + (cka_bytes if cka else 0), "text": text}

@@ -23,7 +23,7 @@ import numpy as np
 
 from megatron_ext.checkpointing import completed_iterations, iteration_name
 from megatron_ext.files import write_json
-from megatron_ext.held_out import held_out_tokens
+from megatron_ext.held_out import held_out_tokens, tokens_sha256
 
 from .spec import EvalSettings, Study, run_dir
 
@@ -88,7 +88,8 @@ def evaluate_checkpoint(run: Path, iteration: int, settings: EvalSettings, expor
         loss = held_out_loss(load_model(path, train_args, fixed_code), windows,
                              settings.batch_size)
         record.update(valid_loss=loss, valid_ppl=math.exp(min(loss, 50.0)),
-                      valid_tokens=int(windows.shape[0] * train_args.seq_length))
+                      valid_tokens=int(windows.shape[0] * train_args.seq_length),
+                      valid_tokens_sha256=tokens_sha256(windows))
     if settings.tasks:
         record["tasks"] = downstream(ckpt, iteration, settings, export_hf)
     return record

@@ -131,6 +131,8 @@ def evaluate(study: spec.Study, study_dir: Path, progress: Progress = _print) ->
     progress(f"[study] evaluated {counts['evaluated']} checkpoints ({counts['cached']} cached)")
     if study.probes:
         from .probing import probe_study
-        counts = probe_study(study, study_dir, progress=progress)
+        from .report import final_iteration
+        counts = probe_study(study, study_dir, final_iteration(study, study_dir),
+                             progress=progress)
         progress(f"[study] probed {counts['probed']} final checkpoints "
                  f"({counts['cached']} cached)")

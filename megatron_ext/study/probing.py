@@ -1,11 +1,14 @@
 """The study's probes step (a study's optional ``[probes]`` section): megatron_ext/probes on
-the latest checkpoint of every run, and their summary across seeds for STUDY.md.
+the checkpoint of every run at the study's common final iteration (the one the rest of the
+report reads, so no seed drops out), and their summary across seeds for STUDY.md.
 
 Each run's probes are cached in ``RUN/probes/iter_NNNNNNN.json`` with the settings they
 were computed under, like the evaluation (a cache made under other settings is recomputed).
 Runs are probed one at a time, so there is no CKA across arms here (tools/probe.py compares
 models). The report shows, per arm and layer, the mean over seeds with a 95% Student-t
-interval, for the trained models and their random initialisations, at the final iteration.
+interval and the number of seeds, for the trained models and their random initialisations,
+beside each probe's chance, control task, selectivity, unseen-type score and position
+transfer.
 """
 
 from __future__ import annotations
@@ -17,14 +20,18 @@ from typing import Optional
 
 from megatron_ext.checkpointing import completed_iterations, iteration_name
 from megatron_ext.files import write_json
-from megatron_ext.held_out import held_out_tokens
+from megatron_ext.held_out import cut_documents, indexed_documents
 from megatron_ext.reporting import mean_interval
+
 from .spec import Study, run_dir
 from .stats import t_interval
 
-METRICS = (("id_bits", "id bits"), ("id_bits_selectivity", "id bits sel."),
-           ("id_topk", "id top-K"), ("prev_bits", "prev bits"),
-           ("prev_bits_selectivity", "prev bits sel."), ("prev_topk", "prev top-K"),
+METRICS = (("id_bits", "id bits"), ("id_bits_control", "id control"),
+           ("id_bits_selectivity", "id sel."), ("id_bits_unseen", "id unseen"),
+           ("id_bits_position_transfer", "id transfer"), ("id_topk", "id top-K"),
+           ("prev_bits", "prev bits"), ("prev_bits_control", "prev control"),
+           ("prev_bits_selectivity", "prev sel."), ("prev_bits_unseen", "prev unseen"),
+           ("prev_bits_position_transfer", "prev transfer"), ("prev_topk", "prev top-K"),
            ("lens_loss", "lens loss"), ("readout_loss", "read-out loss"))
 PLOTTED = ("id_bits", "id_topk", "prev_bits", "prev_topk", "lens_loss", "readout_loss")
 
@@ -41,25 +48,28 @@ def read_probes(run: Path, iteration: int, settings) -> Optional[dict]:
     return record if record["settings"] == dataclasses.asdict(settings) else None
 
 
-def probe_study(study: Study, study_dir: Path, progress=print) -> dict:
-    """Probe each run's latest checkpoint unless cached; ``{"probed": n, "cached": m}``."""
+def probe_study(study: Study, study_dir: Path, final: Optional[int], progress=print) -> dict:
+    """Probe each run's checkpoint at ``final`` (the study's common final iteration) unless
+    cached; ``{"probed": n, "cached": m}``."""
     from megatron_ext.probes.models import describe
     from megatron_ext.probes.run import run_probes
     settings, counts = study.probes, {"probed": 0, "cached": 0}
-    for arm, seed in study.runs():
+    for arm, seed in study.runs() if final is not None else ():
         run = run_dir(study_dir, arm, seed)
-        iterations = completed_iterations(run / "checkpoints")
-        if not iterations:
+        if final not in completed_iterations(run / "checkpoints"):
             continue
-        if read_probes(run, iterations[-1], settings) is not None:
+        if read_probes(run, final, settings) is not None:
             counts["cached"] += 1
             continue
-        progress(f"[probes] {run} iteration {iterations[-1]}")
-        info = describe(str(run / "checkpoints"), arm.name, iterations[-1])
-        windows = held_out_tokens(settings.data_path, settings.tokens, info.context)
-        record = run_probes([info], windows, settings, f"the first {settings.tokens:,} "
-                            f"tokens of {settings.data_path}", progress=progress)
-        path = cache_path(run, iterations[-1])
+        progress(f"[probes] {run} iteration {final}")
+        info = describe(str(run / "checkpoints"), arm.name, final)
+        windows, documents = cut_documents(
+            indexed_documents(settings.data_path), settings.tokens, info.context,
+            f"probes data_path {settings.data_path}", "probes tokens")
+        record = run_probes([info], windows, documents, settings, f"the first "
+                            f"{settings.tokens:,} tokens of {settings.data_path}",
+                            progress=progress)
+        path = cache_path(run, final)
         path.parent.mkdir(parents=True, exist_ok=True)
         write_json(str(path), record)
         counts["probed"] += 1
@@ -76,30 +86,44 @@ def summarise(study: Study, study_dir: Path, final: Optional[int]) -> dict:
                    if r is not None}
         if not records:
             continue
-        entry = {"seeds": sorted(records), "chance": next(iter(records.values()))["chance"]}
+        first = next(iter(records.values()))
+        entry = {"seeds": sorted(records), "chance": first["chance"],
+                 "tokens_sha256": sorted({r["tokens_sha256"] for r in records.values()})}
         for init in ("trained", "random_init"):
             per_seed = [r["models"][arm.name][init] for r in records.values()]
             entry[init] = [
                 {"layer": layer, **({"note": rows[0]["note"]} if "note" in rows[0] else {}),
+                 # marked when every seed's row is
+                 "trivial": {t: why for t, why in rows[0].get("trivial", {}).items()
+                             if all(t in row.get("trivial", {}) for row in rows)},
                  **{m: t_interval([row[m] for row in rows]) for m, _ in METRICS
-                    if all(row[m] is not None for row in rows)}}
+                    if all(row.get(m) is not None for row in rows)}}
                 for layer, rows in enumerate(zip(*per_seed))]
         out[arm.name] = entry
     return out
 
 
 def markdown(study: Study, summary: dict, final: int) -> str:
+    from megatron_ext.probes.report import chance_line, trivial_note, SELECTIVITY
     settings = study.probes
-    lines = [f"## Probes of the final checkpoint (iteration {final:,})", "",
+    chance = next(iter(summary.values()))["chance"]
+    lines = [f"## Probes at the common final iteration ({final:,})", "",
              f"megatron_ext/probes (docs/probes.md) on the first {settings.tokens:,} tokens of "
              f"`{settings.data_path}`, {settings.sample:,} sampled positions, K = "
-             f"{settings.top_k}: mean over seeds ± 95% Student-t interval. Accuracy of linear "
-             f"probes of the current and previous token (16 id bits, top-K classes), "
-             f"selectivity = id bits − control task; next-token loss by the logit lens and a "
-             f"trained read-out. Layer 0 is the input (†).", "",
-             "| arm | layer | " + " | ".join(t for _, t in METRICS) + " |",
-             "|---|---|" + "---:|" * len(METRICS)]
-    notes = {}
+             f"{settings.top_k}: mean over seeds ± 95% Student-t interval, the seeds in each "
+             f"cell in brackets. Linear probes of the current and previous token (id bits, "
+             f"top-K classes) fitted on half of the documents, scored on the other half; "
+             f"next-token loss by the logit lens and a trained read-out. Layer 0 is the "
+             f"input (†).", ""]
+    if settings.allow_train_text:
+        lines += ["**Held-out check overridden (`allow_train_text`)**: the probes' tokens may "
+                  "be training text.", ""]
+    lines += [chance_line(chance) + " Position transfer (fitted on positions < S/2, scored "
+              f"on the rest) chance: id bits {_fmt_chance(chance, 'id_bits')}, prev bits "
+              f"{_fmt_chance(chance, 'prev_bits')}.", "",
+              "| arm | layer | " + " | ".join(t for _, t in METRICS) + " |",
+              "|---|---|" + "---:|" * len(METRICS)]
+    notes, reasons = {}, set()
     for arm, entry in summary.items():
         for init, suffix in (("trained", ""), ("random_init", " · random init")):
             for row in entry[init]:
@@ -107,12 +131,26 @@ def markdown(study: Study, summary: dict, final: int) -> str:
                 if "note" in row:
                     layer += " (input)†"
                     notes.setdefault(row["note"], set()).add(arm)
-                lines.append(f"| {arm}{suffix} | {layer} | "
-                             + " | ".join(mean_interval(row.get(m), 3) for m, _ in METRICS) + " |")
-    lines += ["", "† " + "; ".join(f"{note} ({', '.join(sorted(arms))})"
-                                   for note, arms in notes.items()) + ".", "",
-              "![probes per layer](probes.png)", ""]
+                reasons |= set(row.get("trivial", {}).values())
+                lines.append(f"| {arm}{suffix} | {layer} | " + " | ".join(
+                    _cell(row, m) for m, _ in METRICS) + " |")
+    lines += ["", SELECTIVITY, "", "† " + "; ".join(f"{note} ({', '.join(sorted(arms))})"
+                                                    for note, arms in notes.items()) + ".",
+              "", trivial_note(reasons), "", "![probes per layer](probes.png)", ""]
     return "\n".join(lines)
+
+
+def _fmt_chance(chance: dict, task: str) -> str:
+    value = chance.get(f"{task}_position_transfer")
+    return "—" if value is None else f"{value:.3f}"
+
+
+def _cell(row: dict, metric: str) -> str:
+    interval = row.get(metric)
+    if interval is None:
+        return "—"
+    mark = "*" if metric in row.get("trivial", {}) else ""
+    return f"{mean_interval(interval, 3)}{mark} ({interval['n']})"
 
 
 def plot(summary: dict, path: Path) -> None:
@@ -124,6 +162,7 @@ def plot(summary: dict, path: Path) -> None:
             curves.append({
                 "label": arm if init == "trained" else f"{arm} · random init", "group": arm,
                 "style": style,
+                "trivial": {m: [m in r.get("trivial", {}) for r in rows] for m in PLOTTED},
                 "values": {m: [r[m]["mean"] if m in r else None for r in rows] for m in PLOTTED},
                 "bands": {m: [(r[m]["low"], r[m]["high"]) if m in r else (None, None)
                               for r in rows] for m in PLOTTED}})

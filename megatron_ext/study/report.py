@@ -3,10 +3,13 @@ records (their ``metrics.jsonl`` and the cached checkpoint evaluations) every ti
 
 Per arm and evaluated iteration: the mean across seeds with a 95% Student-t interval
 (unavailable with one seed). At the final iteration (the last one every run has evaluated):
-each arm against the control, paired by seed (t interval of the per-seed differences), and
-for downstream tasks also a paired bootstrap over items (each item's score averaged over the
-seeds both arms have). Every row carries the tokens seen and the steps skipped. With
-``[probes]``, the probes of the final checkpoints per layer (:mod:`.probing`).
+each arm against the control and every other two arms, paired by seed (t interval of the
+per-seed differences), and for downstream tasks also a hierarchical bootstrap over the seeds
+and then the items (with one seed: conditional on that run, and labelled so). The report
+names how many comparisons it makes. Every row carries the tokens seen and the steps
+skipped. With ``[probes]``, the probes of the final checkpoints per layer
+(:mod:`.probing`). Each arm has one colour in every figure
+(:func:`megatron_ext.reporting.colours`).
 """
 
 from __future__ import annotations
@@ -24,11 +27,12 @@ import megatron_ext
 from megatron_ext.checkpointing import completed_iterations
 from megatron_ext.files import write_text
 from megatron_ext.metric_sinks import summarise_run
-from megatron_ext.reporting import mean_interval, pyplot, save_figure, signed_range
+from megatron_ext.reporting import (colours, mean_interval, pyplot, save_figure,
+                                    signed_range, tokens_axis)
 
 from .evaluation import TASK_METRIC, read_cached
 from .spec import Study, run_dir
-from .stats import paired_bootstrap, paired_difference, t_interval
+from .stats import hierarchical_bootstrap, paired_difference, t_interval
 
 
 def collect(study: Study, study_dir: Path) -> dict:
@@ -96,11 +100,19 @@ def summarise(study: Study, runs: dict) -> dict:
             "curve": curve,
             "final": next((p for p in curve if p["iteration"] == final), None),
         }
-    return {"final_iteration": final,
+    hashes = sorted({r["valid_tokens_sha256"] for arm in runs.values() for run in arm.values()
+                     for r in run["evals"].values() if "valid_tokens_sha256" in r})
+    return {"final_iteration": final, "held_out_sha256": hashes,
             "final_tokens": None if final is None else final * _tokens_per_iteration(
                 next(iter(runs.values()))),
             "arms": arms,
-            "differences": _differences(study, runs, final, names) if final else {}}
+            "differences": _differences(study, runs, final, names) if final else {},
+            "pairwise": _pairwise(study, runs, final, names) if final else []}
+
+
+def final_iteration(study: Study, study_dir: Path) -> Optional[int]:
+    """The last iteration evaluated in every run (the one the report reads), or None."""
+    return summarise(study, collect(study, study_dir))["final_iteration"]
 
 
 def _tokens_per_iteration(seeds: dict) -> int:
@@ -108,32 +120,46 @@ def _tokens_per_iteration(seeds: dict) -> int:
 
 
 def _differences(study: Study, runs: dict, final: int, names: list[str]) -> dict:
-    control = runs[study.control]
-    out = {}
-    for arm in study.arms:
-        if arm.name == study.control:
-            continue
-        seeds = runs[arm.name]
-        shared = sorted(set(seeds) & set(control))
-        row = {}
-        for name in names:
-            row[name] = {"by_seed": paired_difference(_final_by_seed(seeds, final, name),
-                                                      _final_by_seed(control, final, name))}
-            if name != "valid_loss":
-                row[name]["by_item"] = paired_bootstrap(
-                    _items_over_seeds(seeds, shared, final, name),
-                    _items_over_seeds(control, shared, final, name))
-        out[arm.name] = row
-    return out
+    """Each arm minus the control: ``{arm: {metric: {"by_seed", "by_item"}}}``."""
+    return {arm.name: _difference(runs[arm.name], runs[study.control], final, names)
+            for arm in study.arms if arm.name != study.control}
+
+
+def _pairwise(study: Study, runs: dict, final: int, names: list[str]) -> list[dict]:
+    """Every two arms, neither the control (those are :func:`_differences`), in study
+    order: ``[{"a", "b", metric: {"by_seed", "by_item"}}]`` of ``b - a``."""
+    others = [a.name for a in study.arms if a.name != study.control]
+    return [{"a": a, "b": b, **_difference(runs[b], runs[a], final, names)}
+            for i, a in enumerate(others) for b in others[i + 1:]]
+
+
+def _difference(seeds: dict, control: dict, final: int, names: list[str]) -> dict:
+    shared = sorted(set(seeds) & set(control))
+    row = {}
+    for name in names:
+        row[name] = {"by_seed": paired_difference(_final_by_seed(seeds, final, name),
+                                                  _final_by_seed(control, final, name))}
+        if name != "valid_loss" and shared:
+            row[name]["by_item"] = hierarchical_bootstrap(
+                _items_by_seed(seeds, shared, final, name),
+                _items_by_seed(control, shared, final, name))
+    return row
 
 
 def _final_by_seed(seeds: dict, final: int, name: str) -> dict:
     return {s: _metric(r["evals"][final], name) for s, r in seeds.items()}
 
 
-def _items_over_seeds(seeds: dict, shared: list, final: int, name: str) -> np.ndarray:
-    """Each item's score at ``final``, averaged over the ``shared`` seeds."""
-    return np.mean([seeds[s]["evals"][final]["tasks"][name]["items"] for s in shared], axis=0)
+def _items_by_seed(seeds: dict, shared: list, final: int, name: str) -> np.ndarray:
+    """``[seeds, items]``: each item's score at ``final`` in each of the ``shared`` seeds."""
+    return np.array([seeds[s]["evals"][final]["tasks"][name]["items"] for s in shared])
+
+
+def comparisons(study: Study, summary: dict) -> int:
+    """How many differences the report shows: pairs of arms x metrics x intervals."""
+    pairs = len(summary["differences"]) + len(summary["pairwise"])
+    names = metric_names(study)
+    return pairs * (len(names) + len([n for n in names if n != "valid_loss"]))
 
 
 def markdown(study: Study, study_dir: Path, summary: dict, generated: dict) -> str:
@@ -142,14 +168,23 @@ def markdown(study: Study, study_dir: Path, summary: dict, generated: dict) -> s
              f"Generated by `tools/study.py report` on {generated['time']} "
              f"({generated['machine']}; fixedcode {generated['fixedcode']}, megatron-core "
              f"{generated['megatron_core']}) from the runs' metrics files and checkpoint "
-             f"evaluations. Intervals are 95%: Student-t over seeds; paired by seed against "
-             f"the control; for tasks also a paired bootstrap over items.", "",
+             f"evaluations. Intervals are 95%: Student-t over seeds; paired by seed between "
+             f"arms; for tasks also a hierarchical bootstrap over seeds, then items (with "
+             f"one seed it is conditional on that run: an interval for those two trained "
+             f"models, not for the arms).", "",
              f"- Recipe: `{study.recipe_path}`: `{' '.join(study.recipe)}`",
              f"- Seeds: {', '.join(map(str, study.seeds))} (`--seed`); control: "
              f"`{study.control}`"]
     if study.eval.data_path:
+        hashes = summary["held_out_sha256"]
+        same = ("the same tokens for every run and checkpoint" if len(hashes) <= 1 else
+                f"**not the same tokens for every run**: {len(hashes)} different windows "
+                f"(arms that change the sequence length or the tokenizer)")
         lines.append(f"- Held-out set: the first {study.eval.tokens:,} tokens of "
-                     f"`{study.eval.data_path}` (the same for every run and checkpoint)")
+                     f"`{study.eval.data_path}` ({same}; sha256 "
+                     f"{', '.join(h[:16] + '…' for h in hashes) or '—'})"
+                     + (" — **held-out check overridden (`allow_train_text`): this may be "
+                        "training text**" if study.eval.allow_train_text else ""))
     if study.eval.tasks:
         lines.append(f"- Tasks: {', '.join(study.eval.tasks)} from `{study.eval.data_dir}`"
                      + (f" (first {study.eval.limit} documents)" if study.eval.limit else ""))
@@ -169,15 +204,16 @@ def markdown(study: Study, study_dir: Path, summary: dict, generated: dict) -> s
         skipped = sum(a["skipped_steps"].values())
         lines.append(f"| {arm.name} | {len(a['seeds'])} | {skipped} | " + " | ".join(cells)
                      + " |")
-    lines += ["", f"## Against the control (`{study.control}`): arm − control", "",
-              "| arm | " + " | ".join(f"Δ {label(n)} (by seed)" for n in names)
-              + "".join(f" | Δ {label(n)} (by item)" for n in names if n != "valid_loss")
-              + " |",
-              "|---|" + "---:|" * (len(names) + len([n for n in names if n != "valid_loss"]))]
-    for arm, row in summary["differences"].items():
-        cells = [signed_range(row[n]["by_seed"]) for n in names]
-        cells += [signed_range(row[n]["by_item"]) for n in names if n != "valid_loss"]
-        lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    lines += ["", f"## Against the control (`{study.control}`): arm − control", ""]
+    lines += _difference_table(names, [(arm, row) for arm, row in
+                                       summary["differences"].items()], "arm")
+    if summary["pairwise"]:
+        lines += ["", "## Between the other arms: b − a", ""]
+        lines += _difference_table(names, [(f"{p['b']} − {p['a']}", p)
+                                           for p in summary["pairwise"]], "b − a")
+    lines += ["", f"The report shows {comparisons(study, summary)} difference intervals "
+                  f"(pairs of arms × metrics × by seed / by item), each at 95% and not "
+                  f"adjusted for multiplicity: about 1 in 20 excludes 0 by chance alone."]
     lines.append("")
     if study.eval.data_path:
         lines += ["![validation loss](valid_loss.png)", ""]
@@ -194,8 +230,21 @@ def markdown(study: Study, study_dir: Path, summary: dict, generated: dict) -> s
     return "\n".join(lines) + "\n"
 
 
+def _difference_table(names: list[str], rows: list, title: str) -> list[str]:
+    tasks = [n for n in names if n != "valid_loss"]
+    lines = ["| " + title + " | " + " | ".join(f"Δ {label(n)} (by seed)" for n in names)
+             + "".join(f" | Δ {label(n)} (by seed, then item)" for n in tasks) + " |",
+             "|---|" + "---:|" * (len(names) + len(tasks))]
+    for name, row in rows:
+        cells = [signed_range(row[n]["by_seed"]) for n in names]
+        cells += [signed_range(row[n].get("by_item")) for n in tasks]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def _plot_curves(study: Study, summary: dict, names: list[str], path: Path) -> None:
     plt = pyplot()
+    colour = colours([a.name for a in study.arms])
     fig, axes = plt.subplots(1, len(names), figsize=(5.5 * len(names), 4), dpi=110,
                              squeeze=False)
     for ax, name in zip(axes[0], names):
@@ -205,12 +254,12 @@ def _plot_curves(study: Study, summary: dict, names: list[str], path: Path) -> N
                 continue
             x = [p["tokens"] for p in points]
             mean = [p[name]["mean"] for p in points]
-            line, = ax.plot(x, mean, marker="o", markersize=3, label=arm.name)
+            ax.plot(x, mean, marker="o", markersize=3, label=arm.name, color=colour[arm.name])
             band = [(p[name]["low"], p[name]["high"]) for p in points
                     if p[name]["low"] is not None]
             if len(band) == len(points):
-                ax.fill_between(x, *zip(*band), alpha=0.2, color=line.get_color())
-        ax.set_xlabel("tokens")
+                ax.fill_between(x, *zip(*band), alpha=0.2, color=colour[arm.name])
+        tokens_axis(ax)
         ax.set_ylabel(label(name))
         ax.grid(alpha=0.3)
         ax.legend()
@@ -221,13 +270,14 @@ def _plot_curves(study: Study, summary: dict, names: list[str], path: Path) -> N
 def _plot_differences(study: Study, summary: dict, names: list[str], path: Path) -> None:
     plt = pyplot()
     arms = list(summary["differences"])
+    colour = colours([a.name for a in study.arms])
     fig, axes = plt.subplots(1, len(names), figsize=(5.5 * len(names), 1 + 0.5 * len(arms)),
                              dpi=110, squeeze=False)
     for ax, name in zip(axes[0], names):
         for y, arm in enumerate(arms):
             d = summary["differences"][arm][name]["by_seed"]
             err = None if d["low"] is None else [[d["mean"] - d["low"]], [d["high"] - d["mean"]]]
-            ax.errorbar([d["mean"]], [y], xerr=err, fmt="o", capsize=4)
+            ax.errorbar([d["mean"]], [y], xerr=err, fmt="o", capsize=4, color=colour[arm])
         ax.axvline(0, color="grey", lw=1)
         ax.set_yticks(range(len(arms)), arms)
         ax.set_xlabel(f"Δ {label(name)} vs {study.control}")

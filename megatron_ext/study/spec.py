@@ -47,13 +47,15 @@ class Arm:
 class EvalSettings:
     """How each checkpoint is evaluated: the held-out token set (the first ``tokens``
     tokens of ``data_path``, the same for every run and checkpoint) and, optionally,
-    downstream tasks (tools/evaluate.py's, from ``data_dir``)."""
+    downstream tasks (tools/evaluate.py's, from ``data_dir``). A held-out prefix that the
+    recipe trains on is refused unless ``allow_train_text`` (then the report says so)."""
     data_path: Optional[str] = None
     tokens: int = 65536
     batch_size: int = 8
     tasks: tuple[str, ...] = ()
     data_dir: Optional[str] = None
     limit: Optional[int] = None
+    allow_train_text: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,8 +168,23 @@ def build_study(fields: dict, base: Path) -> Study:
                   recipe=tuple(read_recipe(recipe_path) + overrides), arms=arms,
                   seeds=seeds, control=control, eval=EvalSettings(**evaluation),
                   probes=probes)
+    _check_held_out(study)
     _check_flags(study)
     return study
+
+
+def _check_held_out(study: Study) -> None:
+    """The held-out sets (eval, probes) must not be a training prefix of any run (whose
+    relative prefixes are taken from the repository root, where the launchers start it)."""
+    from megatron_ext.slurm import REPO as RUNS_START_IN
+    trained = sorted({p for arm in study.arms
+                      for p in recipes.training_prefixes([*study.recipe, *arm.flags])})
+    for what, settings in (("eval data_path", study.eval), ("probes data_path", study.probes)):
+        if settings is not None and settings.data_path:
+            recipes.check_held_out(settings.data_path, trained, RUNS_START_IN, what,
+                                   f"the recipe {study.recipe_path} (or an arm)",
+                                   settings.allow_train_text,
+                                   "allow_train_text = true (in its section)")
 
 
 def _probe_settings(fields: Optional[dict], base: Path, eval_data: Optional[str]
