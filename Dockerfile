@@ -1,7 +1,8 @@
 # fixedcode on NVIDIA's NGC PyTorch image. The image's torch, CUDA toolkit and Transformer
 # Engine are used as they are (never reinstalled: the install is constrained to the image's
-# torch, on top of NGC's own /etc/pip/constraint.txt); the project is installed editable and
-# the fused fixed-code CUDA kernel is built into the image.
+# torch, on top of NGC's own /etc/pip/constraint.txt), and the build stops when the image's TE
+# is outside the [gpu] extra's pin; the project is installed editable and the fused
+# fixed-code CUDA kernel is built into the image.
 #
 #   docker build -t fixedcode:latest .
 #   enroot import -o fixedcode.sqsh dockerd://fixedcode:latest
@@ -17,6 +18,7 @@ WORKDIR /workspace/fixedcode
 COPY . .
 RUN python -c "import torch; print(f'torch=={torch.__version__}')" > /tmp/keep-torch.txt \
  && pip install --no-cache-dir -c /tmp/keep-torch.txt -e ".[dev]" \
+ && python -m megatron_ext.device_checks \
  && python -m megatron_ext.cuda_extension \
  && chmod -R a+rX /opt/fixedcode \
  && python -c "import torch, megatron.core, transformer_engine as te; \

@@ -36,6 +36,7 @@ from megatron.core import parallel_state  # noqa: E402
 from megatron_ext import model as fixedcode_model
 from megatron_ext.arguments import add_training_args, parse_model_args
 from megatron_ext.datasets import build_train_valid
+from megatron_ext.initialize import destroy_distributed
 from megatron_ext.training import NonFiniteLossError, pretrain
 
 
@@ -59,14 +60,13 @@ def get_batch(data_iterator, device: str):
 
 
 def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
-    """Mean token loss over unmasked tokens; reports ``[sum, count]`` averaged over DP."""
+    """Mean token loss over unmasked tokens; reports this rank's ``[sum, count]`` (the loop
+    sums them over micro-batches and data-parallel ranks once per step)."""
     losses = output_tensor.float().view(-1)
     mask = loss_mask.view(-1).float()
     loss_sum = torch.sum(losses * mask)
     count = mask.sum()
-    report = torch.stack([loss_sum.detach(), count])
-    torch.distributed.all_reduce(report, group=parallel_state.get_data_parallel_group())
-    return loss_sum / count, {"lm loss": report}
+    return loss_sum / count, {"lm loss": torch.stack([loss_sum.detach(), count])}
 
 
 def make_forward_step(args):
@@ -88,15 +88,22 @@ def parse_args(argv=None):
 
 
 def main(argv=None) -> dict:
+    """Train; the process group is destroyed when every rank ends the same way (done, or
+    the agreed non-finite stop): left to the interpreter's exit, NCCL warns, and its warning
+    became the last log line of a failed GPU run, hiding the error. After any other error
+    the ranks may be mid-collective, and it is left alone."""
     args = parse_args(argv)
     try:
-        return pretrain(args, model_provider, make_forward_step(args), datasets_provider)
+        result = pretrain(args, model_provider, make_forward_step(args), datasets_provider)
     except NonFiniteLossError as e:
+        destroy_distributed()
         print(f"[fixedcode] error: {e}", file=sys.stderr, flush=True)
         sys.exit(3)
     finally:
         if args.exit_signal_handler:
             exit_signals.ignore()  # a signal after this point has nothing left to stop
+    destroy_distributed()
+    return result
 
 
 if __name__ == "__main__":

@@ -5,10 +5,12 @@ Core modules (no import from the subpackages ``data``, ``hf``, ``study``, ``prob
 - the code and the model: ``codes`` (the code schemes, the arms), ``code_limits`` (the
   rules a code's flags and vocabulary follow, without torch), ``embedding``
   (FixedCodeEmbedding for GPTModel), ``kernels`` and ``cuda_extension`` (the fast forward:
-  PyTorch path or fused CUDA kernel), ``model`` (the model provider), ``norms``;
+  PyTorch path or fused CUDA kernel), ``model`` (the model provider) and its layer parts
+  ``attention`` (SDPA core attention), ``torch_norm`` (sequence-parallel-ready norms),
+  ``residual`` (the fp32 residual add), ``norms``;
 - the run: ``arguments`` (Megatron-LM flags), ``recipes`` (files of flags), ``derived``
   (the values derived once at start-up: batch, world layout, padded vocabulary),
-  ``initialize`` (process start-up), ``cpu_backend`` (Megatron-Core on CPU for tests and the
+  ``initialize`` (process start-up), ``device_checks`` (GPU start-up checks), ``cpu_backend`` (Megatron-Core on CPU for tests and the
   demo), ``tokenizer``, ``datasets``, ``index_check`` (indexed datasets read and checked before
   use), ``data_cache``, ``held_out`` (held-out token windows);
 - the loop and its parts: ``training``, ``checkpointing``, ``metrics``, ``metric_sinks``,

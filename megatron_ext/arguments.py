@@ -16,6 +16,9 @@ from typing import Optional, Sequence
 from .codes import ARMS, TILINGS, check_options
 from .tokenizer import TOKENIZER_TYPES
 
+# Megatron-LM's --attention-backend values (megatron.core.transformer.enums.AttnBackend).
+ATTENTION_BACKENDS = ("auto", "flash", "fused", "unfused", "local")
+
 # The reference shape of the paper (SmolLM2-1.7B-like).
 PRESETS = {
     "smollm2-1.7b": dict(num_layers=24, hidden_size=2048, num_attention_heads=32,
@@ -66,6 +69,15 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
                    default=None,
                    help="transformer layers (default: transformer_engine on a GPU where "
                         "Transformer Engine imports, as in Megatron-LM; local otherwise)")
+    g.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default="auto",
+                   help="Transformer Engine layers: TE's attention backend, as in Megatron-LM "
+                        "(auto: TE's choice). Local layers: auto or flash run torch's fused "
+                        "scaled_dot_product_attention (flash: the flash kernel only on a GPU), "
+                        "unfused or local Megatron-Core's DotProductAttention; fused is TE's")
+    g.add_argument("--fp32-residual-connection", action="store_true",
+                   help="keep the residual stream in fp32 under --bf16/--fp16 (the layers "
+                        "still compute in the training dtype); docs/gpu.md says what a bf16 "
+                        "stream loses with +-1 codes")
     g.add_argument("--fp8-format", choices=["e4m3", "hybrid"], default=None,
                    help="FP8 training with Transformer Engine")
     g.add_argument("--fp8-recipe", choices=["delayed", "tensorwise", "blockwise", "mxfp8"],
@@ -79,17 +91,16 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--no-bias-swiglu-fusion", dest="bias_swiglu_fusion", action="store_false",
                    help="unfused SwiGLU (default: fused on GPUs)")
     g.add_argument("--no-rope-fusion", dest="rope_fusion", action="store_false",
-                   help="unfused RoPE (default: Transformer Engine's fused RoPE with "
-                        "--transformer-impl transformer_engine)")
+                   help="unfused RoPE (default: Transformer Engine's fused RoPE on a GPU where "
+                        "TE imports, for TE and local layers)")
     g.add_argument("--no-masked-softmax-fusion", dest="masked_softmax_fusion",
                    action="store_false",
                    help="unfused attention softmax in the local layers (default: fused where "
                         "apex's softmax kernels import)")
     g.add_argument("--no-gradient-accumulation-fusion", dest="gradient_accumulation_fusion",
                    action="store_false",
-                   help="weight gradients not accumulated in the GEMM (default: fused when "
-                        "Transformer Engine layers are used and apex's "
-                        "fused_weight_gradient_mlp_cuda is importable)")
+                   help="weight gradients not accumulated in the GEMM (default: fused on a "
+                        "GPU where apex's fused_weight_gradient_mlp_cuda imports)")
 
     c = parser.add_argument_group("fixed-code input")
     c.add_argument("--input-interface", choices=ARMS, default="learned",
@@ -126,6 +137,9 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
                    help="shard the optimizer state over data-parallel ranks (GPU)")
     p.add_argument("--overlap-grad-reduce", action="store_true",
                    help="reduce gradients bucket by bucket during the backward pass")
+    p.add_argument("--overlap-param-gather", action="store_true",
+                   help="--use-distributed-optimizer: gather the updated parameters bucket by "
+                        "bucket during the next forward pass (needs --overlap-grad-reduce)")
     p.add_argument("--ddp-bucket-size", type=int, default=None,
                    help="parameters per gradient bucket (default max(40M, 1M x DP size))")
 
@@ -182,6 +196,14 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
                         " in every arm)")
     g.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto",
                    help="auto: GPU when one is visible, else CPU over gloo")
+    g.add_argument("--manual-gc", action="store_true",
+                   help="turn Python's automatic garbage collector off and collect at fixed "
+                        "points (before and after validation, every --manual-gc-interval "
+                        "steps) so that ranks pause together, as in Megatron-LM")
+    g.add_argument("--manual-gc-interval", type=int, default=0,
+                   help="--manual-gc: collect every this many steps (0: not between steps)")
+    g.add_argument("--no-manual-gc-eval", dest="manual_gc_eval", action="store_false",
+                   help="--manual-gc: no collection around validation")
     g.add_argument("--max-nonfinite-steps", type=int, default=10,
                    help="stop with an error after this many updates in a row skipped for a "
                         "non-finite loss, non-finite gradients, or an fp16 overflow at the "

@@ -400,7 +400,11 @@ def load_checkpoint(path: str, common: dict, model, optimizer, scheduler) -> Non
                        metadata=saved_content_metadata(common),
                        with_rng=same_world), path)
     model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
+    # megatron-core 0.16.1's load_parameter_state_from_dp_reshardable lacks its siblings'
+    # @torch.no_grad(): in fp32 the distributed optimizer's main parameters are views of the
+    # model's, and copying into them fails ("a view of a leaf Variable that requires grad").
+    with torch.no_grad():
+        optimizer.load_state_dict(state["optimizer"])
     _restore_torch_adam_steps(optimizer, state["optimizer"])
     scheduler.load_state_dict(common["scheduler"])
     if same_world:

@@ -17,7 +17,9 @@ once per process, before any model is built:
   on CPU through megatron-core's own mixed-precision optimizer: fp32 main parameters, loss
   scaling, overflow skips.
 
-Not supported on gloo: sequence parallelism and the distributed optimizer (reduce-scatter).
+Gloo itself runs the collectives of sequence parallelism and the distributed optimizer
+(``reduce_scatter_tensor``, ``all_gather_into_tensor``; torch 2.13): both train on CPU with
+nothing redirected.
 """
 
 from __future__ import annotations

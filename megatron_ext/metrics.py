@@ -2,11 +2,10 @@
 stdout, and the same values, with validation loss and perplexity, to the run's metrics file
 (``metrics.jsonl``), TensorBoard and wandb (:mod:`megatron_ext.metric_sinks`).
 
-Throughput is tokens per second of the whole job; MFU (GPU only) is model FLOPs per second
-over the devices' dense peak for the run's precision (FP8 with ``--fp8-format``, else
-bf16/fp16), with model FLOPs per token = 6 x trainable parameters outside the input table (a
-lookup costs no FLOPs) + 12 x layers x hidden x sequence (attention scores), the PaLM-paper
-estimate.
+Throughput is tokens per second of the whole job, and model TFLOP/s per device, with the
+model FLOPs Megatron-LM 0.16.1 counts (:func:`flops_per_token`). MFU (GPU only) is those
+FLOP/s over the device's dense bf16 peak, for bf16 and FP8 runs alike, so that they compare;
+an FP8 run also shows its MFU against the FP8 peak.
 """
 
 from __future__ import annotations
@@ -51,16 +50,28 @@ def parameters_counted_once(model: torch.nn.Module) -> list[tuple[str, torch.nn.
             and param_is_not_shared(p)]
 
 
-def trainable_parameters(model: torch.nn.Module, device: str) -> tuple[int, int]:
-    """``(all, input table)`` trainable parameters of the whole model, summed over tensor and
-    pipeline ranks."""
-    counts = [0, 0]
-    for name, p in parameters_counted_once(model):
-        counts[0] += p.numel()
-        counts[1] += p.numel() if name.startswith("embedding.") else 0
-    t = torch.tensor(counts, dtype=torch.float64, device=device)
+def flops_per_token(args: argparse.Namespace, padded_vocab_size: int) -> float:
+    """Model FLOPs per trained token, forward and backward, as Megatron-LM 0.16.1 counts a
+    dense GPT (megatron/training/training.py, ``num_floating_point_operations``): each GEMM
+    2 FLOPs per multiply-add, 3 times (forward, data and weight gradients), over the query,
+    key, value and output projections, the MLP (3 GEMMs with SwiGLU), the output logits,
+    and the attention scores and their product with the values at half the sequence
+    (causal). The input embedding, table or code, counts nothing: all arms do the same."""
+    kv_channels = args.hidden_size // args.num_attention_heads
+    query = kv_channels * args.num_attention_heads
+    key_value = 2 * kv_channels * (args.num_query_groups or args.num_attention_heads)
+    mlp = args.ffn_hidden_size * (3 if args.swiglu else 2)
+    per_layer = (args.hidden_size * (query + key_value) + query * args.hidden_size
+                 + args.hidden_size * mlp + query * args.seq_length / 2 * 2)
+    return 3 * 2 * (args.num_layers * per_layer + args.hidden_size * padded_vocab_size)
+
+
+def trainable_parameters(model: torch.nn.Module, device: str) -> int:
+    """Trainable parameters of the whole model, summed over tensor and pipeline ranks."""
+    count = sum(p.numel() for _, p in parameters_counted_once(model))
+    t = torch.tensor([count], dtype=torch.float64, device=device)
     torch.distributed.all_reduce(t, group=parallel_state.get_model_parallel_group())
-    return int(t[0].item()), int(t[1].item())
+    return int(t.item())
 
 
 def peak_flops(device_name: str, fp8: bool) -> Optional[float]:
@@ -71,6 +82,11 @@ def peak_flops(device_name: str, fp8: bool) -> Optional[float]:
             peak = fp8_peak if fp8 else bf16
             return None if peak is None else peak * 1e12
     return None
+
+
+def reserved_gib(device: str) -> Optional[float]:
+    """Peak memory the GPU's caching allocator reserved (None on CPU)."""
+    return torch.cuda.max_memory_reserved() / 2**30 if device == "cuda" else None
 
 
 def memory_gib(device: str) -> float:
@@ -95,17 +111,19 @@ class MetricsLogger:
                  is_logging_rank: bool, resumed_iteration: int, wandb_run_id: Optional[str]):
         self.args, self.derived = args, derived
         self.is_logging_rank = is_logging_rank
-        self.num_params, table = trainable_parameters(model, args.device)
-        self.flops_per_token = (6 * (self.num_params - table)
-                                + 12 * args.num_layers * args.hidden_size * args.seq_length)
-        self.peak = None
+        self.num_params = trainable_parameters(model, args.device)
+        self.flops_per_token = flops_per_token(args, derived.padded_vocab_size)
+        self.peak = self.fp8_peak = None
         if args.device == "cuda":
             name = torch.cuda.get_device_name()
-            precision = "FP8" if args.fp8_format else "bf16/fp16"
-            self.peak = peak_flops(name, bool(args.fp8_format))
-            log(f"[fixedcode] MFU against the dense {precision} peak of {name}: "
-                f"{self.peak / 1e12:,.0f} TFLOP/s per GPU" if self.peak else
-                f"[fixedcode] MFU not shown: no dense {precision} peak known for {name}")
+            self.peak = peak_flops(name, fp8=False)
+            if args.fp8_format:
+                self.fp8_peak = peak_flops(name, fp8=True)
+            log(f"[fixedcode] MFU against the dense bf16 peak of {name}: "
+                f"{self.peak / 1e12:,.0f} TFLOP/s per GPU"
+                + (f" (FP8 peak {self.fp8_peak / 1e12:,.0f}, shown beside it)"
+                   if self.fp8_peak else "") if self.peak else
+                f"[fixedcode] MFU not shown: no dense bf16 peak known for {name}")
         self.sinks = []
         if is_logging_rank:
             if args.tensorboard_dir:
@@ -148,9 +166,10 @@ class MetricsLogger:
         tokens_per_s = d.global_batch_size * a.seq_length / step_time
         loss = sum(self.losses) / len(self.losses) if self.losses else None
         grad_norm = sum(self.norms) / len(self.norms) if self.norms else None
-        mem = memory_gib(a.device)
-        mfu = (self.flops_per_token * tokens_per_s / (self.peak * d.world_size)
-               if self.peak else None)
+        mem, reserved = memory_gib(a.device), reserved_gib(a.device)
+        flops_per_device = self.flops_per_token * tokens_per_s / d.world_size
+        mfu = flops_per_device / self.peak if self.peak else None
+        mfu_fp8 = flops_per_device / self.fp8_peak if self.fp8_peak else None
         diagnostics = diagnostics or {}
         parts = [f"iteration {iteration:>8}/{d.train_iters}",
                  f"consumed samples {iteration * d.global_batch_size:>10}",
@@ -163,10 +182,15 @@ class MetricsLogger:
             parts.append(f"params norm: {diagnostics['params-norm']:.3f}")
         if "num-zeros" in diagnostics:
             parts.append(f"num zeros: {diagnostics['num-zeros']:,}")
-        parts += [f"tokens/s: {tokens_per_s:,.0f}", f"step time: {step_time * 1000:.1f} ms"]
+        parts += [f"tokens/s: {tokens_per_s:,.0f}", f"step time: {step_time * 1000:.1f} ms",
+                  f"TFLOP/s/GPU: {flops_per_device / 1e12:.1f}"]
         if mfu is not None:
             parts.append(f"MFU: {100 * mfu:.1f}%")
-        parts += [f"mem: {mem:.2f} GiB", f"skipped: {skipped_total}"]
+        if mfu_fp8 is not None:
+            parts.append(f"MFU of FP8 peak: {100 * mfu_fp8:.1f}%")
+        parts.append(f"mem: {mem:.2f} GiB" + ("" if reserved is None
+                                                 else f" (reserved {reserved:.2f} GiB)"))
+        parts.append(f"skipped: {skipped_total}")
         if "overflow-skipped-iterations" in diagnostics:
             parts.append(f"overflow skipped: {diagnostics['overflow-skipped-iterations']}")
         if self.is_logging_rank:
@@ -177,8 +201,9 @@ class MetricsLogger:
                       flush=True)
         self._write("train", iteration, {
             "lm loss": loss, "learning-rate": lr, "grad-norm": grad_norm,
-            "tokens-per-second": tokens_per_s, "step-time-ms": step_time * 1000, "mfu": mfu,
-            "memory-gib": mem, "skipped-iterations": skipped_total, **diagnostics})
+            "tokens-per-second": tokens_per_s, "step-time-ms": step_time * 1000,
+            "tflops-per-gpu": flops_per_device / 1e12, "mfu": mfu, "mfu-fp8-peak": mfu_fp8,
+            "memory-gib": mem, "memory-reserved-gib": reserved, "skipped-iterations": skipped_total, **diagnostics})
         self._reset()
 
     def validation(self, iteration: int, loss: Optional[float]) -> None:

@@ -20,14 +20,19 @@ from megatron.core.models.gpt.gpt_layer_specs import (
     get_gpt_layer_local_spec,
     get_gpt_layer_with_transformer_engine_spec,
 )
+from megatron.core.transformer.enums import AttnBackend
+from megatron.core.transformer.torch_norm import WrappedTorchNorm
 from megatron.core.transformer.transformer_block import (
     TransformerBlockSubmodules,
     get_num_layers_to_build,
 )
 from megatron.core.transformer.transformer_config import TransformerConfig
 
+from .attention import local_core_attention
 from .codes import FixedCode
 from .embedding import FixedCodeEmbedding
+from .residual import fp32_bias_dropout_add
+from .torch_norm import TorchNorm
 
 
 def build_code(args: argparse.Namespace, padded_vocab_size: int) -> Optional[FixedCode]:
@@ -58,20 +63,23 @@ def fused_softmax_available() -> bool:
 
 def fusions(args: argparse.Namespace, on_cpu: bool) -> dict:
     """Megatron-Core's fused-kernel switches: on for GPUs as in Megatron-LM, unless a
-    ``--no-...-fusion`` flag says otherwise; off on CPU.
+    ``--no-...-fusion`` flag says otherwise, wherever their kernels import, whatever the
+    layers; off on CPU.
 
-    The output layer is Megatron's own linear even under Transformer Engine, and its fused
-    weight-gradient accumulation needs apex's extension: without it the fusion stays off.
-    The fused softmax serves the local layers' attention (TE's attention is fused anyway),
-    where its kernels import."""
+    RoPE's fusion is Transformer Engine's kernel (megatron-core's rope_utils imports it
+    from TE) and serves local layers as well; the weight-gradient accumulation in the GEMM
+    of Megatron's own linears (the local layers' and the output layer, even under TE) is
+    apex's extension; the fused softmax serves the local layers' unfused attention (TE's
+    attention and SDPA are fused anyway)."""
     if on_cpu:
         return dict(bias_activation_fusion=False, apply_rope_fusion=False,
                     gradient_accumulation_fusion=False, masked_softmax_fusion=False)
+    from megatron.core.models.common.embeddings import rope_utils
     from megatron.core.tensor_parallel.layers import _grad_accum_fusion_available
-    te = args.transformer_impl == "transformer_engine"
     return dict(bias_activation_fusion=args.bias_swiglu_fusion and args.swiglu,
-                apply_rope_fusion=args.rope_fusion and te,
-                gradient_accumulation_fusion=(args.gradient_accumulation_fusion and te
+                apply_rope_fusion=(args.rope_fusion
+                                   and rope_utils.fused_apply_rotary_pos_emb is not None),
+                gradient_accumulation_fusion=(args.gradient_accumulation_fusion
                                               and _grad_accum_fusion_available),
                 masked_softmax_fusion=args.masked_softmax_fusion and fused_softmax_available())
 
@@ -104,9 +112,11 @@ def transformer_config_from_args(args: argparse.Namespace, on_cpu: bool) -> Tran
         tensor_model_parallel_size=args.tensor_model_parallel_size,
         pipeline_model_parallel_size=args.pipeline_model_parallel_size,
         sequence_parallel=args.sequence_parallel,
+        attention_backend=AttnBackend[args.attention_backend],
         use_cpu_initialization=on_cpu,
         bias_dropout_fusion=False,  # no biases, dropout 0: the residual add stays plain
         persist_layer_norm=False,  # apex only
+        fp32_residual_connection=args.fp32_residual_connection,
         **fusions(args, on_cpu),
         recompute_granularity=args.recompute_granularity,
         recompute_method=args.recompute_method,
@@ -119,16 +129,29 @@ def transformer_config_from_args(args: argparse.Namespace, on_cpu: bool) -> Tran
 
 
 def transformer_engine_imports() -> bool:
+    return transformer_engine_version() is not None
+
+
+def transformer_engine_version() -> Optional[str]:
+    """The version of Transformer Engine that imports here, else ``None``."""
     try:
-        import transformer_engine  # noqa: F401
+        import transformer_engine
     except ImportError:
-        return False
-    return True
+        return None
+    return transformer_engine.__version__
 
 
 def local_layer_spec(args: argparse.Namespace):
-    """Megatron-Core's local (PyTorch) transformer layer for the chosen normalization."""
-    return get_gpt_layer_local_spec(normalization=args.normalization)
+    """Megatron-Core's local (PyTorch) transformer layer for the chosen normalization, with
+    the core attention ``--attention-backend`` selects (:mod:`megatron_ext.attention`) and
+    torch's norms marked for sequence parallelism (:mod:`megatron_ext.torch_norm`)."""
+    spec = get_gpt_layer_local_spec(normalization=args.normalization)
+    layer = spec.submodules
+    for name in ("input_layernorm", "pre_mlp_layernorm"):
+        if getattr(layer, name) is WrappedTorchNorm:
+            setattr(layer, name, TorchNorm)
+    layer.self_attention.submodules.core_attention = local_core_attention(args.attention_backend)
+    return spec
 
 
 def decoder_spec(args: argparse.Namespace,
@@ -140,7 +163,9 @@ def decoder_spec(args: argparse.Namespace,
     layers on a machine with TE (the NGC image) then get TE's CUDA-only norm, and every CPU
     forward fails there. So the final norm is chosen with the layers: TE's for TE layers,
     the local layers' own norm otherwise. (megatron-core's ``get_gpt_decoder_block_spec``
-    takes apex's LayerNorm for local layers, which refuses RMSNorm.)"""
+    takes apex's LayerNorm for local layers, which refuses RMSNorm.) Under
+    ``--fp32-residual-connection`` both residual adds keep the fp32 stream
+    (:mod:`megatron_ext.residual`)."""
     if args.transformer_impl == "transformer_engine":
         if not transformer_engine_imports():
             raise SystemExit("error: --transformer-impl transformer_engine needs Transformer "
@@ -150,6 +175,8 @@ def decoder_spec(args: argparse.Namespace,
     else:
         layer = local_layer_spec(args)
         final_norm = layer.submodules.input_layernorm
+    if args.fp32_residual_connection:
+        layer.submodules.self_attn_bda = layer.submodules.mlp_bda = fp32_bias_dropout_add
     return TransformerBlockSubmodules(
         layer_specs=[layer] * get_num_layers_to_build(config),
         layer_norm=final_norm)

@@ -13,7 +13,9 @@ to stop (:class:`~megatron_ext.exit_conditions.ExitConditions`), what to log
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import gc
 import math
 import os
 import sys
@@ -30,20 +32,21 @@ from megatron.core.optimizer import OptimizerConfig, distrib_optimizer, get_mega
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.transformer.module import Float16Module
-from megatron.core.transformer.torch_norm import WrappedTorchNorm
 
 from . import checkpointing
+from .attention import local_core_attention
 from .checkpointing import Checkpointer, TrainState
 from .code_limits import require_vocab_fits
 from .codes import FixedCode
 from .datasets import build_loader, samples_per_split
+from .device_checks import check_cuda_connections, fp8_refusal
 from .derived import Derived, derive, run_record
 from .exit_conditions import ExitConditions, max_over_ranks
 from .initialize import initialize_distributed, resolve_device
 from .log import is_logging_rank, log
 from .metric_sinks import agree_wandb_run_id
 from .metrics import MetricsLogger
-from .model import build_code, local_layer_spec, transformer_engine_imports
+from .model import build_code, transformer_engine_imports, transformer_engine_version
 from .norms import NormReporter
 from .profiling import StepProfiler, validate_profile_args
 from .tokenizer import build_tokenizer
@@ -67,9 +70,15 @@ def setup_args(args: argparse.Namespace) -> tuple:
                          "Engine nor Apex imports, so the distributed optimizer runs torch's "
                          "Adam, whose state megatron-core 0.16.1 cannot load in that layout; "
                          "drop the flag (the default layout resumes) or pip install '.[gpu]'")
-    resolve_layers(args, derived.data_parallel_size)
+    resolve_layers(args)
     if args.ddp_bucket_size is not None and not args.overlap_grad_reduce:
         raise SystemExit("error: --ddp-bucket-size applies with --overlap-grad-reduce only")
+    if args.overlap_param_gather and not (args.use_distributed_optimizer
+                                          and args.overlap_grad_reduce):
+        raise SystemExit("error: --overlap-param-gather needs --use-distributed-optimizer and "
+                         "--overlap-grad-reduce, as in Megatron-LM")
+    if args.manual_gc_interval < 0:
+        raise SystemExit(f"error: --manual-gc-interval {args.manual_gc_interval} is negative")
     validate_profile_args(args)
     if args.ckpt_step is not None and not args.load:
         raise SystemExit("error: --ckpt-step needs --load")
@@ -80,11 +89,12 @@ def setup_args(args: argparse.Namespace) -> tuple:
     return tokenizer, derived
 
 
-def resolve_layers(args: argparse.Namespace, data_parallel_size: int = 1) -> None:
-    """Settle the transformer layers, FP8 and sequence parallelism for ``args.device`` as
-    Megatron-LM settles them (megatron/training/arguments.py): Transformer Engine layers by
-    default on a GPU where TE imports (local layers otherwise, said in the log), sequence
-    parallelism turned off with a warning at TP=1, refused where the layers cannot run it."""
+def resolve_layers(args: argparse.Namespace) -> None:
+    """Settle the transformer layers, attention, FP8 and sequence parallelism for
+    ``args.device`` as Megatron-LM settles them (megatron/training/arguments.py): Transformer
+    Engine layers by default on a GPU where TE imports (local layers otherwise, said in the
+    log), sequence parallelism turned off with a warning at TP=1; on a GPU, the checks of
+    :mod:`megatron_ext.device_checks`."""
     if args.transformer_impl is None:
         te = args.device == "cuda" and transformer_engine_imports()
         args.transformer_impl = "transformer_engine" if te else "local"
@@ -98,20 +108,23 @@ def resolve_layers(args: argparse.Namespace, data_parallel_size: int = 1) -> Non
     if args.fp8_format and args.transformer_impl != "transformer_engine":
         raise SystemExit("error: --fp8-format needs --transformer-impl transformer_engine "
                          "(Transformer Engine layers, on a GPU)")
+    if args.transformer_impl == "local":
+        local_core_attention(args.attention_backend)  # refuses TE's own backends
+    elif args.attention_backend == "local":
+        raise SystemExit("error: --attention-backend local is Megatron-Core's attention of the "
+                         "local layers: it needs --transformer-impl local, as in Megatron-LM")
     if args.sequence_parallel and args.tensor_model_parallel_size == 1:
         log("[fixedcode] warning: --sequence-parallel turned off: it splits activations over "
             "tensor-parallel ranks, and --tensor-model-parallel-size is 1 (as in Megatron-LM)")
         args.sequence_parallel = False
-    if args.device == "cpu" and (args.sequence_parallel or (
-            args.use_distributed_optimizer and data_parallel_size > 1)):
-        raise SystemExit("error: --sequence-parallel, and --use-distributed-optimizer over "
-                         "several data-parallel ranks, need GPUs (their reduce-scatter is not "
-                         "available on CPU/gloo)")
-    if (args.sequence_parallel and args.transformer_impl == "local"
-            and local_layer_spec(args).submodules.input_layernorm is WrappedTorchNorm):
-        raise SystemExit(f"error: --sequence-parallel needs --transformer-impl "
-                         f"transformer_engine: the local layers' {args.normalization} (torch's) "
-                         f"does not support sequence parallelism")
+    if args.device == "cuda":
+        capability = torch.cuda.get_device_capability()
+        check_cuda_connections(args.tensor_model_parallel_size, args.sequence_parallel,
+                               capability, os.environ)
+        if args.fp8_format:
+            refusal = fp8_refusal(args.fp8_recipe, capability, transformer_engine_version())
+            if refusal:
+                raise SystemExit(f"error: {refusal}")
 
 
 def resolve_checkpoint(args: argparse.Namespace, derived: Derived):
@@ -171,6 +184,7 @@ def build_model_and_optimizer(args, derived: Derived, model_provider: Callable,
         config=model.config,
         ddp_config=DistributedDataParallelConfig(
             grad_reduce_in_fp32=True, overlap_grad_reduce=args.overlap_grad_reduce,
+            overlap_param_gather=args.overlap_param_gather,
             bucket_size=args.ddp_bucket_size,
             use_distributed_optimizer=args.use_distributed_optimizer),
         module=module)
@@ -202,10 +216,12 @@ def build_model_and_optimizer(args, derived: Derived, model_provider: Callable,
 
 
 def _reduce_losses(loss_dicts: list) -> Optional[float]:
-    """Mean ``lm loss`` over the micro-batches (last pipeline stage), else None."""
+    """Mean ``lm loss`` over the micro-batches and data-parallel ranks (last pipeline
+    stage, one all-reduce per step), else None."""
     if not loss_dicts:
         return None
     total = torch.stack([d["lm loss"] for d in loss_dicts]).sum(0)
+    torch.distributed.all_reduce(total, group=parallel_state.get_data_parallel_group())
     return (total[0] / total[1]).item()
 
 
@@ -299,6 +315,33 @@ def train_step(args, num_microbatches: int, forward_step, train_iter, ddp, optim
     return StepResult(loss, grad_norm, num_zeros, None, norms)
 
 
+@contextlib.contextmanager
+def gathered_parameters(args, ddp: DistributedDataParallel):
+    """Whole, current parameters in the model for what reads them between steps (validation,
+    a checkpoint, the parameter norm). Under ``--overlap-param-gather`` the distributed
+    optimizer's update reaches the other ranks' copies only in the next forward pass's
+    pre-hooks: they are gathered now and the hooks stay off meanwhile, as Megatron-LM does."""
+    if not args.overlap_param_gather:
+        yield
+        return
+    ddp.disable_forward_pre_hook(param_sync=True)
+    try:
+        yield
+    finally:
+        ddp.enable_forward_pre_hook()
+
+
+@contextlib.contextmanager
+def collected_garbage(args):
+    """``--manual-gc``: collect on entry and on exit (around validation, unless
+    ``--no-manual-gc-eval``)."""
+    if args.manual_gc and args.manual_gc_eval:
+        gc.collect()
+    yield
+    if args.manual_gc and args.manual_gc_eval:
+        gc.collect()
+
+
 def evaluate(args, num_microbatches: int, forward_step, valid_dataset, ddp,
              exits: ExitConditions) -> tuple[Optional[float], Optional[str]]:
     """``(mean validation loss over the first --eval-iters global batches, None)``, or
@@ -321,7 +364,8 @@ def evaluate(args, num_microbatches: int, forward_step, valid_dataset, ddp,
 
 
 def _diagnostics(args, norms: Optional[NormReporter], grad_norms: dict,
-                 num_zeros: Optional[float], optimizer, state: TrainState) -> dict:
+                 num_zeros: Optional[float], optimizer, state: TrainState,
+                 ddp: DistributedDataParallel) -> dict:
     """The optional scalars of a log iteration (``--log-params-norm``,
     ``--log-num-zeros-in-grad``, ``--log-layer-norms``; under ``--fp16`` the loss scale and
     the overflow skips so far), measured after the update."""
@@ -330,7 +374,8 @@ def _diagnostics(args, norms: Optional[NormReporter], grad_norms: dict,
         out["loss-scale"] = optimizer.get_loss_scale().item()
         out["overflow-skipped-iterations"] = state.overflow_skipped
     if args.log_params_norm:
-        out["params-norm"] = norms.params_norm()
+        with gathered_parameters(args, ddp):
+            out["params-norm"] = norms.params_norm()
     if args.log_num_zeros_in_grad and num_zeros is not None:
         out["num-zeros"] = int(num_zeros)
     if args.log_layer_norms:
@@ -403,8 +448,9 @@ def pretrain(args: argparse.Namespace, model_provider: Callable, forward_step: C
     def validate() -> Optional[str]:
         """Validate at the current iteration; the exit reason if a signal stopped it."""
         nonlocal valid_loss
-        valid_loss, reason = evaluate(args, derived.num_microbatches, forward_step,
-                                      valid_dataset, ddp, exits)
+        with gathered_parameters(args, ddp), collected_garbage(args):
+            valid_loss, reason = evaluate(args, derived.num_microbatches, forward_step,
+                                          valid_dataset, ddp, exits)
         state.validation_pending = bool(reason)
         if reason:
             log(f"[fixedcode] {reason}: validation at iteration {state.iteration} stopped; "
@@ -417,6 +463,9 @@ def pretrain(args: argparse.Namespace, model_provider: Callable, forward_step: C
     if state.validation_pending:  # a signal stopped it before the checkpoint was saved
         reason = validate() if valid_dataset is not None else None
         state.validation_pending = bool(reason)
+    if args.manual_gc:  # Python's collector pauses each rank at its own moment
+        gc.disable()
+        gc.collect()
     bar = tqdm(total=derived.train_iters, initial=state.iteration, desc="train", unit="it",
                disable=not (sys.stderr.isatty() and metrics.is_logging_rank))
     while state.iteration < derived.train_iters and not reason:
@@ -439,18 +488,25 @@ def pretrain(args: argparse.Namespace, model_provider: Callable, forward_step: C
         metrics.step(state.iteration, step.loss, step.grad_norm,
                      scheduler.get_lr(optimizer.param_groups[0]), time.time() - step_start,
                      state.nonfinite_skipped,
-                     _diagnostics(args, norms, step.norms, step.num_zeros, optimizer, state)
-                     if log_now else None)
+                     _diagnostics(args, norms, step.norms, step.num_zeros, optimizer, state,
+                                  ddp) if log_now else None)
         if valid_dataset is not None and (state.iteration % args.eval_interval == 0
                                           or state.iteration == derived.train_iters):
             reason = validate()
         if checkpointer.due(state.iteration):
-            checkpointer.save(state)
+            with gathered_parameters(args, ddp):
+                checkpointer.save(state)
+        if args.manual_gc and args.manual_gc_interval \
+                and state.iteration % args.manual_gc_interval == 0:
+            gc.collect()
         if not reason and state.iteration < derived.train_iters:
             reason = exits.check(state.iteration)
     bar.close()
     profiler.close()
-    checkpointer.save(state)
+    with gathered_parameters(args, ddp):
+        checkpointer.save(state)
+    if args.manual_gc:
+        gc.enable()
     metrics.close()
     if reason:
         log(f"[fixedcode] {reason}: exiting at iteration {state.iteration}")

@@ -197,32 +197,34 @@ def test_fp8_flags_reach_the_transformer_config(recipe):
 
 
 def test_fused_kernels_on_gpus_as_in_megatron_lm(monkeypatch):
-    """GPUs get Megatron-LM's fused SwiGLU, TE's fused RoPE, fused weight-gradient
-    accumulation (only where apex's extension imports) and the fused attention softmax (only
-    where its kernels import); --no-...-fusion turns each off; CPU runs use none."""
+    """GPUs get Megatron-LM's fused SwiGLU, TE's fused RoPE (where TE imports), fused
+    weight-gradient accumulation (where apex's extension imports) and the fused attention
+    softmax (where its kernels import), for TE and local layers alike; --no-...-fusion
+    turns each off; CPU runs use none."""
+    from megatron.core.models.common.embeddings import rope_utils
     from megatron.core.tensor_parallel import layers
     from megatron_ext import model
     te = ("--transformer-impl", "transformer_engine")
     local = ("--transformer-impl", "local")
     assert not any(fusions(small_args("binary", *te), on_cpu=True).values())
     monkeypatch.setattr(layers, "_grad_accum_fusion_available", True)
+    monkeypatch.setattr(rope_utils, "fused_apply_rotary_pos_emb", lambda *a, **k: None)
     monkeypatch.setattr(model, "fused_softmax_available", lambda: True)
-    assert fusions(small_args("binary", *te), on_cpu=False) == dict(
-        bias_activation_fusion=True, apply_rope_fusion=True, gradient_accumulation_fusion=True,
-        masked_softmax_fusion=True)
-    assert fusions(small_args("binary", *local), on_cpu=False) == dict(
-        bias_activation_fusion=True, apply_rope_fusion=False, gradient_accumulation_fusion=False,
-        masked_softmax_fusion=True)
-    assert fusions(small_args("binary", *te, "--no-bias-swiglu-fusion", "--no-rope-fusion",
+    for layer_flags in (te, local):
+        assert fusions(small_args("binary", *layer_flags), on_cpu=False) == dict(
+            bias_activation_fusion=True, apply_rope_fusion=True,
+            gradient_accumulation_fusion=True, masked_softmax_fusion=True)
+    assert fusions(small_args("binary", *local, "--no-bias-swiglu-fusion", "--no-rope-fusion",
                               "--no-gradient-accumulation-fusion", "--no-masked-softmax-fusion"),
                    on_cpu=False) == dict(
         bias_activation_fusion=False, apply_rope_fusion=False, gradient_accumulation_fusion=False,
         masked_softmax_fusion=False)
     assert not fusions(small_args("binary", "--no-swiglu"), on_cpu=False)["bias_activation_fusion"]
     monkeypatch.setattr(layers, "_grad_accum_fusion_available", False)
+    monkeypatch.setattr(rope_utils, "fused_apply_rotary_pos_emb", None)
     monkeypatch.setattr(model, "fused_softmax_available", lambda: False)
-    assert fusions(small_args("binary", *te), on_cpu=False) == dict(
-        bias_activation_fusion=True, apply_rope_fusion=True, gradient_accumulation_fusion=False,
+    assert fusions(small_args("binary", *local), on_cpu=False) == dict(
+        bias_activation_fusion=True, apply_rope_fusion=False, gradient_accumulation_fusion=False,
         masked_softmax_fusion=False)
 
 

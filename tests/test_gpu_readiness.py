@@ -21,8 +21,9 @@ from conftest import TINY_RUN
 from megatron_ext import checkpointing, training
 from megatron_ext.hf.megatron_checkpoint import load_model, read_checkpoint
 from megatron_ext.derived import derive
+from megatron_ext.device_checks import fp8_refusal, te_pin_refusal
 from megatron_ext.metric_sinks import read_metrics
-from megatron_ext.metrics import peak_flops
+from megatron_ext.metrics import flops_per_token, peak_flops
 from megatron_ext.model import model_provider as build_gpt
 from megatron_ext.training import (NonFiniteLossError, build_model_and_optimizer, pretrain,
                                    resolve_layers, setup_args, train_step)
@@ -125,6 +126,8 @@ def test_a_nan_gradient_with_a_finite_loss_is_never_applied(cpu_dist, tmp_path):
     weights = {}
     for iteration in (3, 4, 6):
         path, saved_args, code, _ = read_checkpoint(str(ckpt), iteration)
+        if iteration == 3:  # as saved before these flags existed: loads all the same
+            del saved_args.attention_backend, saved_args.fp32_residual_connection
         weights[iteration] = dict(load_model(path, saved_args, code).named_parameters())
         assert all(torch.isfinite(w).all() for w in weights[iteration].values())
     assert all(torch.equal(weights[3][k], weights[4][k]) for k in weights[3])  # skipped
@@ -133,7 +136,10 @@ def test_a_nan_gradient_with_a_finite_loss_is_never_applied(cpu_dist, tmp_path):
 
 @pytest.fixture
 def te_imports(monkeypatch):
-    """``te_imports(True/False)``: whether Transformer Engine 'imports' for resolve_layers."""
+    """``te_imports(True/False)``: whether Transformer Engine 'imports' for resolve_layers;
+    the 'GPU' is a Hopper (sm 9.0) launched with CUDA_DEVICE_MAX_CONNECTIONS=1."""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1")
     return lambda imports: monkeypatch.setattr(training, "transformer_engine_imports",
                                                lambda: imports)
 
@@ -170,9 +176,11 @@ def test_a_gpu_gets_transformer_engine_layers_by_default(te_imports, capsys):
      "--transformer-impl transformer_engine needs a GPU"),
     ("cuda", ["--fp8-format", "hybrid"],
      "--fp8-format needs --transformer-impl transformer_engine"),
-    ("cuda", ["--tensor-model-parallel-size", "2", "--sequence-parallel"],
-     "--sequence-parallel needs --transformer-impl transformer_engine: the local layers' "
-     "RMSNorm (torch's) does not support sequence parallelism"),
+    ("cpu", ["--attention-backend", "fused"],
+     "--attention-backend fused selects Transformer Engine's fused (cuDNN) attention, which "
+     "needs --transformer-impl transformer_engine"),
+    ("cuda", ["--transformer-impl", "transformer_engine", "--attention-backend", "local"],
+     "--attention-backend local is Megatron-Core's attention of the local layers"),
 ])
 def test_layer_flags_that_cannot_run_are_clear_errors(te_imports, device, flags, message):
     te_imports(False)
@@ -182,16 +190,60 @@ def test_layer_flags_that_cannot_run_are_clear_errors(te_imports, device, flags,
         resolve_layers(args)
 
 
-def test_sequence_parallel_is_turned_off_at_tp1_and_kept_with_te_layers(te_imports, capsys):
+def test_sequence_parallel_is_turned_off_at_tp1_and_kept_at_tp2(te_imports, capsys):
     te_imports(False)
     args = gpu_args("--sequence-parallel")
     resolve_layers(args)
     assert not args.sequence_parallel
     assert "warning: --sequence-parallel turned off" in capsys.readouterr().out
+    for te in (True, False):
+        te_imports(te)
+        args = gpu_args("--tensor-model-parallel-size", "2", "--sequence-parallel")
+        resolve_layers(args)
+        assert args.sequence_parallel
+        assert args.transformer_impl == ("transformer_engine" if te else "local")
+
+
+def test_tensor_parallelism_on_a_gpu_needs_one_cuda_connection(te_imports, monkeypatch):
+    te_imports(False)
+    monkeypatch.delenv("CUDA_DEVICE_MAX_CONNECTIONS")
+    resolve_layers(gpu_args())  # TP=1: no requirement
+    for flags in (["--tensor-model-parallel-size", "2"],
+                  ["--tensor-model-parallel-size", "2", "--sequence-parallel"]):
+        with pytest.raises(SystemExit, match="needs CUDA_DEVICE_MAX_CONNECTIONS=1"):
+            resolve_layers(gpu_args(*flags))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (10, 0))
+    resolve_layers(gpu_args("--tensor-model-parallel-size", "2"))  # Blackwell: none
+
+
+@pytest.mark.parametrize("recipe,capability,te,refusal", [
+    ("delayed", (9, 0), "2.8.0", None), ("delayed", (8, 9), "1.13.0", None),
+    ("delayed", (8, 0), "2.8.0", "--fp8-recipe delayed needs a GPU of sm 8.9 or newer; this "
+                                  "one is sm 8.0"),
+    ("delayed", (9, 0), None, "--fp8-recipe delayed needs Transformer Engine >= 1.0; none "
+                              "imports"),
+    ("tensorwise", (9, 0), "2.1.0", "--fp8-recipe tensorwise needs Transformer Engine >= "
+                                    "2.2.0.dev0; found 2.1.0"),
+    ("tensorwise", (9, 0), "2.2.0", None),
+    ("blockwise", (9, 0), "2.3.0", None),
+    ("blockwise", (10, 0), "2.8.0", "--fp8-recipe blockwise needs a GPU of Hopper (sm 9.0); "
+                                    "this one is sm 10.0"),
+    ("blockwise", (9, 0), "2.2.1", "--fp8-recipe blockwise needs Transformer Engine >= "
+                                   "2.3.0.dev0; found 2.2.1"),
+    ("mxfp8", (9, 0), "2.8.0", "--fp8-recipe mxfp8 needs a GPU of sm 10.0 or newer; this one "
+                               "is sm 9.0"),
+    ("mxfp8", (10, 0), "2.1.0", None),
+])
+def test_fp8_recipes_a_device_or_te_cannot_run_are_refused(recipe, capability, te, refusal):
+    assert fp8_refusal(recipe, capability, te) == refusal
+
+
+def test_fp8_is_refused_at_start_up(te_imports, monkeypatch):
     te_imports(True)
-    args = gpu_args("--tensor-model-parallel-size", "2", "--sequence-parallel")
-    resolve_layers(args)
-    assert args.sequence_parallel and args.transformer_impl == "transformer_engine"
+    monkeypatch.setattr(training, "transformer_engine_version", lambda: "2.8.0")
+    resolve_layers(gpu_args("--fp8-format", "hybrid", "--fp8-recipe", "blockwise"))
+    with pytest.raises(SystemExit, match="error: --fp8-recipe mxfp8 needs a GPU of sm 10.0"):
+        resolve_layers(gpu_args("--fp8-format", "hybrid", "--fp8-recipe", "mxfp8"))
 
 
 def test_the_final_norm_never_comes_from_transformer_engine(cpu_dist, monkeypatch):
@@ -334,3 +386,103 @@ def test_dp_reshardable_optimizer_state_refuses_another_tp_size():
 ])
 def test_mfu_divides_by_the_device_and_precision_peak(name, fp8, tflops):
     assert peak_flops(name, fp8) == (None if tflops is None else tflops * 1e12)
+
+
+@pytest.mark.parametrize("flags", [[], ["--num-query-groups", "2"], ["--no-swiglu"]],
+                         ids=["mha", "gqa", "gelu"])
+def test_model_flops_are_megatron_lms_count(cpu_dist, flags):
+    """Megatron-LM 0.16.1 counts 6 FLOPs per token per weight of every GEMM (the output
+    logits included, no input embedding) plus, per layer, the causal half of the attention
+    scores and of their product with the values: 2 x 3 x 2 x hidden x sequence / 2. The
+    weights are counted here from the built model; the formula counts them from the shape."""
+    args = parse_args(TINY_RUN + ["--train-iters", "1", *flags])
+    model = build_gpt(args, 512, on_cpu=True)
+    gemm_weights = sum(p.numel() for name, p in model.named_parameters()
+                       if p.dim() == 2 and not name.startswith("embedding."))
+    attention = 6 * args.num_layers * args.hidden_size * args.seq_length
+    assert flops_per_token(args, 512) == 6 * gemm_weights + attention
+
+
+def test_the_loss_is_all_reduced_once_per_step(cpu_dist, monkeypatch):
+    """Four micro-batches, one all-reduce of the reported loss over the data-parallel group
+    (Megatron-LM's count), and the step's loss is the mean over all of them."""
+    from megatron.core import parallel_state
+    args = parse_args(TINY_RUN + ["--train-iters", "1", "--global-batch-size", "8"])
+    args.device = "cpu"
+    _, derived = setup_args(args)
+    assert derived.num_microbatches == 4
+    _, ddp, optimizer, scheduler = build_model_and_optimizer(args, derived, model_provider)
+    batches = [random_batch(args) for _ in range(4)]
+    reduced = []
+    all_reduce = torch.distributed.all_reduce
+
+    def counting(tensor, *a, group=None, **k):
+        if group is parallel_state.get_data_parallel_group():
+            reduced.append(tensor.clone())
+        return all_reduce(tensor, *a, group=group, **k)
+
+    monkeypatch.setattr(torch.distributed, "all_reduce", counting)
+    step = train_step(args, 4, make_forward_step(args), iter(batches), ddp, optimizer, scheduler)
+    assert len(reduced) == 1 and reduced[0][1] == 4 * args.micro_batch_size * args.seq_length
+    assert step.loss == pytest.approx((reduced[0][0] / reduced[0][1]).item())
+
+
+def test_manual_gc_collects_at_megatron_lms_points(cpu_dist, monkeypatch, tmp_path):
+    """--manual-gc: the collector off while training, a collection at the start, every
+    --manual-gc-interval steps and around each validation; back on at the end."""
+    import gc
+    collected, enabled = [], []
+    monkeypatch.setattr(gc, "collect", lambda *a: collected.append(gc.isenabled()))
+    args = parse_args(TINY_RUN + ["--train-iters", "4", "--manual-gc", "--manual-gc-interval",
+                                  "2", "--eval-interval", "2", "--eval-iters", "1",
+                                  "--metrics-file", str(tmp_path / "m.jsonl")])
+
+    def forward_step(data_iterator, model):
+        enabled.append(gc.isenabled())
+        return make_forward_step(args)(data_iterator, model)
+
+    pretrain(args, model_provider, forward_step, datasets_provider)
+    assert len(collected) == 1 + 2 + 2 * 2 and not any(collected)
+    assert enabled and not any(enabled) and gc.isenabled()
+
+
+@pytest.mark.parametrize("arm", ["learned", "binary"])
+def test_fp32_residual_connection_keeps_the_stream_in_fp32(cpu_dist, arm):
+    """--bf16 --fp32-residual-connection: bf16 weights and GEMMs, the residual stream between
+    the layers in fp32 (from the input on, table or code), a step trains through it.
+    megatron-core 0.16.1's own residual add would cast the stream back to bf16 after the
+    first layer."""
+    args = parse_args(TINY_RUN + ["--input-interface", arm, "--bf16", "--train-iters", "1",
+                                  "--fp32-residual-connection"])
+    args.device = "cpu"
+    _, derived = setup_args(args)
+    model, ddp, optimizer, scheduler = build_model_and_optimizer(args, derived, model_provider)
+    seen = {}
+    layer = model.decoder.layers[0]
+
+    def record(name):
+        def hook(module, inputs, output):
+            seen.setdefault(name, (output[0] if isinstance(output, tuple) else output).dtype)
+        return hook
+
+    for name, module in (("stream", layer), ("norm", layer.input_layernorm),
+                         ("qkv", layer.self_attention.linear_qkv)):
+        module.register_forward_hook(record(name))
+    step = train_step(args, derived.num_microbatches, make_forward_step(args),
+                      itertools.repeat(random_batch(args)), ddp, optimizer, scheduler)
+    assert seen == {"stream": torch.float32, "norm": torch.bfloat16, "qkv": torch.bfloat16}
+    assert step.skip is None and math.isfinite(step.loss)
+    assert layer.self_attention.linear_qkv.weight.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("version,refusal", [
+    ("2.9.0", None), ("2.11.0+3d4a4e6", None), ("2.10.0.dev0+abc", None),
+    ("2.7.0+4e7d7c1", "Transformer Engine 2.7.0+4e7d7c1 is outside the [gpu] extra's pin"),
+    ("2.12.0", "Transformer Engine 2.12.0 is outside the [gpu] extra's pin"),
+    (None, "Transformer Engine does not import"),
+])
+def test_the_image_build_refuses_a_transformer_engine_outside_the_pin(version, refusal):
+    """Against the installed package's own [gpu] requirement (pyproject.toml)."""
+    import importlib.metadata
+    got = te_pin_refusal(version, importlib.metadata.requires("fixedcode"))
+    assert got == refusal if refusal is None else refusal in got

@@ -40,6 +40,9 @@ def load_model(path: str, args: argparse.Namespace, fixed_code: Optional[dict]) 
     args.transformer_impl, args.fp8_format, args.fixed_code_impl = "local", None, "torch"
     args.bf16 = args.fp16 = False
     args.recompute_granularity = args.recompute_method = args.recompute_num_layers = None
+    # Execution choices, absent from older checkpoints: no parameter depends on them, and
+    # one backend for every model a process loads (GPTModel pins TE's variables to it).
+    args.attention_backend, args.fp32_residual_connection = "auto", False
     # the saved code, never a redrawn one
     model = model_provider(args, args.padded_vocab_size, on_cpu=True,
                            code=None if fixed_code is None else FixedCode.from_dict(fixed_code))

@@ -1,0 +1,55 @@
+"""Worker for test_parallel.py, run under torchrun with 2 processes: the training loop
+(``megatron_ext.training.pretrain``, in this one process group) of every arm at TP=1 x DP=2
+(DDP) and at TP=2 with sequence parallelism; then one arm with the distributed optimizer at
+DP=2, straight and interrupted after 5 steps and resumed, without and with
+``--overlap-param-gather``. Each run writes its metrics file
+to ``DIR/<layout>-<arm>.jsonl``; the test compares the per-step losses. One process start
+(torch and megatron imported once) serves all the runs."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import megatron_ext  # noqa: F401
+from megatron.core import parallel_state
+
+from conftest import TINY_RUN
+from megatron_ext.training import pretrain
+from pretrain_fixedcode import datasets_provider, make_forward_step, model_provider, parse_args
+from tp_parity_worker import ARMS
+
+STEPS = 10
+LAYOUTS = {"dp2": [], "tp2-sp": ["--tensor-model-parallel-size", "2", "--sequence-parallel"]}
+DIST_OPT_ARM = "binary"
+DIST_OPT = ["--use-distributed-optimizer"]
+# Several buckets, their parameters gathered during the next forward pass; the parameter norm
+# read between steps (it needs the gathered parameters).
+OVERLAP = ["--overlap-grad-reduce", "--overlap-param-gather", "--ddp-bucket-size", "20000",
+           "--log-params-norm"]
+
+
+def train(root: str, name: str, flags: list) -> None:
+    args = parse_args(TINY_RUN + ["--train-iters", str(STEPS), "--device", "cpu",
+                                  "--metrics-file", os.path.join(root, name + ".jsonl"), *flags])
+    pretrain(args, model_provider, make_forward_step(args), datasets_provider)
+    parallel_state.destroy_model_parallel()  # the next run may lay the ranks out otherwise
+
+
+def main(root: str) -> None:
+    for layout, flags in LAYOUTS.items():
+        for arm, arm_flags in ARMS.items():
+            train(root, f"{layout}-{arm}", flags + arm_flags)
+    arm = ARMS[DIST_OPT_ARM]
+    train(root, "dist-opt", DIST_OPT + arm)
+    ckpt = ["--save", os.path.join(root, "ckpt"), "--load", os.path.join(root, "ckpt")]
+    train(root, "dist-opt-first", DIST_OPT + arm + ckpt + ["--exit-interval", "5"])
+    train(root, "dist-opt-resumed", DIST_OPT + arm + ckpt)
+    ckpt = ["--save", os.path.join(root, "ckpt-overlap"), "--load",
+            os.path.join(root, "ckpt-overlap")]
+    train(root, "overlap-first", DIST_OPT + arm + OVERLAP + ckpt + ["--exit-interval", "5"])
+    train(root, "overlap-resumed", DIST_OPT + arm + OVERLAP + ckpt)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
