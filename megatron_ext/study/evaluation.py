@@ -3,6 +3,11 @@ token set (the same tokens for every run and checkpoint) and, optionally, the do
 tasks of tools/evaluate.py with lm-eval's per-item results kept (for item-paired
 comparisons between arms).
 
+Each record also carries the checkpoint's training compute: ``flops``, the FLOPs of its
+iterations as the training log's MFU counts them (:func:`megatron_ext.metrics.flops_per_token`
+times the tokens trained), and ``parameters`` (``total`` trainable, ``non_embedding``: all
+but the input table, which a fixed code does not have).
+
 Results are cached per checkpoint in ``RUN/eval/iter_NNNNNNN.json`` with the settings they
 were computed under: evaluation is incremental while training continues, and a cache made
 under other settings is recomputed. Runs in one CPU process (checkpoints of any TP/PP are
@@ -82,11 +87,12 @@ def evaluate_checkpoint(run: Path, iteration: int, settings: EvalSettings, expor
     from megatron_ext.hf.megatron_checkpoint import load_model, read_checkpoint
     ckpt = run / "checkpoints"
     path, train_args, fixed_code, _ = read_checkpoint(str(ckpt), iteration)
-    record = {"iteration": iteration, "settings": _settings_json(settings)}
+    model = load_model(path, train_args, fixed_code)
+    record = {"iteration": iteration, "settings": _settings_json(settings),
+              **training_compute(train_args, iteration, model)}
     if settings.data_path:
         windows = held_out_tokens(settings.data_path, settings.tokens, train_args.seq_length)
-        loss = held_out_loss(load_model(path, train_args, fixed_code), windows,
-                             settings.batch_size)
+        loss = held_out_loss(model, windows, settings.batch_size)
         record.update(valid_loss=loss, valid_ppl=math.exp(min(loss, 50.0)),
                       valid_tokens=int(windows.shape[0] * train_args.seq_length),
                       valid_tokens_sha256=tokens_sha256(windows))
@@ -95,12 +101,27 @@ def evaluate_checkpoint(run: Path, iteration: int, settings: EvalSettings, expor
     return record
 
 
+def training_compute(train_args, iteration: int, model) -> dict:
+    """``{"flops", "parameters"}`` of a checkpoint at ``iteration`` (its saved flags, which
+    hold the derived batch and padded vocabulary, and its model)."""
+    from megatron_ext.metrics import flops_per_token
+    from megatron_ext.param_count import count_parameters
+    tokens = iteration * train_args.global_batch_size * train_args.seq_length
+    counts = count_parameters(model)
+    return {"flops": tokens * flops_per_token(train_args, train_args.padded_vocab_size),
+            "parameters": {"total": counts["total"],
+                           "non_embedding": counts["total"] - counts["input_table"]}}
+
+
 def read_cached(run: Path, iteration: int, settings: EvalSettings) -> Optional[dict]:
+    """The cached record, unless made under other settings or before records carried the
+    training compute."""
     path = cache_path(run, iteration)
     if not path.exists():
         return None
     record = json.loads(path.read_text())
-    return record if record.get("settings") == _settings_json(settings) else None
+    same = record.get("settings") == _settings_json(settings)
+    return record if same and "flops" in record else None
 
 
 def _settings_json(settings: EvalSettings) -> dict:

@@ -3,8 +3,9 @@ checkpoints; Ctrl-C lets the current run save and stop), or as one preemption-sa
 per run (:mod:`megatron_ext.slurm`'s job script); then every checkpoint evaluated (and,
 with ``[probes]``, the final ones probed). tools/study.py is the command line.
 
-A run is ``STUDY_DIR/ARM/seedN`` (:func:`.spec.run_dir`); it is finished when its latest
-checkpoint is its last iteration, so a rerun skips it.
+A run is ``STUDY_DIR/[LEVEL/...]ARM/seedN`` (:func:`.spec.all_runs`); it is finished when
+its latest checkpoint is its last iteration, so a rerun skips it. Each cell of a study's
+factors is evaluated as a study of its own.
 """
 
 from __future__ import annotations
@@ -50,18 +51,19 @@ def train_locally(study: spec.Study, study_dir: Path, nproc: int,
     training output is shown prefixed with the run and kept in RUN/train.log. Ctrl-C (or
     SIGTERM) lets the current run save and stop; rerunning continues."""
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # as Ctrl-C
-    todo = [(a, s) for a, s in study.runs() if not finished(spec.run_dir(study_dir, a, s))]
-    progress(f"[study] {len(study.runs()) - len(todo)} of {len(study.runs())} runs finished; "
+    runs = spec.all_runs(study, study_dir)
+    todo = [r for r in runs if not finished(r[-1])]
+    progress(f"[study] {len(runs) - len(todo)} of {len(runs)} runs finished; "
              f"training {len(todo)}")
     launcher = ([sys.executable] if nproc == 1 else
                 [sys.executable, "-m", "torch.distributed.run", "--standalone",
                  "--nproc-per-node", str(nproc)])
-    for i, (arm, seed) in enumerate(todo, 1):
-        run = spec.run_dir(study_dir, arm, seed)
+    for i, (folder, cell, arm, seed, run) in enumerate(todo, 1):
         run.mkdir(parents=True, exist_ok=True)
-        flags = run_flags(study, arm, seed, run)
-        tag = f"[{arm.name} seed {seed}]"
-        progress(f"[study] run {i}/{len(todo)}: {arm.name} seed {seed} -> {run}")
+        flags = run_flags(cell, arm, seed, run)
+        where = f"{folder} " if folder else ""
+        tag = f"[{where}{arm.name} seed {seed}]"
+        progress(f"[study] run {i}/{len(todo)}: {where}{arm.name} seed {seed} -> {run}")
         with open(run / "train.log", "a") as log:
             proc = subprocess.Popen([*launcher, str(PRETRAIN), *flags], stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, text=True, cwd=slurm.REPO,
@@ -71,11 +73,11 @@ def train_locally(study: spec.Study, study_dir: Path, nproc: int,
             except KeyboardInterrupt:
                 proc.send_signal(signal.SIGTERM)  # --exit-signal-handler: save, then exit
                 _relay(proc, log, tag)
-                raise SystemExit(f"[study] interrupted: {arm.name} seed {seed} saved its "
-                                 f"checkpoint; rerun the same command to continue")
+                raise SystemExit(f"[study] interrupted: {where}{arm.name} seed {seed} saved "
+                                 f"its checkpoint; rerun the same command to continue")
         if rc != 0:
-            raise SystemExit(f"error: run {arm.name} seed {seed} failed (exit {rc}); see "
-                             f"{run / 'train.log'}")
+            raise SystemExit(f"error: run {where}{arm.name} seed {seed} failed (exit {rc}); "
+                             f"see {run / 'train.log'}")
 
 
 def _relay(proc: subprocess.Popen, log, tag: str) -> int:
@@ -99,22 +101,23 @@ def submit_to_slurm(study: spec.Study, study_dir: Path, job: argparse.Namespace,
                     dry_run: bool, progress: Progress = _print) -> None:
     """Submit each run that is neither finished nor queued; ``job``: the job options
     (:func:`megatron_ext.slurm.add_job_args`, checked). ``dry_run`` prints the scripts."""
-    for arm, seed in study.runs():
-        run = spec.run_dir(study_dir, arm, seed)
-        name = f"{study_dir.name}-{arm.name}-seed{seed}"
+    for folder, cell, arm, seed, run in spec.all_runs(study, study_dir):
+        what = f"{folder + ' ' if folder else ''}{arm.name} seed {seed}"
+        name = "-".join([study_dir.name, *filter(None, folder.split("/")), arm.name,
+                         f"seed{seed}"])
         if finished(run):
-            progress(f"{arm.name} seed {seed}: finished")
+            progress(f"{what}: finished")
             continue
         queued = queued_job(name)
         if queued:
-            progress(f"{arm.name} seed {seed}: queued or running as job {queued}")
+            progress(f"{what}: queued or running as job {queued}")
             continue
-        script = slurm.job_script(job, name, run, run_flags(study, arm, seed, run), study_dir)
+        script = slurm.job_script(job, name, run, run_flags(cell, arm, seed, run), study_dir)
         if dry_run:
-            progress(f"# ===== {arm.name} seed {seed}: {run / 'job.sbatch'} =====\n{script}")
+            progress(f"# ===== {what}: {run / 'job.sbatch'} =====\n{script}")
             continue
         job_id = slurm.write_and_submit(run, script)
-        progress(f"{arm.name} seed {seed}: job {job_id}, log {run / f'slurm-{job_id}.log'}")
+        progress(f"{what}: job {job_id}, log {run / f'slurm-{job_id}.log'}")
 
 
 def export_hf(load: Path, iteration: int, output: str) -> None:
@@ -127,12 +130,19 @@ def evaluate(study: spec.Study, study_dir: Path, progress: Progress = _print) ->
     """Evaluate the checkpoints not evaluated yet and, with ``[probes]``, probe the final
     ones not probed yet."""
     from .evaluation import evaluate_study
-    counts = evaluate_study(study, study_dir, export_hf, progress=progress)
-    progress(f"[study] evaluated {counts['evaluated']} checkpoints ({counts['cached']} cached)")
+    from .probing import probe_study
+    from .report import final_iteration
+    evaluated = {"evaluated": 0, "cached": 0}
+    probed = {"probed": 0, "cached": 0}
+    for folder, cell in study.cells():
+        counts = evaluate_study(cell, study_dir / folder, export_hf, progress=progress)
+        evaluated = {k: evaluated[k] + counts[k] for k in evaluated}
+        if study.probes:
+            counts = probe_study(cell, study_dir / folder,
+                                 final_iteration(cell, study_dir / folder), progress=progress)
+            probed = {k: probed[k] + counts[k] for k in probed}
+    progress(f"[study] evaluated {evaluated['evaluated']} checkpoints "
+             f"({evaluated['cached']} cached)")
     if study.probes:
-        from .probing import probe_study
-        from .report import final_iteration
-        counts = probe_study(study, study_dir, final_iteration(study, study_dir),
-                             progress=progress)
-        progress(f"[study] probed {counts['probed']} final checkpoints "
-                 f"({counts['cached']} cached)")
+        progress(f"[study] probed {probed['probed']} final checkpoints "
+                 f"({probed['cached']} cached)")
