@@ -232,3 +232,93 @@ def test_study_with_factors_round_trips_through_settle(recipe, tmp_path):
     other = dataclasses.replace(study, factors=())
     with pytest.raises(SystemExit, match="holds another study"):
         spec.settle(tmp_path / "S", other)
+
+
+# ------------------------------------------------------------------------------- budgets
+
+WSD = TINY_RECIPE.replace("--train-iters 3", "--train-iters 6") + (
+    "--lr-decay-style WSD --lr-wsd-decay-iters 2 --save-interval 1\n"
+    "--tokenizer-type NullTokenizer --vocab-size 511\n")
+
+
+def test_budgets_branch_from_the_last_stable_save_before_their_cooldown(recipe):
+    """6 steps of 128 tokens, the last 2 (1/3) decaying: a 640-token budget (5 steps)
+    decays over its last third from the save at step 3; its cell follows its run's."""
+    recipe.write_text(WSD)
+    study = build(recipe, {}, arms=["learned"], seeds=[1], budgets={"tokens": [640]})
+    (folder, main), (branch_folder, branch) = study.cells()
+    assert (folder, branch_folder) == ("", "budget_640") and main.branch is None
+    assert branch.recipe[len(main.recipe):] == (
+        "--train-iters", "5", "--lr-wsd-decay-iters", "2", "--override-opt_param-scheduler",
+        "--ckpt-step", "3")
+    assert spec.branched_from(Path("S"), branch_folder, branch.arms[0], 1) == \
+        Path("S/learned/seed1")
+
+
+@pytest.mark.parametrize("change, budgets, message", [
+    (("--lr-decay-style WSD", "--lr-decay-style cosine"), [640], "lacks: --lr-decay-style WSD"),
+    (("--save-interval 1", ""), [640], "lacks: --save-interval"),
+    (("", ""), [768], "budget 768 tokens (6 steps of 128 tokens)"),
+    (("", ""), [200], "budget 200 tokens (1 steps of 128 tokens)"),
+    (("", ""), [-5], "give distinct positive counts"),
+])
+def test_budgets_the_recipe_cannot_branch_are_refused(recipe, change, budgets, message):
+    recipe.write_text(WSD.replace(*change))
+    with pytest.raises(SystemExit, match=re.escape(message)):
+        build(recipe, {}, arms=["learned"], seeds=[1], budgets={"tokens": budgets})
+
+
+def test_slurm_dry_run_makes_each_branch_depend_on_its_run(recipe, tmp_path, capsys):
+    recipe.write_text(WSD)
+    toml = tmp_path / "s.toml"
+    toml.write_text(f'recipe = "{recipe}"\narms = ["learned", "binary"]\nseeds = [1]\n'
+                    f'[factors.size]\nd64 = "{SIZES["d64"]}"\n[budgets]\ntokens = [640]\n')
+    study_dir = tmp_path / "S"
+    study_tool.main(["run", str(study_dir), "--study", str(toml), "--launcher", "slurm",
+                     "--gpus-per-node", "0", "--ntasks-per-node", "1", "--dry-run"])
+    out = capsys.readouterr().out
+    headers = re.findall(r"^# ===== (.+?): \S+( \(after <\S+> succeeds\))? =====$", out,
+                         flags=re.M)
+    assert headers == [("d64 learned seed 1", ""), ("d64 binary seed 1", ""),
+                       ("d64/budget_640 learned seed 1", " (after <S-d64-learned-seed1> succeeds)"),
+                       ("d64/budget_640 binary seed 1", " (after <S-d64-binary-seed1> succeeds)")]
+    branch = out[out.index("# ===== d64/budget_640 binary"):]
+    assert f"--load {study_dir}/d64/binary/seed1/checkpoints" in branch
+    assert f"--save {study_dir}/d64/budget_640/binary/seed1/checkpoints" in branch
+
+
+def test_a_branch_trains_from_its_run_resumes_after_a_kill_and_is_not_retrained(recipe,
+                                                                                 tmp_path):
+    """The one real training here: a 6-step WSD run and its 5-step branch from step 3; the
+    branch's state after a kill (its save at step 4 the latest) resumes from its own
+    checkpoint; a finished branch is skipped."""
+    import shutil
+
+    from megatron_ext.metric_sinks import read_metrics
+    recipe.write_text(WSD)
+    toml = tmp_path / "s.toml"
+    toml.write_text(f'recipe = "{recipe}"\narms = ["learned"]\nseeds = [1]\n'
+                    f'[budgets]\ntokens = [640]\n')
+    study_dir = tmp_path / "S"
+    run = ["run", str(study_dir), "--study", str(toml), "--no-eval"]
+    study_tool.main(run)
+    main, branch = study_dir / "learned" / "seed1", study_dir / "budget_640" / "learned" / "seed1"
+    log = (branch / "train.log").read_text()
+    assert f"resumed from {main}/checkpoints/iter_0000003 at iteration 3" in log
+    lr = {r["iteration"]: r["learning-rate"] for r in read_metrics(str(main / "checkpoints"))
+          if r["kind"] == "train"}
+    branch_lr = {r["iteration"]: r["learning-rate"]
+                 for r in read_metrics(str(branch / "checkpoints")) if r["kind"] == "train"}
+    assert sorted(branch_lr) == [4, 5]
+    assert branch_lr[4] < lr[4] == lr[3]  # the run is still stable at step 4; the branch decays
+    # killed after its save at step 4: the marker names 4 and step 5 never completed
+    ckpt = branch / "checkpoints"
+    shutil.rmtree(ckpt / "iter_0000005")
+    (ckpt / "latest_checkpointed_iteration.txt").write_text("4")
+    study_tool.main(run)
+    log = (branch / "train.log").read_text()
+    assert f"--save {ckpt} holds iteration 4: resuming from it" in log
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "5"
+    before = (branch / "train.log").stat().st_size
+    study_tool.main(run)
+    assert (branch / "train.log").stat().st_size == before  # nothing trained again

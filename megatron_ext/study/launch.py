@@ -40,9 +40,21 @@ def finished(run: Path) -> bool:
     return common["iteration"] >= common["args"]["train_iters"]
 
 
-def run_flags(study: spec.Study, arm: spec.Arm, seed: int, run: Path) -> list[str]:
-    """A run's flags: the recipe, the arm's, the seed, where it saves (a Slurm job's too)."""
-    return slurm.run_flags(list(study.recipe), run, [*arm.training_flags(), "--seed", str(seed)])
+def run_flags(study: spec.Study, arm: spec.Arm, seed: int, run: Path,
+              branched_from: Optional[Path] = None) -> list[str]:
+    """A run's flags: the recipe, the arm's, the seed, where it saves (a Slurm job's too);
+    a budget's branch loads the run it branches from (its own ``--save`` is resumed first
+    once it holds a checkpoint)."""
+    flags = slurm.run_flags(list(study.recipe), run, [*arm.training_flags(), "--seed", str(seed)])
+    if branched_from is not None:
+        flags[flags.index("--load") + 1] = str(branched_from / "checkpoints")
+    return flags
+
+
+def _flags(study_dir: Path, folder: str, cell: spec.Study, arm: spec.Arm, seed: int,
+           run: Path) -> list[str]:
+    main = spec.branched_from(study_dir, folder, arm, seed) if cell.branch else None
+    return run_flags(cell, arm, seed, run, main)
 
 
 def train_locally(study: spec.Study, study_dir: Path, nproc: int,
@@ -60,7 +72,7 @@ def train_locally(study: spec.Study, study_dir: Path, nproc: int,
                  "--nproc-per-node", str(nproc)])
     for i, (folder, cell, arm, seed, run) in enumerate(todo, 1):
         run.mkdir(parents=True, exist_ok=True)
-        flags = run_flags(cell, arm, seed, run)
+        flags = _flags(study_dir, folder, cell, arm, seed, run)
         where = f"{folder} " if folder else ""
         tag = f"[{where}{arm.name} seed {seed}]"
         progress(f"[study] run {i}/{len(todo)}: {where}{arm.name} seed {seed} -> {run}")
@@ -100,7 +112,10 @@ def queued_job(name: str) -> Optional[str]:
 def submit_to_slurm(study: spec.Study, study_dir: Path, job: argparse.Namespace,
                     dry_run: bool, progress: Progress = _print) -> None:
     """Submit each run that is neither finished nor queued; ``job``: the job options
-    (:func:`megatron_ext.slurm.add_job_args`, checked). ``dry_run`` prints the scripts."""
+    (:func:`megatron_ext.slurm.add_job_args`, checked). A budget's branch is a job that
+    starts once its run's job has succeeded (none when that run is finished). ``dry_run``
+    prints the scripts and dependencies."""
+    jobs = {}  # run folder -> its job id (submitted or queued), or "dry-run"
     for folder, cell, arm, seed, run in spec.all_runs(study, study_dir):
         what = f"{folder + ' ' if folder else ''}{arm.name} seed {seed}"
         name = "-".join([study_dir.name, *filter(None, folder.split("/")), arm.name,
@@ -110,14 +125,21 @@ def submit_to_slurm(study: spec.Study, study_dir: Path, job: argparse.Namespace,
             continue
         queued = queued_job(name)
         if queued:
+            jobs[run] = queued
             progress(f"{what}: queued or running as job {queued}")
             continue
-        script = slurm.job_script(job, name, run, run_flags(cell, arm, seed, run), study_dir)
+        after = (jobs.get(spec.branched_from(study_dir, folder, arm, seed))
+                 if cell.branch else None)
+        script = slurm.job_script(job, name, run, _flags(study_dir, folder, cell, arm, seed,
+                                                         run), study_dir)
         if dry_run:
-            progress(f"# ===== {what}: {run / 'job.sbatch'} =====\n{script}")
+            jobs[run] = f"<{name}>"
+            needs = f" (after {after} succeeds)" if after else ""
+            progress(f"# ===== {what}: {run / 'job.sbatch'}{needs} =====\n{script}")
             continue
-        job_id = slurm.write_and_submit(run, script)
-        progress(f"{what}: job {job_id}, log {run / f'slurm-{job_id}.log'}")
+        jobs[run] = slurm.write_and_submit(run, script, after)
+        progress(f"{what}: job {jobs[run]}" + (f" after {after}" if after else "")
+                 + f", log {run / f'slurm-{jobs[run]}.log'}")
 
 
 def export_hf(load: Path, iteration: int, output: str) -> None:

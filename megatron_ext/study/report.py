@@ -318,7 +318,7 @@ def write_report(study: Study, study_dir: Path) -> dict:
                  "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
                  "fixedcode": megatron_ext.__version__,
                  "megatron_core": megatron.core.__version__}
-    if not study.factors:
+    if not study.factors and not study.budgets:
         return _write_cell(study, study_dir, collect(study, study_dir), generated)
     from . import scaling
     runs = {level: collect(cell, study_dir / level) for level, cell in study.cells()}
@@ -327,8 +327,10 @@ def write_report(study: Study, study_dir: Path) -> dict:
     hashes = sorted({h for s in summaries.values() for h in s["held_out_sha256"]})
     lines = header(study, study_dir, hashes, generated)
     lines += ["", "| factor | level | flags |", "|---|---|---|"]
-    lines += [f"| {f.name} | [{lv.name}]({lv.name}/STUDY.md) | `{' '.join(lv.flags)}` |"
+    lines += [f"| {f.name} | {lv.name} | `{' '.join(lv.flags)}` |"
               for f in study.factors for lv in f.levels]
+    lines += [f"| budget | budget_{b} | WSD cooldown branches to {b:,} tokens |"
+              for b in study.budgets]
     lines.append("")
     for level, cell in study.cells():
         lines += [f"## Level `{level}`", "", f"Its report: [{level}/STUDY.md]({level}/STUDY.md).",

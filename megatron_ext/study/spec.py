@@ -8,7 +8,9 @@ A study may also cross named **factors** (``[factors.NAME]``, each level a strin
 e.g. one model size): every combination of levels (a *cell*) runs every arm and seed with
 the level's flags after the recipe's. Run ``S`` of arm ``A`` in the cell of levels ``L1``,
 ``L2``... lives in ``STUDY_DIR/L1/L2/.../A/seedS/``; each cell is a study of its own
-(:meth:`Study.cells`), so arms are compared with the control by seed within a cell.
+(:meth:`Study.cells`), so arms are compared with the control by seed within a cell. Token
+budgets (``[budgets] tokens = [...]``) add, per cell, a cell ``budget_B`` of WSD cooldown
+branches of its runs (:mod:`.budgets`).
 
 An arm is ``[NAME:]INTERFACE[@--flag=value[@--flag ...]]``: ``binary``,
 ``gf2@--code-seed=7``, ``small:binary@--code-scale=0.02``. Its name (default: the whole
@@ -34,6 +36,8 @@ from megatron_ext import recipes
 from megatron_ext.codes import ARMS
 from megatron_ext.files import write_text
 from megatron_ext.probes.settings import ProbeSettings
+
+from .budgets import Branch, plan
 
 # Set by the study for every run; an arm or recipe that sets them is refused.
 PER_RUN_FLAGS = ("--input-interface", "--seed", "--save", "--load", "--tensorboard-dir",
@@ -89,6 +93,8 @@ class Study:
     eval: EvalSettings
     probes: Optional[ProbeSettings] = None
     factors: tuple[Factor, ...] = ()
+    budgets: tuple[int, ...] = ()  # tokens
+    branch: Optional[Branch] = None  # a budget's cell: its runs branch from their run's
 
     def runs(self):
         """``(arm, seed)`` of every run of a study without factors (of one cell), arm-major."""
@@ -98,12 +104,19 @@ class Study:
         """``(folder, study)`` of every combination of the factors' levels, in the order
         the factors and levels are listed: the folder (``L1/L2``, relative to the study's;
         ``""`` without factors) and the study of that cell (the levels' flags appended to
-        the recipe, no factors)."""
+        the recipe, no factors), each followed by its budgets' cells (``L1/L2/budget_B``,
+        the branch's flags appended)."""
         cells = []
         for levels in itertools.product(*(f.levels for f in self.factors)):
             flags = tuple(flag for level in levels for flag in level.flags)
-            cells.append(("/".join(level.name for level in levels),
-                          dataclasses.replace(self, recipe=self.recipe + flags, factors=())))
+            folder = "/".join(level.name for level in levels)
+            cell = dataclasses.replace(self, recipe=self.recipe + flags, factors=(), budgets=())
+            cells.append((folder, cell))
+            what = f"level {folder}" if folder else f"the recipe {self.recipe_path}"
+            for branch in plan(cell.recipe, self.budgets, what):
+                cells.append(("/".join(filter(None, [folder, branch.folder])),
+                              dataclasses.replace(cell, recipe=cell.recipe + branch.flags(),
+                                                  branch=branch)))
         return cells
 
     def arm(self, name: str) -> Arm:
@@ -122,7 +135,8 @@ class Study:
                    probes=ProbeSettings(**d["probes"]) if d.get("probes") else None,
                    factors=tuple(Factor(f["name"], tuple(Level(lv["name"], tuple(lv["flags"]))
                                                          for lv in f["levels"]))
-                                 for f in d.get("factors", ())))
+                                 for f in d.get("factors", ())),
+                   budgets=tuple(d.get("budgets", ())))
 
 
 def run_dir(study_dir: Path, arm: Arm, seed: int) -> Path:
@@ -130,9 +144,15 @@ def run_dir(study_dir: Path, arm: Arm, seed: int) -> Path:
 
 
 def all_runs(study: "Study", study_dir: Path) -> list[tuple[str, "Study", Arm, int, Path]]:
-    """``(cell folder, cell study, arm, seed, run folder)`` of every run, cell by cell."""
+    """``(cell folder, cell study, arm, seed, run folder)`` of every run, cell by cell (a
+    run before its budgets' branches)."""
     return [(folder, cell, arm, seed, run_dir(Path(study_dir) / folder, arm, seed))
             for folder, cell in study.cells() for arm, seed in cell.runs()]
+
+
+def branched_from(study_dir: Path, folder: str, arm: Arm, seed: int) -> Path:
+    """The run that the run ``arm``/``seed`` of the budget cell ``folder`` branches from."""
+    return run_dir(Path(study_dir) / Path(folder).parent, arm, seed)
 
 
 def parse_arm(spec: str, interfaces: tuple[str, ...]) -> Arm:
@@ -197,6 +217,18 @@ def parse_factors(fields: dict) -> tuple[Factor, ...]:
     return tuple(factors)
 
 
+def _budgets(fields: Optional[dict]) -> tuple[int, ...]:
+    """``[budgets] tokens = [...]``: distinct positive token counts, in increasing order."""
+    if fields is None:
+        return ()
+    if not isinstance(fields, dict) or set(fields) != {"tokens"}:
+        raise SystemExit("error: [budgets] takes one key, tokens = [token counts]")
+    tokens = [int(t) for t in fields["tokens"]]
+    if not tokens or min(tokens) <= 0 or len(set(tokens)) != len(tokens):
+        raise SystemExit(f"error: [budgets] tokens {tokens}: give distinct positive counts")
+    return tuple(sorted(tokens))
+
+
 def read_recipe(path: str) -> list[str]:
     return recipes.read_recipe(Path(path), PER_RUN_FLAGS, "the study sets for every run")
 
@@ -208,10 +240,10 @@ def build_study(fields: dict, base: Path) -> Study:
     dict of :class:`ProbeSettings` fields; ``data_path`` defaults to the eval's). Relative
     paths are taken from ``base`` (the study file's folder, or the working directory)."""
     unknown = set(fields) - {"recipe", "overrides", "arms", "seeds", "control", "eval",
-                             "probes", "factors"}
+                             "probes", "factors", "budgets"}
     if unknown:
         raise SystemExit(f"error: unknown study key(s) {sorted(unknown)}; expected recipe, "
-                         f"overrides, arms, seeds, control, eval, probes, factors")
+                         f"overrides, arms, seeds, control, eval, probes, factors, budgets")
     for key in ("recipe", "arms", "seeds"):
         if not fields.get(key):
             raise SystemExit(f"error: the study needs {key} (a study file key or --{key})")
@@ -245,7 +277,8 @@ def build_study(fields: dict, base: Path) -> Study:
     study = Study(recipe_path=recipe_path,
                   recipe=tuple(read_recipe(recipe_path) + overrides), arms=arms,
                   seeds=seeds, control=control, eval=EvalSettings(**evaluation),
-                  probes=probes, factors=parse_factors(fields.get("factors") or {}))
+                  probes=probes, factors=parse_factors(fields.get("factors") or {}),
+                  budgets=_budgets(fields.get("budgets")))
     _check_held_out(study)
     _check_flags(study)
     return study
