@@ -75,14 +75,21 @@ def test_bad_factors_are_refused_naming_the_level(recipe, factors, message):
         build(recipe, factors)
 
 
-def test_slurm_dry_run_submits_every_level_arm_and_seed(recipe, tmp_path, capsys):
+def slurm_dry_run(recipe, tmp_path, capsys, sections: str) -> tuple[Path, str]:
+    """``(study folder, output)`` of a Slurm dry run of learned and binary, seed 1, with the
+    TOML ``sections``."""
     toml = tmp_path / "s.toml"
     toml.write_text(f'recipe = "{recipe}"\narms = ["learned", "binary"]\nseeds = [1]\n'
-                    f'[factors.size]\nd64 = "{SIZES["d64"]}"\nd96 = "{SIZES["d96"]}"\n')
+                    + sections)
     study_dir = tmp_path / "S"
     study_tool.main(["run", str(study_dir), "--study", str(toml), "--launcher", "slurm",
                      "--gpus-per-node", "0", "--ntasks-per-node", "1", "--dry-run"])
-    out = capsys.readouterr().out
+    return study_dir, capsys.readouterr().out
+
+
+def test_slurm_dry_run_submits_every_level_arm_and_seed(recipe, tmp_path, capsys):
+    study_dir, out = slurm_dry_run(recipe, tmp_path, capsys, f'[factors.size]\nd64 = '
+                                   f'"{SIZES["d64"]}"\nd96 = "{SIZES["d96"]}"\n')
     headers = re.findall(r"^# ===== (.+): (\S+) =====$", out, flags=re.M)
     assert headers == [(f"{size} {arm} seed 1", f"{study_dir}/{size}/{arm}/seed1/job.sbatch")
                        for size in ("d64", "d96") for arm in ("learned", "binary")]
@@ -270,13 +277,8 @@ def test_budgets_the_recipe_cannot_branch_are_refused(recipe, change, budgets, m
 
 def test_slurm_dry_run_makes_each_branch_depend_on_its_run(recipe, tmp_path, capsys):
     recipe.write_text(WSD)
-    toml = tmp_path / "s.toml"
-    toml.write_text(f'recipe = "{recipe}"\narms = ["learned", "binary"]\nseeds = [1]\n'
-                    f'[factors.size]\nd64 = "{SIZES["d64"]}"\n[budgets]\ntokens = [640]\n')
-    study_dir = tmp_path / "S"
-    study_tool.main(["run", str(study_dir), "--study", str(toml), "--launcher", "slurm",
-                     "--gpus-per-node", "0", "--ntasks-per-node", "1", "--dry-run"])
-    out = capsys.readouterr().out
+    study_dir, out = slurm_dry_run(recipe, tmp_path, capsys, f'[factors.size]\nd64 = '
+                                   f'"{SIZES["d64"]}"\n[budgets]\ntokens = [640]\n')
     headers = re.findall(r"^# ===== (.+?): \S+( \(after <\S+> succeeds\))? =====$", out,
                          flags=re.M)
     assert headers == [("d64 learned seed 1", ""), ("d64 binary seed 1", ""),
