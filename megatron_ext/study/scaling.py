@@ -121,10 +121,11 @@ def markdown(study: Study, result: dict) -> list[str]:
     if fits is None:
         return lines + [f"No fit: {result['refused']}.", ""]
     target, orders = result["target_flops"], result["orders_of_magnitude"]
-    draws = next(iter(fits.values()))["draws"]
+    first = next(iter(fits.values()))
     lines += [f"Least squares (scipy, E in [0, min L], α in [0, 3]) to each level's final "
-              f"mean loss; 95% intervals from {draws} bootstrap draws of the seeds within "
-              f"each level (paired across arms). C₀ = {next(iter(fits.values()))['fit']['reference']:.3g} FLOPs.",
+              f"mean loss; 95% intervals from {first['draws']} bootstrap draws of the seeds "
+              f"within each level (paired across arms). C₀ = "
+              f"{first['fit']['reference']:.3g} FLOPs.",
               "",
               f"**Warning: the value at the paper's compute ({target:.3g} FLOPs, 1.7B "
               f"parameters × {fit_tokens()} tokens) is an extrapolation over {orders:.1f} "
