@@ -225,6 +225,10 @@ def test_bootstrap_intervals_cover_the_true_exponent():
     assert gap == pytest.approx(fit.predict(fits["binary"]["fit"], 1e21)
                                 - fit.predict(fits["learned"]["fit"], 1e21))
     assert "gap_at_target" not in fits["learned"]
+    one_seed = {lv: {**p, "loss": {a: {1: v[1]} for a, v in p["loss"].items()}}
+                for lv, p in points.items()}
+    alone = fit.bootstrap_fits(one_seed, "learned", 1e21)["binary"]
+    assert alone["draws"] == 0 and alone["alpha"]["low"] is None is alone["gap_at_target"]["high"]
 
 
 def test_the_papers_compute_is_its_recipes_flops_per_token_times_its_tokens():

@@ -71,7 +71,8 @@ def bootstrap_fits(points: dict, control: str, target: float, iterations: int = 
     ``points``: ``{level: {"compute": C, "loss": {arm: {seed: loss}}}}`` (each level's final
     point). Each draw resamples, independently per level, that level's seeds with
     replacement (the same draw for every arm, so differences stay paired by seed), fits
-    every arm to the mean losses, and extrapolates to ``target`` compute. Returns ``{arm:
+    every arm to the mean losses, and extrapolates to ``target`` compute (no draws, and no
+intervals, when a level has one seed). Returns ``{arm:
     {"fit", "alpha", "E", "at_target", "gap_at_target" (not the control)}}``, each interval
     ``{"mean"|"value", "low", "high"}`` (percentiles over the draws that converged) and
     ``"draws"``, the number of those."""
@@ -90,7 +91,9 @@ def bootstrap_fits(points: dict, control: str, target: float, iterations: int = 
     point = fits(seeds)
     rng = np.random.default_rng(seed)
     drawn = []
-    for _ in range(iterations):
+    # a level of one seed has no seed spread to resample: no interval at all, never a
+    # zero-width one
+    for _ in range(iterations if min(len(s) for s in seeds.values()) > 1 else 0):
         draw = {lv: list(rng.choice(seeds[lv], size=len(seeds[lv]))) for lv in levels}
         try:
             drawn.append(fits(draw))

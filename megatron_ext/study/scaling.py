@@ -154,7 +154,7 @@ def fit_tokens() -> str:
 
 def _range(interval: dict, spec: str) -> str:
     if interval["low"] is None:
-        return format(interval["value"], spec)
+        return f"{format(interval['value'], spec)} (1 seed: no interval)"
     return (f"{format(interval['value'], spec)} [{format(interval['low'], spec)}, "
             f"{format(interval['high'], spec)}]")
 
