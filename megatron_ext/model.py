@@ -183,7 +183,8 @@ def decoder_spec(args: argparse.Namespace,
 
 
 def model_provider(args: argparse.Namespace, padded_vocab_size: int, pre_process: bool = True,
-                   post_process: bool = True, on_cpu: bool = False, code: Optional[FixedCode] = None) -> GPTModel:
+                   post_process: bool = True, on_cpu: bool = False,
+                   code: Optional[FixedCode] = None) -> GPTModel:
     """Build the GPTModel of one pipeline stage for the arm ``args.input_interface``.
 
     ``padded_vocab_size``: the tokenizer's, padded (derived.Derived; a checkpoint's saved

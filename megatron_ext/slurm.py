@@ -11,6 +11,7 @@ installed from (``make`` installs it editable).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import re
 import shlex
 import shutil
@@ -54,25 +55,42 @@ def add_job_args(p: argparse.ArgumentParser) -> None:
                    help="interpreter on the nodes (default: this one; 'python' in a container)")
 
 
-def check_job_args(p: argparse.ArgumentParser, args: argparse.Namespace,
-                   run_dir: Path) -> None:
-    """Validate the job options (errors name the flag) and fill their defaults."""
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """A job's resources and preemption settings: the flags of :func:`add_job_args`, checked,
+    with their defaults resolved (the parsed flags are left as given)."""
+    nodes: int
+    gpus_per_node: int
+    ntasks_per_node: int
+    cpus_per_task: Optional[int]
+    time: Optional[str]
+    partition: Optional[str]
+    account: Optional[str]
+    signal_secs: int
+    max_restarts: int
+    container_image: Optional[str]
+    container_mounts: Optional[str]
+    python: str
+
+
+def job_options(p: argparse.ArgumentParser, args: argparse.Namespace, run_dir: Path) -> Job:
+    """The :class:`Job` of the flags; a bad one is a parser error naming the flag."""
     for flag in ("nodes", "signal_secs"):
         if getattr(args, flag) < 1:
             p.error(f"--{flag.replace('_', '-')} must be >= 1")
     for flag in ("gpus_per_node", "max_restarts"):
         if getattr(args, flag) < 0:
             p.error(f"--{flag.replace('_', '-')} must be >= 0")
-    if args.ntasks_per_node is None:
-        if args.gpus_per_node == 0:
-            p.error("--ntasks-per-node is required with --gpus-per-node 0")
-        args.ntasks_per_node = args.gpus_per_node
+    if args.ntasks_per_node is None and args.gpus_per_node == 0:
+        p.error("--ntasks-per-node is required with --gpus-per-node 0")
     if args.container_mounts and not args.container_image:
         p.error("--container-mounts needs --container-image")
-    if args.python is None:
-        args.python = "python" if args.container_image else sys.executable
     if any(c.isspace() for c in str(run_dir)):
         p.error(f"{run_dir}: no whitespace allowed (it goes into #SBATCH lines)")
+    python = args.python or ("python" if args.container_image else sys.executable)
+    return Job(**{**{f.name: getattr(args, f.name) for f in dataclasses.fields(Job)},
+                  "ntasks_per_node": args.ntasks_per_node or args.gpus_per_node,
+                  "python": python})
 
 
 def check_cache_recipe(recipe: List[str], path: Path) -> None:
@@ -110,12 +128,12 @@ def flag_lines(flags: List[str]) -> str:
     return "\n".join("    " + " ".join(line) for line in lines)
 
 
-def sbatch_directives(args: argparse.Namespace, job_name: str) -> str:
-    options = [("job-name", job_name), ("nodes", args.nodes),
-               ("ntasks-per-node", args.ntasks_per_node)]
-    if args.gpus_per_node:
-        options.append(("gpus-per-node", args.gpus_per_node))
-    return directive_lines(options + [(name, getattr(args, name)) for name in
+def sbatch_directives(job: Job, job_name: str) -> str:
+    options = [("job-name", job_name), ("nodes", job.nodes),
+               ("ntasks-per-node", job.ntasks_per_node)]
+    if job.gpus_per_node:
+        options.append(("gpus-per-node", job.gpus_per_node))
+    return directive_lines(options + [(name, getattr(job, name)) for name in
                                       ("cpus_per_task", "time", "partition", "account")])
 
 
@@ -125,13 +143,13 @@ def directive_lines(options) -> str:
                      if value is not None)
 
 
-def container_args(args: argparse.Namespace, run_dir: Path) -> str:
-    if not args.container_image:
+def container_args(job: Job, run_dir: Path) -> str:
+    if not job.container_image:
         return ""
     dirs = [REPO] + ([] if run_dir.is_relative_to(REPO) else [run_dir])
     mounts = ",".join([f"{d}:{d}" for d in dirs]
-                      + ([args.container_mounts] if args.container_mounts else []))
-    return " ".join(shlex.quote(a) for a in (f"--container-image={args.container_image}",
+                      + ([job.container_mounts] if job.container_mounts else []))
+    return " ".join(shlex.quote(a) for a in (f"--container-image={job.container_image}",
                                              f"--container-mounts={mounts}",
                                              f"--container-workdir={REPO}"))
 
@@ -147,38 +165,41 @@ def render(path: Path, fields: dict) -> str:
     return re.sub(r"\{\{(\w+)\}\}", lambda m: str(fields[m.group(1)]), template)
 
 
-def job_script(args: argparse.Namespace, job_name: str, run_dir: Path, flags: List[str],
+def job_script(job: Job, job_name: str, run_dir: Path, flags: List[str],
                mount_dir: Path) -> str:
     """The batch script of one run (training ``flags``, log in ``run_dir``); ``mount_dir``
     is mounted into a container."""
     return render(TEMPLATE, {
-        "SBATCH_DIRECTIVES": sbatch_directives(args, job_name),
+        "SBATCH_DIRECTIVES": sbatch_directives(job, job_name),
         "LOG": run_dir / "slurm-%j.log",
-        "SIGNAL_SECS": args.signal_secs,
-        "MAX_RESTARTS": args.max_restarts,
-        "CONTAINER_ARGS": container_args(args, mount_dir),
+        "SIGNAL_SECS": job.signal_secs,
+        "MAX_RESTARTS": job.max_restarts,
+        "CONTAINER_ARGS": container_args(job, mount_dir),
         "TRAIN_ARGS": flag_lines(flags),
         "REPO": shlex.quote(str(REPO)),
-        "PYTHON": shlex.quote(args.python),
+        "PYTHON": shlex.quote(job.python),
     })
 
 
-def cache_job_script(args: argparse.Namespace, recipe: List[str], run_dir: Path) -> str:
-    """The batch script of the job that builds the recipe's dataset index caches: one task
-    on one node, no GPU, sized by the --build-cache-* options; the builder is told the
-    training job's world size (the default global batch depends on it)."""
-    world = args.nodes * args.ntasks_per_node
+def cache_job_script(job: Job, recipe: List[str], run_dir: Path, mount_dir: Path,
+                     resources: dict) -> str:
+    """The batch script of the job that builds the recipe's dataset index caches into
+    ``run_dir``: one task on one node, no GPU, sized by ``resources`` (``cpus-per-task``,
+    ``time``, ``partition``: the --build-cache-* options; default the partition of ``job``);
+    the builder is told the training job's world size (the default global batch depends on
+    it)."""
+    world = job.nodes * job.ntasks_per_node
     return render(CACHE_TEMPLATE, {
         "SBATCH_DIRECTIVES": directive_lines([
-            ("job-name", f"{args.run_dir.name}-{CACHE_JOB}"), ("nodes", 1), ("ntasks", 1),
-            ("cpus-per-task", args.build_cache_cpus_per_task),
-            ("time", args.build_cache_time), ("partition", args.build_cache_partition),
-            ("account", args.account)]),
+            ("job-name", f"{mount_dir.name}-{CACHE_JOB}"), ("nodes", 1), ("ntasks", 1),
+            ("cpus-per-task", resources.get("cpus-per-task")), ("time", resources.get("time")),
+            ("partition", resources.get("partition") or job.partition),
+            ("account", job.account)]),
         "LOG": run_dir / "slurm-%j.log",
-        "CONTAINER_ARGS": container_args(args, args.run_dir),
+        "CONTAINER_ARGS": container_args(job, mount_dir),
         "BUILD_ARGS": flag_lines(recipe + ["--world-size", str(world)]),
         "REPO": shlex.quote(str(REPO)),
-        "PYTHON": shlex.quote(args.python),
+        "PYTHON": shlex.quote(job.python),
     })
 
 

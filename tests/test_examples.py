@@ -111,6 +111,24 @@ def test_prepare_data_builds_the_recipe_blend_offline(tmp_path):
     assert 0 < web["train_epochs"] < 1 and 0 < cosmo["train_epochs"] < 1
     assert saved["tokens"] == web["tokens"] + cosmo["tokens"]
 
+    # The held-out set: documents after the train split of the first component, which the
+    # training blend never reads (a 50/50 split here: documents 3..5 of 6).
+    (tmp_path / "recipe.args").write_text(recipe.replace("--split 998,2,0", "--split 50,50,0"))
+    held = prepare_data.main(["heldout", "--recipe", str(tmp_path / "recipe.args"),
+                              "--heldout-prefix", str(tmp_path / "heldout_text_document"),
+                              "--heldout-tokens", "100"])
+    assert held["documents"][0] == 3 and held["train_documents"] == [0, 3]
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+    source = IndexedDataset(web["prefix"])
+    written = IndexedDataset(str(tmp_path / "heldout_text_document"))
+    assert [list(written[i]) for i in range(len(written))] == \
+        [list(source[i]) for i in range(*held["documents"])]
+    assert held["tokens"] == sum(len(written[i]) for i in range(len(written))) >= 100
+    with pytest.raises(SystemExit, match=r"tokens after its train split"):
+        prepare_data.main(["heldout", "--recipe", str(tmp_path / "recipe.args"),
+                           "--heldout-prefix", str(tmp_path / "h2_text_document"),
+                           "--heldout-tokens", "10000000"])
+
     recipe = re.sub(r"--train-samples \d+", "--train-samples 20000", recipe)
     (tmp_path / "recipe.args").write_text(recipe)
     with pytest.raises(SystemExit, match=r"more than the recipe's --max-data-epochs 1"):

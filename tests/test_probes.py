@@ -251,6 +251,49 @@ def test_held_out_text_that_a_model_trained_on_is_refused(exports, probed):
     assert "Held-out check overridden" not in report.markdown(result)
 
 
+MEASURE_HOOKS = """
+import numpy as np, torch
+from transformers import LlamaConfig, LlamaForCausalLM
+from megatron_ext.probes.collect import draw_sample, hidden_states, memory_bound
+
+def status(key):
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(key))
+
+layers, width, mlp, heads, batch, seq = 32, 512, 128, 8, 16, 128
+torch.manual_seed(0)
+model = LlamaForCausalLM(LlamaConfig(
+    vocab_size=1024, hidden_size=width, intermediate_size=mlp, num_hidden_layers=layers,
+    num_attention_heads=heads, num_key_value_heads=heads, max_position_embeddings=seq)).eval()
+windows = np.random.default_rng(0).integers(0, 1024, size=(32, seq + 1))
+sample = draw_sample(windows, np.broadcast_to(np.arange(32)[:, None], windows.shape), 256, 0)
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")  # reset the peak (VmHWM) to the current RSS
+before = status("VmRSS:")
+states = hidden_states(model, windows, sample, batch, "cpu")
+assert states.shape == (layers + 1, len(sample), width)
+print(status("VmHWM:") - before, memory_bound(len(sample), layers, width, mlp, heads, batch, seq))
+"""
+
+
+def test_the_hooks_stay_within_the_stated_memory_bound():
+    """Peak RSS growth while collecting the hidden states of a width-512, 16-layer model is
+    within 1.5x of :func:`memory_bound` (the figure probes.md states); 32 layers, so that
+    what the layers' outputs would add is large beside one layer's activations. Measured in a fresh
+    process whose allocator returns freed blocks at once (so the peak is the live memory's):
+    keeping every layer's whole output of a batch, as the hooks once did, measures 2.7x."""
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", MEASURE_HOOKS], capture_output=True, text=True,
+                         timeout=300, cwd=Path(__file__).resolve().parent.parent,
+                         env={**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072",
+                              "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+    assert out.returncode == 0, out.stderr[-3000:]
+    growth, bound = map(int, out.stdout.split()[-2:])
+    print(f"peak growth {growth / 2 ** 20:.1f} MiB, stated {bound / 2 ** 20:.1f} MiB")
+    assert growth <= 1.5 * bound, (growth / 2 ** 20, bound / 2 ** 20)
+
+
 def test_the_id_bits_cover_vocabularies_over_65536(exports):
     info = describe(exports["learned"])
     assert num_bits([info]) == 12

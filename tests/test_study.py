@@ -147,6 +147,36 @@ def test_a_held_out_set_that_the_recipe_trains_on_is_refused(recipe, data):
                          REPO)
 
 
+def test_probe_differences_pair_every_two_arms_by_seed():
+    from megatron_ext.study.probing import PAIRED, differences
+    def arm(values):  # {seed: value of every metric at layers 0 and 1}
+        return {"by_seed": {s: [{m: v + layer for m, _ in PAIRED} for layer in (0, 1)]
+                            for s, v in values.items()}}
+    summary = {"learned": arm({1: 0.0, 2: 0.0, 3: 0.0}), "binary": arm({1: 1.0, 2: 2.0, 3: 3.0}),
+               "gf2": arm({1: 1.0, 2: 1.0, 9: 5.0})}
+    pairs = differences(summary)
+    assert [(p["a"], p["b"]) for p in pairs] == [("learned", "binary"), ("learned", "gf2"),
+                                                 ("binary", "gf2")]
+    gf2_binary = pairs[2]["layers"][1]["id_bits_selectivity"]
+    assert gf2_binary["seeds"] == [1, 2] and gf2_binary["mean"] == pytest.approx(-0.5)
+    assert pairs[0]["layers"][0]["readout_loss"]["mean"] == pytest.approx(2.0)
+
+
+def test_an_eval_cache_made_before_allow_train_text_still_holds(tmp_path):
+    """allow_train_text changes no result: adding it must not re-evaluate every checkpoint
+    of an existing study."""
+    import dataclasses
+    from megatron_ext.study.evaluation import cache_path, read_cached
+    settings = spec.EvalSettings(data_path="x", tasks=("piqa",), data_dir="d")
+    old = {k: list(v) if isinstance(v, tuple) else v
+           for k, v in dataclasses.asdict(settings).items() if k != "allow_train_text"}
+    path = cache_path(tmp_path, 3)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"iteration": 3, "settings": old, "valid_loss": 1.0}))
+    assert read_cached(tmp_path, 3, settings)["valid_loss"] == 1.0
+    assert read_cached(tmp_path, 3, dataclasses.replace(settings, tokens=5)) is None
+
+
 def test_a_study_directory_holds_one_study(recipe, tmp_path):
     one = spec.build_study({"recipe": str(recipe), "arms": ["learned"], "seeds": [1]}, tmp_path)
     two = spec.build_study({"recipe": str(recipe), "arms": ["learned"], "seeds": [1, 2]},
@@ -231,6 +261,38 @@ def test_a_study_trains_evaluates_and_reports(tiny_study):
     assert summary["pairwise"] == []
     assert "| binary | `--input-interface binary` |" in text
     assert re.search(r"\| binary \| 2 \| 0 \| \d\.\d{4} ± \d\.\d{4} \|", text)
+
+
+def test_each_arm_keeps_one_colour_in_every_figure(tiny_study, monkeypatch):
+    """The curves and the differences of a study, and the probes' figures, take their
+    colours from one definition (reporting.colours); token axes read 384, 1.5M, 100B."""
+    from matplotlib.colors import to_hex
+    from megatron_ext.reporting import colours, readable_tokens
+    from megatron_ext.study import report
+    study_dir, summary = tiny_study
+    definition = spec.settle(study_dir, None)
+    drawn = {}
+
+    def keep(fig, path):
+        ax = fig.axes[0]
+        if ax.get_legend_handles_labels()[1]:  # the curves: one labelled line per arm
+            drawn[path.name] = {label: to_hex(line.get_color()) for line, label in
+                                zip(*ax.get_legend_handles_labels())}
+        else:  # the differences: one error bar per arm, in the order of the y ticks
+            arms = [t.get_text() for t in ax.get_yticklabels()]
+            drawn[path.name] = {arm: to_hex(c.lines[0].get_color())
+                                for arm, c in zip(arms, ax.containers)}
+    monkeypatch.setattr(report, "save_figure", keep)
+    report._plot_curves(definition, summary, ["valid_loss"], study_dir / "valid_loss.png")
+    report._plot_differences(definition, summary, ["valid_loss"], study_dir / "d.png")
+    expected = {name: to_hex(c) for name, c in colours(["learned", "binary"]).items()}
+    assert drawn["valid_loss.png"] == expected
+    assert drawn["d.png"] == {"binary": expected["binary"]}
+    assert to_hex(colours(["binary", "gf2", "small"])["binary"]) == expected["binary"]
+    assert len(set(colours(["learned", "binary", "gf2", "permuted", "random", "a", "b"])
+                   .values())) == 7
+    assert [readable_tokens(x) for x in (384, 12_300, 1.5e6, 1e11)] == \
+        ["384", "12.3K", "1.5M", "100B"]
 
 
 def test_the_held_out_loss_is_the_models_own_loss(tiny_study):

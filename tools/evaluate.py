@@ -65,11 +65,9 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         os.environ["HF_HUB_OFFLINE"] = os.environ["HF_DATASETS_OFFLINE"] = "1"
     # Imported only now: datasets and transformers read the offline switches at import.
     import torch
-    from lm_eval import simple_evaluate
-    from lm_eval.models.huggingface import HFLM
 
     from megatron_ext.hf.eval_report import arm_of, build_report, markdown, write_report
-    from megatron_ext.hf.eval_tasks import official_tasks, task_config
+    from megatron_ext.hf.eval_tasks import evaluate_model, official_tasks, task_config
 
     logging.basicConfig(format="%(asctime)s %(name)s %(levelname)s: %(message)s")
     logging.getLogger("lm_eval").setLevel(logging.INFO)
@@ -81,14 +79,11 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         arm = arm_of(hf_dir)
         print(f"[{i}/{len(args.hf_dirs)}] {hf_dir} ({arm} arm): {', '.join(args.tasks)} on "
               f"{device} in {args.dtype}", flush=True)
-        lm = HFLM(pretrained=hf_dir, trust_remote_code=True, device=device,
-                  dtype=DTYPES[args.dtype], batch_size=args.batch_size)
-        out = simple_evaluate(model=lm, tasks=configs, task_manager=task_manager,
-                              limit=args.limit, bootstrap_iters=args.bootstrap_iters,
-                              random_seed=args.seed, numpy_random_seed=args.seed,
-                              torch_random_seed=args.seed, fewshot_random_seed=args.seed)
+        out = evaluate_model(hf_dir, configs, task_manager, device=device,
+                             dtype=DTYPES[args.dtype], batch_size=args.batch_size,
+                             limit=args.limit, bootstrap_iters=args.bootstrap_iters,
+                             seed=args.seed)
         models.append({"path": hf_dir, "arm": arm, "results": out["results"]})
-        del lm
     report = build_report(models, args.tasks)
     md_path, json_path = write_report(report, args.output_dir)
     print(markdown(report))

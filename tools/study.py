@@ -115,8 +115,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
             else report(study, args.study_dir)
     study = spec.settle(args.study_dir, study_from_args(args), save=not args.dry_run)
     if args.launcher == "slurm":
-        slurm.check_job_args(parser, args, args.study_dir)
-        launch.submit_to_slurm(study, args.study_dir, args, args.dry_run)
+        job = slurm.job_options(parser, args, args.study_dir)
+        launch.submit_to_slurm(study, args.study_dir, job, args.dry_run)
         return {}
     if args.dry_run:
         parser.error("--dry-run applies to --launcher slurm")

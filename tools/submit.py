@@ -21,13 +21,13 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from megatron_ext.codes import ARMS, PAPER_ARMS
-from megatron_ext.slurm import (CACHE_JOB, add_job_args, cache_job_script, check_cache_recipe,
-                                check_job_args, job_script, read_recipe, run_flags,
-                                write_and_submit)
+from megatron_ext.slurm import (CACHE_JOB, Job, add_job_args, cache_job_script,
+                                check_cache_recipe, job_options, job_script, read_recipe,
+                                run_flags, write_and_submit)
 
 
 
-def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+def parse_args(argv: Optional[Sequence[str]]) -> tuple[argparse.Namespace, Job]:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     p.add_argument("--recipe", required=True, type=Path,
                    help="file of pretrain_fixedcode.py flags shared by the arms")
@@ -52,26 +52,24 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--dry-run", action="store_true",
                    help="print the generated scripts; write and submit nothing")
     args = p.parse_args(argv)
-
-    args.arms = [a for a in args.arms.split(",") if a]
-    unknown = sorted(set(args.arms) - set(ARMS))
-    if unknown or not args.arms:
-        p.error(f"--arms: unknown arm(s) {unknown or args.arms}; choose from {', '.join(ARMS)}")
-    args.run_dir = args.run_dir.resolve()
-    check_job_args(p, args, args.run_dir)
-    if args.build_cache_partition is None:
-        args.build_cache_partition = args.partition
-    return args
+    arms = [a for a in args.arms.split(",") if a]
+    unknown = sorted(set(arms) - set(ARMS))
+    if unknown or not arms:
+        p.error(f"--arms: unknown arm(s) {unknown or arms}; choose from {', '.join(ARMS)}")
+    return args, job_options(p, args, args.run_dir.resolve())
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    args = parse_args(argv)
+    args, job = parse_args(argv)
+    run_dir, arms = args.run_dir.resolve(), [a for a in args.arms.split(",") if a]
     recipe = read_recipe(args.recipe)
     cache_job = own = None
     if args.build_cache:
         check_cache_recipe(recipe, args.recipe)
-        cache_dir = args.run_dir / CACHE_JOB
-        script = cache_job_script(args, recipe, cache_dir)
+        cache_dir = run_dir / CACHE_JOB
+        script = cache_job_script(job, recipe, cache_dir, run_dir, {
+            "cpus-per-task": args.build_cache_cpus_per_task, "time": args.build_cache_time,
+            "partition": args.build_cache_partition})
         own = [] if "--require-data-cache" in recipe else ["--require-data-cache"]
         if args.dry_run:
             print(f"# ===== {CACHE_JOB}: {cache_dir / 'job.sbatch'} =====\n{script}")
@@ -79,11 +77,11 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         else:
             cache_job = write_and_submit(cache_dir, script)
             print(f"{CACHE_JOB}: job {cache_job}, log {cache_dir / f'slurm-{cache_job}.log'}")
-    for arm in args.arms:
-        arm_dir = args.run_dir / arm
-        script = job_script(args, f"{args.run_dir.name}-{arm}", arm_dir,
+    for arm in arms:
+        arm_dir = run_dir / arm
+        script = job_script(job, f"{run_dir.name}-{arm}", arm_dir,
                             run_flags(recipe, arm_dir, ["--input-interface", arm] + (own or [])),
-                            args.run_dir)
+                            run_dir)
         if args.dry_run:
             after = (f"# submitted with: sbatch --dependency=afterok:{cache_job} "
                      f"{arm_dir / 'job.sbatch'}\n" if cache_job else "")

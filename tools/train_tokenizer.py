@@ -8,7 +8,8 @@ of what they were trained from. Both kinds are lossless (decoding the ids of a t
 back): sentencepiece with identity normalization, whitespace kept and byte fallback, byte-level BPE
 by construction. Their EOS token (``</s>``, ``<|endoftext|>``) serves as EOD.
 
-Inputs are read as tools/preprocess_data.py reads them (megatron_ext/data/readers.py): JSONL
+Inputs are read as tools/preprocess_data.py reads them (megatron_ext/data/tokenizer_training.py
+trains, megatron_ext/data/readers.py reads): JSONL
 (``--json-keys``), Parquet, ``save_to_disk`` folders or plain text, optionally compressed;
 sentencepiece trains on their lines.
 
@@ -23,26 +24,9 @@ the record last, so an interrupted run leaves the previous outputs or no record.
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import os
-import shutil
-import tempfile
-from typing import Iterator, Optional
+from typing import Optional
 
-import sentencepiece
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-from megatron_ext.files import file_fingerprint, fsync_path, publish, read_json, write_json
-from megatron_ext.data.readers import expand_inputs, iter_texts
-
-MODEL_TYPES = ("bpe", "unigram", "hf-bpe")
-HF_EOS = "<|endoftext|>"
-
-
-@dataclasses.dataclass
-class Trained:
-    tokenizer_model: str  # what to pass as --tokenizer-model
-    trained: bool  # False when the outputs were already up to date
+from megatron_ext.data.tokenizer_training import MODEL_TYPES, Options, Trained, train_tokenizer
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
@@ -61,88 +45,16 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _texts(paths: list[str], keys: list[str]) -> Iterator[str]:
-    for texts in iter_texts(paths, "file", keys):
-        for key in keys:
-            yield from texts[key]
-
-
-def _train_sentencepiece(args, paths: list[str], folder: str) -> dict[str, str]:
-    input_errors = []
-
-    def lines() -> Iterator[str]:
-        try:
-            for text in _texts(paths, args.json_keys):
-                yield from (line for line in text.split("\n") if line.strip())
-        except SystemExit as e:  # sentencepiece reports it as a failure of its own: keep it
-            input_errors.append(e)
-            raise
-
-    name = os.path.join(folder, "sp")
-    try:
-        sentencepiece.SentencePieceTrainer.train(
-            sentence_iterator=lines(), model_prefix=name, model_type=args.model_type,
-            vocab_size=args.vocab_size, normalization_rule_name="identity",
-            remove_extra_whitespaces=False, allow_whitespace_only_pieces=True, byte_fallback=True,
-            split_digits=True, num_threads=os.cpu_count(), minloglevel=1)
-    except RuntimeError as e:
-        raise (input_errors[0] if input_errors
-               else SystemExit(f"error: sentencepiece training failed: {e}")) from None
-    return {f"{name}.model": f"{args.output_prefix}.model",
-            f"{name}.vocab": f"{args.output_prefix}.vocab"}
-
-
-def _train_hf_bpe(args, paths: list[str], folder: str) -> dict[str, str]:
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=args.vocab_size, special_tokens=[HF_EOS],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
-    tokenizer.train_from_iterator(_texts(paths, args.json_keys), trainer=trainer)
-    if tokenizer.get_vocab_size() < args.vocab_size:
-        raise SystemExit(f"error: --vocab-size {args.vocab_size}: the inputs yield only "
-                         f"{tokenizer.get_vocab_size()} tokens; train on more text or ask for "
-                         "fewer")
-    hf_folder = os.path.join(folder, "hf")
-    os.makedirs(hf_folder)
-    tokenizer.save(os.path.join(hf_folder, "tokenizer.json"))
-    fsync_path(os.path.join(hf_folder, "tokenizer.json"))
-    write_json(os.path.join(hf_folder, "tokenizer_config.json"),
-               {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": HF_EOS})
-    return {hf_folder: args.output_prefix}
-
-
 def main(argv: Optional[list[str]] = None) -> Trained:
     args = parse_args(argv)
-    paths = expand_inputs(args.input)
-    record_path = f"{args.output_prefix}.train.json"
-    record = {"inputs": [[os.path.abspath(p), file_fingerprint(p)] for p in paths],
-              "json_keys": args.json_keys, "model_type": args.model_type,
-              "vocab_size": args.vocab_size}
-    hf = args.model_type == "hf-bpe"
-    tokenizer_model = args.output_prefix if hf else f"{args.output_prefix}.model"
-    if os.path.exists(tokenizer_model) and os.path.exists(record_path) \
-            and read_json(record_path) == record:
-        print(f"{tokenizer_model} is up to date with its inputs")
-        return Trained(tokenizer_model, trained=False)
-
-    parent = os.path.dirname(os.path.abspath(args.output_prefix))
-    os.makedirs(parent, exist_ok=True)
-    folder = tempfile.mkdtemp(prefix=f".{os.path.basename(args.output_prefix)}.", dir=parent)
-    try:
-        outputs = (_train_hf_bpe if hf else _train_sentencepiece)(args, paths, folder)
-        if os.path.exists(record_path):
-            os.remove(record_path)  # the old outputs are about to be replaced
-        for built, final in outputs.items():
-            if os.path.isdir(final):
-                shutil.rmtree(final)
-            publish(built, final)
-        write_json(record_path, record)
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
-    print(f"trained {tokenizer_model} ({args.model_type}, vocabulary of {args.vocab_size})")
-    return Trained(tokenizer_model, trained=True)
+    trained = train_tokenizer(Options(tuple(args.input), tuple(args.json_keys), args.model_type,
+                                      args.vocab_size, args.output_prefix))
+    if trained.trained:
+        print(f"trained {trained.tokenizer_model} ({args.model_type}, vocabulary of "
+              f"{args.vocab_size})")
+    else:
+        print(f"{trained.tokenizer_model} is up to date with its inputs")
+    return trained
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ that recipe.args points at (offline). See DATA.md.
 
     python examples/smollm2_1p7b/prepare_data.py fetch --download-dir downloads
     python examples/smollm2_1p7b/prepare_data.py build --download-dir downloads --workers 32
+    python examples/smollm2_1p7b/prepare_data.py heldout
 
 ``fetch`` downloads, with huggingface_hub, the tokenizer of ``HuggingFaceTB/SmolLM2-1.7B``
 (49,152 tokens) into the recipe's ``--tokenizer-model`` folder and the Parquet shards of each
@@ -15,6 +16,14 @@ the same command) into the prefixes of the recipe's ``--data-path``, then writes
 ``blend.json`` next to them: documents and tokens per component, the blend weights, and the
 epochs of each component's train split that the recipe's ``--train-samples`` take (above 1 it
 stops: the recipe sets ``--max-data-epochs 1``).
+
+``heldout`` writes the studies' held-out set (``--heldout-prefix``, default
+``data/heldout_text_document``, the ``[eval] data_path`` of study_100b.toml and
+study_seeds_10b.toml) from documents the training blend never reads: those of the first
+component (``--component``) after its train split under the recipe's ``--split`` (Megatron's
+split gives a dataset's first documents to training), in order, until ``--heldout-tokens``
+tokens. ``PREFIX.json`` beside it records the source prefix, the document range and the
+tokens.
 """
 
 from __future__ import annotations
@@ -28,7 +37,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from megatron_ext.index_check import read_index, train_epochs
+from megatron_ext.index_check import read_index, split_ranges, train_epochs
 from megatron_ext.files import write_json
 
 REPO = Path(__file__).resolve().parents[2]
@@ -133,14 +142,57 @@ def build(args: argparse.Namespace, flags: dict[str, list[str]]) -> dict:
     return report
 
 
+def heldout(args: argparse.Namespace, flags: dict[str, list[str]]) -> dict:
+    """Write the held-out set from the documents after a component's train split."""
+    import numpy as np
+    import torch
+    from megatron.core.datasets.indexed_dataset import IndexedDataset, IndexedDatasetBuilder
+    blend = {name: prefix for name, _, prefix in recipe_blend(flags, args.recipe)}
+    name = args.component or next(iter(blend))
+    if name not in blend:
+        raise SystemExit(f"error: --component {name} is not in the recipe's --data-path "
+                         f"({', '.join(blend)})")
+    prefix, split = blend[name], flags.get("--split", ["969,30,1"])[0]
+    if not os.path.exists(f"{prefix}.idx"):
+        raise SystemExit(f"error: {prefix}.idx does not exist: run the build step first")
+    index = read_index(prefix)
+    begin = (split_ranges(split, index.sequences)[0] or (0, 0))[1]
+    if index.sequences != index.documents:
+        raise SystemExit(f"error: {prefix} splits sentences: its split ranges are not "
+                         f"document ranges")
+    dataset = IndexedDataset(prefix)
+    out = Path(args.heldout_prefix)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    builder = IndexedDatasetBuilder(f"{out}.bin", dtype=dataset.index.dtype)
+    end, tokens = begin, 0
+    while tokens < args.heldout_tokens and end < len(dataset):
+        document = np.asarray(dataset[end])
+        builder.add_document(torch.from_numpy(document), [len(document)])
+        tokens, end = tokens + len(document), end + 1
+    if tokens < args.heldout_tokens:
+        raise SystemExit(f"error: {prefix} holds {tokens:,} tokens after its train split "
+                         f"(documents {begin:,}..{len(dataset):,} under --split {split}); "
+                         f"--heldout-tokens asks for {args.heldout_tokens:,}: lower it or "
+                         f"give the valid split more weight")
+    builder.finalize(f"{out}.idx")
+    report = {"source": prefix, "split": split, "documents": [begin, end], "tokens": tokens,
+              "train_documents": [0, begin]}
+    write_json(f"{out}.json", report)
+    print(f"wrote {out} from documents {begin:,}..{end:,} of {prefix} ({tokens:,} tokens; "
+          f"its train split is documents 0..{begin:,})")
+    return report
+
+
 def main(argv: Optional[list[str]] = None) -> Optional[dict]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("step", choices=("fetch", "build"),
-                        help="fetch: download (network); build: preprocess (offline)")
+    parser.add_argument("step", choices=("fetch", "build", "heldout"),
+                        help="fetch: download (network); build: preprocess (offline); "
+                             "heldout: write the studies' held-out set from documents "
+                             "after the train split (offline)")
     parser.add_argument("--recipe", type=Path, default=RECIPE,
                         help="recipe whose --data-path, --tokenizer-model, --train-samples, "
                              "--seq-length and --split are used (default: recipe.args)")
-    parser.add_argument("--download-dir", required=True,
+    parser.add_argument("--download-dir",
                         help="where the corpus Parquet shards go (fetch) or are (build)")
     parser.add_argument("--workers", type=int, default=os.cpu_count(),
                         help="download threads (fetch) or tokenizer processes (build)")
@@ -148,13 +200,22 @@ def main(argv: Optional[list[str]] = None) -> Optional[dict]:
                         help=f"commit or branch of {CORPUS_REPO} (fetch; default: main)")
     parser.add_argument("--tokenizer-revision", default="main",
                         help=f"commit or branch of {TOKENIZER_REPO} (fetch; default: main)")
+    parser.add_argument("--component", help="heldout: the component whose documents after "
+                                            "its train split are read (default: the first)")
+    parser.add_argument("--heldout-prefix", default=str(REPO / "data/heldout_text_document"),
+                        help="heldout: the output prefix (default data/heldout_text_document)")
+    parser.add_argument("--heldout-tokens", type=int, default=2 * 1048576,
+                        help="heldout: tokens to write (default 2,097,152: twice the "
+                             "studies' 1,048,576 eval tokens)")
     args = parser.parse_args(argv)
+    if args.step != "heldout" and not args.download_dir:
+        parser.error(f"{args.step} needs --download-dir")
     if not args.recipe.is_file():
         raise SystemExit(f"error: --recipe {args.recipe}: no such file")
     flags = recipe_flags(args.recipe)
     if args.step == "fetch":
         return fetch(args, flags)
-    return build(args, flags)
+    return build(args, flags) if args.step == "build" else heldout(args, flags)
 
 
 if __name__ == "__main__":

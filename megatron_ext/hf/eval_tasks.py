@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Optional
 
 import lm_eval.tasks
 from lm_eval.tasks import TaskManager
@@ -102,3 +103,20 @@ def task_config(task: str, task_manager: TaskManager, data_dir: str | None) -> d
     check_rows(task, path)
     return {**config, "dataset_path": "json", "dataset_name": None, "training_split": None,
             "dataset_kwargs": {"data_files": {split: path}}}
+
+
+def evaluate_model(hf_dir: str, configs: list[dict], task_manager: TaskManager, *,
+                   device: str = "cpu", dtype: str = "float32", batch_size: int = 8,
+                   limit: Optional[int] = None, bootstrap_iters: int = 0, seed: int = 0,
+                   log_samples: bool = False) -> dict:
+    """lm-eval's output for the Hugging Face model in ``hf_dir`` on the tasks ``configs``
+    (:func:`task_config`), zero-shot, every random seed of lm-eval set to ``seed``;
+    ``log_samples`` keeps the per-document results (``out["samples"]``)."""
+    from lm_eval import simple_evaluate
+    from lm_eval.models.huggingface import HFLM
+    lm = HFLM(pretrained=hf_dir, trust_remote_code=True, device=device, dtype=dtype,
+              batch_size=batch_size)
+    return simple_evaluate(model=lm, tasks=configs, task_manager=task_manager, limit=limit,
+                           bootstrap_iters=bootstrap_iters, log_samples=log_samples,
+                           random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed,
+                           fewshot_random_seed=seed)

@@ -67,11 +67,12 @@ def draw_sample(windows: np.ndarray, documents: np.ndarray, count: int, seed: in
 def memory_bound(sample_size: int, layers: int, hidden: int, intermediate: int, heads: int,
                  batch_size: int, seq_length: int) -> int:
     """Bytes :func:`hidden_states` holds at most: the kept states (fp32) plus one decoder
-    layer's activations for one batch (fp32: its input and output, q/k/v and the attention
-    output, the attention scores and probabilities, the MLP's gate, up and product)."""
+    layer's activations for one batch (fp32: 8 of the width (its input and output, two
+    norms, q/k/v and the attention output), 4 of the MLP's (gate, its activation, up and
+    their product), and the attention scores and probabilities)."""
     kept = sample_size * (layers + 1) * hidden * 4
     tokens = batch_size * seq_length
-    layer = tokens * (6 * hidden + 3 * intermediate) * 4 + 2 * batch_size * heads * \
+    layer = tokens * (8 * hidden + 4 * intermediate) * 4 + 2 * batch_size * heads * \
         seq_length ** 2 * 4
     return kept + layer
 

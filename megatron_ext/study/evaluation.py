@@ -55,25 +55,19 @@ def held_out_loss(model, windows: np.ndarray, batch_size: int) -> float:
     return total / count
 
 
-def downstream(load: Path, iteration: int, settings: EvalSettings, export_hf) -> dict:
+def downstream(load: Path, iteration: int, settings: EvalSettings) -> dict:
     """``{task: {"metric", "value", "items"}}``: the checkpoint exported to Hugging Face
-    (temporarily, by ``export_hf(load, iteration, folder)``) and scored by lm-eval on the
+    (temporarily, :func:`megatron_ext.hf.export.export_checkpoint`) and scored by lm-eval on the
     study's tasks; ``items`` is the per-document score (0/1) in document order."""
     os.environ["HF_HUB_OFFLINE"] = os.environ["HF_DATASETS_OFFLINE"] = "1"
-    from lm_eval import simple_evaluate
-    from lm_eval.models.huggingface import HFLM
-
-    from megatron_ext.hf.eval_tasks import official_tasks, task_config
+    from megatron_ext.hf.eval_tasks import evaluate_model, official_tasks, task_config
+    from megatron_ext.hf.export import export_checkpoint
     with tempfile.TemporaryDirectory() as hf_dir:
-        export_hf(load, iteration, hf_dir)
+        export_checkpoint(str(load), hf_dir, iteration)
         manager = official_tasks()
         configs = [task_config(t, manager, settings.data_dir) for t in settings.tasks]
-        lm = HFLM(pretrained=hf_dir, trust_remote_code=True, device="cpu", dtype="float32",
-                  batch_size=settings.batch_size)
-        out = simple_evaluate(model=lm, tasks=configs, task_manager=manager,
-                              limit=settings.limit, bootstrap_iters=0, log_samples=True,
-                              random_seed=0, numpy_random_seed=0, torch_random_seed=0,
-                              fewshot_random_seed=0)
+        out = evaluate_model(hf_dir, configs, manager, batch_size=settings.batch_size,
+                             limit=settings.limit, log_samples=True)
     result = {}
     for task in settings.tasks:
         metric = TASK_METRIC[task]
@@ -83,7 +77,7 @@ def downstream(load: Path, iteration: int, settings: EvalSettings, export_hf) ->
     return result
 
 
-def evaluate_checkpoint(run: Path, iteration: int, settings: EvalSettings, export_hf) -> dict:
+def evaluate_checkpoint(run: Path, iteration: int, settings: EvalSettings) -> dict:
     from megatron_ext.hf.megatron_checkpoint import load_model, read_checkpoint
     ckpt = run / "checkpoints"
     path, train_args, fixed_code, _ = read_checkpoint(str(ckpt), iteration)
@@ -97,7 +91,7 @@ def evaluate_checkpoint(run: Path, iteration: int, settings: EvalSettings, expor
                       valid_tokens=int(windows.shape[0] * train_args.seq_length),
                       valid_tokens_sha256=tokens_sha256(windows))
     if settings.tasks:
-        record["tasks"] = downstream(ckpt, iteration, settings, export_hf)
+        record["tasks"] = downstream(ckpt, iteration, settings)
     return record
 
 
@@ -125,13 +119,16 @@ def read_cached(run: Path, iteration: int, settings: EvalSettings) -> Optional[d
 
 
 def _settings_json(settings: EvalSettings) -> dict:
-    """The settings as their cache file holds them (tuples become lists)."""
-    return json.loads(json.dumps(dataclasses.asdict(settings)))
+    """The settings that change a result, as their cache file holds them (tuples become
+    lists): ``allow_train_text`` changes none, so caches made before it existed still
+    hold."""
+    fields = dataclasses.asdict(settings)
+    del fields["allow_train_text"]
+    return json.loads(json.dumps(fields))
 
 
-def evaluate_study(study: Study, study_dir: Path, export_hf, progress=print) -> dict:
-    """Evaluate what is not cached yet; ``{"evaluated": n, "cached": m}``. ``export_hf``
-    writes a checkpoint as a Hugging Face model (tools/convert_to_hf.py) for the tasks."""
+def evaluate_study(study: Study, study_dir: Path, progress=print) -> dict:
+    """Evaluate what is not cached yet; ``{"evaluated": n, "cached": m}``."""
     from megatron_ext.initialize import initialize_distributed
     counts = {"evaluated": 0, "cached": 0}
     todo = []
@@ -146,7 +143,7 @@ def evaluate_study(study: Study, study_dir: Path, export_hf, progress=print) -> 
         initialize_distributed("cpu", 1, 1)
     for i, (run, iteration) in enumerate(todo, 1):
         progress(f"[eval {i}/{len(todo)}] {run} iteration {iteration}")
-        record = evaluate_checkpoint(run, iteration, study.eval, export_hf)
+        record = evaluate_checkpoint(run, iteration, study.eval)
         path = cache_path(run, iteration)
         path.parent.mkdir(parents=True, exist_ok=True)
         write_json(str(path), record)

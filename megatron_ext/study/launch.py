@@ -10,7 +10,6 @@ factors is evaluated as a study of its own.
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import signal
 import subprocess
@@ -109,12 +108,11 @@ def queued_job(name: str) -> Optional[str]:
     return out[0] if out else None
 
 
-def submit_to_slurm(study: spec.Study, study_dir: Path, job: argparse.Namespace,
-                    dry_run: bool, progress: Progress = _print) -> None:
-    """Submit each run that is neither finished nor queued; ``job``: the job options
-    (:func:`megatron_ext.slurm.add_job_args`, checked). A budget's branch is a job that
-    starts once its run's job has succeeded (none when that run is finished). ``dry_run``
-    prints the scripts and dependencies."""
+def submit_to_slurm(study: spec.Study, study_dir: Path, job: slurm.Job, dry_run: bool,
+                    progress: Progress = _print) -> None:
+    """Submit each run that is neither finished nor queued as a ``job``. A budget's branch
+    is a job that starts once its run's job has succeeded (none when that run is
+    finished). ``dry_run`` prints the scripts and dependencies."""
     jobs = {}  # run folder -> its job id (submitted or queued), or "dry-run"
     for folder, cell, arm, seed, run in spec.all_runs(study, study_dir):
         what = f"{folder + ' ' if folder else ''}{arm.name} seed {seed}"
@@ -142,12 +140,6 @@ def submit_to_slurm(study: spec.Study, study_dir: Path, job: argparse.Namespace,
                  + f", log {run / f'slurm-{jobs[run]}.log'}")
 
 
-def export_hf(load: Path, iteration: int, output: str) -> None:
-    """A checkpoint as a Hugging Face model in ``output`` (for the downstream tasks)."""
-    from megatron_ext.hf.export import export_checkpoint
-    export_checkpoint(str(load), output, iteration)
-
-
 def evaluate(study: spec.Study, study_dir: Path, progress: Progress = _print) -> None:
     """Evaluate the checkpoints not evaluated yet and, with ``[probes]``, probe the final
     ones not probed yet."""
@@ -157,7 +149,7 @@ def evaluate(study: spec.Study, study_dir: Path, progress: Progress = _print) ->
     evaluated = {"evaluated": 0, "cached": 0}
     probed = {"probed": 0, "cached": 0}
     for folder, cell in study.cells():
-        counts = evaluate_study(cell, study_dir / folder, export_hf, progress=progress)
+        counts = evaluate_study(cell, study_dir / folder, progress=progress)
         evaluated = {k: evaluated[k] + counts[k] for k in evaluated}
         if study.probes:
             counts = probe_study(cell, study_dir / folder,

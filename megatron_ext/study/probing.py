@@ -21,10 +21,10 @@ from typing import Optional
 from megatron_ext.checkpointing import completed_iterations, iteration_name
 from megatron_ext.files import write_json
 from megatron_ext.held_out import cut_documents, indexed_documents
-from megatron_ext.reporting import mean_interval
+from megatron_ext.reporting import mean_interval, signed_range
 
 from .spec import Study, run_dir
-from .stats import t_interval
+from .stats import paired_difference, t_interval
 
 METRICS = (("id_bits", "id bits"), ("id_bits_control", "id control"),
            ("id_bits_selectivity", "id sel."), ("id_bits_unseen", "id unseen"),
@@ -33,6 +33,9 @@ METRICS = (("id_bits", "id bits"), ("id_bits_control", "id control"),
            ("prev_bits_selectivity", "prev sel."), ("prev_bits_unseen", "prev unseen"),
            ("prev_bits_position_transfer", "prev transfer"), ("prev_topk", "prev top-K"),
            ("lens_loss", "lens loss"), ("readout_loss", "read-out loss"))
+# Compared between every two arms, paired by seed, per layer (trained models).
+PAIRED = (("id_bits_selectivity", "Δ id sel."), ("prev_bits_selectivity", "Δ prev sel."),
+          ("readout_loss", "Δ read-out loss"))
 PLOTTED = ("id_bits", "id_topk", "prev_bits", "prev_topk", "lens_loss", "readout_loss")
 
 
@@ -99,7 +102,30 @@ def summarise(study: Study, study_dir: Path, final: Optional[int]) -> dict:
                  **{m: t_interval([row[m] for row in rows]) for m, _ in METRICS
                     if all(row.get(m) is not None for row in rows)}}
                 for layer, rows in enumerate(zip(*per_seed))]
+        entry["by_seed"] = {seed: [{m: row.get(m) for m, _ in PAIRED}
+                                   for row in r["models"][arm.name]["trained"]]
+                            for seed, r in records.items()}
         out[arm.name] = entry
+    return out
+
+
+def differences(summary: dict) -> list[dict]:
+    """Every two arms ``a``, ``b`` (in study order), per layer both have: ``b - a`` of each
+    :data:`PAIRED` metric, paired by seed (:func:`paired_difference`)."""
+    arms, out = list(summary), []
+    for i, a in enumerate(arms):
+        for b in arms[i + 1:]:
+            x, y = summary[a]["by_seed"], summary[b]["by_seed"]
+            layers = min(len(next(iter(x.values()))), len(next(iter(y.values()))))
+            rows = []
+            for layer in range(layers):
+                row = {"layer": layer}
+                for m, _ in PAIRED:
+                    values = [({s: v[layer][m] for s, v in side.items()
+                                if v[layer][m] is not None}) for side in (y, x)]
+                    row[m] = paired_difference(*values)
+                rows.append(row)
+            out.append({"a": a, "b": b, "layers": rows})
     return out
 
 
@@ -137,6 +163,21 @@ def markdown(study: Study, summary: dict, final: int) -> str:
     lines += ["", SELECTIVITY, "", "† " + "; ".join(f"{note} ({', '.join(sorted(arms))})"
                                                     for note, arms in notes.items()) + ".",
               "", trivial_note(reasons), "", "![probes per layer](probes.png)", ""]
+    pairs = differences(summary)
+    if pairs:
+        count = sum(len(p["layers"]) for p in pairs) * len(PAIRED)
+        lines += ["### Probes: differences between arms, paired by seed", "",
+                  f"b − a per layer (trained models): mean and 95% t interval of the per-seed "
+                  f"differences. {count} comparisons ({len(pairs)} pairs of arms × layers × "
+                  f"{len(PAIRED)} metrics), not adjusted for multiplicity: about 1 in 20 "
+                  f"excludes 0 by chance alone.", "",
+                  "| b − a | layer | " + " | ".join(t for _, t in PAIRED) + " |",
+                  "|---|---|" + "---:|" * len(PAIRED)]
+        for pair in pairs:
+            for row in pair["layers"]:
+                lines.append(f"| {pair['b']} − {pair['a']} | {row['layer']} | " + " | ".join(
+                    signed_range(row[m], 3) for m, _ in PAIRED) + " |")
+        lines.append("")
     return "\n".join(lines)
 
 
