@@ -6,8 +6,9 @@
 #   te_bf16_fp8      Transformer Engine layers (when TE imports) at the 1.7B shape, bf16 then
 #                    FP8 (hybrid, delayed), same seed and data: throughput of each, FP8's loss
 #                    within 1% of bf16's at every iteration, TE's chosen attention backend;
-#   local_attention  local layers at the 1.7B shape, SDPA (--attention-backend auto) on the
-#                    binary and the learned arm: throughput, the fixed/learned ratio, a 2-step
+#   local_attention  the GPU-only SDPA tests (pinned kernels, bf16 parity with the unfused
+#                    path), then local layers at the 1.7B shape, SDPA (--attention-backend
+#                    auto) on the binary and the learned arm: throughput, the fixed/learned ratio, a 2-step
 #                    profile of the binary run by kernel category; then (verdict local_unfused)
 #                    the unfused attention on the binary arm beside them;
 #   recipe_flags     the recipe's GPU-only flags at DP=1 (TE layers when TE imports,
@@ -199,6 +200,10 @@ if wanted local_attention; then
     table "Local layers, 1.7B shape, $MICRO x 2048 tokens per step" "$SPEED_HEADER"
     LOCAL_RUN=("$PY" "${BIG[@]}" --transformer-impl local)
     ok=1
+    # The pinned SDPA kernels run and equal the unfused attention in bf16 (GPU-only tests).
+    run sdpa_parity 90 "$PY" -m pytest -q -p no:cacheprovider tests/test_attention.py -k gpu \
+        && { ((DRY)) || ! grep -qE "[0-9]+ (failed|skipped|error)" "$RESULTS/sdpa_parity.log"; } \
+        || ok=0
     run local_sdpa_binary 170 "${LOCAL_RUN[@]}" --input-interface binary \
         --metrics-file "$RESULTS/local_sdpa_binary.jsonl" --profile --use-pytorch-profiler \
         --profile-step-start $UNTIL --profile-step-end $ITERS \
@@ -210,7 +215,7 @@ if wanted local_attention; then
         add "" "SDPA runs: $ratio"
         verdict local_attention PASS "$ratio"
     else
-        verdict local_attention FAIL "binary: $(detail local_sdpa_binary) / learned: $(detail local_sdpa_learned)"
+        verdict local_attention FAIL "parity: $(detail sdpa_parity "passed|failed") / binary: $(detail local_sdpa_binary) / learned: $(detail local_sdpa_learned)"
     fi
     mark
     if run local_unfused_binary 150 "${LOCAL_RUN[@]}" --input-interface binary \

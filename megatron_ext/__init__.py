@@ -10,9 +10,10 @@ Core modules (no import from the subpackages ``data``, ``hf``, ``study``, ``prob
   ``residual`` (the fp32 residual add), ``norms``;
 - the run: ``arguments`` (Megatron-LM flags), ``recipes`` (files of flags), ``derived``
   (the values derived once at start-up: batch, world layout, padded vocabulary),
-  ``initialize`` (process start-up), ``device_checks`` (GPU start-up checks), ``cpu_backend`` (Megatron-Core on CPU for tests and the
-  demo), ``tokenizer``, ``datasets``, ``index_check`` (indexed datasets read and checked before
-  use), ``data_cache``, ``held_out`` (held-out token windows);
+  ``initialize`` (process start-up), ``device_checks`` (GPU start-up checks),
+  ``cpu_backend`` (Megatron-Core on CPU for tests and the demo), ``tokenizer``,
+  ``datasets``, ``index_check`` (indexed datasets read and checked before use),
+  ``data_cache``, ``held_out`` (held-out token windows);
 - the loop and its parts: ``training``, ``checkpointing``, ``metrics``, ``metric_sinks``,
   ``exit_conditions``, ``exit_signals``, ``profiling``, ``log``;
 - outside the loop: ``param_count`` (parameters per arm), ``slurm`` (job scripts and

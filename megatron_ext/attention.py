@@ -1,4 +1,4 @@
-"""Core attention of the local (PyTorch) layers on ``torch.nn.functional.scaled_dot_product_attention``.
+"""Core attention of the local (PyTorch) layers on torch's ``scaled_dot_product_attention``.
 
 Megatron-Core 0.16.1's local layer spec computes attention with ``DotProductAttention``: a
 batched matmul, the full ``s x s`` score matrix materialised and a softmax over it. Its only

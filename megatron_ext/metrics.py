@@ -203,7 +203,8 @@ class MetricsLogger:
             "lm loss": loss, "learning-rate": lr, "grad-norm": grad_norm,
             "tokens-per-second": tokens_per_s, "step-time-ms": step_time * 1000,
             "tflops-per-gpu": flops_per_device / 1e12, "mfu": mfu, "mfu-fp8-peak": mfu_fp8,
-            "memory-gib": mem, "memory-reserved-gib": reserved, "skipped-iterations": skipped_total, **diagnostics})
+            "memory-gib": mem, "memory-reserved-gib": reserved,
+            "skipped-iterations": skipped_total, **diagnostics})
         self._reset()
 
     def validation(self, iteration: int, loss: Optional[float]) -> None:

@@ -5,8 +5,9 @@ for LayerNorm without apex) refuses ``sequence_parallel``. Under sequence parall
 tensor-parallel rank normalises its own slice of the sequence, so each holds only part of
 the norm's weight gradient; Megatron's own norms (apex's, TE's) mark their parameters
 ``sequence_parallel`` and ``finalize_model_grads`` then sums those gradients over the
-tensor-parallel group. :class:`TorchNorm` does the same for torch's norms. It also serves ``--fp32-residual-connection``. The module and its parameter names
-are torch's, as before: checkpoints are unchanged.
+tensor-parallel group. :class:`TorchNorm` does the same for torch's norms. It also serves
+``--fp32-residual-connection`` (an fp32 stream in, the weights' dtype out). The modules and
+their parameter names are torch's, as before: checkpoints are unchanged.
 :func:`megatron_ext.model.local_layer_spec` puts it in place of ``WrappedTorchNorm``.
 """
 

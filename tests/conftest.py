@@ -18,6 +18,10 @@ PRETRAIN = REPO / "pretrain_fixedcode.py"
 # A model that trains in seconds on two cores.
 TINY_MODEL = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
               "--ffn-hidden-size", "128", "--seq-length", "32"]
+# Metrics-file fields that follow the machine's speed, load or memory: left out when the records
+# of two runs are compared.
+TIMING = frozenset({"time", "tokens-per-second", "step-time-ms", "tflops-per-gpu", "mfu",
+                    "mfu-fp8-peak", "memory-gib", "memory-reserved-gib"})
 TINY_RUN = TINY_MODEL + ["--micro-batch-size", "2", "--global-batch-size", "4", "--lr", "3e-3",
                          "--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "511",
                          "--log-interval", "1", "--eval-iters", "0", "--num-workers", "0"]

@@ -44,7 +44,7 @@ def planned(stdout: str) -> list[str]:
 def test_the_plan_puts_never_run_steps_first_and_measures_steady_state(tmp_path):
     stdout, summary = gpu_check(tmp_path, GPU_CHECK_DRY_RUN="1", GPU_CHECK_HAVE_TE="1")
     assert planned(stdout) == [
-        "te_binary_bf16", "te_binary_fp8", "local_sdpa_binary", "local_sdpa_learned",
+        "te_binary_bf16", "te_binary_fp8", "sdpa_parity", "local_sdpa_binary", "local_sdpa_learned",
         "local_unfused_binary", "recipe_flags", "resume", "convert", "build", "parity",
         "kernel_in_training", "fp16", "input_layer"]
     big = [line for line in stdout.splitlines() if "--preset smollm2-1.7b" in line]
@@ -57,7 +57,7 @@ def test_the_plan_puts_never_run_steps_first_and_measures_steady_state(tmp_path)
         < summary.index("| input_layer | DRY")
 
     stdout, summary = gpu_check(tmp_path, GPU_CHECK_DRY_RUN="1", GPU_CHECK_SKIP_PASSED="1")
-    assert planned(stdout) == ["local_sdpa_binary", "local_sdpa_learned",
+    assert planned(stdout) == ["sdpa_parity", "local_sdpa_binary", "local_sdpa_learned",
                                "local_unfused_binary", "recipe_flags", "resume", "convert"]
     assert "| te_bf16_fp8 | SKIP | Transformer Engine not importable" in summary
 
@@ -81,7 +81,8 @@ def test_exit_status_and_tracebacks_decide_a_verdict(tmp_path, output, status, v
     step that exited 0, the detail is the error line rather than the last line, and the
     summary holds the row once the step is over."""
     fake = tmp_path / "python"
-    fake.write_text(f"#!/bin/sh\nprintf '%s\\n' '{output.replace(chr(10), chr(39) + ' ' + chr(39))}'"
+    lines = output.replace("\n", "' '")  # one printf argument per line
+    fake.write_text(f"#!/bin/sh\nprintf '%s\\n' '{lines}'"
                     f"\nexit {status}\n")
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
     out = tmp_path / "out"
@@ -119,7 +120,8 @@ def test_throughput_is_total_tokens_over_total_steady_time(report, tmp_path, cap
     with pytest.raises(SystemExit, match="2 iterations after the first 3"):
         steady(path, skip=3, until=5)
     main(["speed", "run", path, "--skip", "2", "--until", "5"])
-    assert capsys.readouterr().out.strip() == "| run | 6,144 | 75.0 | 7.5% | n/a | 52.0 | 53.0 | 3 |"
+    assert capsys.readouterr().out.strip() \
+        == "| run | 6,144 | 75.0 | 7.5% | n/a | 52.0 | 53.0 | 3 |"
     fixed = records(tmp_path / "f.jsonl", [(i, 2 * 8192, 500, 1, 0.1, 50) for i in range(1, 6)])
     main(["ratio", path, fixed, "--skip", "2", "--until", "5"])
     assert capsys.readouterr().out.startswith("fixed/learned tokens/s 2.667;")

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -17,7 +20,7 @@ from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 from megatron.core.optimizer.optimizer import Float16OptimizerWithFloat16Params
 from megatron.core.transformer.module import Float16Module
 
-from conftest import TINY_RUN
+from conftest import REPO, TINY_RUN
 from megatron_ext import checkpointing, training
 from megatron_ext.hf.megatron_checkpoint import load_model, read_checkpoint
 from megatron_ext.derived import derive
@@ -486,3 +489,47 @@ def test_the_image_build_refuses_a_transformer_engine_outside_the_pin(version, r
     import importlib.metadata
     got = te_pin_refusal(version, importlib.metadata.requires("fixedcode"))
     assert got == refusal if refusal is None else refusal in got
+
+
+def test_the_process_group_is_destroyed_when_training_ends(tmp_path):
+    """Left to the interpreter's exit, NCCL warns, and on the first GPU run its warning became
+    the log's last line, hiding the error. The entry point destroys the group itself."""
+    code = ("import sys, torch, pretrain_fixedcode as p; p.main(sys.argv[1:]); "
+            "print('initialized after main:', torch.distributed.is_initialized())")
+    run = subprocess.run([sys.executable, "-c", code, *TINY_RUN, "--train-iters", "1",
+                          "--metrics-file", str(tmp_path / "m.jsonl")], capture_output=True,
+                         text=True, timeout=300, cwd=REPO,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "initialized after main: False" in run.stdout
+
+
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+def test_mfu_is_over_the_bf16_peak_for_bf16_and_fp8_runs(cpu_dist, monkeypatch, tmp_path,
+                                                         capsys, fp8):
+    """On an H100 (simulated), a bf16 and an FP8 run both divide by the dense bf16 peak, so
+    that their MFU compare; the FP8 run shows its MFU of the FP8 peak beside it."""
+    from megatron_ext.metrics import MetricsLogger
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a: 3 * 2**30)
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda *a: 4 * 2**30)
+    flags = ["--bf16", "--train-iters", "1", "--metrics-file", str(tmp_path / "m.jsonl")]
+    args = parse_args(TINY_RUN + flags)
+    derived = derive(args, 1, 512)
+    model = build_gpt(args, derived.padded_vocab_size, on_cpu=True)  # TE's layers need a GPU
+    args.device, args.fp8_format = "cuda", "hybrid" if fp8 else None
+    logger = MetricsLogger(args, derived, model, True, 0, None)
+    logger.step(1, 5.0, 1.0, 1e-3, step_time=0.5, skipped_total=0)
+    logger.close()
+    (record,) = read_metrics(str(tmp_path / "m.jsonl"))
+    flops = flops_per_token(args, derived.padded_vocab_size) * record["tokens-per-second"]
+    assert record["tflops-per-gpu"] == pytest.approx(flops / 1e12)
+    assert record["mfu"] == pytest.approx(flops / 989e12)
+    assert (record["memory-gib"], record["memory-reserved-gib"]) == (3, 4)
+    line = capsys.readouterr().out
+    assert "MFU against the dense bf16 peak of NVIDIA H100 80GB HBM3: 989 TFLOP/s" in line
+    if fp8:
+        assert record["mfu-fp8-peak"] == pytest.approx(flops / 1979e12)
+        assert "(FP8 peak 1,979, shown beside it)" in line and "MFU of FP8 peak:" in line
+    else:
+        assert "mfu-fp8-peak" not in record and "FP8" not in line

@@ -3,7 +3,8 @@ and all-gather): over 10 training steps of every arm, TP=2 with sequence paralle
 the losses of TP=1 (the fixed-code input computes only its rank's slice of the sequence),
 and the distributed optimizer at DP=2 those of DDP at DP=2; it also saves and resumes
 exactly, also with its parameters gathered during the forward pass
-(``--overlap-param-gather``). Both layers' attention is the default, SDPA, so TP=2 also checks it against TP=1."""
+(``--overlap-param-gather``). Both layers' attention is the default, SDPA, so TP=2 also
+checks it against TP=1."""
 
 from __future__ import annotations
 

@@ -13,10 +13,9 @@ import struct
 import pytest
 import torch
 
-from conftest import TINY_RUN, run_pretrain, step_losses
+from conftest import TIMING, TINY_RUN, run_pretrain, step_losses
 from megatron_ext import checkpointing
 
-TIMING = {"time", "tokens-per-second", "step-time-ms", "memory-gib"}
 
 
 def wandb_records(path: str):

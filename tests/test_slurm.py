@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import TIMING
 from megatron_ext.codes import PAPER_ARMS
 
 REPO = Path(__file__).resolve().parent.parent
@@ -227,7 +228,6 @@ def submit_tiny_binary_job(run_dir: Path, env, recipe: Path = RECIPE, max_restar
 ITERATION = re.compile(r"iteration\s+(\d+)/\s*\d+.*?lm loss: (\S+)")
 FINAL = re.compile(r"final train loss (\S+)")
 RUN_START = re.compile(r"^\[slurm\] job \d+ on \S+, SLURM_RESTART_COUNT=(\d+),", re.M)
-TIMING = {"time", "tokens-per-second", "step-time-ms", "memory-gib"}
 
 
 def losses(text: str) -> dict:

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from conftest import PRETRAIN, TINY_RUN, run_pretrain, step_losses, valid_losses
+from conftest import PRETRAIN, TIMING, TINY_RUN, run_pretrain, step_losses, valid_losses
 from megatron_ext.checkpointing import reconcile_schedule
 from megatron_ext.derived import derive
 from megatron_ext.profiling import validate_profile_args
@@ -265,8 +265,7 @@ def test_exit_signal_during_validation_saves_and_the_resumed_run_validates_first
     assert resumed.stdout.index("validation at iteration 3 |") \
         < resumed.stdout.index("iteration        4/")
     # The metrics file then holds what the uninterrupted run logged: every validation.
-    timing = {"time", "tokens-per-second", "step-time-ms", "memory-gib"}
-    untimed = lambda run: [{k: v for k, v in r.items() if k not in timing}  # noqa: E731
+    untimed = lambda run: [{k: v for k, v in r.items() if k not in TIMING}  # noqa: E731
                            for r in run.metrics]
     assert untimed(resumed) == untimed(straight)
     assert sorted(valid_losses(straight)) == [3, 6]
@@ -339,6 +338,11 @@ def test_a_bad_flag_stops_the_run_with_a_clear_error():
     (["--input-interface", "binary", "--global-batch-size", "5"],
      "--global-batch-size 5 is not a multiple of --micro-batch-size 2"),
     (["--ddp-bucket-size", "1000"], "--ddp-bucket-size applies with --overlap-grad-reduce only"),
+    (["--overlap-param-gather", "--overlap-grad-reduce"],
+     "--overlap-param-gather needs --use-distributed-optimizer and --overlap-grad-reduce"),
+    (["--overlap-param-gather", "--use-distributed-optimizer"],
+     "--overlap-param-gather needs --use-distributed-optimizer and --overlap-grad-reduce"),
+    (["--manual-gc", "--manual-gc-interval", "-1"], "--manual-gc-interval -1 is negative"),
     (["--log-layer-norms", "--use-distributed-optimizer"],
      "--log-layer-norms reads whole gradients, which --use-distributed-optimizer scatters"),
     (["--load", "/nonexistent/ckpt", "--ckpt-step", "7"],
