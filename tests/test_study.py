@@ -340,11 +340,18 @@ def test_each_evaluated_point_carries_the_flops_the_training_log_counts(tiny_stu
 
 
 def test_a_rerun_trains_nothing_and_evaluates_nothing_twice(tiny_study, capsys):
+    """Also: a record cached before records carried the training compute gets it back
+    without being evaluated again."""
     study_dir, summary = tiny_study
+    cached = study_dir / "binary" / "seed1" / "eval" / "iter_0000003.json"
+    record = json.loads(cached.read_text())
+    cached.write_text(json.dumps({k: v for k, v in record.items()
+                                  if k not in ("flops", "parameters")}))
     again = study.main(["run", str(study_dir)])
     out = capsys.readouterr().out
     assert "[study] 4 of 4 runs finished; training 0" in out
     assert "[study] evaluated 0 checkpoints (4 cached)" in out
+    assert json.loads(cached.read_text()) == record
     assert again["differences"] == summary["differences"]
 
 

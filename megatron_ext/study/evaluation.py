@@ -6,7 +6,8 @@ comparisons between arms).
 Each record also carries the checkpoint's training compute: ``flops``, the FLOPs of its
 iterations as the training log's MFU counts them (:func:`megatron_ext.metrics.flops_per_token`
 times the tokens trained), and ``parameters`` (``total`` trainable, ``non_embedding``: all
-but the input table, which a fixed code does not have).
+but the input table, which a fixed code does not have); a record cached before it had
+them gets them added, without evaluating again.
 
 Results are cached per checkpoint in ``RUN/eval/iter_NNNNNNN.json`` with the settings they
 were computed under: evaluation is incremental while training continues, and a cache made
@@ -108,14 +109,12 @@ def training_compute(train_args, iteration: int, model) -> dict:
 
 
 def read_cached(run: Path, iteration: int, settings: EvalSettings) -> Optional[dict]:
-    """The cached record, unless made under other settings or before records carried the
-    training compute."""
+    """The cached record, unless made under other settings."""
     path = cache_path(run, iteration)
     if not path.exists():
         return None
     record = json.loads(path.read_text())
-    same = record.get("settings") == _settings_json(settings)
-    return record if same and "flops" in record else None
+    return record if record.get("settings") == _settings_json(settings) else None
 
 
 def _settings_json(settings: EvalSettings) -> dict:
@@ -128,19 +127,30 @@ def _settings_json(settings: EvalSettings) -> dict:
 
 
 def evaluate_study(study: Study, study_dir: Path, progress=print) -> dict:
-    """Evaluate what is not cached yet; ``{"evaluated": n, "cached": m}``."""
+    """Evaluate what is not cached yet; ``{"evaluated": n, "cached": m}``. A cached record
+    made before records carried the training compute gets it added (the model is loaded,
+    nothing is evaluated again)."""
+    from megatron_ext.hf.megatron_checkpoint import load_model, read_checkpoint
     from megatron_ext.initialize import initialize_distributed
     counts = {"evaluated": 0, "cached": 0}
-    todo = []
+    todo, older = [], []
     for arm, seed in study.runs():
         run = run_dir(study_dir, arm, seed)
         for iteration in completed_iterations(run / "checkpoints"):
-            if read_cached(run, iteration, study.eval) is None:
+            record = read_cached(run, iteration, study.eval)
+            if record is None:
                 todo.append((run, iteration))
-            else:
-                counts["cached"] += 1
-    if todo:
+                continue
+            counts["cached"] += 1
+            if "flops" not in record:
+                older.append((run, iteration, record))
+    if todo or older:
         initialize_distributed("cpu", 1, 1)
+    for run, iteration, record in older:
+        path, train_args, fixed_code, _ = read_checkpoint(str(run / "checkpoints"), iteration)
+        record.update(training_compute(train_args, iteration,
+                                       load_model(path, train_args, fixed_code)))
+        write_json(str(cache_path(run, iteration)), record)
     for i, (run, iteration) in enumerate(todo, 1):
         progress(f"[eval {i}/{len(todo)}] {run} iteration {iteration}")
         record = evaluate_checkpoint(run, iteration, study.eval)
