@@ -158,7 +158,7 @@ def test_differences_are_paired_by_seed_within_each_level(fabricated):
     text = (study_dir / "STUDY.md").read_text()
     for level in SIZES:
         assert f"## Level `{level}`" in text
-        assert (study_dir / level / "STUDY.md").exists()
+        assert (study_dir / level / "STUDY.md").read_text().startswith(f"# Study `S/{level}`")
     assert "### Against the control (`learned`): arm − control" in text
     for name in ("loss_vs_flops.png", "gap_vs_flops.png"):
         assert (study_dir / name).read_bytes().startswith(b"\x89PNG")
