@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import runpy
-import sys
 from pathlib import Path
 
 import torch

@@ -166,7 +166,7 @@ def heldout(args: argparse.Namespace, flags: dict[str, list[str]]) -> dict:
     builder = IndexedDatasetBuilder(f"{out}.bin", dtype=dataset.index.dtype)
     end, tokens = begin, 0
     while tokens < args.heldout_tokens and end < len(dataset):
-        document = np.asarray(dataset[end])
+        document = np.array(dataset[end])  # a writable copy of the memory-mapped document
         builder.add_document(torch.from_numpy(document), [len(document)])
         tokens, end = tokens + len(document), end + 1
     if tokens < args.heldout_tokens:
