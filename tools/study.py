@@ -1,9 +1,10 @@
 """Run a study: arms x seeds of one recipe (optionally x the levels of named factors, e.g.
-model sizes), every checkpoint evaluated once, a report with intervals across seeds,
-differences against the control and, across levels, loss against training FLOPs with a
-power-law fit.
+model sizes, and token budgets as WSD cooldown branches), every checkpoint evaluated once, a
+report with intervals across seeds, differences against the control and, across levels,
+loss against training FLOPs with a power-law fit.
 
     python tools/study.py run STUDY_DIR --study examples/cpu_study/study.toml
+    python tools/study.py run STUDY_DIR --study examples/cpu_scaling/study.toml
     python tools/study.py run STUDY_DIR --recipe R.args --arms learned,binary,gf2 \\
         --seeds 1,2,3 --eval-data-path data/valid_text_document [--launcher slurm ...]
     python tools/study.py eval STUDY_DIR      # evaluate new checkpoints (and probe), then report
