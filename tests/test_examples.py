@@ -137,3 +137,26 @@ def test_prepare_data_builds_the_recipe_blend_offline(tmp_path):
     with pytest.raises(SystemExit, match=r"more than the recipe's --max-data-epochs 1"):
         prepare_data.main(["build", "--recipe", str(tmp_path / "recipe.args"),
                            "--download-dir", str(tmp_path / "downloads")])
+
+
+@pytest.mark.parametrize("path, sizes, seeds, budgets", [
+    ("examples/cpu_scaling/study.toml", ("d64", "d96", "d128"), (1, 2, 3), (81920, 122880)),
+    ("examples/smollm2_1p7b/study_scaling.toml", ("s135m", "s360m", "s1p7b"), (1, 2, 3),
+     (2_000_000_000, 5_000_000_000, 10_000_000_000))])
+def test_scaling_presets_cross_sizes_arms_seeds_and_budgets(path, sizes, seeds, budgets):
+    """Each size sets its own learning rate; every budget branches from a stable save."""
+    from megatron_ext.study import spec
+    from pretrain_fixedcode import parse_args
+    path = REPO / path
+    study = spec.build_study(spec.read_study_file(str(path)), path.parent)
+    assert tuple(lv.name for lv in study.factors[0].levels) == sizes
+    assert study.seeds == seeds and study.budgets == budgets
+    cells = dict(study.cells())
+    assert len(cells) == len(sizes) * (1 + len(budgets))
+    rates = {parse_args([*cells[s].recipe, "--input-interface", "binary", "--seed", "1"]).lr
+             for s in sizes}
+    assert len(rates) == len(sizes)
+    for size in sizes:
+        branches = [cells[f"{size}/budget_{b}"].branch for b in budgets]
+        assert [b.tokens for b in branches] == list(budgets)
+        assert all(0 < b.start < b.iterations for b in branches)

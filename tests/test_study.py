@@ -296,12 +296,42 @@ def test_the_held_out_loss_is_the_models_own_loss(tiny_study):
 
 
 @pytest.mark.integration
-def test_a_rerun_trains_nothing_and_evaluates_nothing_twice(tiny_study, capsys):
+def test_each_evaluated_point_carries_the_flops_the_training_log_counts(tiny_study):
+    """The log's model FLOPs per token (TFLOP/s x world size / tokens per second, from the
+    metrics file) times the tokens trained is the point's FLOPs; the learned arm has an
+    input table the fixed arm lacks, and the same non-embedding count."""
+    from megatron_ext.metric_sinks import read_metrics
     study_dir, summary = tiny_study["study_dir"], tiny_study["summary"]
+    params = {}
+    for arm in ("learned", "binary"):
+        run = study_dir / arm / "seed1"
+        train = [r for r in read_metrics(str(run / "checkpoints")) if r["kind"] == "train"][-1]
+        logged = train["tflops-per-gpu"] * 1e12 / train["tokens-per-second"]  # world size 1
+        record = json.loads((run / "eval" / "iter_0000003.json").read_text())
+        assert record["flops"] == pytest.approx(logged * 3 * 4 * 32, rel=1e-9)
+        assert summary["arms"][arm]["final"]["flops"] == pytest.approx(record["flops"])
+        params[arm] = record["parameters"]
+    assert params["learned"]["non_embedding"] == params["binary"]["non_embedding"]
+    from megatron_ext.hf.megatron_checkpoint import read_checkpoint
+    args = read_checkpoint(str(study_dir / "learned" / "seed1" / "checkpoints"), 3)[1]
+    assert params["learned"]["total"] - params["binary"]["total"] == \
+        args.padded_vocab_size * args.hidden_size
+
+
+@pytest.mark.integration
+def test_a_rerun_trains_nothing_and_evaluates_nothing_twice(tiny_study, capsys):
+    """Also: a record cached before records carried the training compute gets it back
+    without being evaluated again."""
+    study_dir, summary = tiny_study["study_dir"], tiny_study["summary"]
+    cached = study_dir / "binary" / "seed1" / "eval" / "iter_0000003.json"
+    record = json.loads(cached.read_text())
+    cached.write_text(json.dumps({k: v for k, v in record.items()
+                                  if k not in ("flops", "parameters")}))
     again = study.main(["run", str(study_dir)])
     out = capsys.readouterr().out
     assert "[study] 4 of 4 runs finished; training 0" in out
     assert "[study] evaluated 0 checkpoints (4 cached)" in out
+    assert json.loads(cached.read_text()) == record
     assert again["differences"] == summary["differences"]
 
 

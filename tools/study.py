@@ -1,7 +1,10 @@
-"""Run a study: arms x seeds of one recipe, every checkpoint evaluated once, a report with
-intervals across seeds and differences against the control.
+"""Run a study: arms x seeds of one recipe (optionally x the levels of named factors, e.g.
+model sizes, and token budgets as WSD cooldown branches), every checkpoint evaluated once, a
+report with intervals across seeds, differences against the control and, across levels,
+loss against training FLOPs with a power-law fit.
 
     python tools/study.py run STUDY_DIR --study examples/cpu_study/study.toml
+    python tools/study.py run STUDY_DIR --study examples/cpu_scaling/study.toml
     python tools/study.py run STUDY_DIR --recipe R.args --arms learned,binary,gf2 \\
         --seeds 1,2,3 --eval-data-path data/valid_text_document [--launcher slurm ...]
     python tools/study.py eval STUDY_DIR      # evaluate new checkpoints (and probe), then report
@@ -36,8 +39,9 @@ def parse_args(argv: Optional[Sequence[str]]) -> tuple[argparse.ArgumentParser,
                                           "with the local launcher)", allow_abbrev=False)
     run.add_argument("study_dir", type=Path, help="the study's folder")
     d = run.add_argument_group("the study (first run only; later runs reuse definition.json)")
-    d.add_argument("--study", help="a TOML study file (keys: recipe, arms, seeds, control, "
-                                   "[eval], [probes]); the flags below override its keys")
+    d.add_argument("--study", help="a TOML study file (keys: recipe, overrides, arms, seeds, "
+                                   "control, [eval], [probes], [factors.NAME]); the flags "
+                                   "below override its keys")
     d.add_argument("--recipe", help="file of pretrain_fixedcode.py flags shared by all runs")
     d.add_argument("--arms", help="comma-separated [NAME:]INTERFACE[@--flag=value...], e.g. "
                                   "learned,binary,small:binary@--code-scale=0.02")

@@ -1,4 +1,6 @@
-"""Studies: arms x seeds of one recipe (``spec``), trained here or on Slurm (``launch``),
-every checkpoint evaluated once (``evaluation``), the final ones probed with ``[probes]``
-(``probing``), compared across seeds with intervals (``stats``) and reported (``report``).
-``tools/study.py`` is the command line."""
+"""Studies: arms x seeds of one recipe, optionally x factors' levels and token budgets
+(``spec``; budgets as WSD cooldown branches, ``budgets``), trained here or on Slurm
+(``launch``), every checkpoint evaluated once with its training FLOPs (``evaluation``), the
+final ones probed with ``[probes]`` (``probing``), compared across seeds with intervals
+(``stats``), across levels against compute with a power-law fit (``scaling``, ``fit``) and
+reported (``report``). ``tools/study.py`` is the command line."""

@@ -3,6 +3,12 @@ token set (the same tokens for every run and checkpoint) and, optionally, the do
 tasks of tools/evaluate.py with lm-eval's per-item results kept (for item-paired
 comparisons between arms).
 
+Each record also carries the checkpoint's training compute: ``flops``, the FLOPs of its
+iterations as the training log's MFU counts them (:func:`megatron_ext.metrics.flops_per_token`
+times the tokens trained), and ``parameters`` (``total`` trainable, ``non_embedding``: all
+but the input table, which a fixed code does not have); a record cached before it had
+them gets them added, without evaluating again.
+
 Results are cached per checkpoint in ``RUN/eval/iter_NNNNNNN.json`` with the settings they
 were computed under: evaluation is incremental while training continues, and a cache made
 under other settings is recomputed. Runs in one CPU process (checkpoints of any TP/PP are
@@ -77,11 +83,12 @@ def evaluate_checkpoint(run: Path, iteration: int, settings: EvalSettings) -> di
     from megatron_ext.hf.megatron_checkpoint import load_model, read_checkpoint
     ckpt = run / "checkpoints"
     path, train_args, fixed_code, _ = read_checkpoint(str(ckpt), iteration)
-    record = {"iteration": iteration, "settings": _settings_json(settings)}
+    model = load_model(path, train_args, fixed_code)
+    record = {"iteration": iteration, "settings": _settings_json(settings),
+              **training_compute(train_args, iteration, model)}
     if settings.data_path:
         windows = held_out_tokens(settings.data_path, settings.tokens, train_args.seq_length)
-        loss = held_out_loss(load_model(path, train_args, fixed_code), windows,
-                             settings.batch_size)
+        loss = held_out_loss(model, windows, settings.batch_size)
         record.update(valid_loss=loss, valid_ppl=math.exp(min(loss, 50.0)),
                       valid_tokens=int(windows.shape[0] * train_args.seq_length),
                       valid_tokens_sha256=tokens_sha256(windows))
@@ -90,7 +97,20 @@ def evaluate_checkpoint(run: Path, iteration: int, settings: EvalSettings) -> di
     return record
 
 
+def training_compute(train_args, iteration: int, model) -> dict:
+    """``{"flops", "parameters"}`` of a checkpoint at ``iteration`` (its saved flags, which
+    hold the derived batch and padded vocabulary, and its model)."""
+    from megatron_ext.metrics import flops_per_token
+    from megatron_ext.param_count import count_parameters
+    tokens = iteration * train_args.global_batch_size * train_args.seq_length
+    counts = count_parameters(model)
+    return {"flops": tokens * flops_per_token(train_args, train_args.padded_vocab_size),
+            "parameters": {"total": counts["total"],
+                           "non_embedding": counts["total"] - counts["input_table"]}}
+
+
 def read_cached(run: Path, iteration: int, settings: EvalSettings) -> Optional[dict]:
+    """The cached record, unless made under other settings."""
     path = cache_path(run, iteration)
     if not path.exists():
         return None
@@ -108,19 +128,30 @@ def _settings_json(settings: EvalSettings) -> dict:
 
 
 def evaluate_study(study: Study, study_dir: Path, progress=print) -> dict:
-    """Evaluate what is not cached yet; ``{"evaluated": n, "cached": m}``."""
+    """Evaluate what is not cached yet; ``{"evaluated": n, "cached": m}``. A cached record
+    made before records carried the training compute gets it added (the model is loaded,
+    nothing is evaluated again)."""
+    from megatron_ext.hf.megatron_checkpoint import load_model, read_checkpoint
     from megatron_ext.initialize import initialize_distributed
     counts = {"evaluated": 0, "cached": 0}
-    todo = []
+    todo, older = [], []
     for arm, seed in study.runs():
         run = run_dir(study_dir, arm, seed)
         for iteration in completed_iterations(run / "checkpoints"):
-            if read_cached(run, iteration, study.eval) is None:
+            record = read_cached(run, iteration, study.eval)
+            if record is None:
                 todo.append((run, iteration))
-            else:
-                counts["cached"] += 1
-    if todo:
+                continue
+            counts["cached"] += 1
+            if "flops" not in record:
+                older.append((run, iteration, record))
+    if todo or older:
         initialize_distributed("cpu", 1, 1)
+    for run, iteration, record in older:
+        path, train_args, fixed_code, _ = read_checkpoint(str(run / "checkpoints"), iteration)
+        record.update(training_compute(train_args, iteration,
+                                       load_model(path, train_args, fixed_code)))
+        write_json(str(cache_path(run, iteration)), record)
     for i, (run, iteration) in enumerate(todo, 1):
         progress(f"[eval {i}/{len(todo)}] {run} iteration {iteration}")
         try:

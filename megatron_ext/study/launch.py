@@ -3,8 +3,9 @@ checkpoints; Ctrl-C lets the current run save and stop), or as one preemption-sa
 per run (:mod:`megatron_ext.slurm`'s job script); then every checkpoint evaluated (and,
 with ``[probes]``, the final ones probed). tools/study.py is the command line.
 
-A run is ``STUDY_DIR/ARM/seedN`` (:func:`.spec.run_dir`); it is finished when its latest
-checkpoint is its last iteration, so a rerun skips it.
+A run is ``STUDY_DIR/[LEVEL/...]ARM/seedN`` (:func:`.spec.all_runs`); it is finished when
+its latest checkpoint is its last iteration, so a rerun skips it. Each cell of a study's
+factors is evaluated as a study of its own.
 """
 
 from __future__ import annotations
@@ -38,9 +39,21 @@ def finished(run: Path) -> bool:
     return common["iteration"] >= common["args"]["train_iters"]
 
 
-def run_flags(study: spec.Study, arm: spec.Arm, seed: int, run: Path) -> list[str]:
-    """A run's flags: the recipe, the arm's, the seed, where it saves (a Slurm job's too)."""
-    return slurm.run_flags(list(study.recipe), run, [*arm.training_flags(), "--seed", str(seed)])
+def run_flags(study: spec.Study, arm: spec.Arm, seed: int, run: Path,
+              branched_from: Optional[Path] = None) -> list[str]:
+    """A run's flags: the recipe, the arm's, the seed, where it saves (a Slurm job's too);
+    a budget's branch loads the run it branches from (its own ``--save`` is resumed first
+    once it holds a checkpoint)."""
+    flags = slurm.run_flags(list(study.recipe), run, [*arm.training_flags(), "--seed", str(seed)])
+    if branched_from is not None:
+        flags[flags.index("--load") + 1] = str(branched_from / "checkpoints")
+    return flags
+
+
+def _flags(study_dir: Path, folder: str, cell: spec.Study, arm: spec.Arm, seed: int,
+           run: Path) -> list[str]:
+    main = spec.branched_from(study_dir, folder, arm, seed) if cell.branch else None
+    return run_flags(cell, arm, seed, run, main)
 
 
 def train_locally(study: spec.Study, study_dir: Path, nproc: int,
@@ -49,18 +62,19 @@ def train_locally(study: spec.Study, study_dir: Path, nproc: int,
     training output is shown prefixed with the run and kept in RUN/train.log. Ctrl-C (or
     SIGTERM) lets the current run save and stop; rerunning continues."""
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # as Ctrl-C
-    todo = [(a, s) for a, s in study.runs() if not finished(spec.run_dir(study_dir, a, s))]
-    progress(f"[study] {len(study.runs()) - len(todo)} of {len(study.runs())} runs finished; "
+    runs = spec.all_runs(study, study_dir)
+    todo = [r for r in runs if not finished(r[-1])]
+    progress(f"[study] {len(runs) - len(todo)} of {len(runs)} runs finished; "
              f"training {len(todo)}")
     launcher = ([sys.executable] if nproc == 1 else
                 [sys.executable, "-m", "torch.distributed.run", "--standalone",
                  "--nproc-per-node", str(nproc)])
-    for i, (arm, seed) in enumerate(todo, 1):
-        run = spec.run_dir(study_dir, arm, seed)
+    for i, (folder, cell, arm, seed, run) in enumerate(todo, 1):
         run.mkdir(parents=True, exist_ok=True)
-        flags = run_flags(study, arm, seed, run)
-        tag = f"[{arm.name} seed {seed}]"
-        progress(f"[study] run {i}/{len(todo)}: {arm.name} seed {seed} -> {run}")
+        flags = _flags(study_dir, folder, cell, arm, seed, run)
+        where = f"{folder} " if folder else ""
+        tag = f"[{where}{arm.name} seed {seed}]"
+        progress(f"[study] run {i}/{len(todo)}: {where}{arm.name} seed {seed} -> {run}")
         with open(run / "train.log", "a") as log:
             proc = subprocess.Popen([*launcher, str(PRETRAIN), *flags], stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, text=True, cwd=slurm.REPO,
@@ -70,11 +84,11 @@ def train_locally(study: spec.Study, study_dir: Path, nproc: int,
             except KeyboardInterrupt:
                 proc.send_signal(signal.SIGTERM)  # --exit-signal-handler: save, then exit
                 _relay(proc, log, tag)
-                raise SystemExit(f"[study] interrupted: {arm.name} seed {seed} saved its "
-                                 f"checkpoint; rerun the same command to continue")
+                raise SystemExit(f"[study] interrupted: {where}{arm.name} seed {seed} saved "
+                                 f"its checkpoint; rerun the same command to continue")
         if rc != 0:
-            raise SystemExit(f"error: run {arm.name} seed {seed} failed (exit {rc}); see "
-                             f"{run / 'train.log'}")
+            raise SystemExit(f"error: run {where}{arm.name} seed {seed} failed (exit {rc}); "
+                             f"see {run / 'train.log'}")
 
 
 def _relay(proc: subprocess.Popen, log, tag: str) -> int:
@@ -96,36 +110,53 @@ def queued_job(name: str) -> Optional[str]:
 
 def submit_to_slurm(study: spec.Study, study_dir: Path, job: slurm.Job, dry_run: bool,
                     progress: Progress = _print) -> None:
-    """Submit each run that is neither finished nor queued as a ``job``; ``dry_run`` prints
-    the scripts instead."""
-    for arm, seed in study.runs():
-        run = spec.run_dir(study_dir, arm, seed)
-        name = f"{study_dir.name}-{arm.name}-seed{seed}"
+    """Submit each run that is neither finished nor queued as a ``job``. A budget's branch
+    is a job that starts once its run's job has succeeded (none when that run is
+    finished). ``dry_run`` prints the scripts and dependencies."""
+    jobs = {}  # run folder -> its job id (submitted or queued), or "dry-run"
+    for folder, cell, arm, seed, run in spec.all_runs(study, study_dir):
+        what = f"{folder + ' ' if folder else ''}{arm.name} seed {seed}"
+        name = "-".join([study_dir.name, *filter(None, folder.split("/")), arm.name,
+                         f"seed{seed}"])
         if finished(run):
-            progress(f"{arm.name} seed {seed}: finished")
+            progress(f"{what}: finished")
             continue
         queued = queued_job(name)
         if queued:
-            progress(f"{arm.name} seed {seed}: queued or running as job {queued}")
+            jobs[run] = queued
+            progress(f"{what}: queued or running as job {queued}")
             continue
-        script = slurm.job_script(job, name, run, run_flags(study, arm, seed, run), study_dir)
+        after = (jobs.get(spec.branched_from(study_dir, folder, arm, seed))
+                 if cell.branch else None)
+        script = slurm.job_script(job, name, run, _flags(study_dir, folder, cell, arm, seed,
+                                                         run), study_dir)
         if dry_run:
-            progress(f"# ===== {arm.name} seed {seed}: {run / 'job.sbatch'} =====\n{script}")
+            jobs[run] = f"<{name}>"
+            needs = f" (after {after} succeeds)" if after else ""
+            progress(f"# ===== {what}: {run / 'job.sbatch'}{needs} =====\n{script}")
             continue
-        job_id = slurm.write_and_submit(run, script)
-        progress(f"{arm.name} seed {seed}: job {job_id}, log {run / f'slurm-{job_id}.log'}")
+        jobs[run] = slurm.write_and_submit(run, script, after)
+        progress(f"{what}: job {jobs[run]}" + (f" after {after}" if after else "")
+                 + f", log {run / f'slurm-{jobs[run]}.log'}")
 
 
 def evaluate(study: spec.Study, study_dir: Path, progress: Progress = _print) -> None:
     """Evaluate the checkpoints not evaluated yet and, with ``[probes]``, probe the final
     ones not probed yet."""
     from .evaluation import evaluate_study
-    counts = evaluate_study(study, study_dir, progress=progress)
-    progress(f"[study] evaluated {counts['evaluated']} checkpoints ({counts['cached']} cached)")
+    from .probing import probe_study
+    from .report import final_iteration
+    evaluated = {"evaluated": 0, "cached": 0}
+    probed = {"probed": 0, "cached": 0}
+    for folder, cell in study.cells():
+        counts = evaluate_study(cell, study_dir / folder, progress=progress)
+        evaluated = {k: evaluated[k] + counts[k] for k in evaluated}
+        if study.probes:
+            counts = probe_study(cell, study_dir / folder,
+                                 final_iteration(cell, study_dir / folder), progress=progress)
+            probed = {k: probed[k] + counts[k] for k in probed}
+    progress(f"[study] evaluated {evaluated['evaluated']} checkpoints "
+             f"({evaluated['cached']} cached)")
     if study.probes:
-        from .probing import probe_study
-        from .report import final_iteration
-        counts = probe_study(study, study_dir, final_iteration(study, study_dir),
-                             progress=progress)
-        progress(f"[study] probed {counts['probed']} final checkpoints "
-                 f"({counts['cached']} cached)")
+        progress(f"[study] probed {probed['probed']} final checkpoints "
+                 f"({probed['cached']} cached)")

@@ -4,6 +4,14 @@ control arm, how checkpoints are evaluated and, optionally, how the final ones a
 file and/or flags, checked once, and frozen into ``STUDY_DIR/definition.json`` by the first
 command, so that every later command (and the report) uses exactly the same definition.
 
+A study may also cross named **factors** (``[factors.NAME]``, each level a string of flags,
+e.g. one model size): every combination of levels (a *cell*) runs every arm and seed with
+the level's flags after the recipe's. Run ``S`` of arm ``A`` in the cell of levels ``L1``,
+``L2``... lives in ``STUDY_DIR/L1/L2/.../A/seedS/``; each cell is a study of its own
+(:meth:`Study.cells`), so arms are compared with the control by seed within a cell. Token
+budgets (``[budgets] tokens = [...]``) add, per cell, a cell ``budget_B`` of WSD cooldown
+branches of its runs (:mod:`.budgets`).
+
 An arm is ``[NAME:]INTERFACE[@--flag=value[@--flag ...]]``: ``binary``,
 ``gf2@--code-seed=7``, ``small:binary@--code-scale=0.02``. Its name (default: the whole
 spec) names its folder; a control is one more arm. A seed sets ``--seed`` (backbone
@@ -17,7 +25,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import itertools
 import re
+import shlex
 import tomllib
 from pathlib import Path
 from typing import Optional
@@ -26,6 +36,8 @@ from megatron_ext import recipes
 from megatron_ext.codes import ARMS
 from megatron_ext.files import write_text
 from megatron_ext.probes.settings import ProbeSettings
+
+from .budgets import Branch, plan
 
 # Set by the study for every run; an arm or recipe that sets them is refused.
 PER_RUN_FLAGS = ("--input-interface", "--seed", "--save", "--load", "--tensorboard-dir",
@@ -41,6 +53,19 @@ class Arm:
 
     def training_flags(self) -> list[str]:
         return ["--input-interface", self.interface, *self.flags]
+
+
+@dataclasses.dataclass(frozen=True)
+class Level:
+    """One level of a factor: its name (a folder) and the flags it adds to the recipe."""
+    name: str
+    flags: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Factor:
+    name: str
+    levels: tuple[Level, ...]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,10 +92,32 @@ class Study:
     control: str
     eval: EvalSettings
     probes: Optional[ProbeSettings] = None
+    factors: tuple[Factor, ...] = ()
+    budgets: tuple[int, ...] = ()  # tokens
+    branch: Optional[Branch] = None  # a budget's cell: its runs branch from their run's
 
     def runs(self):
-        """``(arm, seed)`` of every run, arm-major."""
+        """``(arm, seed)`` of every run of a study without factors (of one cell), arm-major."""
         return [(arm, seed) for arm in self.arms for seed in self.seeds]
+
+    def cells(self) -> list[tuple[str, "Study"]]:
+        """``(folder, study)`` of every combination of the factors' levels, in the order
+        the factors and levels are listed: the folder (``L1/L2``, relative to the study's;
+        ``""`` without factors) and the study of that cell (the levels' flags appended to
+        the recipe, no factors), each followed by its budgets' cells (``L1/L2/budget_B``,
+        the branch's flags appended)."""
+        cells = []
+        for levels in itertools.product(*(f.levels for f in self.factors)):
+            flags = tuple(flag for level in levels for flag in level.flags)
+            folder = "/".join(level.name for level in levels)
+            cell = dataclasses.replace(self, recipe=self.recipe + flags, factors=(), budgets=())
+            cells.append((folder, cell))
+            what = f"level {folder}" if folder else f"the recipe {self.recipe_path}"
+            for branch in plan(cell.recipe, self.budgets, what):
+                cells.append(("/".join(filter(None, [folder, branch.folder])),
+                              dataclasses.replace(cell, recipe=cell.recipe + branch.flags(),
+                                                  branch=branch)))
+        return cells
 
     def arm(self, name: str) -> Arm:
         return next(a for a in self.arms if a.name == name)
@@ -85,11 +132,27 @@ class Study:
                               for a in d["arms"]),
                    seeds=tuple(d["seeds"]), control=d["control"],
                    eval=EvalSettings(**{**d["eval"], "tasks": tuple(d["eval"]["tasks"])}),
-                   probes=ProbeSettings(**d["probes"]) if d.get("probes") else None)
+                   probes=ProbeSettings(**d["probes"]) if d.get("probes") else None,
+                   factors=tuple(Factor(f["name"], tuple(Level(lv["name"], tuple(lv["flags"]))
+                                                         for lv in f["levels"]))
+                                 for f in d.get("factors", ())),
+                   budgets=tuple(d.get("budgets", ())))
 
 
 def run_dir(study_dir: Path, arm: Arm, seed: int) -> Path:
     return Path(study_dir) / arm.name / f"seed{seed}"
+
+
+def all_runs(study: "Study", study_dir: Path) -> list[tuple[str, "Study", Arm, int, Path]]:
+    """``(cell folder, cell study, arm, seed, run folder)`` of every run, cell by cell (a
+    run before its budgets' branches)."""
+    return [(folder, cell, arm, seed, run_dir(Path(study_dir) / folder, arm, seed))
+            for folder, cell in study.cells() for arm, seed in cell.runs()]
+
+
+def branched_from(study_dir: Path, folder: str, arm: Arm, seed: int) -> Path:
+    """The run that the run ``arm``/``seed`` of the budget cell ``folder`` branches from."""
+    return run_dir(Path(study_dir) / Path(folder).parent, arm, seed)
 
 
 def parse_arm(spec: str, interfaces: tuple[str, ...]) -> Arm:
@@ -101,19 +164,69 @@ def parse_arm(spec: str, interfaces: tuple[str, ...]) -> Arm:
     if interface not in interfaces:
         raise SystemExit(f"error: arm {spec!r}: unknown input interface {interface!r} "
                          f"(choose from {', '.join(interfaces)})")
-    if not ARM_NAME.fullmatch(name):
-        raise SystemExit(f"error: arm {spec!r}: the name {name!r} must be letters, digits "
-                         f"and _.@=+- (it names a folder)")
+    _check_name(name, f"arm {spec!r}")
     flags = []
     for part in flag_specs:
         flag, eq, value = part.partition("=")
         if not flag.startswith("--"):
             raise SystemExit(f"error: arm {spec!r}: {part!r} is not a --flag[=value]")
-        if flag in PER_RUN_FLAGS:
-            raise SystemExit(f"error: arm {spec!r} sets {flag}, which the study sets for "
-                             f"every run")
         flags += [flag, value] if eq else [flag]
+    _refuse_per_run(flags, f"arm {spec!r}")
     return Arm(name, interface, tuple(flags))
+
+
+def _check_name(name: str, what: str) -> None:
+    if not ARM_NAME.fullmatch(name):
+        raise SystemExit(f"error: {what}: the name {name!r} must be letters, digits and "
+                         f"_.@=+- (it names a folder)")
+
+
+def _refuse_per_run(flags, what: str) -> None:
+    """Refuse flags that the study sets for every run, naming ``what`` sets them."""
+    for token in flags:
+        if token.split("=")[0] in PER_RUN_FLAGS:
+            raise SystemExit(f"error: {what} sets {token.split('=')[0]}, which the study sets "
+                             f"for every run")
+
+
+def parse_factors(fields: dict) -> tuple[Factor, ...]:
+    """``[factors.NAME]`` tables of ``LEVEL = "--flag value ..."`` (a string or a list of
+    flags), in the order written; errors name the factor and level."""
+    if not isinstance(fields, dict):
+        raise SystemExit("error: factors must be tables [factors.NAME] of LEVEL = \"--flags\"")
+    factors, names = [], []
+    for factor, levels in fields.items():
+        _check_name(factor, f"factor {factor!r}")
+        if not isinstance(levels, dict) or not levels:
+            raise SystemExit(f"error: factor {factor!r} needs levels: LEVEL = \"--flags\"")
+        parsed = []
+        for level, flags in levels.items():
+            what = f"level {level!r} of factor {factor!r}"
+            _check_name(level, what)
+            flags = shlex.split(flags) if isinstance(flags, str) else [str(f) for f in flags]
+            if not flags or not flags[0].startswith("--"):
+                raise SystemExit(f"error: {what}: {' '.join(flags)!r} is not --flag [value]...")
+            _refuse_per_run(flags, what)
+            parsed.append(Level(level, tuple(flags)))
+            names.append(level)
+        factors.append(Factor(factor, tuple(parsed)))
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise SystemExit(f"error: level name(s) {repeated} appear more than once; each names "
+                         f"a folder")
+    return tuple(factors)
+
+
+def _budgets(fields: Optional[dict]) -> tuple[int, ...]:
+    """``[budgets] tokens = [...]``: distinct positive token counts, in increasing order."""
+    if fields is None:
+        return ()
+    if not isinstance(fields, dict) or set(fields) != {"tokens"}:
+        raise SystemExit("error: [budgets] takes one key, tokens = [token counts]")
+    tokens = [int(t) for t in fields["tokens"]]
+    if not tokens or min(tokens) <= 0 or len(set(tokens)) != len(tokens):
+        raise SystemExit(f"error: [budgets] tokens {tokens}: give distinct positive counts")
+    return tuple(sorted(tokens))
 
 
 def read_recipe(path: str) -> list[str]:
@@ -127,10 +240,10 @@ def build_study(fields: dict, base: Path) -> Study:
     dict of :class:`ProbeSettings` fields; ``data_path`` defaults to the eval's). Relative
     paths are taken from ``base`` (the study file's folder, or the working directory)."""
     unknown = set(fields) - {"recipe", "overrides", "arms", "seeds", "control", "eval",
-                             "probes"}
+                             "probes", "factors", "budgets"}
     if unknown:
         raise SystemExit(f"error: unknown study key(s) {sorted(unknown)}; expected recipe, "
-                         f"overrides, arms, seeds, control, eval, probes")
+                         f"overrides, arms, seeds, control, eval, probes, factors, budgets")
     for key in ("recipe", "arms", "seeds"):
         if not fields.get(key):
             raise SystemExit(f"error: the study needs {key} (a study file key or --{key})")
@@ -160,14 +273,12 @@ def build_study(fields: dict, base: Path) -> Study:
     probes = _probe_settings(fields.get("probes"), base, evaluation.get("data_path"))
     recipe_path = str((base / fields["recipe"]).resolve())
     overrides = [str(f) for f in fields.get("overrides") or ()]
-    for token in overrides:
-        if token.split("=")[0] in PER_RUN_FLAGS:
-            raise SystemExit(f"error: overrides set {token.split('=')[0]}, which the study "
-                             f"sets for every run")
+    _refuse_per_run(overrides, "overrides")
     study = Study(recipe_path=recipe_path,
                   recipe=tuple(read_recipe(recipe_path) + overrides), arms=arms,
                   seeds=seeds, control=control, eval=EvalSettings(**evaluation),
-                  probes=probes)
+                  probes=probes, factors=parse_factors(fields.get("factors") or {}),
+                  budgets=_budgets(fields.get("budgets")))
     _check_held_out(study)
     _check_flags(study)
     return study
@@ -177,8 +288,8 @@ def _check_held_out(study: Study) -> None:
     """The held-out sets (eval, probes) must not be a training prefix of any run (whose
     relative prefixes are taken from the repository root, where the launchers start it)."""
     from megatron_ext.slurm import REPO as RUNS_START_IN
-    trained = sorted({p for arm in study.arms
-                      for p in recipes.training_prefixes([*study.recipe, *arm.flags])})
+    trained = sorted({p for _, cell in study.cells() for arm in cell.arms
+                      for p in recipes.training_prefixes([*cell.recipe, *arm.flags])})
     for what, settings in (("eval data_path", study.eval), ("probes data_path", study.probes)):
         if settings is not None and settings.data_path:
             recipes.check_held_out(settings.data_path, trained, RUNS_START_IN, what,
@@ -205,21 +316,23 @@ def _probe_settings(fields: Optional[dict], base: Path, eval_data: Optional[str]
 
 
 def _check_flags(study: Study) -> None:
-    """Every run's flags must parse as pretrain_fixedcode.py's (named per arm)."""
+    """Every run's flags must parse as pretrain_fixedcode.py's (named per arm and level)."""
     from megatron_ext.arguments import add_training_args, build_parser, parse_model_args
     parser = build_parser("")
     add_training_args(parser)
-    for arm in study.arms:
-        flags = [*study.recipe, *arm.training_flags(), "--seed", "1"]
-        unknown = parser.parse_known_args(flags)[1]
-        if unknown:
-            raise SystemExit(f"error: arm {arm.name!r} with recipe {study.recipe_path}: "
-                             f"unknown flag(s) {' '.join(unknown)}")
-        try:
-            parse_model_args(flags, "", add_training_args)
-        except SystemExit as e:
-            raise SystemExit(f"error: arm {arm.name!r} with recipe {study.recipe_path}: "
-                             f"{e.code or 'invalid flags'}") from e
+    for folder, cell in study.cells():
+        for arm in cell.arms:
+            what = f"arm {arm.name!r}" + (f" at level {folder}" if folder else "")
+            flags = [*cell.recipe, *arm.training_flags(), "--seed", "1"]
+            unknown = parser.parse_known_args(flags)[1]
+            if unknown:
+                raise SystemExit(f"error: {what} with recipe {study.recipe_path}: "
+                                 f"unknown flag(s) {' '.join(unknown)}")
+            try:
+                parse_model_args(flags, "", add_training_args)
+            except SystemExit as e:
+                raise SystemExit(f"error: {what} with recipe {study.recipe_path}: "
+                                 f"{e.code or 'invalid flags'}") from e
 
 
 def read_study_file(path: str) -> dict:

@@ -1,0 +1,73 @@
+"""Token budgets from one run (a study's ``[budgets]``): WSD cooldown branches. Each run trains
+once with ``--lr-decay-style WSD``; for each listed budget of ``B`` tokens (``T`` iterations)
+the study branches a cooldown from the run's last saved checkpoint at or before the point
+where a decay of the recipe's proportion would start (``T·(1 − wsd/train)``, rounded down
+to a multiple of ``--save-interval``), and trains it to ``T`` with the decay over the rest
+(``--override-opt_param-scheduler --ckpt-step``, docs/training.md). :meth:`.spec.Study.cells`
+makes each budget a cell ``LEVEL/budget_B`` whose runs load their own run's checkpoint.
+
+A branch saves into its own folder, which training resumes before ``--load`` (a killed
+branch continues); a finished one is skipped like any run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class Branch:
+    tokens: int      # the budget asked for
+    iterations: int  # T: the branch's last iteration (tokens rounded down to whole steps)
+    start: int       # the run's checkpoint it branches from
+    uses_samples: bool  # the recipe counts --train-samples (else --train-iters)
+    global_batch: int
+
+    @property
+    def folder(self) -> str:
+        return f"budget_{self.tokens}"
+
+    def flags(self) -> tuple[str, ...]:
+        """What the branch adds to its run's flags (its ``--load`` is set per run)."""
+        length = (["--train-samples", str(self.iterations * self.global_batch)]
+                  if self.uses_samples else ["--train-iters", str(self.iterations)])
+        return (*length, "--lr-wsd-decay-iters", str(self.iterations - self.start),
+                "--override-opt_param-scheduler", "--ckpt-step", str(self.start))
+
+
+def plan(recipe: tuple[str, ...], budgets: tuple[int, ...], what: str) -> list[Branch]:
+    """The branches of ``budgets`` (tokens) for runs of the flags ``recipe``; refused,
+    naming ``what`` (the recipe or level), where the recipe cannot branch them."""
+    if not budgets:
+        return []
+    from megatron_ext.arguments import add_training_args, build_parser
+    parser = build_parser("")
+    add_training_args(parser)
+    args = parser.parse_known_args(list(recipe))[0]
+    need = {"--lr-decay-style WSD": args.lr_decay_style == "WSD",
+            "--lr-wsd-decay-iters": args.lr_wsd_decay_iters is not None,
+            "--global-batch-size": args.global_batch_size is not None,
+            "--save-interval": args.save_interval is not None,
+            "no --lr-decay-iters (the decay ends at the last iteration)":
+                args.lr_decay_iters is None}
+    missing = [k for k, ok in need.items() if not ok]
+    if missing:
+        raise SystemExit(f"error: [budgets] branch WSD cooldowns, but {what} lacks: "
+                         f"{', '.join(missing)}")
+    batch = args.global_batch_size
+    per_step = batch * args.seq_length
+    main = args.train_iters if args.train_iters is not None else -(-args.train_samples // batch)
+    stable_end = main - args.lr_wsd_decay_iters
+    fraction = args.lr_wsd_decay_iters / main
+    branches = []
+    for tokens in budgets:
+        iterations = tokens // per_step
+        start = int(iterations * (1 - fraction)) // args.save_interval * args.save_interval
+        if not 0 < start < iterations < main:
+            raise SystemExit(
+                f"error: budget {tokens:,} tokens ({iterations} steps of {per_step:,} tokens) "
+                f"of {what}: no saved stable checkpoint to branch from (the run trains "
+                f"{main} steps, stable to {stable_end}, saving every {args.save_interval}); "
+                f"a budget must lie between one save interval and the run's length")
+        branches.append(Branch(tokens, iterations, start, args.train_iters is None, batch))
+    return branches

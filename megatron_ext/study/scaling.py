@@ -1,0 +1,215 @@
+"""The scaling section of a study with factors: the held-out loss and the gap to the control
+against training compute over every level, and the saturating power-law fit of each arm
+(:mod:`.fit`) extrapolated to the paper's compute. :mod:`.report` writes it into the top
+``STUDY.md`` after every level's tables.
+
+Compute is each checkpoint's training FLOPs as the training log's MFU counts them
+(:func:`megatron_ext.study.evaluation.training_compute`). The paper's compute is its
+recipe's (``examples/smollm2_1p7b/recipe.args``, the SmolLM2 vocabulary) FLOPs per token
+times :data:`PAPER_TOKENS`. Figures: ``loss_vs_flops.png`` (per arm, one line per level
+with its 95% band across seeds, the fit dashed) and ``gap_vs_flops.png`` (arm − control
+paired by seed at every evaluated checkpoint, 95% t interval).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from megatron_ext.reporting import colours, number, pyplot, save_figure
+
+from . import fit
+from .spec import Study, read_recipe
+from .stats import paired_difference
+
+PAPER_RECIPE = "examples/smollm2_1p7b/recipe.args"
+PAPER_PRESET = "smollm2-1.7b"  # its vocabulary
+PAPER_TOKENS = 100e9
+
+
+def paper_compute() -> float:
+    """The paper's training FLOPs: its recipe's FLOPs per token (the log's count) times
+    :data:`PAPER_TOKENS`."""
+    from megatron_ext.arguments import (PRESETS, add_training_args, build_parser,
+                                        padded_vocab_size)
+    from megatron_ext.metrics import flops_per_token
+    from megatron_ext.slurm import REPO
+    parser = build_parser("")
+    add_training_args(parser)
+    args = parser.parse_known_args(read_recipe(str(REPO / PAPER_RECIPE)))[0]
+    vocab = padded_vocab_size(PRESETS[PAPER_PRESET]["vocab_size"],
+                              args.make_vocab_size_divisible_by, 1)
+    return flops_per_token(args, vocab) * PAPER_TOKENS
+
+
+def final_points(study: Study, runs: dict, summaries: dict) -> dict:
+    """``{level: {"compute", "tokens", "parameters": {arm: {"total", "non_embedding"}},
+    "loss": {arm: {seed: loss}}}}`` at each level's
+    final iteration, for levels evaluated in every run (``runs``, ``summaries``: per level,
+    :func:`.report.collect` and :func:`.report.summarise`)."""
+    points = {}
+    for level, summary in summaries.items():
+        final = summary["final_iteration"]
+        if final is None:
+            continue
+        loss = {arm.name: {s: r["evals"][final]["valid_loss"]
+                           for s, r in runs[level][arm.name].items()} for arm in study.arms}
+        points[level] = {"compute": float(np.mean([r["evals"][final]["flops"]
+                                                   for arm in runs[level].values()
+                                                   for r in arm.values()])),
+                         "parameters": {a: next(iter(seeds.values()))["evals"][final]
+                                        ["parameters"] for a, seeds in runs[level].items()},
+                         "tokens": summary["final_tokens"], "loss": loss}
+    return points
+
+
+def gaps(study: Study, runs: dict) -> dict:
+    """``{arm: {level: [(flops, difference interval)]}}``: arm − control held-out loss,
+    paired by seed, at every iteration both evaluated in all their runs."""
+    out = {}
+    for arm in study.arms:
+        if arm.name == study.control:
+            continue
+        for level, level_runs in runs.items():
+            mine, control = level_runs.get(arm.name, {}), level_runs.get(study.control, {})
+            if not mine or not control:
+                continue
+            common = set.intersection(*(set(r["evals"]) for r in [*mine.values(),
+                                                                  *control.values()]))
+            series = []
+            for it in sorted(common):
+                d = paired_difference({s: r["evals"][it]["valid_loss"] for s, r in mine.items()},
+                                      {s: r["evals"][it]["valid_loss"]
+                                       for s, r in control.items()})
+                if d is not None:
+                    series.append((mine[d["seeds"][0]]["evals"][it]["flops"], d))
+            out.setdefault(arm.name, {})[level] = series
+    return out
+
+
+def analyse(study: Study, runs: dict, summaries: dict, target: float) -> dict:
+    """The points, gaps and (with enough levels) the fits of a study with factors."""
+    points = final_points(study, runs, summaries)
+    result = {"points": points, "gaps": gaps(study, runs), "target_flops": target,
+              "fits": None, "refused": None}
+    try:
+        result["fits"] = fit.bootstrap_fits(points, study.control, target)
+    except ValueError as e:
+        result["refused"] = str(e)
+    if points:
+        result["orders_of_magnitude"] = fit.orders_of_magnitude(
+            max(p["compute"] for p in points.values()), target)
+    return result
+
+
+def markdown(study: Study, result: dict) -> list[str]:
+    points, fits = result["points"], result["fits"]
+    lines = ["## Across levels: loss and gap against training compute", "",
+             "| level | FLOPs | tokens | parameters (non-embedding / total, "
+             f"{study.control}) | " + " | ".join(f"{a.name} loss" for a in study.arms) + " |",
+             "|---|---:|---:|---:|" + "---:|" * len(study.arms)]
+    for level, p in sorted(points.items(), key=lambda kv: kv[1]["compute"]):
+        params = p["parameters"][study.control]
+        lines.append(f"| {level} | {p['compute']:.3g} | {p['tokens']:,} | "
+                     f"{params['non_embedding']:,} / {params['total']:,} | "
+                     + " | ".join(number(np.mean(list(p["loss"][a.name].values())), ".4f")
+                                  for a in study.arms) + " |")
+    lines += ["", "![loss against FLOPs](loss_vs_flops.png)", "",
+              "![gap to the control against FLOPs](gap_vs_flops.png)", "",
+              "### Fit: L(C) = E + A·(C/C₀)^(−α) per arm", ""]
+    if fits is None:
+        return lines + [f"No fit: {result['refused']}.", ""]
+    target, orders = result["target_flops"], result["orders_of_magnitude"]
+    first = next(iter(fits.values()))
+    lines += [f"Least squares (scipy, E in [0, min L], α in [0, 3]) to each level's final "
+              f"mean loss; 95% intervals from {first['draws']} bootstrap draws of the seeds "
+              f"within each level (paired across arms). C₀ = "
+              f"{first['fit']['reference']:.3g} FLOPs.",
+              "",
+              f"**Warning: the value at the paper's compute ({target:.3g} FLOPs, 1.7B "
+              f"parameters × {fit_tokens()} tokens) is an extrapolation over {orders:.1f} "
+              f"orders of magnitude beyond the largest level fitted.** It assumes the same "
+              f"power law holds the whole way (same data, recipe and schedule shape); it "
+              f"is a hypothesis to test, not a result.", "",
+              f"| arm | α | E | A | loss at {target:.3g} FLOPs | gap to {study.control} "
+              f"there | residuals (per level, by compute) |",
+              "|---|---:|---:|---:|---:|---:|---|"]
+    for arm in study.arms:
+        f = fits[arm.name]
+        gap = f.get("gap_at_target")
+        lines.append(f"| {arm.name} | {_range(f['alpha'], '.3f')} | {_range(f['E'], '.3f')} | "
+                     f"{f['fit']['A']:.3f} | {_range(f['at_target'], '.3f')} | "
+                     f"{'—' if gap is None else _range(gap, '+.3f')} | "
+                     + ", ".join(f"{r:+.4f}" for r in f["fit"]["residuals"]) + " |")
+    if len(points) == fit.MIN_POINTS:
+        lines += ["", f"With {fit.MIN_POINTS} levels the fit passes through every point "
+                      f"(3 parameters): residuals of 0 say nothing about the law's shape."]
+    return lines + [""]
+
+
+def fit_tokens() -> str:
+    return f"{PAPER_TOKENS / 1e9:.0f}B"
+
+
+def _range(interval: dict, spec: str) -> str:
+    if interval["low"] is None:
+        return f"{format(interval['value'], spec)} (1 seed: no interval)"
+    return (f"{format(interval['value'], spec)} [{format(interval['low'], spec)}, "
+            f"{format(interval['high'], spec)}]")
+
+
+def plot(study: Study, runs_summaries: dict, result: dict, study_dir: Path) -> None:
+    """``loss_vs_flops.png`` and ``gap_vs_flops.png``."""
+    plt = pyplot()
+    colour = colours([a.name for a in study.arms])
+    markers = dict(zip(runs_summaries, "osD^v<>ph*"))
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
+    for level, summary in runs_summaries.items():
+        for arm in study.arms:
+            curve = [p for p in summary["arms"][arm.name]["curve"] if "valid_loss" in p]
+            if not curve:
+                continue
+            x = [p["flops"] for p in curve]
+            ax.plot(x, [p["valid_loss"]["mean"] for p in curve], color=colour[arm.name],
+                    marker=markers.get(level, "o"), markersize=3, lw=1,
+                    label=f"{arm.name} {level}")
+            if all(p["valid_loss"]["low"] is not None for p in curve):
+                ax.fill_between(x, [p["valid_loss"]["low"] for p in curve],
+                                [p["valid_loss"]["high"] for p in curve],
+                                color=colour[arm.name], alpha=0.15)
+    if result["fits"]:
+        compute = [p["compute"] for p in result["points"].values()]
+        grid = np.geomspace(min(compute), max(compute), 50)
+        for arm in study.arms:
+            f = result["fits"][arm.name]["fit"]
+            ax.plot(grid, fit.power_law(grid, f["E"], f["A"], f["alpha"], f["reference"]),
+                    "--", color=colour[arm.name], lw=1.5)
+    ax.set_xscale("log")
+    ax.set_xlabel("training FLOPs")
+    ax.set_ylabel("held-out loss")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7, ncol=2)
+    ax.set_title("mean over seeds, 95% band; fit dashed")
+    save_figure(fig, study_dir / "loss_vs_flops.png")
+
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
+    for arm, levels in result["gaps"].items():
+        for level, series in levels.items():
+            if not series:
+                continue
+            x = [c for c, _ in series]
+            mean = [d["mean"] for _, d in series]
+            ax.plot(x, mean, color=colour[arm], marker=markers.get(level, "o"), markersize=3,
+                    lw=1, label=f"{arm} {level}")
+            if all(d["low"] is not None for _, d in series):
+                ax.fill_between(x, [d["low"] for _, d in series],
+                                [d["high"] for _, d in series], color=colour[arm], alpha=0.15)
+    ax.axhline(0, color="grey", lw=1)
+    ax.set_xscale("log")
+    ax.set_xlabel("training FLOPs")
+    ax.set_ylabel(f"held-out loss − {study.control}'s")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7, ncol=2)
+    ax.set_title("paired by seed, 95% t interval")
+    save_figure(fig, study_dir / "gap_vs_flops.png")

@@ -1,0 +1,330 @@
+"""Studies across scale: factors (parsing, refusals, folders, jobs), differences paired by
+seed within each level, the report's FLOPs figures, and the power-law fit (recovers known
+parameters from synthetic data, refuses too few levels). The runs here are fabricated
+records (metrics file, checkpoint markers, cached evaluations): no training."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from megatron_ext.study import evaluation, fit, scaling, spec
+from megatron_ext.study.report import write_report
+from tools import study as study_tool
+
+from test_study import TINY_RECIPE
+
+SIZES = {"d64": "--hidden-size 64 --ffn-hidden-size 128",
+         "d96": "--hidden-size 96 --ffn-hidden-size 192",
+         "d128": "--hidden-size 128 --ffn-hidden-size 256"}
+
+
+@pytest.fixture
+def recipe(tmp_path):
+    path = tmp_path / "recipe.args"
+    path.write_text(TINY_RECIPE + "--tokenizer-type NullTokenizer --vocab-size 511\n")
+    return path
+
+
+def build(recipe, factors, **fields):
+    return spec.build_study({"recipe": str(recipe), "arms": ["learned", "binary"],
+                             "seeds": [1, 2], "factors": factors, **fields}, Path.cwd())
+
+
+# ------------------------------------------------------------------------------- factors
+
+def test_factor_levels_cross_into_cells_with_their_flags_after_the_recipe(recipe):
+    study = build(recipe, {"size": {"d64": SIZES["d64"], "d128": SIZES["d128"]},
+                           "lr": {"hi": "--lr 1e-2", "lo": ["--lr", "1e-3"]}})
+    cells = study.cells()
+    assert [folder for folder, _ in cells] == ["d64/hi", "d64/lo", "d128/hi", "d128/lo"]
+    folder, cell = cells[2]
+    assert cell.recipe[-6:] == ("--hidden-size", "128", "--ffn-hidden-size", "256", "--lr",
+                                "1e-2")
+    assert cell.recipe[:-6] == study.recipe and cell.factors == ()
+    runs = spec.all_runs(study, Path("S"))
+    assert len(runs) == 4 * 2 * 2
+    assert runs[-1][-1] == Path("S/d128/lo/binary/seed2")
+    # the definition survives definition.json
+    assert spec.Study.from_json(json.loads(json.dumps(study.to_json()))) == study
+
+
+def test_a_study_without_factors_is_one_cell_in_its_own_folder(recipe):
+    study = build(recipe, {})
+    assert study.cells() == [("", study)]
+    assert spec.all_runs(study, Path("S"))[0][-1] == Path("S/learned/seed1")
+
+
+@pytest.mark.parametrize("factors, message", [
+    ({"size": {"d64": "--seed 3"}}, "level 'd64' of factor 'size' sets --seed, which the study"),
+    ({"size": {"d64": "--save=/tmp/x"}}, "level 'd64' of factor 'size' sets --save"),
+    ({"size": {"d/64": "--hidden-size 64"}}, "the name 'd/64' must be letters"),
+    ({"size": {"d64": "hidden-size 64"}}, "'hidden-size 64' is not --flag [value]"),
+    ({"size": {}}, "factor 'size' needs levels"),
+    ({"size": {"a": "--lr 1"}, "lr": {"a": "--lr 2"}}, "level name(s) ['a'] appear more than"),
+    ({"size": {"d64": "--no-such-flag 1"}},
+     "arm 'learned' at level d64 with recipe"),
+])
+def test_bad_factors_are_refused_naming_the_level(recipe, factors, message):
+    with pytest.raises(SystemExit, match=re.escape(message)):
+        build(recipe, factors)
+
+
+def slurm_dry_run(recipe, tmp_path, capsys, sections: str) -> tuple[Path, str]:
+    """``(study folder, output)`` of a Slurm dry run of learned and binary, seed 1, with the
+    TOML ``sections``."""
+    toml = tmp_path / "s.toml"
+    toml.write_text(f'recipe = "{recipe}"\narms = ["learned", "binary"]\nseeds = [1]\n'
+                    + sections)
+    study_dir = tmp_path / "S"
+    study_tool.main(["run", str(study_dir), "--study", str(toml), "--launcher", "slurm",
+                     "--gpus-per-node", "0", "--ntasks-per-node", "1", "--dry-run"])
+    return study_dir, capsys.readouterr().out
+
+
+def test_slurm_dry_run_submits_every_level_arm_and_seed(recipe, tmp_path, capsys):
+    study_dir, out = slurm_dry_run(recipe, tmp_path, capsys, f'[factors.size]\nd64 = '
+                                   f'"{SIZES["d64"]}"\nd96 = "{SIZES["d96"]}"\n')
+    headers = re.findall(r"^# ===== (.+): (\S+) =====$", out, flags=re.M)
+    assert headers == [(f"{size} {arm} seed 1", f"{study_dir}/{size}/{arm}/seed1/job.sbatch")
+                       for size in ("d64", "d96") for arm in ("learned", "binary")]
+    assert "#SBATCH --job-name=S-d96-binary-seed1" in out
+    assert "    --hidden-size 96\n    --ffn-hidden-size 192\n    --input-interface binary" in out
+    assert not study_dir.exists()
+
+
+# ---------------------------------------------------------- fabricated runs and the report
+
+E, A, ALPHA = 2.0, 1.5, 0.35
+GAP_BY_LEVEL = {"d64": 0.30, "d96": 0.20, "d128": 0.12}  # binary − learned, per level
+FLOPS = {"d64": 1e12, "d96": 4e12, "d128": 1.6e13}
+
+
+def fabricate(study: spec.Study, study_dir: Path, loss) -> None:
+    """Records as a trained and evaluated run leaves them: a metrics file, completed
+    checkpoints at iterations 2 and 4, and their cached evaluations with ``loss(level,
+    arm, seed, iteration)``, FLOPs proportional to the iteration."""
+    for folder, cell, arm, seed, run in spec.all_runs(study, study_dir):
+        ckpt = run / "checkpoints"
+        ckpt.mkdir(parents=True)
+        (ckpt / "metrics.jsonl").write_text(json.dumps(
+            {"kind": "train", "iteration": 4, "tokens": 4 * 128, "lm loss": 5.0}) + "\n")
+        for it in (2, 4):
+            (ckpt / f"iter_{it:07d}").mkdir()
+            record = {"iteration": it, "settings": evaluation._settings_json(study.eval),
+                      "flops": FLOPS[folder] * it / 4,
+                      "parameters": {"total": 1000, "non_embedding": 900},
+                      "valid_loss": loss(folder, arm.name, seed, it)}
+            (run / "eval").mkdir(exist_ok=True)
+            (run / "eval" / f"iter_{it:07d}.json").write_text(json.dumps(record))
+        (ckpt / "latest_checkpointed_iteration.txt").write_text("4")
+
+
+def synthetic_loss(level, arm, seed, it):
+    """A power law in compute for learned; binary worse by the level's gap; a seed offset
+    shared by both arms of a level (what pairing by seed removes)."""
+    base = E + A * (FLOPS[level] * it / 4 / 1e12) ** -ALPHA
+    offset = {1: -0.05, 2: 0.0, 3: 0.05}[seed] * (1 + list(FLOPS).index(level))
+    return base + offset + (GAP_BY_LEVEL[level] if arm == "binary" else 0.0) + 0.001 * seed
+
+
+@pytest.fixture(scope="module")
+def fabricated(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("fabricated")
+    recipe = tmp_path / "recipe.args"
+    recipe.write_text(TINY_RECIPE + "--tokenizer-type NullTokenizer --vocab-size 511\n")
+    study = build(recipe, {"size": SIZES}, seeds=[1, 2, 3],
+                  eval={"data_path": str(tmp_path / "heldout"), "tokens": 64})
+    study_dir = tmp_path / "S"
+    fabricate(study, study_dir, synthetic_loss)
+    return study, study_dir, write_report(study, study_dir)
+
+
+def test_differences_are_paired_by_seed_within_each_level(fabricated):
+    study, study_dir, summary = fabricated
+    for level, gap in GAP_BY_LEVEL.items():
+        diff = summary["levels"][level]["differences"]["binary"]["valid_loss"]["by_seed"]
+        assert diff["mean"] == pytest.approx(gap)
+        # the seed offsets are shared within a level, so the paired spread is ~0
+        assert diff["high"] - diff["low"] < 1e-9
+        series = summary["scaling"]["gaps"]["binary"][level]
+        assert [c for c, _ in series] == [FLOPS[level] / 2, FLOPS[level]]
+        assert series[-1][1]["mean"] == pytest.approx(gap)
+    text = (study_dir / "STUDY.md").read_text()
+    for level in SIZES:
+        assert f"## Level `{level}`" in text
+        assert (study_dir / level / "STUDY.md").read_text().startswith(f"# Study `S/{level}`")
+    assert "### Against the control (`learned`): arm − control" in text
+    for name in ("loss_vs_flops.png", "gap_vs_flops.png"):
+        assert (study_dir / name).read_bytes().startswith(b"\x89PNG")
+
+
+def test_the_report_fits_each_arm_and_warns_about_the_extrapolation(fabricated):
+    study, study_dir, summary = fabricated
+    fits = summary["scaling"]["fits"]
+    # 3 levels, 3 parameters: an exact fit of learned's mean losses (seed offsets average 0)
+    assert fits["learned"]["alpha"]["value"] == pytest.approx(ALPHA, abs=0.01)
+    assert fits["learned"]["E"]["value"] == pytest.approx(E + 0.002, abs=0.01)
+    low, high = fits["learned"]["alpha"]["low"], fits["learned"]["alpha"]["high"]
+    assert low < high
+    orders = np.log10(summary["scaling"]["target_flops"] / FLOPS["d128"])
+    text = (study_dir / "STUDY.md").read_text()
+    assert f"extrapolation over {orders:.1f} orders of magnitude" in text
+    assert "residuals of 0 say nothing about the law's shape" in text
+    assert re.search(r"\| binary \| [\d.]+ \[[\d.]+, [\d.]+\] \|", text)
+
+
+def test_two_levels_report_without_a_fit_and_say_why(recipe, tmp_path):
+    study = build(recipe, {"size": {k: SIZES[k] for k in ("d64", "d128")}},
+                  eval={"data_path": str(tmp_path / "heldout"), "tokens": 64})
+    fabricate(study, tmp_path / "S", synthetic_loss)
+    summary = write_report(study, tmp_path / "S")
+    assert summary["scaling"]["fits"] is None
+    assert "No fit: arm learned: a power law needs at least 3 levels/budgets of different " \
+           "compute, got 2" in (tmp_path / "S" / "STUDY.md").read_text()
+
+
+# ------------------------------------------------------------------------------------ fit
+
+def test_the_fit_recovers_a_known_power_law_from_noisy_points():
+    rng = np.random.default_rng(0)
+    compute = np.geomspace(1e15, 1e19, 6)
+    true = fit.power_law(compute, 2.1, 3.0, 0.3, 1e15)
+    for trial in range(5):
+        got = fit.fit_power_law(compute, true + rng.normal(0, 0.005, len(compute)))
+        assert got["alpha"] == pytest.approx(0.3, abs=0.05), trial
+        assert got["E"] == pytest.approx(2.1, abs=0.1), trial
+        assert np.abs(got["residuals"]).max() < 0.02
+
+
+def test_the_fit_refuses_fewer_than_three_compute_values():
+    with pytest.raises(ValueError, match="at least 3 levels/budgets of different compute, "
+                                         "got 2"):
+        fit.fit_power_law([1e15, 1e15, 1e16], [3.0, 3.1, 2.5], "arm binary")
+
+
+def test_bootstrap_intervals_cover_the_true_exponent():
+    """Seeds scatter each level's loss; the 95% bootstrap interval of α contains the truth,
+    and the gap at the target is the difference of the two fits there."""
+    rng = np.random.default_rng(1)
+    compute = {f"l{i}": c for i, c in enumerate(np.geomspace(1e14, 1e18, 5))}
+    points = {lv: {"compute": c, "loss": {
+        "learned": {s: float(fit.power_law(c, 2.0, 2.0, 0.4, 1e14) + rng.normal(0, 0.01))
+                    for s in (1, 2, 3, 4)},
+        "binary": {s: float(fit.power_law(c, 2.1, 2.5, 0.4, 1e14) + rng.normal(0, 0.01))
+                   for s in (1, 2, 3, 4)}}} for lv, c in compute.items()}
+    fits = fit.bootstrap_fits(points, "learned", 1e21, iterations=200)
+    for arm in ("learned", "binary"):
+        assert fits[arm]["alpha"]["low"] <= 0.4 <= fits[arm]["alpha"]["high"], fits[arm]
+    gap = fits["binary"]["gap_at_target"]["value"]
+    assert gap == pytest.approx(fit.predict(fits["binary"]["fit"], 1e21)
+                                - fit.predict(fits["learned"]["fit"], 1e21))
+    assert "gap_at_target" not in fits["learned"]
+    one_seed = {lv: {**p, "loss": {a: {1: v[1]} for a, v in p["loss"].items()}}
+                for lv, p in points.items()}
+    alone = fit.bootstrap_fits(one_seed, "learned", 1e21)["binary"]
+    assert alone["draws"] == 0 and alone["alpha"]["low"] is None is alone["gap_at_target"]["high"]
+
+
+def test_the_papers_compute_is_its_recipes_flops_per_token_times_its_tokens():
+    """The 1.7B shape at 100B tokens: within 10% of 6·N·D with N = 1.7e9 (the causal
+    attention and the logits add a little, the input embedding counts nothing)."""
+    assert scaling.paper_compute() == pytest.approx(6 * 1.7e9 * 100e9, rel=0.1)
+
+
+def test_study_with_factors_round_trips_through_settle(recipe, tmp_path):
+    study = build(recipe, {"size": {"d64": SIZES["d64"]}})
+    assert spec.settle(tmp_path / "S", study) == spec.settle(tmp_path / "S", None) == study
+    other = dataclasses.replace(study, factors=())
+    with pytest.raises(SystemExit, match="holds another study"):
+        spec.settle(tmp_path / "S", other)
+
+
+# ------------------------------------------------------------------------------- budgets
+
+WSD = TINY_RECIPE.replace("--train-iters 3", "--train-iters 6") + (
+    "--lr-decay-style WSD --lr-wsd-decay-iters 2 --save-interval 1\n"
+    "--tokenizer-type NullTokenizer --vocab-size 511\n")
+
+
+def test_budgets_branch_from_the_last_stable_save_before_their_cooldown(recipe):
+    """6 steps of 128 tokens, the last 2 (1/3) decaying: a 640-token budget (5 steps)
+    decays over its last third from the save at step 3; its cell follows its run's."""
+    recipe.write_text(WSD)
+    study = build(recipe, {}, arms=["learned"], seeds=[1], budgets={"tokens": [640]})
+    (folder, main), (branch_folder, branch) = study.cells()
+    assert (folder, branch_folder) == ("", "budget_640") and main.branch is None
+    assert branch.recipe[len(main.recipe):] == (
+        "--train-iters", "5", "--lr-wsd-decay-iters", "2", "--override-opt_param-scheduler",
+        "--ckpt-step", "3")
+    assert spec.branched_from(Path("S"), branch_folder, branch.arms[0], 1) == \
+        Path("S/learned/seed1")
+
+
+@pytest.mark.parametrize("change, budgets, message", [
+    (("--lr-decay-style WSD", "--lr-decay-style cosine"), [640], "lacks: --lr-decay-style WSD"),
+    (("--save-interval 1", ""), [640], "lacks: --save-interval"),
+    (("", ""), [768], "budget 768 tokens (6 steps of 128 tokens)"),
+    (("", ""), [200], "budget 200 tokens (1 steps of 128 tokens)"),
+    (("", ""), [-5], "give distinct positive counts"),
+])
+def test_budgets_the_recipe_cannot_branch_are_refused(recipe, change, budgets, message):
+    recipe.write_text(WSD.replace(*change))
+    with pytest.raises(SystemExit, match=re.escape(message)):
+        build(recipe, {}, arms=["learned"], seeds=[1], budgets={"tokens": budgets})
+
+
+def test_slurm_dry_run_makes_each_branch_depend_on_its_run(recipe, tmp_path, capsys):
+    recipe.write_text(WSD)
+    study_dir, out = slurm_dry_run(recipe, tmp_path, capsys, f'[factors.size]\nd64 = '
+                                   f'"{SIZES["d64"]}"\n[budgets]\ntokens = [640]\n')
+    headers = re.findall(r"^# ===== (.+?): \S+( \(after <\S+> succeeds\))? =====$", out,
+                         flags=re.M)
+    assert headers == [("d64 learned seed 1", ""), ("d64 binary seed 1", ""),
+                       ("d64/budget_640 learned seed 1", " (after <S-d64-learned-seed1> succeeds)"),
+                       ("d64/budget_640 binary seed 1", " (after <S-d64-binary-seed1> succeeds)")]
+    branch = out[out.index("# ===== d64/budget_640 binary"):]
+    assert f"--load {study_dir}/d64/binary/seed1/checkpoints" in branch
+    assert f"--save {study_dir}/d64/budget_640/binary/seed1/checkpoints" in branch
+
+
+def test_a_branch_trains_from_its_run_resumes_after_a_kill_and_is_not_retrained(recipe,
+                                                                                 tmp_path):
+    """The one real training here: a 6-step WSD run and its 5-step branch from step 3; the
+    branch's state after a kill (its save at step 4 the latest) resumes from its own
+    checkpoint; a finished branch is skipped."""
+    import shutil
+
+    from megatron_ext.metric_sinks import read_metrics
+    recipe.write_text(WSD)
+    toml = tmp_path / "s.toml"
+    toml.write_text(f'recipe = "{recipe}"\narms = ["learned"]\nseeds = [1]\n'
+                    f'[budgets]\ntokens = [640]\n')
+    study_dir = tmp_path / "S"
+    run = ["run", str(study_dir), "--study", str(toml), "--no-eval"]
+    study_tool.main(run)
+    main, branch = study_dir / "learned" / "seed1", study_dir / "budget_640" / "learned" / "seed1"
+    log = (branch / "train.log").read_text()
+    assert f"resumed from {main}/checkpoints/iter_0000003 at iteration 3" in log
+    lr = {r["iteration"]: r["learning-rate"] for r in read_metrics(str(main / "checkpoints"))
+          if r["kind"] == "train"}
+    branch_lr = {r["iteration"]: r["learning-rate"]
+                 for r in read_metrics(str(branch / "checkpoints")) if r["kind"] == "train"}
+    assert sorted(branch_lr) == [4, 5]
+    assert branch_lr[4] < lr[4] == lr[3]  # the run is still stable at step 4; the branch decays
+    # killed after its save at step 4: the marker names 4 and step 5 never completed
+    ckpt = branch / "checkpoints"
+    shutil.rmtree(ckpt / "iter_0000005")
+    (ckpt / "latest_checkpointed_iteration.txt").write_text("4")
+    study_tool.main(run)
+    log = (branch / "train.log").read_text()
+    assert f"--save {ckpt} holds iteration 4: resuming from it" in log
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "5"
+    before = (branch / "train.log").stat().st_size
+    study_tool.main(run)
+    assert (branch / "train.log").stat().st_size == before  # nothing trained again
