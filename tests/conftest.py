@@ -66,7 +66,15 @@ def pytest_collection_modifyitems(config, items):
 
 def pytest_configure(config):
     """Under pytest-xdist, one thread per worker (the workers share the cores), for the
-    trainings a worker runs itself and the processes it starts alike."""
+    trainings a worker runs itself and the processes it starts alike.
+
+    Pools that libraries start with the default method (lm-eval's bootstrap, DataLoader
+    workers) start from a fork server here: this process runs trainings in-process and so
+    holds threads (gloo, wandb, tqdm, xdist's own), and a child forked beside them can inherit
+    a lock that one of them held and hang for ever (seen: lm-eval's bootstrap pool, whose
+    workers never exited). A real run forks from a fresh process."""
+    import multiprocessing
+    multiprocessing.set_start_method("forkserver", force=True)
     if os.environ.get("PYTEST_XDIST_WORKER"):
         os.environ["OMP_NUM_THREADS"] = "1"
         import torch

@@ -383,6 +383,30 @@ def test_skip_bad_lines_counts_them_and_keeps_the_rest(toks, documents, tmp_path
 
 
 @pytest.mark.integration
+def test_a_caller_with_threads_gets_a_fork_server_not_a_fork(toks, documents, tmp_path,
+                                                             monkeypatch):
+    """Called from a process that runs other threads (this one: pytest-xdist's, a training's),
+    the workers start from a fork server: a child forked beside other threads can inherit a
+    lock one of them held and hang (seen here with another library's fork pool)."""
+    import multiprocessing
+    import threading
+    methods = []
+    real = multiprocessing.get_context
+    monkeypatch.setattr(multiprocessing, "get_context",
+                        lambda method=None: methods.append(method) or real(method))
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait)
+    other.start()
+    try:
+        source = write_jsonl(tmp_path / "docs.jsonl", [{"text": d} for d in documents])
+        run(toks["sentencepiece"], [source], tmp_path / "out", "--append-eod")
+    finally:
+        stop.set()
+        other.join()
+    assert methods == ["forkserver"]
+    assert len(read_documents(tmp_path / "out")) == len(documents)
+
+
 def test_summary_and_progress(toks, documents, tmp_path, capsys):
     source = write_jsonl(tmp_path / "docs.jsonl", [{"text": d} for d in documents])
     summary = run(toks["sentencepiece"], [source], tmp_path / "out", "--append-eod")

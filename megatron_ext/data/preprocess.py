@@ -12,6 +12,7 @@ import dataclasses
 import multiprocessing
 import os
 import sys
+import threading
 import time
 from typing import Iterator, Optional
 
@@ -90,7 +91,11 @@ def _encode_parts(args, paths: list[str], tokenizer, dtype, work: WorkDir,
     eod = tokenizer.eod if args.append_eod else None
     manifests, index = [], len(done)
     part = work.new_part(index, args.json_keys, dtype)
-    pool = multiprocessing.get_context("fork").Pool(
+    # fork (as Megatron-LM's tool) from this tool's single-threaded process; a caller with
+    # threads of its own (a notebook, the tests) gets a fork server: a child forked beside
+    # other threads can inherit a lock one of them held and hang
+    method = "fork" if threading.active_count() == 1 else "forkserver"
+    pool = multiprocessing.get_context(method).Pool(
         args.workers, initializer=init_worker, initargs=(tokenizer, args.json_keys, eod))
     progress = _Progress(paths, start_input)
     try:
