@@ -17,7 +17,7 @@ from conftest import STUDY_PIQA, study_trains_in_process
 from megatron_ext.slurm import REPO
 from megatron_ext.study import spec
 from megatron_ext.study.stats import hierarchical_bootstrap, paired_difference, t_interval
-from tools import study, train_tokenizer
+from tools import study
 
 # One worker runs the file with conftest's tiny_study (pytest-xdist --dist loadgroup).
 pytestmark = pytest.mark.xdist_group("study")

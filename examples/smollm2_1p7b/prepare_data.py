@@ -29,7 +29,6 @@ tokens.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import subprocess
