@@ -154,3 +154,17 @@ def build_train_valid(args: argparse.Namespace, tokenizer, num_samples: list[int
               flush=True)
     train = iter(build_loader(train_ds, args.micro_batch_size, args.num_workers, consumed_train))
     return train, (valid_ds if args.eval_iters else None)
+
+
+def build_caches(args: argparse.Namespace, tokenizer, num_samples: list[int]) -> list:
+    """Build (or find) the dataset index caches of ``args`` in this process, ahead of the
+    training job (tools/build_data_cache.py): the datasets training builds, under a
+    one-process group of their own when torch.distributed is not started; returns the
+    data_cache.CacheRecord of each."""
+    own_group = data_cache.one_process_group()
+    try:
+        _, records = build_datasets(args, tokenizer, num_samples)
+    finally:
+        if own_group:
+            torch.distributed.destroy_process_group()
+    return records
