@@ -5,7 +5,7 @@ resume exactly at a number of consumed samples.
 train/valid/test by ``--split``; or each split gets its own blend (``--train-data-path``,
 ``--valid-data-path``, ``--test-data-path``); ``--mock-data`` gives synthetic tokens. Index caches go to
 ``--data-cache-path`` (megatron_ext/data_cache.py; ``--require-data-cache``: they must be there,
-built ahead of time by tools/build_data_cache.py). Every rank of a data-parallel replica reads
+built ahead of time by tools/build_data_cache.py through :func:`build_caches`). Every rank of a data-parallel replica reads
 the same micro-batches.
 """
 
