@@ -3,10 +3,10 @@ resume exactly at a number of consumed samples.
 
 ``--data-path`` takes Megatron's blend syntax (``P`` or ``W1 P1 W2 P2 ...``), split into
 train/valid/test by ``--split``; or each split gets its own blend (``--train-data-path``,
-``--valid-data-path``, ``--test-data-path``); ``--mock-data`` gives synthetic tokens. Index caches go to
-``--data-cache-path`` (megatron_ext/data_cache.py; ``--require-data-cache``: they must be there,
-built ahead of time by tools/build_data_cache.py through :func:`build_caches`). Every rank of a data-parallel replica reads
-the same micro-batches.
+``--valid-data-path``, ``--test-data-path``); ``--mock-data`` gives synthetic tokens. Index
+caches go to ``--data-cache-path`` (megatron_ext/data_cache.py; ``--require-data-cache``:
+they must be there, built ahead of time by tools/build_data_cache.py through
+:func:`build_caches`). Every rank of a data-parallel replica reads the same micro-batches.
 """
 
 from __future__ import annotations
