@@ -13,7 +13,9 @@ after a barrier. Here:
   not cached is an error instead of a build; on a rank other than 0 a missing file is an
   error naming the flag, never a bare ``FileNotFoundError`` from numpy;
 - :func:`cache_report`: which cache files each dataset uses, and whether they were built or
-  found (loaded).
+  found (loaded);
+- :func:`one_process_group`: the process group of one process that building the caches ahead
+  of time runs under (megatron_ext.datasets.build_caches).
 """
 
 from __future__ import annotations
@@ -157,6 +159,16 @@ class CacheRecord:
     source: str  # the dataset prefix, or the blended prefixes
     files: list[str]
     built: bool  # False: every file was there before
+
+
+def one_process_group() -> bool:
+    """A torch.distributed group of this process alone, in memory (no port); True if it was
+    started here (Megatron-Core's blend code asks for a rank)."""
+    if torch.distributed.is_initialized():
+        return False
+    torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0,
+                                         world_size=1)
+    return True
 
 
 def listing(path: Optional[str]) -> set[str]:

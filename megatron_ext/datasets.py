@@ -3,10 +3,10 @@ resume exactly at a number of consumed samples.
 
 ``--data-path`` takes Megatron's blend syntax (``P`` or ``W1 P1 W2 P2 ...``), split into
 train/valid/test by ``--split``; or each split gets its own blend (``--train-data-path``,
-``--valid-data-path``, ``--test-data-path``); ``--mock-data`` gives synthetic tokens. Index caches go to
-``--data-cache-path`` (megatron_ext/data_cache.py; ``--require-data-cache``: they must be there,
-built ahead of time by tools/build_data_cache.py). Every rank of a data-parallel replica reads
-the same micro-batches.
+``--valid-data-path``, ``--test-data-path``); ``--mock-data`` gives synthetic tokens. Index
+caches go to ``--data-cache-path`` (megatron_ext/data_cache.py; ``--require-data-cache``:
+they must be there, built ahead of time by tools/build_data_cache.py through
+:func:`build_caches`). Every rank of a data-parallel replica reads the same micro-batches.
 """
 
 from __future__ import annotations
@@ -154,3 +154,17 @@ def build_train_valid(args: argparse.Namespace, tokenizer, num_samples: list[int
               flush=True)
     train = iter(build_loader(train_ds, args.micro_batch_size, args.num_workers, consumed_train))
     return train, (valid_ds if args.eval_iters else None)
+
+
+def build_caches(args: argparse.Namespace, tokenizer, num_samples: list[int]) -> list:
+    """Build (or find) the dataset index caches of ``args`` in this process, ahead of the
+    training job (tools/build_data_cache.py): the datasets training builds, under a
+    one-process group of their own when torch.distributed is not started; returns the
+    data_cache.CacheRecord of each."""
+    own_group = data_cache.one_process_group()
+    try:
+        _, records = build_datasets(args, tokenizer, num_samples)
+    finally:
+        if own_group:
+            torch.distributed.destroy_process_group()
+    return records

@@ -1,6 +1,6 @@
 """Reading and checking Megatron indexed datasets (``.bin/.idx``) before they are used: by
 training (megatron_ext/datasets.py, before Megatron-Core builds its GPT datasets) and by
-tools/check_data.py. Only numpy and the standard library are imported, so this loads fast.
+tools/check_data.py (megatron_ext/data/check.py). Only numpy and the standard library are imported, so this loads fast.
 
 Megatron-Core trusts its files: a truncated ``.bin`` is read past its end only when a sample
 lands there, and a split that holds no tokens makes GPTDataset count epochs for ever. Here an

@@ -35,6 +35,7 @@ from megatron_ext.probes.collect import draw_sample  # noqa: E402
 from megatron_ext.probes.models import describe  # noqa: E402
 from megatron_ext.probes.run import Split, Targets, fit_layer, num_bits, run_probes  # noqa: E402
 from megatron_ext.probes.settings import ProbeSettings  # noqa: E402
+from megatron_ext.probes.text import jsonl_documents  # noqa: E402
 from megatron_ext.tokenizer import build_tokenizer  # noqa: E402
 from tools import probe, study, train_tokenizer  # noqa: E402
 
@@ -406,7 +407,7 @@ def test_a_bad_jsonl_line_is_named_with_its_flag(tmp_path):
     tokenizer = build_tokenizer("NullTokenizer", None, 10)
     tokenizer.tokenize = lambda text: [1]  # the text is not NullTokenizer's ids
     with pytest.raises(SystemExit, match=re.escape(f"error: --jsonl {path}:2: ")):
-        list(probe.jsonl_documents(str(path), "text", tokenizer))
+        list(jsonl_documents(str(path), "text", tokenizer))
 
 
 @pytest.mark.parametrize("probes, message", [

@@ -1,7 +1,7 @@
 """The project's structure, as the developers' guide states it: imports point one way (the
 core <- data, hf <- study, probes <- tools), no private name crosses a package, tools are
-command lines that import only the package, and the README stays a front door. Read from
-the source text (ast), nothing is imported."""
+command lines that import only the package and define only parsing and printing, and the
+README stays a front door. Read from the source text (ast), nothing is imported."""
 
 from __future__ import annotations
 
@@ -79,6 +79,27 @@ def test_tools_are_command_lines_over_the_package(path):
     assert "sys.path.insert" not in text
     assert not any(m.split(".")[0] in ("tools", "pretrain_fixedcode") for m, _ in imports(path))
     assert "def main(" in text and 'if __name__ == "__main__":' in text
+
+
+# Besides parse_args and main, what a tool may define: its flag groups and the formatters of
+# what it prints. Anything else is library code and belongs in megatron_ext/.
+TOOL_HELPERS = {
+    "build_data_cache.py": {"add_builder_args"},
+    "param_report.py": {"format_table", "show_code"},
+    "preprocess_data.py": {"_positive_int", "_report"},
+    "study.py": {"study_from_args", "evaluate_and_report", "report"},
+}
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "tools").glob("*.py")),
+                         ids=lambda p: p.name)
+def test_tools_define_only_parsing_and_printing(path):
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    defined = {node.name for node in tree.body
+               if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+    assert "main" in defined
+    extra = defined - {"parse_args", "main"} - TOOL_HELPERS.get(path.name, set())
+    assert not extra, f"{path.name} defines {sorted(extra)}: move them into megatron_ext/"
 
 
 def test_tools_is_not_a_package():

@@ -30,11 +30,9 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 import megatron_ext  # noqa: F401  (its warning filters first)
-import torch  # noqa: E402
-
 from megatron_ext import recipes  # noqa: E402
 from megatron_ext.arguments import add_training_args, parse_model_args  # noqa: E402
-from megatron_ext.datasets import build_datasets, samples_per_split  # noqa: E402
+from megatron_ext.datasets import build_caches, samples_per_split  # noqa: E402
 from megatron_ext.derived import derive  # noqa: E402
 from megatron_ext.tokenizer import build_tokenizer  # noqa: E402
 
@@ -80,21 +78,6 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     return args
 
 
-def one_process_group() -> bool:
-    """A torch.distributed group of this process alone, in memory (no port); True if it was
-    started here."""
-    if torch.distributed.is_initialized():
-        return False
-    torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0,
-                                         world_size=1)
-    return True
-
-
-def _size(path: str) -> str:
-    size = os.path.getsize(path)
-    return f"{size / 2**20:,.1f} MiB" if size >= 2**20 else f"{size:,} B"
-
-
 def main(argv: Optional[Sequence[str]] = None) -> list:
     """Build (or find) the caches; returns the data_cache.CacheRecord of each."""
     args = parse_args(argv)
@@ -109,17 +92,14 @@ def main(argv: Optional[Sequence[str]] = None) -> list:
           f"{num_samples[0]:,} samples ({derived.train_iters:,} iterations x global batch "
           f"{derived.global_batch_size:,}), valid {num_samples[1]:,} (--eval-iters "
           f"{args.eval_iters}); --seq-length {args.seq_length}, --seed {args.seed}", flush=True)
-    own_group = one_process_group()
-    try:
-        _, records = build_datasets(args, tokenizer, num_samples)
-    finally:
-        if own_group:
-            torch.distributed.destroy_process_group()
+    records = build_caches(args, tokenizer, num_samples)
     for r in records:
         print(f"[build_data_cache] {'built' if r.built else 'found'} {r.split} {r.kind} of "
               f"{r.source}: {r.samples:,} samples")
         for path in r.files:
-            print(f"    {path} ({_size(path)})")
+            size = os.path.getsize(path)
+            print(f"    {path} ("
+                  + (f"{size / 2**20:,.1f} MiB" if size >= 2**20 else f"{size:,} B") + ")")
     built = sum(r.built for r in records)
     print(f"[build_data_cache] done in {time.monotonic() - started:.1f} s: "
           + (f"built {built} of {len(records)} caches" if built else

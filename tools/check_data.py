@@ -18,24 +18,13 @@ fails, every problem being listed. Flags are named as for pretrain_fixedcode.py.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import Optional
 
-from tqdm import tqdm
-
+from megatron_ext.data.check import check_file, format_report, vocabulary
 from megatron_ext.files import write_json
-from megatron_ext.index_check import (SPLITS, IndexCheckError, read_index, split_problems,
-                                           split_ranges, token_id_range)
-from megatron_ext.tokenizer import TOKENIZER_TYPES, build_tokenizer
-
-
-def _split(text: str) -> str:
-    try:
-        split_ranges(text, 0)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-    return text
+from megatron_ext.index_check import split_ranges
+from megatron_ext.tokenizer import TOKENIZER_TYPES
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
@@ -58,7 +47,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     group.add_argument("--seq-length", type=int,
                        help="divide each file by --split and check that the splits training "
                             "draws from hold a sample of this many tokens + 1")
-    group.add_argument("--split", type=_split, default="969,30,1",
+    group.add_argument("--split", default="969,30,1",
                        help="train,valid,test proportions (default: 969,30,1)")
     group.add_argument("--eval-iters", type=int, default=10,
                        help="as for training: the valid split must hold a sample unless 0 "
@@ -70,6 +59,10 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     group.add_argument("--global-batch-size", type=int, help="samples per iteration")
     parser.add_argument("--json", metavar="PATH", help="also write the results to PATH as JSON")
     args = parser.parse_args(argv)
+    try:
+        split_ranges(args.split, 0)
+    except ValueError as e:
+        parser.error(f"argument --split: {e}")
     if args.train_iters is not None:
         if args.train_samples is not None or args.global_batch_size is None:
             parser.error("give --train-samples, or --train-iters with --global-batch-size")
@@ -81,88 +74,19 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     return args
 
 
-def _vocabulary(args: argparse.Namespace) -> tuple[Optional[int], str]:
-    """The vocabulary size token ids are checked against, and where it comes from."""
-    if args.tokenizer_type:
-        tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model, args.vocab_size)
-        return tokenizer.vocab_size, f"the {args.tokenizer_type}'s vocabulary"
-    return args.vocab_size, "--vocab-size"
-
-
-def check_file(prefix: str, args: argparse.Namespace, vocab_size: Optional[int],
-               vocab_source: str) -> tuple[Optional[dict], list[str]]:
-    """``(report, problems)`` of one dataset; no report when its files cannot be read."""
-    try:
-        index = read_index(prefix)
-    except IndexCheckError as e:
-        return None, [f"error: {e}"]
-    bin_path = f"{prefix}.bin"
-    with tqdm(total=os.path.getsize(bin_path), unit="B", unit_scale=True, leave=False,
-              desc=f"reading {os.path.basename(bin_path)}", disable=None) as bar:  # terminals
-        low, high = token_id_range(index, bar.update)
-    report = {"prefix": prefix, "documents": index.documents, "sequences": index.sequences,
-              "tokens": index.tokens(), "dtype": index.dtype.__name__,
-              "min_token_id": low, "max_token_id": high}
-    problems = []
-    if low is not None and low < 0:
-        problems.append(f"error: {bin_path}: negative token id {low:,}")
-    if high is not None and vocab_size is not None and high >= vocab_size:
-        problems.append(f"error: {bin_path}: token id {high:,} is outside {vocab_source} "
-                        f"of {vocab_size:,} tokens")
-    if high is not None and high >= 2 ** args.code_bits:
-        problems.append(f"error: {bin_path}: token id {high:,} does not fit --code-bits "
-                        f"{args.code_bits} (ids < 2^{args.code_bits} = {2 ** args.code_bits:,} "
-                        f"for the fixed-code arms); raise --code-bits")
-    if args.seq_length is not None:
-        ranges = split_ranges(args.split, index.sequences)
-        report["split_unit"] = index.unit
-        report["splits"] = {
-            name: {"begin": begin, "end": end, "count": end - begin,
-                   "tokens": index.tokens(begin, end)}
-            for name, (begin, end) in zip(SPLITS, (r or (0, 0) for r in ranges))}
-        problems += split_problems(([prefix], None), None, args.split, args.seq_length,
-                                   [1, args.eval_iters, 0])
-        if args.train_samples is not None:
-            needed = args.train_samples * args.seq_length + 1
-            train_tokens = report["splits"]["train"]["tokens"]
-            report["train_tokens_needed"] = needed
-            report["train_epochs"] = needed / train_tokens if train_tokens else None
-    return report, problems
-
-
-def format_report(report: dict, args: argparse.Namespace) -> str:
-    """The table of one dataset."""
-    ids = ("-", "-") if report["min_token_id"] is None else (
-        f"{report['min_token_id']:,}", f"{report['max_token_id']:,}")
-    lines = [report["prefix"],
-             f"  {'documents':>12} {'sequences':>12} {'tokens':>15} {'dtype':>8} "
-             f"{'min id':>9} {'max id':>9}",
-             f"  {report['documents']:>12,} {report['sequences']:>12,} {report['tokens']:>15,} "
-             f"{report['dtype']:>8} {ids[0]:>9} {ids[1]:>9}"]
-    if "splits" in report:
-        lines.append(f"  {'--split ' + args.split:<20} {report['split_unit']:>12} "
-                     f"{'range':>21} {'tokens':>15}")
-        for name, s in report["splits"].items():
-            span = f"[{s['begin']:,}, {s['end']:,})"
-            lines.append(f"  {name:<20} {s['count']:>12,} {span:>21} {s['tokens']:>15,}")
-    if "train_epochs" in report:
-        epochs = report["train_epochs"]
-        lines.append(f"  {args.train_samples:,} train samples x --seq-length {args.seq_length} "
-                     f"+ 1 = {report['train_tokens_needed']:,} tokens: "
-                     + ("the train split is empty" if epochs is None
-                        else f"{epochs:,.2f} epochs of the train split"))
-    return "\n".join(lines)
-
-
 def main(argv: Optional[list[str]] = None) -> dict:
     args = parse_args(argv)
-    vocab_size, vocab_source = _vocabulary(args)
+    vocab_size, vocab_source = vocabulary(args.tokenizer_type, args.tokenizer_model,
+                                          args.vocab_size)
     reports, problems = [], []
     for prefix in args.prefixes:
-        report, found = check_file(prefix, args, vocab_size, vocab_source)
+        report, found = check_file(prefix, vocab_size, vocab_source, code_bits=args.code_bits,
+                                   seq_length=args.seq_length, split=args.split,
+                                   eval_iters=args.eval_iters, train_samples=args.train_samples)
         if report:
             reports.append(report)
-            print(format_report(report, args), flush=True)
+            print(format_report(report, args.split, args.train_samples, args.seq_length),
+                  flush=True)
         problems += found
     result = {"files": reports, "problems": problems}
     if args.json:

@@ -66,25 +66,19 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     # Imported only now: datasets and transformers read the offline switches at import.
     import torch
 
-    from megatron_ext.hf.eval_report import arm_of, build_report, markdown, write_report
-    from megatron_ext.hf.eval_tasks import evaluate_model, official_tasks, task_config
+    from megatron_ext.hf.eval_report import markdown, write_report
+    from megatron_ext.hf.eval_tasks import evaluate_models
 
     logging.basicConfig(format="%(asctime)s %(name)s %(levelname)s: %(message)s")
     logging.getLogger("lm_eval").setLevel(logging.INFO)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    task_manager = official_tasks()
-    configs = [task_config(task, task_manager, args.data_dir) for task in args.tasks]
-    models = []
-    for i, hf_dir in enumerate(args.hf_dirs, 1):
-        arm = arm_of(hf_dir)
-        print(f"[{i}/{len(args.hf_dirs)}] {hf_dir} ({arm} arm): {', '.join(args.tasks)} on "
-              f"{device} in {args.dtype}", flush=True)
-        out = evaluate_model(hf_dir, configs, task_manager, device=device,
-                             dtype=DTYPES[args.dtype], batch_size=args.batch_size,
-                             limit=args.limit, bootstrap_iters=args.bootstrap_iters,
-                             seed=args.seed)
-        models.append({"path": hf_dir, "arm": arm, "results": out["results"]})
-    report = build_report(models, args.tasks)
+    report = evaluate_models(
+        args.hf_dirs, args.tasks, args.data_dir,
+        starting=lambda i, hf_dir, arm: print(
+            f"[{i}/{len(args.hf_dirs)}] {hf_dir} ({arm} arm): {', '.join(args.tasks)} on "
+            f"{device} in {args.dtype}", flush=True),
+        device=device, dtype=DTYPES[args.dtype], batch_size=args.batch_size, limit=args.limit,
+        bootstrap_iters=args.bootstrap_iters, seed=args.seed)
     md_path, json_path = write_report(report, args.output_dir)
     print(markdown(report))
     print(f"wrote {md_path} and {json_path}")

@@ -18,8 +18,6 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-import numpy as np
-
 from megatron_ext.probes.settings import ProbeSettings
 
 DEFAULTS = ProbeSettings()
@@ -76,35 +74,12 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     return args
 
 
-def jsonl_documents(path: str, key: str, tokenizer):
-    """Token arrays of the JSONL documents, each ending with the end-of-document token."""
-    from megatron_ext.data.readers import iter_texts
-    for texts in iter_texts([path], "line", [key], "--jsonl"):
-        ids = [i for text in texts[key] for i in tokenizer.tokenize(text)] + [tokenizer.eod]
-        yield np.asarray(ids, dtype=np.int64)
-
-
-def held_out(args: argparse.Namespace, seq_length: int
-             ) -> tuple[np.ndarray, np.ndarray, str]:
-    """The windows, each token's document, and a description of where they come from."""
-    from megatron_ext.held_out import cut_documents, indexed_documents
-    if args.data_path:
-        return (*cut_documents(indexed_documents(args.data_path), args.tokens, seq_length,
-                               f"--data-path {args.data_path}", "--tokens"),
-                f"the first {args.tokens:,} tokens of {args.data_path}")
-    from megatron_ext.tokenizer import build_tokenizer
-    tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model)
-    documents = jsonl_documents(args.jsonl, args.json_key, tokenizer)
-    return (*cut_documents(documents, args.tokens, seq_length, f"--jsonl {args.jsonl}",
-                           "--tokens"),
-            f"the first {args.tokens:,} tokens of {args.jsonl} ({args.tokenizer_model})")
-
-
 def main(argv: Optional[Sequence[str]] = None) -> dict:
     args = parse_args(argv)
     from megatron_ext.probes import report
     from megatron_ext.probes.models import describe
     from megatron_ext.probes.run import run_probes
+    from megatron_ext.probes.text import held_out
     infos = []
     for spec in args.models:
         name, sep, path = spec.partition("=")
@@ -113,7 +88,9 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         from megatron_ext.probes.models import check_held_out
         check_held_out(infos, args.data_path, args.allow_train_text)
     seq_length = args.seq_length or min(i.context for i in infos)
-    windows, documents, source = held_out(args, seq_length)
+    windows, documents, source = held_out(args.tokens, seq_length, args.data_path, args.jsonl,
+                                          args.json_key, args.tokenizer_type,
+                                          args.tokenizer_model)
     settings = ProbeSettings(data_path=args.data_path, tokens=args.tokens, sample=args.sample,
                              top_k=args.top_k, ridge=args.ridge, seed=args.seed,
                              batch_size=args.batch_size,

@@ -6,17 +6,21 @@ perplexity), loaded unchanged except for where its documents come from:
 ``dataset_path: json`` with ``DATA_DIR/<task>.jsonl`` as the split that the official task
 evaluates (no training split: zero-shot). Every row is checked against the official field
 layout first, so that a wrong file fails with its name and line instead of scoring 0.
+:func:`evaluate_models` evaluates several exports on the same tasks into eval_report's
+comparison (tools/evaluate.py).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from typing import Optional
+from typing import Callable, Optional
 
 import lm_eval.tasks
 from lm_eval.tasks import TaskManager
 from lm_eval.tasks._yaml_loader import load_yaml
+
+from .eval_report import arm_of, build_report
 
 # task -> its folder among lm-eval's tasks
 SUPPORTED = {"hellaswag": "hellaswag", "piqa": "piqa", "lambada_openai": "lambada"}
@@ -120,3 +124,20 @@ def evaluate_model(hf_dir: str, configs: list[dict], task_manager: TaskManager, 
                            bootstrap_iters=bootstrap_iters, log_samples=log_samples,
                            random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed,
                            fewshot_random_seed=seed)
+
+
+def evaluate_models(hf_dirs: list[str], tasks: list[str], data_dir: Optional[str], *,
+                    starting: Callable[[int, str, str], None], **settings) -> dict:
+    """eval_report's report of the Hugging Face models in ``hf_dirs`` on ``tasks`` (their
+    documents from ``data_dir``, or the Hub's without it), each evaluated by
+    :func:`evaluate_model` with ``settings``; ``starting(i, hf_dir, arm)`` is called before
+    the ``i``-th (from 1)."""
+    task_manager = official_tasks()
+    configs = [task_config(task, task_manager, data_dir) for task in tasks]
+    models = []
+    for i, hf_dir in enumerate(hf_dirs, 1):
+        arm = arm_of(hf_dir)
+        starting(i, hf_dir, arm)
+        out = evaluate_model(hf_dir, configs, task_manager, **settings)
+        models.append({"path": hf_dir, "arm": arm, "results": out["results"]})
+    return build_report(models, tasks)

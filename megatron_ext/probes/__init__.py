@@ -5,6 +5,7 @@ fly), what makes two of them comparable, their randomly initialised twins. ``col
 fixed token sample and the residual stream at every layer, streamed and sub-sampled.
 ``fit``: closed-form ridge probes, the logit lens and linear CKA. ``run``: every probe and
 control of one or more models (:func:`~megatron_ext.probes.run.run_probes`). ``report``:
-``probes.json``, the markdown tables and the figures. ``settings``: the knobs. The command
+``probes.json``, the markdown tables and the figures. ``settings``: the knobs. ``text``: the
+held-out text (an indexed dataset or JSONL) cut into windows. The command
 line is tools/probe.py; see docs/probes.md.
 """
