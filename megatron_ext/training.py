@@ -418,12 +418,12 @@ def pretrain(args: argparse.Namespace, model_provider: Callable, forward_step: C
     wandb_run_id = agree_wandb_run_id(args, common["wandb_run_id"] if own_run else None)
     metrics = MetricsLogger(run, derived, model, is_logging_rank(), state.iteration,
                             wandb_run_id)
+    gathered = functools.partial(gathered_parameters, run, ddp)
     validator = Validator(run, derived.train_iters, derived.num_microbatches, forward_step,
-                          valid_dataset, ddp, exits, metrics,
-                          gathered=functools.partial(gathered_parameters, run, ddp))
+                          valid_dataset, ddp, exits, metrics, gathered=gathered)
     checkpointer = Checkpointer(run, derived, model, optimizer, scheduler, code,
                                 wandb_run_id, last_saved=state.iteration if resume_path else None,
-                                gathered=functools.partial(gathered_parameters, run, ddp))
+                                gathered=gathered)
     norms = NormReporter(model) if args.log_params_norm or args.log_layer_norms else None
     guard = NonFiniteGuard(args.max_nonfinite_steps)
     profiler = StepProfiler(run, torch.distributed.get_rank())
