@@ -10,6 +10,9 @@
 #
 # CPUS=N advertises N CPUs on the node (default: nproc), e.g. to run two 2-task jobs at once.
 # Several clusters can run side by side: each gets free ports and its own job-id range.
+# The daemons log at debug level in DIR/log (tests/test_slurm.py prints a failed job's lines
+# from there); MessageTimeout is 30 s, not Slurm's 10, as the cluster shares a 2-core CI
+# machine with the rest of the test suite.
 set -euo pipefail
 
 usage() { echo "usage: $0 up|down DIR" >&2; exit 2; }
@@ -83,6 +86,9 @@ AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
 MpiDefault=none
 SlurmdParameters=config_overrides
+SlurmctldDebug=debug
+SlurmdDebug=debug
+MessageTimeout=30
 ReturnToService=2
 NodeName=$host NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$mem State=UNKNOWN
 PartitionName=local Nodes=$host Default=YES MaxTime=INFINITE State=UP

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -204,22 +205,35 @@ def job_field(job_id: str, field: str, env) -> str:
     return re.search(rf"\b{field}=(\S+)", shown).group(1)
 
 
+def daemon_lines(job_id: str, env) -> str:
+    """The last 200 lines that the cluster's slurmctld and slurmd logged about ``job_id``
+    (at debug level): who signalled, requeued or cancelled it is there, not in its log."""
+    logs = Path(env["SLURM_CONF"]).parent / "log"
+    found = []
+    for daemon in ("slurmctld", "slurmd"):
+        path = logs / f"{daemon}.log"
+        text = path.read_text(errors="replace") if path.exists() else ""
+        found += [f"{daemon}: {line}" for line in text.splitlines() if job_id in line]
+    return "\n".join(found[-200:]) or "(nothing)"
+
+
 def wait_until(condition, what: str, job_id: str, log: Path, env, deadline: float,
                poll: float = 0.2):
     """Poll ``condition`` every ``poll`` seconds (the job's state about every second) until
-    it holds; fail, with the log, when the job ended first or ``deadline`` passed."""
+    it holds; fail, with the job's log and the daemons' lines about it, when the job ended
+    first or ``deadline`` passed."""
     checked = 0.0
     while not condition():
         if time.monotonic() - checked >= 1.0:
             checked = time.monotonic()
             state = job_field(job_id, "JobState", env)
-            if state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL",
-                         "OUT_OF_MEMORY") and not condition():
-                pytest.fail(f"job {job_id} is {state} while waiting for {what}; log:\n"
-                            f"{log.read_text() if log.exists() else '(none)'}")
-            if checked > deadline:
-                pytest.fail(f"no {what} in time (job {job_id} {state}); log:\n"
-                            f"{log.read_text() if log.exists() else '(none)'}")
+            ended = state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL",
+                              "OUT_OF_MEMORY") and not condition()
+            if ended or checked > deadline:
+                why = f"job {job_id} is {state} while waiting for {what}" if ended else \
+                    f"no {what} in time (job {job_id} {state})"
+                pytest.fail(f"{why}; log:\n{log.read_text() if log.exists() else '(none)'}\n"
+                            f"Slurm's daemons on job {job_id}:\n{daemon_lines(job_id, env)}")
         time.sleep(poll)
 
 
@@ -277,6 +291,13 @@ def write_recipe(path: Path) -> Path:
     return path
 
 
+# slurmstepd's line for a step cancelled by a plain SIGTERM/SIGKILL (scancel JOB.STEP, srun
+# killing its step): never asked for by the preemption scenario, whose signals are USR1 and
+# whose requeues print "... DUE TO JOB REQUEUE".
+OUTSIDE_CANCEL = re.compile(
+    r"^slurmstepd\S*: error: \*\*\* STEP \d+\.\d+ ON \S+ CANCELLED AT \S+ \*\*\*$", re.M)
+
+
 @pytest.mark.timeout(1200)
 def test_preempted_job_requeues_resumes_and_ends_with_the_uninterrupted_loss(
         slurm_env, tmp_path):
@@ -296,11 +317,32 @@ def test_preempted_job_requeues_resumes_and_ends_with_the_uninterrupted_loss(
 
     At the end: 4 restarts (0 for the other job), both COMPLETED, the same final loss and
     every run's logged per-step losses equal to the uninterrupted job's, and the same
-    metrics.jsonl but for the timings (so every validation happened exactly once)."""
+    metrics.jsonl but for the timings (so every validation happened exactly once).
+
+    A step cancelled by Slurm itself (slurmstepd's ``*** STEP J.0 ON node CANCELLED AT t ***``,
+    which nothing here asks for; seen once on the loaded 2-core CI machine, shortly after a
+    requeue) voids the attempt: its jobs are cancelled and the scenario runs once more, with a
+    warning that carries the first failure. A second such attempt fails."""
+    for attempt in (1, 2):
+        root = tmp_path / f"attempt{attempt}"
+        try:
+            return preemption_scenario(slurm_env, root)
+        except (AssertionError, pytest.fail.Exception) as failure:
+            logs = "".join(log.read_text() for log in root.glob("*/binary/slurm-*.log"))
+            if attempt == 2 or not OUTSIDE_CANCEL.search(logs):
+                raise
+            subprocess.run(["scancel", "--full", "--user", str(os.getuid())], env=slurm_env,
+                           check=True)
+            warnings.warn(f"attempt 1 voided, as Slurm cancelled a step by itself: {failure}")
+
+
+def preemption_scenario(slurm_env, root: Path) -> None:
+    """The scenario of the test above, in the folder ``root``."""
     env = {**slurm_env, "FIXEDCODE_TEST_SAVE_SECONDS": "3"}   # sbatch passes it to the job
-    deadline = time.monotonic() + 900   # ~2.5 min on an idle 2-core machine; slack for a busy one
-    recipe = write_recipe(tmp_path / "recipe.args")
-    plain_dir, run_dir = tmp_path / "uninterrupted", tmp_path / "preempted"
+    deadline = time.monotonic() + 540   # ~2.5 min on an idle 2-core machine; slack for a busy one
+    root.mkdir()
+    recipe = write_recipe(root / "recipe.args")
+    plain_dir, run_dir = root / "uninterrupted", root / "preempted"
     plain_id, plain_log = submit_tiny_binary_job(plain_dir, env, recipe, max_restarts=4)
     job_id, log = submit_tiny_binary_job(run_dir, env, recipe, max_restarts=4)
     ckpt = run_dir / "binary" / "checkpoints"
