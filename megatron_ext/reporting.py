@@ -79,6 +79,16 @@ def colours(names: list[str]) -> dict:
             for n in names}
 
 
+def shown_path(path) -> str:
+    """``path`` as a report shows it: relative to the working directory when it lies under it
+    (the repository, usually), so a pasted report carries no machine's absolute paths."""
+    resolved = Path(path).resolve()
+    try:
+        return str(resolved.relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
 def readable_tokens(count: float) -> str:
     """``384``, ``12.3K``, ``1.5M``, ``100B``, ``2T``."""
     for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):

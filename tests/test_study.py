@@ -239,6 +239,23 @@ def test_a_study_trains_evaluates_and_reports(tiny_study):
     assert re.search(r"\| binary \| 2 \| 0 \| \d\.\d{4} ± \d\.\d{4} \|", text)
 
 
+def test_the_reports_paths_are_shown_relative_to_the_working_directory(tiny_study,
+                                                                      monkeypatch):
+    """A pasted STUDY.md carries no machine's absolute paths: the recipe, held-out text and
+    task folder under the working directory are shown relative to it; others stay whole."""
+    from megatron_ext.study.report import header
+    study = spec.settle(tiny_study["study_dir"], None, save=False)
+    generated = {"time": "t", "machine": "m", "fixedcode": "f", "megatron_core": "c"}
+    monkeypatch.chdir(tiny_study["root"])
+    text = "\n".join(header(study, "tiny", ["0" * 64], generated))
+    assert "- Recipe: `recipe.args`: `" in text
+    assert "tokens of `heldout` (" in text and "- Tasks: piqa from `tasks`" in text
+    assert str(tiny_study["root"]) not in text
+    monkeypatch.chdir(tiny_study["root"] / "tasks")   # the recipe is no longer under it
+    text = "\n".join(header(study, "tiny", ["0" * 64], generated))
+    assert f"- Recipe: `{tiny_study['root'] / 'recipe.args'}`: `" in text
+
+
 def test_each_arm_keeps_one_colour_in_every_figure(tiny_study, monkeypatch):
     """The curves and the differences of a study, and the probes' figures, take their
     colours from one definition (reporting.colours); token axes read 384, 1.5M, 100B."""

@@ -28,7 +28,7 @@ from megatron_ext.checkpointing import completed_iterations
 from megatron_ext.files import write_text
 from megatron_ext.metric_sinks import summarise_run
 from megatron_ext.reporting import (colours, mean_interval, number, pyplot, save_figure,
-                                    signed_range, tokens_axis)
+                                    shown_path, signed_range, tokens_axis)
 
 from .evaluation import TASK_METRIC, read_cached
 from .spec import Study, run_dir
@@ -175,7 +175,7 @@ def header(study: Study, title: str, hashes: list[str], generated: dict) -> list
              f"arms; for tasks also a hierarchical bootstrap over seeds, then items (with "
              f"one seed it is conditional on that run: an interval for those two trained "
              f"models, not for the arms).", "",
-             f"- Recipe: `{study.recipe_path}`: `{' '.join(study.recipe)}`",
+             f"- Recipe: `{shown_path(study.recipe_path)}`: `{' '.join(study.recipe)}`",
              f"- Seeds: {', '.join(map(str, study.seeds))} (`--seed`); control: "
              f"`{study.control}`"]
     if study.eval.data_path:
@@ -183,12 +183,13 @@ def header(study: Study, title: str, hashes: list[str], generated: dict) -> list
                 f"**not the same tokens for every run**: {len(hashes)} different windows "
                 f"(arms or levels that change the sequence length or the tokenizer)")
         lines.append(f"- Held-out set: the first {study.eval.tokens:,} tokens of "
-                     f"`{study.eval.data_path}` ({same}; sha256 "
+                     f"`{shown_path(study.eval.data_path)}` ({same}; sha256 "
                      f"{', '.join(h[:16] + '…' for h in hashes) or '—'})"
                      + (" — **held-out check overridden (`allow_train_text`): this may be "
                         "training text**" if study.eval.allow_train_text else ""))
     if study.eval.tasks:
-        lines.append(f"- Tasks: {', '.join(study.eval.tasks)} from `{study.eval.data_dir}`"
+        lines.append(f"- Tasks: {', '.join(study.eval.tasks)} from "
+                     f"`{shown_path(study.eval.data_dir)}`"
                      + (f" (first {study.eval.limit} documents)" if study.eval.limit else ""))
     lines += ["", "| arm | flags |", "|---|---|"]
     lines += [f"| {a.name} | `{' '.join(a.training_flags())}` |" for a in study.arms]
