@@ -16,18 +16,8 @@ import signal
 import time
 from typing import Optional
 
-import torch
-
 from . import exit_signals
-
-
-def max_over_ranks(values: list, device: str) -> list[int]:
-    """Each value (a bool, a small int or a one-element tensor) as its maximum over all
-    ranks, in one all-reduce: what every rank then decides on alike."""
-    t = torch.stack([torch.as_tensor(v, dtype=torch.float32, device=device).reshape(())
-                     for v in values])
-    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
-    return [int(v) for v in t.tolist()]
+from .reductions import max_over_ranks
 
 
 class ExitConditions:

@@ -47,7 +47,7 @@ from .codes import FixedCode
 from .datasets import samples_per_split
 from .device_checks import check_cuda_connections, fp8_refusal
 from .derived import Derived, Resolved, derive, run_record
-from .exit_conditions import ExitConditions, max_over_ranks
+from .exit_conditions import ExitConditions
 from .initialize import initialize_distributed, resolve_device
 from .log import is_logging_rank, log
 from .metric_sinks import agree_wandb_run_id
@@ -57,7 +57,8 @@ from .norms import NormReporter
 from .profiling import StepProfiler, validate_profile_args
 from .saving import Checkpointer
 from .tokenizer import build_tokenizer
-from .validation import Validator, reduce_losses
+from .reductions import max_over_ranks, reduce_losses
+from .validation import Validator
 
 
 class NonFiniteLossError(RuntimeError):

@@ -18,7 +18,6 @@ import gc
 from typing import Callable, ContextManager, Optional
 
 import torch
-from megatron.core import parallel_state
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from .checkpointing import TrainState
@@ -26,16 +25,7 @@ from .datasets import build_loader
 from .exit_conditions import ExitConditions
 from .log import log
 from .metrics import MetricsLogger
-
-
-def reduce_losses(loss_dicts: list) -> Optional[float]:
-    """Mean ``lm loss`` over the micro-batches and data-parallel ranks (last pipeline
-    stage, one all-reduce per step), else None."""
-    if not loss_dicts:
-        return None
-    total = torch.stack([d["lm loss"] for d in loss_dicts]).sum(0)
-    torch.distributed.all_reduce(total, group=parallel_state.get_data_parallel_group())
-    return (total[0] / total[1]).item()
+from .reductions import reduce_losses
 
 
 @contextlib.contextmanager
