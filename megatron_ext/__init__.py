@@ -18,10 +18,11 @@ Core modules (no import from the subpackages ``data``, ``hf``, ``study``, ``prob
 - the loop and its parts: ``training``, ``validation``, ``checkpointing`` (the format,
   loading), ``saving`` (writing saves, sync or async), ``manifest`` (each save's checksums),
   ``retention`` (which saves are kept), ``metrics``, ``metric_sinks``, ``exit_conditions``,
-  ``exit_signals``, ``profiling``, ``log``;
+  ``exit_signals``, ``reductions`` (what the ranks agree on), ``profiling``, ``log``;
 - outside the loop: ``param_count`` (parameters per arm), ``training_report`` (the arms'
   runs compared from their metrics files), ``slurm`` (job scripts and submission), ``files``
-  (the atomic writer), ``reporting`` (table cells and figures).
+  (the atomic writer), ``reporting`` (table cells and figures), ``flag_types`` (argparse
+  types of the command lines).
 
 Subpackages: ``data`` (corpus preprocessing), ``hf`` (Hugging Face export and evaluation),
 ``probes`` (per-layer probes), ``study`` (arms x seeds, evaluated and reported). The command

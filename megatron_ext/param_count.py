@@ -1,6 +1,7 @@
-"""Trainable parameters per part (input table, backbone, head, total) of each arm, and each
-arm's input RMS at initialisation, for a model shape given by the model flags
-(tools/param_report.py prints them; bench/bench_state_bytes.py sizes a run's state with them).
+"""Trainable parameters per part (input table, backbone, head, total) of each arm and each
+arm's input RMS at initialisation, for a model shape given by the model flags, and the first
+rows of a fixed code (tools/param_report.py prints them; bench/bench_state_bytes.py sizes a
+run's state with them).
 
 Counted from real instantiated Megatron-Core modules (on the meta device: no memory is
 allocated), never from a formula. The learned table starts at N(0, --init-method-std), RMS ≈
@@ -94,3 +95,45 @@ def input_rms(args: argparse.Namespace, arms: Sequence[str]) -> dict:
         value = code_rms(build_code(arm_args(args, arm), vocab), vocab, args.hidden_size)
         rms[arm] = (value, args.code_scale * std / value)  # the RMS scales with --code-scale
     return rms
+
+
+def format_table(counts: dict, rms: dict, std: float) -> str:
+    """The table tools/param_report.py prints: ``counts`` of :func:`count_arms`, ``rms`` of
+    :func:`input_rms`, ``std`` the --init-method-std."""
+    parts = ("input_table", "backbone", "head", "total")
+    lines = [f"{'arm':<9}" + "".join(f"{p:>16}" for p in parts) + f"{'input RMS':>12}"
+             + f"{'matching --code-scale':>23}"]
+    for arm, c in counts.items():
+        value, matching = rms[arm]
+        lines.append(f"{arm:<9}" + "".join(f"{c[p]:>16,}" for p in parts)
+                     + (f"{'~' + format(value, '.4g'):>12}{'-':>23}" if matching is None
+                        else f"{value:>12.4g}{matching:>23.4g}"))
+    if "learned" in counts:
+        for arm in counts:
+            if arm != "learned":
+                diff = counts["learned"]["total"] - counts[arm]["total"]
+                lines.append(f"learned - {arm}: {diff:,} parameters")
+    lines.append(f"input RMS at step 0: the learned table starts at N(0, --init-method-std "
+                 f"{std:g});\na fixed code's is over all ids and positions, at --code-scale as "
+                 f"given (pm1: RMS = scale)")
+    return "\n".join(lines)
+
+
+def code_rows(args: argparse.Namespace, rows: int) -> str:
+    """The first ``rows`` ids of the code the flags define: id, code input x(t), and the row's
+    bits (position 0 first, one group per block of n positions)."""
+    if args.input_interface == "learned":
+        raise SystemExit("error: --show-code needs a fixed-code --input-interface")
+    vocab = padded_vocab(args, [args.input_interface], args.tensor_model_parallel_size)
+    code = build_code(args, vocab)
+    low, high = code.bit_values()
+    n, ids = code.num_bits, torch.arange(min(rows, vocab))
+    bits = code.row_bits(ids, args.hidden_size)
+    lines = [f"# {code.describe()}; vocabulary {vocab} (padded), hidden "
+             f"{args.hidden_size}, --code-seed {args.code_seed}",
+             f"# id x(t) | row bits, position 0 first, blocks of {n}; bit 1 -> {high:g}, "
+             f"0 -> {low:g}"]
+    for t, x, row in zip(ids.tolist(), code.code_input(ids).tolist(), bits.tolist()):
+        text = "".join(map(str, row))
+        lines.append(f"{t} {x} | " + " ".join(text[i:i + n] for i in range(0, len(text), n)))
+    return "\n".join(lines)

@@ -81,16 +81,6 @@ def test_tools_are_command_lines_over_the_package(path):
     assert "def main(" in text and 'if __name__ == "__main__":' in text
 
 
-# Besides parse_args and main, what a tool may define: its flag groups and the formatters of
-# what it prints. Anything else is library code and belongs in megatron_ext/.
-TOOL_HELPERS = {
-    "build_data_cache.py": {"add_builder_args"},
-    "param_report.py": {"format_table", "show_code"},
-    "preprocess_data.py": {"_positive_int", "_report"},
-    "study.py": {"study_from_args", "evaluate_and_report", "report"},
-}
-
-
 @pytest.mark.parametrize("path", sorted((REPO / "tools").glob("*.py")),
                          ids=lambda p: p.name)
 def test_tools_define_only_parsing_and_printing(path):
@@ -98,7 +88,7 @@ def test_tools_define_only_parsing_and_printing(path):
     defined = {node.name for node in tree.body
                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
     assert "main" in defined
-    extra = defined - {"parse_args", "main"} - TOOL_HELPERS.get(path.name, set())
+    extra = defined - {"parse_args", "main"}
     assert not extra, f"{path.name} defines {sorted(extra)}: move them into megatron_ext/"
 
 

@@ -39,18 +39,17 @@ from megatron_ext.tokenizer import build_tokenizer  # noqa: E402
 DESCRIPTION = __doc__.splitlines()[0]
 
 
-def add_builder_args(parser: argparse.ArgumentParser) -> None:
-    add_training_args(parser)
-    g = parser.add_argument_group("tools/build_data_cache.py")
-    g.add_argument("--recipe", type=Path,
-                   help="file of pretrain_fixedcode.py flags (tools/submit.py's --recipe); "
-                        "flags given after it add to or override it")
-    g.add_argument("--world-size", type=int,
-                   help="ranks of the training job (nodes x tasks per node): sets the "
-                        "data-parallel size, hence the default --global-batch-size")
-
-
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    def add_builder_args(parser: argparse.ArgumentParser) -> None:
+        add_training_args(parser)
+        g = parser.add_argument_group("tools/build_data_cache.py")
+        g.add_argument("--recipe", type=Path,
+                       help="file of pretrain_fixedcode.py flags (tools/submit.py's --recipe); "
+                            "flags given after it add to or override it")
+        g.add_argument("--world-size", type=int,
+                       help="ranks of the training job (nodes x tasks per node): sets the "
+                            "data-parallel size, hence the default --global-batch-size")
+
     argv = list(sys.argv[1:] if argv is None else argv)
     pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     pre.add_argument("--recipe", type=Path)

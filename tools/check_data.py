@@ -23,6 +23,7 @@ from typing import Optional
 
 from megatron_ext.data.check import check_file, format_report, vocabulary
 from megatron_ext.files import write_json
+from megatron_ext.flag_types import positive_int
 from megatron_ext.index_check import split_ranges
 from megatron_ext.tokenizer import TOKENIZER_TYPES
 
@@ -44,7 +45,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                        help="token ids must be below 2^bits, for the fixed-code arms "
                             "(default: 16)")
     group = parser.add_argument_group("splits (with --seq-length)")
-    group.add_argument("--seq-length", type=int,
+    group.add_argument("--seq-length", type=positive_int,
                        help="divide each file by --split and check that the splits training "
                             "draws from hold a sample of this many tokens + 1")
     group.add_argument("--split", default="969,30,1",
@@ -69,8 +70,6 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
         args.train_samples = args.train_iters * args.global_batch_size
     if args.train_samples is not None and args.seq_length is None:
         parser.error("--train-samples and --train-iters need --seq-length")
-    if args.seq_length is not None and args.seq_length < 1:
-        parser.error(f"--seq-length must be at least 1, got {args.seq_length}")
     return args
 
 

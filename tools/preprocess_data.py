@@ -25,14 +25,8 @@ from typing import Optional
 
 from megatron_ext.data.preprocess import Summary, preprocess
 from megatron_ext.data.readers import TEXT_DOCUMENT_MODES
+from megatron_ext.flag_types import positive_int
 from megatron_ext.tokenizer import TOKENIZER_TYPES
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
@@ -69,37 +63,23 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                        help="warn when token ids do not fit a fixed code of this many bits "
                             "(default: 16)")
     group = parser.add_argument_group("runtime")
-    group.add_argument("--workers", type=_positive_int, default=1,
+    group.add_argument("--workers", type=positive_int, default=1,
                        help="tokenizer processes (default: 1)")
     group.add_argument("--resume", action="store_true",
                        help="continue the interrupted job with this --output-prefix, keeping its "
                             "complete parts")
-    group.add_argument("--part-tokens", type=_positive_int, default=100_000_000,
+    group.add_argument("--part-tokens", type=positive_int, default=100_000_000,
                        help="tokens per part, the work an interruption can lose "
                             "(default: 100M)")
     return parser.parse_args(argv)
 
 
-def _report(summary: Summary) -> None:
-    resumed = (f"; {summary.resumed_documents:,} from an interrupted run"
-               if summary.resumed_documents else "")
-    parts = f"{summary.parts} part{'s' if summary.parts > 1 else ''}"
-    print(f"preprocessed {summary.documents:,} documents in {parts}{resumed}")
-    for key, prefix in summary.outputs.items():
-        print(f"  {key}: {summary.tokens[key]:,} tokens -> {prefix}.bin/.idx ({summary.dtype})")
-    print(f"  max token id {summary.max_token_id} "
-          f"{'<' if summary.max_token_id < 2 ** summary.code_bits else '>='} 2^{summary.code_bits}")
-    if summary.bad_lines:
-        kinds = ", ".join(f"{n:,} {kind}" for kind, n in sorted(summary.bad_lines.items()))
-        print(f"  skipped {sum(summary.bad_lines.values()):,} bad lines: {kinds}")
+def main(argv: Optional[list[str]] = None) -> Summary:
+    summary = preprocess(parse_args(argv))
+    print(summary.report())
     if summary.code_warning:
         print(f"WARNING: a fixed code would not fit this tokenizer: {summary.code_warning}",
               file=sys.stderr)
-
-
-def main(argv: Optional[list[str]] = None) -> Summary:
-    summary = preprocess(parse_args(argv))
-    _report(summary)
     return summary
 
 

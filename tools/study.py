@@ -72,57 +72,34 @@ def parse_args(argv: Optional[Sequence[str]]) -> tuple[argparse.ArgumentParser,
     return run if args.command == "run" else parser, args
 
 
-def study_from_args(args: argparse.Namespace) -> Optional[spec.Study]:
-    """The study the flags (and --study file) define, or None when they define none."""
-    fields, base = {}, Path.cwd()
-    if args.study:
-        fields, base = spec.read_study_file(args.study), Path(args.study).resolve().parent
-    split = lambda text: [x.strip() for x in text.split(",") if x.strip()]  # noqa: E731
-    flags = {"recipe": args.recipe, "arms": args.arms and split(args.arms),
-             "seeds": args.seeds and split(args.seeds), "control": args.control}
-    fields.update({k: v for k, v in flags.items() if v})
-    if args.recipe:  # a flag's path is relative to the working directory
-        fields["recipe"] = str(Path(args.recipe).resolve())
-    evaluation = dict(fields.get("eval", {}))
-    for key, value in (("data_path", args.eval_data_path), ("tokens", args.eval_tokens),
-                       ("tasks", args.tasks and split(args.tasks)), ("data_dir", args.data_dir),
-                       ("limit", args.limit)):
-        if value:
-            evaluation[key] = str(Path(value).resolve()) if key in ("data_path",
-                                                                     "data_dir") else value
-    if evaluation:
-        fields["eval"] = evaluation
-    return spec.build_study(fields, base) if fields else None
-
-
-def evaluate_and_report(study: spec.Study, study_dir: Path) -> dict:
-    launch.evaluate(study, study_dir)
-    return report(study, study_dir)
-
-
-def report(study: spec.Study, study_dir: Path) -> dict:
-    from megatron_ext.study.report import write_report
-    summary = write_report(study, study_dir)
-    print((study_dir / "STUDY.md").read_text())
-    print(f"[study] wrote {study_dir / 'STUDY.md'}, {study_dir / 'study.json'} and figures")
-    return summary
-
-
 def main(argv: Optional[Sequence[str]] = None) -> dict:
     parser, args = parse_args(argv)
-    if args.command != "run":
+    if args.command == "run":
+        given = spec.study_from_flags(
+            args.study, {"recipe": args.recipe, "arms": args.arms, "seeds": args.seeds,
+                         "control": args.control},
+            {"data_path": args.eval_data_path, "tokens": args.eval_tokens,
+             "tasks": args.tasks, "data_dir": args.data_dir, "limit": args.limit})
+        study = spec.settle(args.study_dir, given, save=not args.dry_run)
+        if args.launcher == "slurm":
+            job = slurm.job_options(parser, args, args.study_dir)
+            launch.submit_to_slurm(study, args.study_dir, job, args.dry_run)
+            return {}
+        if args.dry_run:
+            parser.error("--dry-run applies to --launcher slurm")
+        launch.train_locally(study, args.study_dir, args.nproc_per_node)
+        if args.no_eval:
+            return {}
+    else:
         study = spec.settle(args.study_dir, None)
-        return evaluate_and_report(study, args.study_dir) if args.command == "eval" \
-            else report(study, args.study_dir)
-    study = spec.settle(args.study_dir, study_from_args(args), save=not args.dry_run)
-    if args.launcher == "slurm":
-        job = slurm.job_options(parser, args, args.study_dir)
-        launch.submit_to_slurm(study, args.study_dir, job, args.dry_run)
-        return {}
-    if args.dry_run:
-        parser.error("--dry-run applies to --launcher slurm")
-    launch.train_locally(study, args.study_dir, args.nproc_per_node)
-    return {} if args.no_eval else evaluate_and_report(study, args.study_dir)
+    if args.command != "report":
+        launch.evaluate(study, args.study_dir)
+    from megatron_ext.study.report import write_report
+    summary = write_report(study, args.study_dir)
+    print((args.study_dir / "STUDY.md").read_text())
+    print(f"[study] wrote {args.study_dir / 'STUDY.md'}, {args.study_dir / 'study.json'} and "
+          f"figures")
+    return summary
 
 
 if __name__ == "__main__":

@@ -44,6 +44,24 @@ class Summary:
     code_bits: int
     code_warning: Optional[str]  # why a --code-bits fixed code would not fit this tokenizer
 
+    def report(self) -> str:
+        """What tools/preprocess_data.py prints: documents, parts, tokens and dataset of each
+        key, the largest token id against 2^code_bits, the skipped bad lines."""
+        resumed = (f"; {self.resumed_documents:,} from an interrupted run"
+                   if self.resumed_documents else "")
+        parts = f"{self.parts} part{'s' if self.parts > 1 else ''}"
+        lines = [f"preprocessed {self.documents:,} documents in {parts}{resumed}"]
+        for key, prefix in self.outputs.items():
+            lines.append(f"  {key}: {self.tokens[key]:,} tokens -> {prefix}.bin/.idx "
+                         f"({self.dtype})")
+        lines.append(f"  max token id {self.max_token_id} "
+                     f"{'<' if self.max_token_id < 2 ** self.code_bits else '>='} "
+                     f"2^{self.code_bits}")
+        if self.bad_lines:
+            kinds = ", ".join(f"{n:,} {kind}" for kind, n in sorted(self.bad_lines.items()))
+            lines.append(f"  skipped {sum(self.bad_lines.values()):,} bad lines: {kinds}")
+        return "\n".join(lines)
+
 
 def _in_order(pool, batches: Iterator, window: int) -> Iterator[EncodedBatch]:
     """encode_batch over ``batches`` in order, with at most ``window`` batches in flight, input

@@ -348,6 +348,31 @@ def read_study_file(path: str) -> dict:
 SPEC_FILE = "definition.json"
 
 
+def study_from_flags(study_file: Optional[str], flags: dict, evaluation: dict
+                     ) -> Optional[Study]:
+    """The study that a ``--study`` file and the command line define together (flags win), or
+    None when they define none. ``flags``: ``recipe``, ``arms``, ``seeds`` and ``control`` as
+    given (lists comma-separated; None when absent); ``evaluation``: the ``[eval]`` keys given
+    by flags (None when absent). A flag's path is relative to the working directory, the
+    file's paths to the file's folder."""
+    fields, base = {}, Path.cwd()
+    if study_file:
+        fields, base = read_study_file(study_file), Path(study_file).resolve().parent
+    split = lambda text: [x.strip() for x in text.split(",") if x.strip()]  # noqa: E731
+    given = {"recipe": flags["recipe"] and str(Path(flags["recipe"]).resolve()),
+             "arms": flags["arms"] and split(flags["arms"]),
+             "seeds": flags["seeds"] and split(flags["seeds"]), "control": flags["control"]}
+    fields.update({k: v for k, v in given.items() if v})
+    merged = dict(fields.get("eval", {}))
+    for key, value in evaluation.items():
+        if value:
+            merged[key] = (str(Path(value).resolve()) if key in ("data_path", "data_dir")
+                           else split(value) if key == "tasks" else value)
+    if merged:
+        fields["eval"] = merged
+    return build_study(fields, base) if fields else None
+
+
 def settle(study_dir: Path, study: Optional[Study], save: bool = True) -> Study:
     """The study of ``study_dir``: the one given, saved there on first use (unless not
     ``save``); a different one is refused (a study directory holds one study)."""
