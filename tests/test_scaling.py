@@ -105,10 +105,11 @@ GAP_BY_LEVEL = {"d64": 0.30, "d96": 0.20, "d128": 0.12}  # binary − learned, p
 FLOPS = {"d64": 1e12, "d96": 4e12, "d128": 1.6e13}
 
 
-def fabricate(study: spec.Study, study_dir: Path, loss) -> None:
+def fabricate(study: spec.Study, study_dir: Path, loss, piqa=None) -> None:
     """Records as a trained and evaluated run leaves them: a metrics file, completed
     checkpoints at iterations 2 and 4, and their cached evaluations with ``loss(level,
-    arm, seed, iteration)``, FLOPs proportional to the iteration."""
+    arm, seed, iteration)``, FLOPs proportional to the iteration; with ``piqa`` (the same
+    arguments), PIQA items of which that fraction is right."""
     for folder, cell, arm, seed, run in spec.all_runs(study, study_dir):
         ckpt = run / "checkpoints"
         ckpt.mkdir(parents=True)
@@ -120,6 +121,11 @@ def fabricate(study: spec.Study, study_dir: Path, loss) -> None:
                       "flops": FLOPS[folder] * it / 4,
                       "parameters": {"total": 1000, "non_embedding": 900},
                       "valid_loss": loss(folder, arm.name, seed, it)}
+            if piqa is not None:
+                right = round(20 * piqa(folder, arm.name, seed, it))
+                items = [1.0] * right + [0.0] * (20 - right)
+                record["tasks"] = {"piqa": {"metric": "acc", "value": right / 20,
+                                            "items": items}}
             (run / "eval").mkdir(exist_ok=True)
             (run / "eval" / f"iter_{it:07d}.json").write_text(json.dumps(record))
         (ckpt / "latest_checkpointed_iteration.txt").write_text("4")
@@ -162,6 +168,36 @@ def test_differences_are_paired_by_seed_within_each_level(fabricated):
     assert "### Against the control (`learned`): arm − control" in text
     for name in ("loss_vs_flops.png", "gap_vs_flops.png"):
         assert (study_dir / name).read_bytes().startswith(b"\x89PNG")
+    assert not (study_dir / "downstream_vs_flops.png").exists()   # no tasks, no figure
+
+
+PIQA_GAP = {"d64": -0.15, "d96": -0.10, "d128": 0.0}   # binary − learned accuracy, per level
+
+
+def synthetic_piqa(level, arm, seed, it):
+    """Accuracy that grows with compute, binary below learned by the level's gap (0 at the
+    largest level: no signal there), a seed offset shared by both arms of a level."""
+    return (0.5 + 0.05 * list(FLOPS).index(level) + 0.1 * it / 4 + 0.05 * (seed - 2)
+            + (PIQA_GAP[level] if arm == "binary" else 0.0))
+
+
+def test_downstream_metrics_and_their_gaps_are_reported_against_flops(recipe, tmp_path):
+    """With a task, the scaling section pairs its metric by seed within each level at every
+    evaluated checkpoint, as for the loss: the known per-level gaps, 0 where there is none."""
+    study = build(recipe, {"size": SIZES}, seeds=[1, 2, 3],
+                  eval={"data_path": str(tmp_path / "heldout"), "tokens": 64,
+                        "tasks": ["piqa"], "data_dir": str(tmp_path)})
+    fabricate(study, tmp_path / "S", synthetic_loss, synthetic_piqa)
+    summary = write_report(study, tmp_path / "S")
+    task_gaps = summary["scaling"]["task_gaps"]["piqa"]["binary"]
+    for level, gap in PIQA_GAP.items():
+        assert [c for c, _ in task_gaps[level]] == [FLOPS[level] / 2, FLOPS[level]]
+        for _, d in task_gaps[level]:
+            assert d["mean"] == pytest.approx(gap, abs=1e-9)
+            assert d["high"] - d["low"] < 1e-9   # the seed offsets are paired away
+    text = (tmp_path / "S" / "STUDY.md").read_text()
+    assert "![downstream metrics against FLOPs](downstream_vs_flops.png)" in text
+    assert (tmp_path / "S" / "downstream_vs_flops.png").read_bytes().startswith(b"\x89PNG")
 
 
 def test_the_report_fits_each_arm_and_warns_about_the_extrapolation(fabricated):

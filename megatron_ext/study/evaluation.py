@@ -38,6 +38,24 @@ from .spec import EvalSettings, Study, run_dir
 TASK_METRIC = {"hellaswag": "acc_norm", "piqa": "acc", "lambada_openai": "acc"}
 
 
+def metric_value(record: dict, name: str) -> Optional[float]:
+    """Metric ``name`` (``valid_loss`` or a task) of one cached evaluation, or None."""
+    if name == "valid_loss":
+        return record.get("valid_loss")
+    task = record.get("tasks", {}).get(name)
+    return None if task is None else task["value"]
+
+
+def metric_names(study: Study) -> list[str]:
+    """The metrics a study compares: the held-out loss (with a held-out set), then its tasks'."""
+    return (["valid_loss"] if study.eval.data_path else []) + list(study.eval.tasks)
+
+
+def label(name: str) -> str:
+    """A metric's name in tables and figures: ``validation loss`` or ``piqa acc``."""
+    return "validation loss" if name == "valid_loss" else f"{name} {TASK_METRIC[name]}"
+
+
 def cache_path(run: Path, iteration: int) -> Path:
     return run / "eval" / f"{iteration_name(iteration)}.json"
 

@@ -30,7 +30,7 @@ from megatron_ext.metric_sinks import summarise_run
 from megatron_ext.reporting import (colours, mean_interval, number, pyplot, save_figure,
                                     shown_path, signed_range, tokens_axis)
 
-from .evaluation import TASK_METRIC, read_cached
+from .evaluation import label, metric_names, metric_value, read_cached
 from .spec import Study, run_dir
 from .stats import hierarchical_bootstrap, paired_difference, t_interval
 
@@ -59,21 +59,6 @@ def collect(study: Study, study_dir: Path) -> dict:
     return runs
 
 
-def _metric(record: dict, name: str) -> Optional[float]:
-    if name == "valid_loss":
-        return record.get("valid_loss")
-    task = record.get("tasks", {}).get(name)
-    return None if task is None else task["value"]
-
-
-def metric_names(study: Study) -> list[str]:
-    return (["valid_loss"] if study.eval.data_path else []) + list(study.eval.tasks)
-
-
-def label(name: str) -> str:
-    return "validation loss" if name == "valid_loss" else f"{name} {TASK_METRIC[name]}"
-
-
 def summarise(study: Study, runs: dict) -> dict:
     names = metric_names(study)
     evaluated = [set(r["evals"]) for arm in runs.values() for r in arm.values()]
@@ -92,7 +77,7 @@ def summarise(study: Study, runs: dict) -> dict:
                      "parameters": records[0]["parameters"]}
             for name in names:
                 values = [v for r in seeds.values() if it in r["evals"]
-                          for v in [_metric(r["evals"][it], name)] if v is not None]
+                          for v in [metric_value(r["evals"][it], name)] if v is not None]
                 if values:
                     point[name] = t_interval(values)
             curve.append(point)
@@ -150,7 +135,7 @@ def _difference(seeds: dict, control: dict, final: int, names: list[str]) -> dic
 
 
 def _final_by_seed(seeds: dict, final: int, name: str) -> dict:
-    return {s: _metric(r["evals"][final], name) for s, r in seeds.items()}
+    return {s: metric_value(r["evals"][final], name) for s, r in seeds.items()}
 
 
 def _items_by_seed(seeds: dict, shared: list, final: int, name: str) -> np.ndarray:

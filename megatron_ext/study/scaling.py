@@ -7,8 +7,9 @@ Compute is each checkpoint's training FLOPs as the training log's MFU counts the
 (:func:`megatron_ext.study.evaluation.training_compute`). The paper's compute is its
 recipe's (``examples/smollm2_1p7b/recipe.args``, the SmolLM2 vocabulary) FLOPs per token
 times :data:`PAPER_TOKENS`. Figures: ``loss_vs_flops.png`` (per arm, one line per level
-with its 95% band across seeds, the fit dashed) and ``gap_vs_flops.png`` (arm − control
-paired by seed at every evaluated checkpoint, 95% t interval).
+with its 95% band across seeds, the fit dashed), ``gap_vs_flops.png`` (arm − control
+paired by seed at every evaluated checkpoint, 95% t interval) and, with downstream tasks,
+``downstream_vs_flops.png`` (each task's metric and its gap, the same way; no fit).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import numpy as np
 from megatron_ext.reporting import colours, number, pyplot, save_figure
 
 from . import fit
+from .evaluation import label, metric_value
 from .spec import Study, read_recipe
 from .stats import paired_difference
 
@@ -64,9 +66,10 @@ def final_points(study: Study, runs: dict, summaries: dict) -> dict:
     return points
 
 
-def gaps(study: Study, runs: dict) -> dict:
-    """``{arm: {level: [(flops, difference interval)]}}``: arm − control held-out loss,
-    paired by seed, at every iteration both evaluated in all their runs."""
+def gaps(study: Study, runs: dict, name: str = "valid_loss") -> dict:
+    """``{arm: {level: [(flops, difference interval)]}}``: arm − control ``name`` (the
+    held-out loss or a task's metric), paired by seed, at every iteration both evaluated in
+    all their runs."""
     out = {}
     for arm in study.arms:
         if arm.name == study.control:
@@ -79,9 +82,9 @@ def gaps(study: Study, runs: dict) -> dict:
                                                                   *control.values()]))
             series = []
             for it in sorted(common):
-                d = paired_difference({s: r["evals"][it]["valid_loss"] for s, r in mine.items()},
-                                      {s: r["evals"][it]["valid_loss"]
-                                       for s, r in control.items()})
+                d = paired_difference(
+                    {s: metric_value(r["evals"][it], name) for s, r in mine.items()},
+                    {s: metric_value(r["evals"][it], name) for s, r in control.items()})
                 if d is not None:
                     series.append((mine[d["seeds"][0]]["evals"][it]["flops"], d))
             out.setdefault(arm.name, {})[level] = series
@@ -92,6 +95,7 @@ def analyse(study: Study, runs: dict, summaries: dict, target: float) -> dict:
     """The points, gaps and (with enough levels) the fits of a study with factors."""
     points = final_points(study, runs, summaries)
     result = {"points": points, "gaps": gaps(study, runs), "target_flops": target,
+              "task_gaps": {task: gaps(study, runs, task) for task in study.eval.tasks},
               "fits": None, "refused": None}
     try:
         result["fits"] = fit.bootstrap_fits(points, study.control, target)
@@ -116,8 +120,13 @@ def markdown(study: Study, result: dict) -> list[str]:
                      + " | ".join(number(np.mean(list(p["loss"][a.name].values())), ".4f")
                                   for a in study.arms) + " |")
     lines += ["", "![loss against FLOPs](loss_vs_flops.png)", "",
-              "![gap to the control against FLOPs](gap_vs_flops.png)", "",
-              "### Fit: L(C) = E + A·(C/C₀)^(−α) per arm", ""]
+              "![gap to the control against FLOPs](gap_vs_flops.png)", ""]
+    if result["task_gaps"]:
+        lines += [f"Downstream ({', '.join(result['task_gaps'])}): each task's metric per arm "
+                  f"and its difference to {study.control} (paired by seed, 95% t interval) "
+                  f"against training FLOPs, every level; no fit.", "",
+                  "![downstream metrics against FLOPs](downstream_vs_flops.png)", ""]
+    lines += ["### Fit: L(C) = E + A·(C/C₀)^(−α) per arm", ""]
     if fits is None:
         return lines + [f"No fit: {result['refused']}.", ""]
     target, orders = result["target_flops"], result["orders_of_magnitude"]
@@ -159,25 +168,56 @@ def _range(interval: dict, spec: str) -> str:
             f"{format(interval['high'], spec)}]")
 
 
+def _metric_lines(ax, study: Study, summaries: dict, name: str, colour: dict,
+                  markers: dict) -> None:
+    """Each arm's mean ``name`` against FLOPs, one line per level, 95% band across seeds."""
+    for level, summary in summaries.items():
+        for arm in study.arms:
+            curve = [p for p in summary["arms"][arm.name]["curve"] if name in p]
+            if not curve:
+                continue
+            x = [p["flops"] for p in curve]
+            ax.plot(x, [p[name]["mean"] for p in curve], color=colour[arm.name],
+                    marker=markers.get(level, "o"), markersize=3, lw=1,
+                    label=f"{arm.name} {level}")
+            if all(p[name]["low"] is not None for p in curve):
+                ax.fill_between(x, [p[name]["low"] for p in curve],
+                                [p[name]["high"] for p in curve], color=colour[arm.name],
+                                alpha=0.15)
+
+
+def _gap_lines(ax, arm_gaps: dict, colour: dict, markers: dict) -> None:
+    """Each arm's paired difference to the control against FLOPs (:func:`gaps`), one line per
+    level, 95% interval band."""
+    for arm, levels in arm_gaps.items():
+        for level, series in levels.items():
+            if not series:
+                continue
+            x = [c for c, _ in series]
+            ax.plot(x, [d["mean"] for _, d in series], color=colour[arm],
+                    marker=markers.get(level, "o"), markersize=3, lw=1, label=f"{arm} {level}")
+            if all(d["low"] is not None for _, d in series):
+                ax.fill_between(x, [d["low"] for _, d in series],
+                                [d["high"] for _, d in series], color=colour[arm], alpha=0.15)
+    ax.axhline(0, color="grey", lw=1)
+
+
+def _flops_axes(ax, ylabel: str) -> None:
+    ax.set_xscale("log")
+    ax.set_xlabel("training FLOPs")
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7, ncol=2)
+
+
 def plot(study: Study, runs_summaries: dict, result: dict, study_dir: Path) -> None:
-    """``loss_vs_flops.png`` and ``gap_vs_flops.png``."""
+    """``loss_vs_flops.png``, ``gap_vs_flops.png`` and, with tasks,
+    ``downstream_vs_flops.png``."""
     plt = pyplot()
     colour = colours([a.name for a in study.arms])
     markers = dict(zip(runs_summaries, "osD^v<>ph*"))
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
-    for level, summary in runs_summaries.items():
-        for arm in study.arms:
-            curve = [p for p in summary["arms"][arm.name]["curve"] if "valid_loss" in p]
-            if not curve:
-                continue
-            x = [p["flops"] for p in curve]
-            ax.plot(x, [p["valid_loss"]["mean"] for p in curve], color=colour[arm.name],
-                    marker=markers.get(level, "o"), markersize=3, lw=1,
-                    label=f"{arm.name} {level}")
-            if all(p["valid_loss"]["low"] is not None for p in curve):
-                ax.fill_between(x, [p["valid_loss"]["low"] for p in curve],
-                                [p["valid_loss"]["high"] for p in curve],
-                                color=colour[arm.name], alpha=0.15)
+    _metric_lines(ax, study, runs_summaries, "valid_loss", colour, markers)
     if result["fits"]:
         compute = [p["compute"] for p in result["points"].values()]
         grid = np.geomspace(min(compute), max(compute), 50)
@@ -185,31 +225,27 @@ def plot(study: Study, runs_summaries: dict, result: dict, study_dir: Path) -> N
             f = result["fits"][arm.name]["fit"]
             ax.plot(grid, fit.power_law(grid, f["E"], f["A"], f["alpha"], f["reference"]),
                     "--", color=colour[arm.name], lw=1.5)
-    ax.set_xscale("log")
-    ax.set_xlabel("training FLOPs")
-    ax.set_ylabel("held-out loss")
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=7, ncol=2)
+    _flops_axes(ax, "held-out loss")
     ax.set_title("mean over seeds, 95% band; fit dashed")
     save_figure(fig, study_dir / "loss_vs_flops.png")
 
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
-    for arm, levels in result["gaps"].items():
-        for level, series in levels.items():
-            if not series:
-                continue
-            x = [c for c, _ in series]
-            mean = [d["mean"] for _, d in series]
-            ax.plot(x, mean, color=colour[arm], marker=markers.get(level, "o"), markersize=3,
-                    lw=1, label=f"{arm} {level}")
-            if all(d["low"] is not None for _, d in series):
-                ax.fill_between(x, [d["low"] for _, d in series],
-                                [d["high"] for _, d in series], color=colour[arm], alpha=0.15)
-    ax.axhline(0, color="grey", lw=1)
-    ax.set_xscale("log")
-    ax.set_xlabel("training FLOPs")
-    ax.set_ylabel(f"held-out loss − {study.control}'s")
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=7, ncol=2)
+    _gap_lines(ax, result["gaps"], colour, markers)
+    _flops_axes(ax, f"held-out loss − {study.control}'s")
     ax.set_title("paired by seed, 95% t interval")
     save_figure(fig, study_dir / "gap_vs_flops.png")
+
+    tasks = list(result["task_gaps"])
+    if not tasks:
+        return
+    fig, axes = plt.subplots(2, len(tasks), figsize=(5 * len(tasks), 7), dpi=110,
+                             squeeze=False)
+    for column, task in enumerate(tasks):
+        top, bottom = axes[0][column], axes[1][column]
+        _metric_lines(top, study, runs_summaries, task, colour, markers)
+        _flops_axes(top, label(task))
+        top.set_title("mean over seeds, 95% band")
+        _gap_lines(bottom, result["task_gaps"][task], colour, markers)
+        _flops_axes(bottom, f"{label(task)} − {study.control}'s")
+        bottom.set_title("paired by seed, 95% t interval")
+    save_figure(fig, study_dir / "downstream_vs_flops.png")
