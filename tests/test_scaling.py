@@ -75,6 +75,22 @@ def test_bad_factors_are_refused_naming_the_level(recipe, factors, message):
         build(recipe, factors)
 
 
+LRS = {"lo": "--lr 1e-3", "mid": "--lr 3e-3", "hi": "--lr 9e-3"}
+
+
+@pytest.mark.parametrize("tune, factors, held_out, message", [
+    ("lr", {"size": SIZES}, True, "tune = 'lr' is not a factor of the study (['size'])"),
+    ("lr", {"size": SIZES, "lr": {"mid": LRS["mid"]}}, True,
+     "factor 'lr' needs two levels or more"),
+    ("lr", {"size": SIZES, "lr": LRS}, False, "chooses by the held-out loss: give [eval] "
+                                               "data_path"),
+])
+def test_a_bad_tuned_factor_is_refused(recipe, tmp_path, tune, factors, held_out, message):
+    evaluation = {"data_path": str(tmp_path / "heldout"), "tokens": 64} if held_out else {}
+    with pytest.raises(SystemExit, match=re.escape(message)):
+        build(recipe, factors, tune=tune, eval=evaluation)
+
+
 def slurm_dry_run(recipe, tmp_path, capsys, sections: str) -> tuple[Path, str]:
     """``(study folder, output)`` of a Slurm dry run of learned and binary, seed 1, with the
     TOML ``sections``."""
@@ -118,7 +134,7 @@ def fabricate(study: spec.Study, study_dir: Path, loss, piqa=None) -> None:
         for it in (2, 4):
             (ckpt / f"iter_{it:07d}").mkdir()
             record = {"iteration": it, "settings": evaluation._settings_json(study.eval),
-                      "flops": FLOPS[folder] * it / 4,
+                      "flops": FLOPS[folder.split("/")[0]] * it / 4,
                       "parameters": {"total": 1000, "non_embedding": 900},
                       "valid_loss": loss(folder, arm.name, seed, it)}
             if piqa is not None:
@@ -213,6 +229,63 @@ def test_the_report_fits_each_arm_and_warns_about_the_extrapolation(fabricated):
     assert f"extrapolation over {orders:.1f} orders of magnitude" in text
     assert "residuals of 0 say nothing about the law's shape" in text
     assert re.search(r"\| binary \| [\d.]+ \[[\d.]+, [\d.]+\] \|", text)
+
+
+# binary − learned at each arm's own best learning rate, per size: 0 at d128 (no signal).
+TUNED_GAP = {"d64": 0.20, "d96": 0.10, "d128": 0.0}
+
+
+def tuned_loss(folder, arm, seed, it):
+    """learned is best at lr "mid" at every size; binary is best at "hi" at d64 (the grid's
+    edge) and at "mid" above it, where it is worse than learned by TUNED_GAP. The other
+    levels cost 0.1 (0.3 for binary at d64's "mid": one rate for all sizes would overstate
+    its gap there). A seed offset shared by both arms of a cell."""
+    size, lr = folder.split("/")
+    best = "hi" if (arm, size) == ("binary", "d64") else "mid"
+    penalty = 0.0 if lr == best else (0.3 if (arm, size, lr) == ("binary", "d64", "mid")
+                                      else 0.1)
+    base = E + A * (FLOPS[size] * it / 4 / 1e12) ** -ALPHA
+    gap = TUNED_GAP[size] if arm == "binary" else 0.0
+    return base + gap + penalty + 0.05 * (seed - 2)
+
+
+def test_a_tuned_factor_compares_each_arm_at_its_own_best_level(recipe, tmp_path):
+    """size x lr with tune = "lr": each arm's chosen rate per size is its known best, the gap
+    against compute is the known gap at the best rates (0 where there is none, not the 0.2
+    that one rate for all would read at d64), and the edge-of-grid choice is flagged."""
+    study = build(recipe, {"size": SIZES, "lr": LRS}, tune="lr", seeds=[1, 2, 3],
+                  eval={"data_path": str(tmp_path / "heldout"), "tokens": 64})
+    assert study.cells()[0][0] == "d64/lo"
+    fabricate(study, tmp_path / "S", tuned_loss)
+    summary = write_report(study, tmp_path / "S")
+    chosen = {size: {arm: c["level"] for arm, c in arms.items()}
+              for size, arms in summary["tuned"].items()}
+    assert chosen == {"d64": {"learned": "mid", "binary": "hi"},
+                      "d96": {"learned": "mid", "binary": "mid"},
+                      "d128": {"learned": "mid", "binary": "mid"}}
+    assert summary["tuned"]["d64"]["binary"]["edge"]
+    assert not summary["tuned"]["d96"]["binary"]["edge"]
+    scaling_gaps = summary["scaling"]["gaps"]["binary"]
+    assert list(scaling_gaps) == ["d64", "d96", "d128"]
+    for size, gap in TUNED_GAP.items():
+        for _, d in scaling_gaps[size]:
+            assert d["mean"] == pytest.approx(gap, abs=1e-9)
+            assert d["high"] - d["low"] < 1e-9
+    # the per-cell report at one rate still reads the confounded gap
+    assert summary["levels"]["d64/mid"]["differences"]["binary"]["valid_loss"]["by_seed"][
+        "mean"] == pytest.approx(TUNED_GAP["d64"] + 0.3)
+    assert summary["scaling"]["fits"] is not None
+    text = (tmp_path / "S" / "STUDY.md").read_text()
+    assert "## Tuned factor `lr`: each arm at its best level" in text
+    assert "`binary` at `d64`: its best `lr` (`hi`) is at the edge of the grid" in text
+    assert "`learned` at `d64`" not in text
+
+
+def test_a_tuned_study_round_trips_through_its_definition(recipe, tmp_path):
+    study = build(recipe, {"size": SIZES, "lr": LRS}, tune="lr",
+                  eval={"data_path": str(tmp_path / "heldout"), "tokens": 64})
+    spec.settle(tmp_path / "S", study)
+    assert spec.settle(tmp_path / "S", None) == study
 
 
 def test_two_levels_report_without_a_fit_and_say_why(recipe, tmp_path):

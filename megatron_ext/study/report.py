@@ -295,8 +295,9 @@ def _plot_differences(study: Study, summary: dict, names: list[str], path: Path)
 def write_report(study: Study, study_dir: Path) -> dict:
     """Write STUDY.md, study.json and the PNGs into ``study_dir``; returns the summary. A
     study with factors gets each level's own report in its folder, and at the top every
-    level's tables and the scaling section (:mod:`.scaling`): ``{"levels": {level:
-    summary}, "scaling": ...}``."""
+    level's tables and the scaling section (:mod:`.scaling`; with a tuned factor, over each
+    arm's chosen cells, :mod:`.tuning`): ``{"levels": {level: summary}, "scaling": ...,
+    "tuned": choices or None}``."""
     import megatron.core
     study_dir = Path(study_dir)
     generated = {"time": datetime.datetime.now(datetime.timezone.utc).strftime(
@@ -323,13 +324,18 @@ def write_report(study: Study, study_dir: Path) -> dict:
     for level, cell in study.cells():
         lines += [f"## Level `{level}`", "", f"Its report: [{level}/STUDY.md]({level}/STUDY.md).",
                   ""] + final_sections(cell, summaries[level], depth=3)
-    result = None
+    result, choices = None, None
     if "valid_loss" in metric_names(study):
-        result = scaling.analyse(study, runs, summaries, scaling.paper_compute())
+        point_runs, point_summaries = runs, summaries
+        if study.tune:
+            from . import tuning
+            point_runs, point_summaries, choices = tuning.choose(study, runs, summaries)
+            lines += tuning.markdown(study, choices)
+        result = scaling.analyse(study, point_runs, point_summaries, scaling.paper_compute())
         if result["points"]:
-            scaling.plot(study, summaries, result, study_dir)
+            scaling.plot(study, point_summaries, result, study_dir)
             lines += scaling.markdown(study, result)
-    summary = {"levels": summaries, "scaling": result}
+    summary = {"levels": summaries, "scaling": result, "tuned": choices}
     write_text(study_dir / "STUDY.md", "\n".join(lines) + "\n")
     write_text(study_dir / "study.json", json.dumps(
         {"study": study.to_json(), "generated": generated, **summary}, indent=1) + "\n")

@@ -95,6 +95,9 @@ class Study:
     factors: tuple[Factor, ...] = ()
     budgets: tuple[int, ...] = ()  # tokens
     branch: Optional[Branch] = None  # a budget's cell: its runs branch from their run's
+    # A factor tuned over, e.g. "lr": across levels, each arm is compared at its best level
+    # of it (lowest final held-out loss) for every combination of the other factors.
+    tune: Optional[str] = None
 
     def runs(self):
         """``(arm, seed)`` of every run of a study without factors (of one cell), arm-major."""
@@ -110,7 +113,8 @@ class Study:
         for levels in itertools.product(*(f.levels for f in self.factors)):
             flags = tuple(flag for level in levels for flag in level.flags)
             folder = "/".join(level.name for level in levels)
-            cell = dataclasses.replace(self, recipe=self.recipe + flags, factors=(), budgets=())
+            cell = dataclasses.replace(self, recipe=self.recipe + flags, factors=(), budgets=(),
+                                       tune=None)
             cells.append((folder, cell))
             what = f"level {folder}" if folder else f"the recipe {self.recipe_path}"
             for branch in plan(cell.recipe, self.budgets, what):
@@ -136,7 +140,7 @@ class Study:
                    factors=tuple(Factor(f["name"], tuple(Level(lv["name"], tuple(lv["flags"]))
                                                          for lv in f["levels"]))
                                  for f in d.get("factors", ())),
-                   budgets=tuple(d.get("budgets", ())))
+                   budgets=tuple(d.get("budgets", ())), tune=d.get("tune"))
 
 
 def run_dir(study_dir: Path, arm: Arm, seed: int) -> Path:
@@ -240,10 +244,11 @@ def build_study(fields: dict, base: Path) -> Study:
     dict of :class:`ProbeSettings` fields; ``data_path`` defaults to the eval's). Relative
     paths are taken from ``base`` (the study file's folder, or the working directory)."""
     unknown = set(fields) - {"recipe", "overrides", "arms", "seeds", "control", "eval",
-                             "probes", "factors", "budgets"}
+                             "probes", "factors", "budgets", "tune"}
     if unknown:
         raise SystemExit(f"error: unknown study key(s) {sorted(unknown)}; expected recipe, "
-                         f"overrides, arms, seeds, control, eval, probes, factors, budgets")
+                         f"overrides, arms, seeds, control, eval, probes, factors, budgets, "
+                         f"tune")
     for key in ("recipe", "arms", "seeds"):
         if not fields.get(key):
             raise SystemExit(f"error: the study needs {key} (a study file key or --{key})")
@@ -278,10 +283,27 @@ def build_study(fields: dict, base: Path) -> Study:
                   recipe=tuple(read_recipe(recipe_path) + overrides), arms=arms,
                   seeds=seeds, control=control, eval=EvalSettings(**evaluation),
                   probes=probes, factors=parse_factors(fields.get("factors") or {}),
-                  budgets=_budgets(fields.get("budgets")))
+                  budgets=_budgets(fields.get("budgets")), tune=fields.get("tune"))
+    _check_tune(study)
     _check_held_out(study)
     _check_flags(study)
     return study
+
+
+def _check_tune(study: Study) -> None:
+    """``tune`` names a factor of two levels or more, and a held-out set picks the best."""
+    if study.tune is None:
+        return
+    factor = next((f for f in study.factors if f.name == study.tune), None)
+    if factor is None:
+        raise SystemExit(f"error: tune = {study.tune!r} is not a factor of the study "
+                         f"({[f.name for f in study.factors]})")
+    if len(factor.levels) < 2:
+        raise SystemExit(f"error: tune = {study.tune!r}: factor {study.tune!r} needs two levels "
+                         f"or more to choose from")
+    if not study.eval.data_path:
+        raise SystemExit(f"error: tune = {study.tune!r} chooses by the held-out loss: give "
+                         f"[eval] data_path")
 
 
 def _check_held_out(study: Study) -> None:
