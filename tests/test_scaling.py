@@ -279,6 +279,9 @@ def test_a_tuned_factor_compares_each_arm_at_its_own_best_level(recipe, tmp_path
     assert "## Tuned factor `lr`: each arm at its best level" in text
     assert "`binary` at `d64`: its best `lr` (`hi`) is at the edge of the grid" in text
     assert "`learned` at `d64`" not in text
+    assert "| binary − learned (by seed) |" in text
+    assert re.search(r"^\| d64 \| 1e\+12 \| .* \| \+0\.2000 \[\+0\.2000, \+0\.2000\] \|$", text,
+                     flags=re.M)
 
 
 def test_a_tuned_study_round_trips_through_its_definition(recipe, tmp_path):

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from megatron_ext.reporting import colours, number, pyplot, save_figure
+from megatron_ext.reporting import colours, number, pyplot, save_figure, signed_range
 
 from . import fit
 from .evaluation import label, metric_value
@@ -109,16 +109,21 @@ def analyse(study: Study, runs: dict, summaries: dict, target: float) -> dict:
 
 def markdown(study: Study, result: dict) -> list[str]:
     points, fits = result["points"], result["fits"]
+    others = [a.name for a in study.arms if a.name != study.control]
     lines = ["## Across levels: loss and gap against training compute", "",
              "| level | FLOPs | tokens | parameters (non-embedding / total, "
-             f"{study.control}) | " + " | ".join(f"{a.name} loss" for a in study.arms) + " |",
-             "|---|---:|---:|---:|" + "---:|" * len(study.arms)]
+             f"{study.control}) | " + " | ".join(f"{a.name} loss" for a in study.arms)
+             + "".join(f" | {arm} − {study.control} (by seed)" for arm in others) + " |",
+             "|---|---:|---:|---:|" + "---:|" * (len(study.arms) + len(others))]
     for level, p in sorted(points.items(), key=lambda kv: kv[1]["compute"]):
         params = p["parameters"][study.control]
+        final_gaps = [result["gaps"].get(arm, {}).get(level) for arm in others]
         lines.append(f"| {level} | {p['compute']:.3g} | {p['tokens']:,} | "
                      f"{params['non_embedding']:,} / {params['total']:,} | "
                      + " | ".join(number(np.mean(list(p["loss"][a.name].values())), ".4f")
-                                  for a in study.arms) + " |")
+                                  for a in study.arms)
+                     + "".join(f" | {signed_range(series[-1][1] if series else None)}"
+                               for series in final_gaps) + " |")
     lines += ["", "![loss against FLOPs](loss_vs_flops.png)", "",
               "![gap to the control against FLOPs](gap_vs_flops.png)", ""]
     if result["task_gaps"]:
