@@ -66,6 +66,9 @@ def test_a_study_without_factors_is_one_cell_in_its_own_folder(recipe):
     ({"size": {"d/64": "--hidden-size 64"}}, "the name 'd/64' must be letters"),
     ({"size": {"d64": "hidden-size 64"}}, "'hidden-size 64' is not --flag [value]"),
     ({"size": {}}, "factor 'size' needs levels"),
+    ({"lr": {"lr1": {"6e-2": "--lr 1.6e-2"}}}, "level 'lr1' of factor 'lr': give its flags "
+                                               "as a string or a list (in TOML a level name "
+                                               "with a dot"),
     ({"size": {"a": "--lr 1"}, "lr": {"a": "--lr 2"}}, "level name(s) ['a'] appear more than"),
     ({"size": {"d64": "--no-such-flag 1"}},
      "arm 'learned' at level d64 with recipe"),

@@ -207,6 +207,10 @@ def parse_factors(fields: dict) -> tuple[Factor, ...]:
         for level, flags in levels.items():
             what = f"level {level!r} of factor {factor!r}"
             _check_name(level, what)
+            if not isinstance(flags, (str, list)):
+                raise SystemExit(f"error: {what}: give its flags as a string or a list (in "
+                                 f"TOML a level name with a dot, such as lr1.6e-2, needs "
+                                 f"quotes: \"lr1.6e-2\" = \"--lr 1.6e-2\")")
             flags = shlex.split(flags) if isinstance(flags, str) else [str(f) for f in flags]
             if not flags or not flags[0].startswith("--"):
                 raise SystemExit(f"error: {what}: {' '.join(flags)!r} is not --flag [value]...")
