@@ -160,3 +160,18 @@ def test_scaling_presets_cross_sizes_arms_seeds_and_budgets(path, sizes, seeds, 
         branches = [cells[f"{size}/budget_{b}"].branch for b in budgets]
         assert [b.tokens for b in branches] == list(budgets)
         assert all(0 < b.start < b.iterations for b in branches)
+
+
+def test_the_learning_rate_preset_tunes_the_rate_at_every_size():
+    """study_lr.toml: every size x rate is a cell whose --lr is its rate level's, and the
+    study tunes the rate (each arm compared at its best one per size)."""
+    from megatron_ext.study import spec
+    from pretrain_fixedcode import parse_args
+    path = REPO / "examples/cpu_scaling/study_lr.toml"
+    study = spec.build_study(spec.read_study_file(str(path)), path.parent)
+    assert study.tune == "lr" and [f.name for f in study.factors] == ["size", "lr"]
+    cells = dict(study.cells())
+    assert len(cells) == 3 * 4 and not study.budgets
+    for folder, cell in cells.items():
+        rate = parse_args([*cell.recipe, "--input-interface", "binary", "--seed", "1"]).lr
+        assert rate == float(folder.split("/")[1].removeprefix("lr")), folder
