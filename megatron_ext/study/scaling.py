@@ -117,13 +117,15 @@ def markdown(study: Study, result: dict) -> list[str]:
              "|---|---:|---:|---:|" + "---:|" * (len(study.arms) + len(others))]
     for level, p in sorted(points.items(), key=lambda kv: kv[1]["compute"]):
         params = p["parameters"][study.control]
-        final_gaps = [result["gaps"].get(arm, {}).get(level) for arm in others]
+        # paired at the row's own final iteration (a gap series may run further when a
+        # third arm's runs are evaluated less far)
+        final_gaps = [paired_difference(p["loss"][arm], p["loss"][study.control])
+                      for arm in others]
         lines.append(f"| {level} | {p['compute']:.3g} | {p['tokens']:,} | "
                      f"{params['non_embedding']:,} / {params['total']:,} | "
                      + " | ".join(number(np.mean(list(p["loss"][a.name].values())), ".4f")
                                   for a in study.arms)
-                     + "".join(f" | {signed_range(series[-1][1] if series else None)}"
-                               for series in final_gaps) + " |")
+                     + "".join(f" | {signed_range(gap)}" for gap in final_gaps) + " |")
     lines += ["", "![loss against FLOPs](loss_vs_flops.png)", "",
               "![gap to the control against FLOPs](gap_vs_flops.png)", ""]
     if result["task_gaps"]:

@@ -22,6 +22,11 @@ from megatron_ext.reporting import number
 from .spec import Study
 
 
+def tuned_levels(study: Study) -> list[str]:
+    """The tuned factor's level names, in the order the study lists them."""
+    return [lv.name for lv in next(f for f in study.factors if f.name == study.tune).levels]
+
+
 def group_of(study: Study, folder: str) -> tuple[str, str]:
     """``(group, tuned level)`` of a cell's folder: the folder without the tuned factor's
     level, and that level."""
@@ -41,7 +46,7 @@ def choose(study: Study, runs: dict, summaries: dict) -> tuple[dict, dict, dict]
     :func:`.report.collect` and :func:`.report.summarise` give them); ``choices``:
     ``{group: {arm: {"level", "losses": {level: mean final loss}, "edge"}}}``, or
     ``{group: None}`` for a group not yet evaluated alike in all its cells."""
-    levels = [lv.name for lv in next(f for f in study.factors if f.name == study.tune).levels]
+    levels = tuned_levels(study)
     groups: dict = {}
     for folder in summaries:
         group, level = group_of(study, folder)
@@ -62,14 +67,15 @@ def choose(study: Study, runs: dict, summaries: dict) -> tuple[dict, dict, dict]
                                         "edge": best in (levels[0], levels[-1])}
             tuned_runs[group][arm.name] = runs[folders[best]][arm.name]
             arms[arm.name] = summaries[folders[best]]["arms"][arm.name]
-        tuned_summaries[group] = {**cells[0], "arms": arms}
+        tuned_summaries[group] = {"final_iteration": cells[0]["final_iteration"],
+                                  "final_tokens": cells[0]["final_tokens"], "arms": arms}
     return tuned_runs, tuned_summaries, choices
 
 
 def markdown(study: Study, choices: dict) -> list[str]:
     """The tuned factor's table (each level's mean final loss per group and arm, the chosen
     one in bold) and its warnings."""
-    levels = [lv.name for lv in next(f for f in study.factors if f.name == study.tune).levels]
+    levels = tuned_levels(study)
     lines = [f"## Tuned factor `{study.tune}`: each arm at its best level", "",
              f"For each group of the other factors' levels, each arm's `{study.tune}` is the "
              f"level with the lowest mean final held-out loss over seeds; the section below "
