@@ -18,8 +18,8 @@ WORKDIR /workspace/fixedcode
 COPY . .
 RUN python -c "import torch; print(f'torch=={torch.__version__}')" > /tmp/keep-torch.txt \
  && pip install --no-cache-dir -c /tmp/keep-torch.txt -e ".[dev]" \
- && python -m megatron_ext.device_checks \
- && python -m megatron_ext.cuda_extension \
+ && python -m megatron_ext.runtime.device_checks \
+ && python -m megatron_ext.codes.cuda_extension \
  && chmod -R a+rX /opt/fixedcode \
  && python -c "import torch, megatron.core, transformer_engine as te; \
 print('torch', torch.__version__, '| megatron-core', megatron.core.__version__, \

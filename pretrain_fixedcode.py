@@ -11,8 +11,8 @@ runs; ``torchrun`` (or ``srun`` with one task per GPU) for several::
 The arm is ``--input-interface``: ``learned`` (Megatron's embedding table, the control),
 ``binary``, ``gf2``, ``permuted`` or ``random`` (a fixed, parameter-free code of the token
 id, tiled to the model width; see docs/codes.md). The only place the arms differ is the end
-of :func:`megatron_ext.model.model_provider`, which replaces GPTModel's embedding with a
-:class:`megatron_ext.embedding.FixedCodeEmbedding` for a fixed-code arm; the backbone and the
+of :func:`megatron_ext.model.provider.model_provider`, which replaces GPTModel's embedding with a
+:class:`megatron_ext.codes.embedding.FixedCodeEmbedding` for a fixed-code arm; the backbone and the
 head are built identically (for one ``--seed``, the same initial weights in every arm).
 
 See ``--help`` for every flag; they keep Megatron-LM's names.
@@ -25,7 +25,7 @@ import sys
 # Before anything else: with --exit-signal-handler, a SIGTERM/SIGUSR1 that arrives while the
 # job is still starting (importing torch takes seconds) must not kill it. exit_signals
 # imports nothing heavy; its package sets the warning filters megatron.core needs first.
-from megatron_ext import exit_signals
+from megatron_ext.runtime import exit_signals
 exit_signals.install_if_requested(sys.argv[1:])
 
 from functools import partial  # noqa: E402
@@ -33,17 +33,19 @@ from functools import partial  # noqa: E402
 import torch  # noqa: E402
 from megatron.core import parallel_state  # noqa: E402
 
-from megatron_ext import model as fixedcode_model
-from megatron_ext.arguments import add_training_args, parse_model_args
-from megatron_ext.datasets import build_train_valid
-from megatron_ext.initialize import destroy_distributed
-from megatron_ext.saving import EXIT_SAVE_FAILED, SaveFailed
-from megatron_ext.training import NonFiniteLossError, PretrainResult, pretrain
+from megatron_ext.model import provider as fixedcode_model
+from megatron_ext.config.arguments import add_training_args, parse_model_args
+from megatron_ext.datasets.gpt_datasets import build_train_valid
+from megatron_ext.runtime.errors import exits_on_error
+from megatron_ext.runtime.initialize import destroy_distributed
+from megatron_ext.checkpoint.saving import EXIT_SAVE_FAILED, SaveFailed
+from megatron_ext.train.step import NonFiniteLossError
+from megatron_ext.train.loop import PretrainResult, pretrain
 
 
 def model_provider(args, padded_vocab_size, pre_process=True, post_process=True, code=None):
     """GPTModel for this pipeline stage, with the arm's input interface (the swap of the
-    input table for the fixed code is in megatron_ext/model.py:model_provider). The loop
+    input table for the fixed code is in megatron_ext/model/provider.py:model_provider). The loop
     passes what it derived and resolved once: the padded vocabulary, and the run's fixed
     code (the checkpoint's, or drawn from the flags)."""
     return fixedcode_model.model_provider(args, padded_vocab_size, pre_process, post_process,
@@ -93,21 +95,22 @@ def main(argv=None) -> PretrainResult:
     the agreed non-finite stop): left to the interpreter's exit, NCCL warns, and its warning
     became the last log line of a failed GPU run, hiding the error. After any other error
     the ranks may be mid-collective, and it is left alone."""
-    args = parse_args(argv)
-    try:
-        result = pretrain(args, model_provider, forward_step, datasets_provider)
-    except NonFiniteLossError as e:
+    with exits_on_error():
+        args = parse_args(argv)
+        try:
+            result = pretrain(args, model_provider, forward_step, datasets_provider)
+        except NonFiniteLossError as e:
+            destroy_distributed()
+            print(f"[fixedcode] error: {e}", file=sys.stderr, flush=True)
+            sys.exit(3)
+        except SaveFailed as e:
+            print(f"[fixedcode] error: {e}", file=sys.stderr, flush=True)
+            sys.exit(EXIT_SAVE_FAILED)
+        finally:
+            if args.exit_signal_handler:
+                exit_signals.ignore()  # a signal after this point has nothing left to stop
         destroy_distributed()
-        print(f"[fixedcode] error: {e}", file=sys.stderr, flush=True)
-        sys.exit(3)
-    except SaveFailed as e:
-        print(f"[fixedcode] error: {e}", file=sys.stderr, flush=True)
-        sys.exit(EXIT_SAVE_FAILED)
-    finally:
-        if args.exit_signal_handler:
-            exit_signals.ignore()  # a signal after this point has nothing left to stop
-    destroy_distributed()
-    return result
+        return result
 
 
 if __name__ == "__main__":

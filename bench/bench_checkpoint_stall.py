@@ -2,7 +2,7 @@
 
 Trains the same model twice with pretrain_fixedcode.py (one process each, taking turns, the
 sync run first), saving at ``--save-interval`` and at the end, and reads what the training
-loop logs (megatron_ext/saving.py): how long the save at the interval held the loop
+loop logs (megatron_ext/checkpoint/saving.py): how long the save at the interval held the loop
 ("training stalled"); under ``--async-save`` that is the stall when the save starts plus the
 stall when it completes (an iteration later or more). Also shown: the size of the save (its
 manifest), the background write time, and the step time of the iteration after the save in
@@ -82,4 +82,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from megatron_ext.runtime.errors import exits_on_error
+    with exits_on_error():
+        main()

@@ -22,7 +22,7 @@ import argparse
 import torch
 
 import measure
-from megatron_ext.codes import SCHEMES, TILINGS
+from megatron_ext.codes.schemes import SCHEMES, TILINGS
 
 VOCAB, HIDDEN, SEQ = 49152, 2048, 2048
 DTYPE = torch.bfloat16
@@ -33,8 +33,8 @@ def build(arm: str, impl: str, dev: str) -> torch.nn.Module:
     from megatron.core.models.common.embeddings.language_model_embedding import (
         LanguageModelEmbedding)
     from megatron.core.transformer.transformer_config import TransformerConfig
-    from megatron_ext.codes import FixedCode
-    from megatron_ext.embedding import FixedCodeEmbedding
+    from megatron_ext.codes.schemes import FixedCode
+    from megatron_ext.codes.embedding import FixedCodeEmbedding
     config = TransformerConfig(num_layers=1, hidden_size=HIDDEN, num_attention_heads=16,
                                bf16=True, params_dtype=DTYPE, hidden_dropout=0.0,
                                use_cpu_initialization=dev == "cpu")
@@ -48,7 +48,7 @@ def build(arm: str, impl: str, dev: str) -> torch.nn.Module:
 
 def kernel_bandwidth(module, ids: torch.Tensor, reps: int) -> dict:
     """Fused kernel alone vs ``copy_`` of its output's bytes, GB/s from graph replays."""
-    from megatron_ext.kernels import fixed_code_forward
+    from megatron_ext.codes.kernels import fixed_code_forward
     ids_sb = ids.t().contiguous()  # as the kernel reads them: no copy inside the timing
     out_bytes = ids.numel() * HIDDEN * DTYPE.itemsize
     kernel_ms = measure.graph_time_ms(
@@ -63,7 +63,7 @@ def kernel_bandwidth(module, ids: torch.Tensor, reps: int) -> dict:
 
 
 def child(arm: str, impl: str, tokens: int, warmup: int, reps: int) -> None:
-    from megatron_ext.initialize import initialize_distributed
+    from megatron_ext.runtime.initialize import initialize_distributed
     dev = measure.device()
     initialize_distributed(dev)
     seq = min(SEQ, tokens)
@@ -144,4 +144,6 @@ def main() -> None:
                       f"{r['kernel_write_GBps'] / r['copy_read_write_GBps']:.2f}")
 
 if __name__ == "__main__":
-    main()
+    from megatron_ext.runtime.errors import exits_on_error
+    with exits_on_error():
+        main()

@@ -72,10 +72,10 @@ def main(argv=None) -> None:
     cli = parser.parse_args(argv)
     torch.set_num_threads(1)  # as measure.run_child's OMP_NUM_THREADS=1, which machine() says
     sys.path.insert(0, str(REPO))
-    from megatron_ext.initialize import initialize_distributed
-    from megatron_ext.metric_sinks import read_metrics
-    from megatron_ext.model import model_provider as build_gpt
-    from megatron_ext.training import pretrain
+    from megatron_ext.runtime.initialize import initialize_distributed
+    from megatron_ext.metrics.sinks import read_metrics
+    from megatron_ext.model.provider import model_provider as build_gpt
+    from megatron_ext.train.loop import pretrain
     from pretrain_fixedcode import datasets_provider, forward_step, model_provider, \
         parse_args
 
@@ -121,4 +121,6 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from megatron_ext.runtime.errors import exits_on_error
+    with exits_on_error():
+        main()

@@ -1,8 +1,8 @@
 """Training-state bytes a fixed-code input saves at the reference 1.7B shape: weights,
-gradients and Adam state, from the real parameter counts of megatron_ext/param_count.py
+gradients and Adam state, from the real parameter counts of megatron_ext/model/param_count.py
 (Megatron modules instantiated on the meta device).
 
-Bytes per trainable parameter, as megatron_ext/training.py trains with ``--bf16``: bf16
+Bytes per trainable parameter, as megatron_ext/train/loop.py trains with ``--bf16``: bf16
 weights (2), fp32 gradients (4: Megatron DDP's ``grad_reduce_in_fp32=True``), Adam in fp32:
 master copy + m + v (12). Totals are per model replica; a distributed optimizer spreads the
 Adam state over the data-parallel ranks::
@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import argparse
 
-from megatron_ext.arguments import parse_model_args
-from megatron_ext.codes import ARMS
-from megatron_ext.param_count import count_arms
+from megatron_ext.config.arguments import parse_model_args
+from megatron_ext.codes.schemes import ARMS
+from megatron_ext.model.param_count import count_arms
 
 WEIGHT_BYTES, ADAM_BYTES = 2, 12
 
@@ -50,4 +50,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from megatron_ext.runtime.errors import exits_on_error
+    with exits_on_error():
+        main()

@@ -1,7 +1,7 @@
 """One full training step (forward, backward, Megatron DDP grad reduce and the Megatron Adam
 step) of the same GPTModel with a learned input table and with fixed codes, side by side.
 
-The step is the training loop's own: ``megatron_ext.training.build_model_and_optimizer`` and
+The step is the training loop's own: ``megatron_ext.train.setup.build_model_and_optimizer`` and
 ``train_step`` with pretrain_fixedcode.py's forward step, on one fixed synthetic batch. Each
 arm runs in its own process. Model flags are the training flags; the defaults are a small
 model with the reference vocabulary (49,152)::
@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 import measure
-from megatron_ext.codes import PAPER_ARMS
+from megatron_ext.codes.schemes import PAPER_ARMS
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULTS = ["--num-layers", "2", "--hidden-size", "256", "--num-attention-heads", "4",
@@ -33,13 +33,14 @@ def child(arm: str, model_argv: list, warmup: int, reps: int) -> None:
     entry = runpy.run_path(str(REPO / "pretrain_fixedcode.py"))  # a script, not a module
     forward_step, model_provider, parse_args = (
         entry["forward_step"], entry["model_provider"], entry["parse_args"])
-    from megatron_ext.initialize import initialize_distributed, resolve_device
-    from megatron_ext.training import build_model_and_optimizer, setup_args, train_step
+    from megatron_ext.runtime.initialize import initialize_distributed, resolve_device
+    from megatron_ext.train.setup import build_model_and_optimizer, check_flags
+    from megatron_ext.train.step import train_step
 
     args = parse_args(DEFAULTS + model_argv + ["--input-interface", arm])
     device = resolve_device(args.device)
     initialize_distributed(device, seed=args.seed)
-    _, derived, resolved = setup_args(args, device)
+    _, derived, resolved = check_flags(args, device)
     args = resolved.applied_to(args)
     gen = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, args.vocab_size, (args.micro_batch_size, args.seq_length + 1),
@@ -99,4 +100,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from megatron_ext.runtime.errors import exits_on_error
+    with exits_on_error():
+        main()

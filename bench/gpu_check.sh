@@ -264,7 +264,7 @@ fi
 # 4. Passed on the first GPU run: the kernel, its use in training, fp16, the input layer.
 if wanted kernel; then
     mark
-    if run build 240 "$PY" -m megatron_ext.cuda_extension \
+    if run build 240 "$PY" -m megatron_ext.codes.cuda_extension \
             && run parity 120 "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda_kernel.py \
                 -k equals_reference_on_gpu \
             && { ((DRY)) || ! grep -qE "[0-9]+ (failed|skipped|error)" "$RESULTS/parity.log"; }

@@ -30,7 +30,7 @@ from collections import defaultdict
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from megatron_ext.metric_sinks import read_metrics  # noqa: E402
+from megatron_ext.metrics.sinks import read_metrics  # noqa: E402
 
 # Per-iteration relative loss difference FP8 may show against bf16 (the target).
 FP8_LOSS_TOLERANCE = 0.01

@@ -1,32 +1,25 @@
 """fixedcode: a Megatron-Core extension for LMs whose input table is a fixed code of the token id.
 
-Core modules (no import from the subpackages ``data``, ``hf``, ``study``, ``probes``):
+One folder per concern; each imports only the folders above it in this list
+(tests/test_structure.py holds the order, docs/architecture.md draws it):
 
-- the code and the model: ``codes`` (the code schemes, the arms), ``code_limits`` (the
-  rules a code's flags and vocabulary follow, without torch), ``embedding``
-  (FixedCodeEmbedding for GPTModel), ``kernels`` and ``cuda_extension`` (the fast forward:
-  PyTorch path or fused CUDA kernel), ``model`` (the model provider) and its layer parts
-  ``attention`` (SDPA core attention), ``torch_norm`` (sequence-parallel-ready norms),
-  ``residual`` (the fp32 residual add), ``norms``;
-- the run: ``arguments`` (Megatron-LM flags), ``recipes`` (files of flags), ``derived``
-  (the values settled once at start-up: batch, world layout, padded vocabulary; device,
-  layers, a resumed schedule),
-  ``initialize`` (process start-up), ``device_checks`` (GPU start-up checks),
-  ``cpu_backend`` (Megatron-Core on CPU for tests and the demo), ``tokenizer``,
-  ``datasets``, ``index_check`` (indexed datasets read and checked before use),
-  ``data_cache``, ``held_out`` (held-out token windows);
-- the loop and its parts: ``training``, ``validation``, ``checkpointing`` (the format,
-  loading), ``saving`` (writing saves, sync or async), ``manifest`` (each save's checksums),
-  ``retention`` (which saves are kept), ``metrics``, ``metric_sinks``, ``exit_conditions``,
-  ``exit_signals``, ``reductions`` (what the ranks agree on), ``profiling``, ``log``;
-- outside the loop: ``param_count`` (parameters per arm), ``training_report`` (the arms'
-  runs compared from their metrics files), ``slurm`` (job scripts and submission), ``files``
-  (the atomic writer), ``reporting`` (table cells and figures), ``flag_types`` (argparse
-  types of the command lines).
+- ``runtime``: the process a run lives in (start-up, devices, signals, typed errors, logging,
+  crash-safe files);
+- ``codes``: the fixed codes of token ids and the input layer that applies them (the science);
+- ``config``: Megatron-LM's flags, recipe files, the values settled once at start-up;
+- ``model``: the model provider, its layer parts, the parameter count of each arm;
+- ``datasets``: tokenizers, GPT datasets and loaders, the indexed format, caches, held-out
+  windows;
+- ``checkpoint``: the checkpoint format, loading, saving, manifests, retention;
+- ``metrics``: the training log line, FLOPs and MFU, sinks, norms, shared report pieces;
+- ``train``: the training loop and its policies (set-up, step, validation, exits, profiling);
+- ``launch``: Slurm job scripts and submission;
+- ``preprocess``: corpus preprocessing into indexed datasets, tokenizer training;
+- ``hf``: Hugging Face export, parity and downstream evaluation;
+- ``probes``: per-layer probes of trained models;
+- ``study``: arms x seeds (x sizes, budgets), trained, evaluated and reported.
 
-Subpackages: ``data`` (corpus preprocessing), ``hf`` (Hugging Face export and evaluation),
-``probes`` (per-layer probes), ``study`` (arms x seeds, evaluated and reported). The command
-lines are in tools/.
+The command lines are in tools/; the training entry point is pretrain_fixedcode.py.
 """
 
 import warnings

@@ -84,7 +84,7 @@ def pytest_configure(config):
 @pytest.fixture(scope="session")
 def cpu_dist():
     """torch.distributed (gloo, one process) and Megatron's parallel state, TP=PP=1."""
-    from megatron_ext.initialize import initialize_distributed
+    from megatron_ext.runtime.initialize import initialize_distributed
     initialize_distributed("cpu", 1, 1, seed=1234)
     yield
 
@@ -132,7 +132,7 @@ def tiny_study(tmp_path_factory, comedy_tokenizer) -> dict:
     import numpy as np
     import torch
     from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
-    from megatron_ext.tokenizer import build_tokenizer
+    from megatron_ext.datasets.tokenizer import build_tokenizer
     from tools import study
     root = tmp_path_factory.mktemp("study")
     tokenizer = build_tokenizer("HuggingFaceTokenizer", comedy_tokenizer)
@@ -204,7 +204,7 @@ def run_pretrain(args, nproc: int = 1, env=None, check: bool = True, timeout: in
     point's ``main`` runs in this process (:func:`_run_in_process`); otherwise a subprocess,
     under torchrun when ``nproc`` > 1. Pass ``in_process=False`` where the process itself is
     under test (``os._exit`` crashes, signals). ``timeout`` applies to subprocesses."""
-    from megatron_ext.metric_sinks import read_metrics
+    from megatron_ext.metrics.sinks import read_metrics
     args = [str(a) for a in args]
     with tempfile.TemporaryDirectory() as scratch:
         if "--metrics-file" in args:
@@ -249,7 +249,7 @@ def _run_in_process(args: list, env) -> subprocess.CompletedProcess:
         raise RuntimeError("in-process runs run in the main thread; start torchrun runs in "
                            "threads, or pass in_process=False")
     import pretrain_fixedcode
-    from megatron_ext import exit_signals
+    from megatron_ext.runtime import exit_signals
     out, err = io.StringIO(), io.StringIO()
     handler = logging.StreamHandler(err)
     handler.setLevel(logging.WARNING)

@@ -23,10 +23,10 @@ from megatron.core.distributed import (DistributedDataParallel, DistributedDataP
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from conftest import TINY_MODEL
-from megatron_ext.arguments import padded_vocab_size
-from megatron_ext.initialize import initialize_distributed
-from megatron_ext.model import model_provider
-from megatron_ext.norms import NormReporter
+from megatron_ext.config.arguments import padded_vocab_size
+from megatron_ext.runtime.initialize import initialize_distributed
+from megatron_ext.model.provider import model_provider
+from megatron_ext.metrics.norms import NormReporter
 from pretrain_fixedcode import forward_step, parse_args
 
 VOCAB = 500

@@ -1,5 +1,5 @@
 """Worker for test_parallel.py, run under torchrun with 2 processes: the training loop
-(``megatron_ext.training.pretrain``, in this one process group) of every arm at TP=1 x DP=2
+(``megatron_ext.train.loop.pretrain``, in this one process group) of every arm at TP=1 x DP=2
 (DDP) and at TP=2 with sequence parallelism; then one arm with the distributed optimizer at
 DP=2, straight and interrupted after 5 steps and resumed, without and with
 ``--overlap-param-gather``. Each run writes its metrics file
@@ -15,7 +15,7 @@ import megatron_ext  # noqa: F401
 from megatron.core import parallel_state
 
 from conftest import TINY_RUN
-from megatron_ext.training import pretrain
+from megatron_ext.train.loop import pretrain
 from pretrain_fixedcode import datasets_provider, forward_step, model_provider, parse_args
 from tp_parity_worker import ARMS
 

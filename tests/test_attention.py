@@ -1,4 +1,4 @@
-"""megatron_ext.attention: the SDPA core attention of the local layers equals Megatron-Core's
+"""megatron_ext.model.attention: the SDPA core attention of the local layers equals Megatron-Core's
 DotProductAttention (outputs and q/k/v gradients, MHA and GQA, fp32), trains each arm to
 the same losses, draws its dropout from Megatron's RNG tracker, and on a GPU is pinned to
 fused kernels. ``--attention-backend`` chooses it as Megatron-LM's flag does."""
@@ -17,12 +17,13 @@ from megatron.core.transformer.enums import AttnBackend, AttnMaskType
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from conftest import TINY_RUN
-from megatron_ext.arguments import ATTENTION_BACKENDS
-from megatron_ext.attention import SDPAttention, local_core_attention, sdpa_kernels
-from megatron_ext.metric_sinks import read_metrics
-from megatron_ext.metrics import flops_per_token
-from megatron_ext.model import model_provider as build_gpt
-from megatron_ext.training import pretrain
+from megatron_ext.config.arguments import ATTENTION_BACKENDS
+from megatron_ext.model.attention import SDPAttention, local_core_attention, sdpa_kernels
+from megatron_ext.metrics.sinks import read_metrics
+from megatron_ext.metrics.flops import flops_per_token
+from megatron_ext.model.provider import model_provider as build_gpt
+from megatron_ext.train.loop import pretrain
+from megatron_ext.runtime.errors import FlagError
 from pretrain_fixedcode import datasets_provider, forward_step, model_provider, parse_args
 from tp_parity_worker import ARMS
 
@@ -95,7 +96,7 @@ def test_attention_backend_choices():
     assert set(ATTENTION_BACKENDS) == {b.name for b in AttnBackend}
     assert local_core_attention("auto") is local_core_attention("flash") is SDPAttention
     assert local_core_attention("unfused") is local_core_attention("local") is DotProductAttention
-    with pytest.raises(SystemExit, match="--attention-backend fused selects Transformer Engine"):
+    with pytest.raises(FlagError, match="--attention-backend fused selects Transformer Engine"):
         local_core_attention("fused")
     assert sdpa_kernels("flash", "cuda") == (SDPBackend.FLASH_ATTENTION,)
     assert SDPBackend.MATH not in sdpa_kernels("auto", "cuda")
@@ -138,8 +139,8 @@ def test_gpu_sdpa_runs_a_fused_kernel_in_bf16_and_equals_the_unfused_path(backen
     """On a GPU the pinned kernels run (the math kernel is not allowed), in bf16, and give
     DotProductAttention's output to bf16 precision. Run alone (bench/gpu_check.sh does):
     a process whose other tests run Megatron-Core on CPU cannot also run it on the GPU."""
-    from megatron_ext import cpu_backend
-    from megatron_ext.initialize import initialize_distributed
+    from megatron_ext.runtime import cpu_backend
+    from megatron_ext.runtime.initialize import initialize_distributed
     if cpu_backend._ENABLED:
         pytest.skip("this process runs Megatron-Core on CPU; run this test on its own")
     initialize_distributed("cuda", 1, 1)

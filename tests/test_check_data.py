@@ -1,4 +1,4 @@
-"""Data checks before training: megatron_ext/index_check.py (damaged files, the splits of
+"""Data checks before training: megatron_ext/datasets/indexed.py (damaged files, the splits of
 --split as megatron.core computes them), training's refusal of data it would hang on, and
 tools/check_data.py. Datasets are written by megatron.core's IndexedDatasetBuilder."""
 
@@ -20,12 +20,14 @@ from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 from megatron.core.datasets.indexed_dataset import IndexedDataset, IndexedDatasetBuilder
 
 from conftest import REPO, TINY_RUN
-from megatron_ext.index_check import (IndexCheckError, check_train_epochs, read_index,
+from megatron_ext.datasets.indexed import (IndexCheckError, check_train_epochs, read_index,
                                            split_problems, split_ranges, token_id_range,
                                            train_epochs)
-from megatron_ext.datasets import build_train_valid, samples_per_split
-from megatron_ext.tokenizer import NullTokenizer
-from megatron_ext.training import setup_args
+from megatron_ext.datasets.gpt_datasets import build_train_valid, samples_per_split
+from megatron_ext.datasets.tokenizer import NullTokenizer
+from megatron_ext.train.setup import check_flags
+from megatron_ext.runtime import errors
+from megatron_ext.runtime.errors import DataError
 from pretrain_fixedcode import parse_args
 from tools import check_data
 
@@ -46,7 +48,7 @@ def training_data(*flags):
     --global-batch-size 4 (run it under the cpu_dist fixture)."""
     args = parse_args([a for a in TINY_RUN if a != "--mock-data"]
                       + ["--train-iters", "2", *map(str, flags)])
-    tokenizer, derived, _ = setup_args(args, "cpu")
+    tokenizer, derived, _ = check_flags(args, "cpu")
     return build_train_valid(args, tokenizer, samples_per_split(args, derived), 0)
 
 
@@ -182,11 +184,11 @@ def test_a_small_dataset_is_refused_fast_naming_the_split(cpu_dist, tmp_path):
     a sample of 33 tokens (Megatron-Core used to count epochs for ever here)."""
     prefix = make_dataset(tmp_path / "small", [20] * 30)
     start = time.monotonic()
-    with pytest.raises(SystemExit) as e:
+    with pytest.raises(DataError) as e:
         training_data("--data-path", prefix, "--eval-iters", "2",
                       "--data-cache-path", tmp_path / "cache")
     assert time.monotonic() - start < 3
-    assert str(e.value) == (
+    assert errors.message(e.value) == (
         f"error: --data-path {prefix}: --split 969,30,1 gives the valid split 1 of its 30 "
         f"documents (20 tokens), fewer than the --seq-length 32 + 1 = 33 tokens of one sample; "
         f"give the valid split more weight in --split, use --valid-data-path, or pass "
@@ -222,9 +224,9 @@ def test_training_refuses_data_it_cannot_use(cpu_dist, tmp_path, case, message):
     }[case]
     if case == "truncated .bin":
         _truncate_bin(train)
-    with pytest.raises(SystemExit, match="^error: ") as e:
+    with pytest.raises(DataError) as e:
         training_data("--eval-iters", "2", *flags, "--data-cache-path", tmp_path / "cache")
-    assert message.format(train=train, valid=valid) in str(e.value)
+    assert message.format(train=train, valid=valid) in errors.message(e.value)
 
 
 @pytest.mark.timeout(60)
@@ -381,11 +383,11 @@ def test_repeated_train_data_warns_or_refuses_with_the_epochs(cpu_dist, tmp_path
     err = capsys.readouterr().err
     assert err.count("WARNING") == 2
     assert f"{small}: its train split would be read 1.20 times by the 300 train samples" in err
-    with pytest.raises(SystemExit, match=r"1\.20 times .* more than --max-data-epochs 1;"):
+    with pytest.raises(DataError, match=r"1\.20 times .* more than --max-data-epochs 1;"):
         check_train_epochs(blend, None, "100,0,0", 32, 300, 1.0)
     check_train_epochs(blend, None, "100,0,0", 32, 300, 1.5)
     assert train_epochs(None, [([small], None), None, None], None, 32, 125) == [(small, 2.0)]
 
-    with pytest.raises(SystemExit, match="more than --max-data-epochs 1"):  # training refuses
+    with pytest.raises(DataError, match="more than --max-data-epochs 1"):  # training refuses
         training_data("--data-path", small, "--split", "100,0,0", "--eval-iters", "0",
                       "--train-iters", "100", "--max-data-epochs", "1")

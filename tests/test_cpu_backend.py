@@ -8,7 +8,7 @@ from megatron.core.distributed import DistributedDataParallel, DistributedDataPa
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
 from test_embedding import SMALL_VOCAB, small_args
-from megatron_ext.model import model_provider
+from megatron_ext.model.provider import model_provider
 
 
 def test_gradient_clipping_bounds_the_update(cpu_dist):

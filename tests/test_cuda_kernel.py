@@ -1,4 +1,4 @@
-"""The fast fixed-code forward (megatron_ext/kernels.py, megatron_ext/csrc) and its selection.
+"""The fast fixed-code forward (megatron_ext/codes/kernels.py, megatron_ext/codes/csrc) and its selection.
 
 Without a GPU: the kernel source compiles with nvcc for sm_90 against this torch's headers
 (nvcc is part of the CI image: its absence fails), the PyTorch path equals the reference
@@ -21,8 +21,8 @@ import pytest
 import torch
 import torch.utils.cpp_extension
 
-from megatron_ext import cuda_extension, kernels
-from megatron_ext.codes import SCHEMES, TILINGS, FixedCode
+from megatron_ext.codes import cuda_extension, kernels
+from megatron_ext.codes.schemes import SCHEMES, TILINGS, FixedCode
 
 REPO = Path(__file__).resolve().parent.parent
 KERNEL = cuda_extension.CSRC / "fixed_code.cu"
@@ -168,9 +168,9 @@ def test_a_read_only_prebuilt_kernel_of_other_sources_is_refused(fresh_build, mo
 # Through the flag, in a fresh process (the CPU backend patches torch process-wide).
 FLAG_SCRIPT = textwrap.dedent("""
     import json, sys, torch
-    from megatron_ext.arguments import parse_model_args
-    from megatron_ext.initialize import initialize_distributed
-    from megatron_ext.model import model_provider
+    from megatron_ext.config.arguments import parse_model_args
+    from megatron_ext.runtime.initialize import initialize_distributed
+    from megatron_ext.model.provider import model_provider
     initialize_distributed("cpu")
     result = {}
     ids = torch.randint(0, 1000, (2, 8))

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from conftest import REPO, TINY_RUN, run_pretrain
-from megatron_ext import data_cache
+from megatron_ext.datasets import cache as data_cache
+from megatron_ext.runtime.errors import DataError, message
 from test_check_data import make_dataset, training_data
 from tools import build_data_cache, submit
 
@@ -106,12 +107,12 @@ def test_require_data_cache_refuses_to_build_for_other_flags(cpu_dist, tmp_path)
     build_data_cache.main(flags)
     cache = tmp_path / "cache"
     files = snapshot(cache)
-    with pytest.raises(SystemExit, match=f"^error: --require-data-cache: --data-cache-path "
+    with pytest.raises(DataError, match=f"^--require-data-cache: --data-cache-path "
                                          f"{cache} holds no train indices of "):
         training_data(*flags[flags.index("--data-path"):], "--eval-iters", "2",
                       "--require-data-cache")
     assert snapshot(cache) == files
-    with pytest.raises(SystemExit, match="does not exist"):
+    with pytest.raises(DataError, match="does not exist"):
         training_data("--data-path", str(tmp_path / "a"), "--require-data-cache",
                       "--data-cache-path", str(tmp_path / "nowhere"))
 
@@ -123,25 +124,25 @@ def test_a_rank_without_the_cache_path_fails_at_once_naming_it(cpu_dist, tmp_pat
     # Rank 0 sees a file there that this rank does not: a node-local path, not shared.
     monkeypatch.setattr(data_cache, "_rank0_view",
                         lambda path, require: (None, None, ["x-description.txt"]))
-    with pytest.raises(SystemExit) as e:
+    with pytest.raises(DataError) as e:
         data_cache.check_visible(str(cache), False)
     assert str(e.value) == data_cache.not_shared(str(cache), str(cache))
     cache.mkdir()
-    with pytest.raises(SystemExit) as e:
+    with pytest.raises(DataError) as e:
         data_cache.check_visible(str(cache), False)
-    assert f"error: --data-cache-path {cache}: rank 0 on " in str(e.value)
+    assert f"error: --data-cache-path {cache}: rank 0 on " in message(e.value)
     assert "does not see x-description.txt, which rank 0 sees there: not a shared " \
            "filesystem?" in str(e.value)
     monkeypatch.undo()
 
     (tmp_path / "file").write_text("")
-    with pytest.raises(SystemExit, match="rank 0 cannot write there"):
+    with pytest.raises(DataError, match="rank 0 cannot write there"):
         data_cache.check_visible(str(tmp_path / "file" / "cache"), False)
 
     # A rank other than 0 that finds no index after rank 0's build: the flag, not numpy.
     a = make_dataset(tmp_path / "a", [20 + i % 7 for i in range(400)])
     monkeypatch.setattr(torch.distributed, "get_rank", lambda *_: 1)
-    with pytest.raises(SystemExit, match=f"^error: --data-cache-path {cache}: rank 1 on .* "
+    with pytest.raises(DataError, match=f"^--data-cache-path {cache}: rank 1 on .* "
                                          f"not a shared filesystem?"):
         training_data("--data-path", a, "--data-cache-path", str(cache))
 

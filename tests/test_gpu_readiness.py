@@ -21,15 +21,19 @@ from megatron.core.optimizer.optimizer import Float16OptimizerWithFloat16Params
 from megatron.core.transformer.module import Float16Module
 
 from conftest import REPO, TINY_RUN
-from megatron_ext import checkpointing, saving, training
+from megatron_ext.checkpoint import compatibility, loading, saving
+from megatron_ext.checkpoint.layout import TrainState
+from megatron_ext.train import setup as training_setup
 from megatron_ext.hf.megatron_checkpoint import load_model, read_checkpoint
-from megatron_ext.derived import derive
-from megatron_ext.device_checks import fp8_refusal, te_pin_refusal
-from megatron_ext.metric_sinks import read_metrics
-from megatron_ext.metrics import flops_per_token, peak_flops
-from megatron_ext.model import model_provider as build_gpt
-from megatron_ext.training import (NonFiniteLossError, build_model_and_optimizer, pretrain,
-                                   resolve_layers, setup_args, train_step)
+from megatron_ext.config.derived import derive
+from megatron_ext.runtime.device_checks import fp8_refusal, te_pin_refusal
+from megatron_ext.metrics.sinks import read_metrics
+from megatron_ext.metrics.flops import flops_per_token, peak_flops
+from megatron_ext.model.provider import model_provider as build_gpt
+from megatron_ext.train.step import NonFiniteLossError, train_step
+from megatron_ext.train.setup import build_model_and_optimizer, resolve_layers, check_flags
+from megatron_ext.train.loop import pretrain
+from megatron_ext.runtime.errors import CheckpointError, DeviceError, FixedcodeError, FlagError
 import pretrain_fixedcode  # noqa: E402
 from pretrain_fixedcode import datasets_provider, model_provider, parse_args
 from test_embedding import SMALL_VOCAB, small_args
@@ -88,7 +92,7 @@ def test_bf16_wraps_the_model_and_keeps_fp32_main_parameters(cpu_dist):
     """As Megatron-LM: every parameter in bf16 (the local layers' norms included), the
     optimizer's fp32 main copies, one update through them."""
     args = parse_args(TINY_RUN + ["--input-interface", "gf2", "--bf16", "--train-iters", "1"])
-    _, derived, resolved = setup_args(args, "cpu")
+    _, derived, resolved = check_flags(args, "cpu")
     args = resolved.applied_to(args)
     model, ddp, optimizer, scheduler = build_model_and_optimizer(args, derived, model_provider)
     assert isinstance(ddp.module, Float16Module) and ddp.module.module is model
@@ -146,7 +150,7 @@ def te_imports(monkeypatch):
     the 'GPU' is a Hopper (sm 9.0) launched with CUDA_DEVICE_MAX_CONNECTIONS=1."""
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
     monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1")
-    return lambda imports: monkeypatch.setattr(training, "transformer_engine_imports",
+    return lambda imports: monkeypatch.setattr(training_setup, "transformer_engine_imports",
                                                lambda: imports)
 
 
@@ -182,7 +186,7 @@ def test_a_gpu_gets_transformer_engine_layers_by_default(te_imports, capsys):
 ])
 def test_layer_flags_that_cannot_run_are_clear_errors(te_imports, device, flags, message):
     te_imports(False)
-    with pytest.raises(SystemExit, match=re.escape(message)):
+    with pytest.raises(FixedcodeError, match=re.escape(message)):
         resolve_layers(gpu_args(*flags), device)
 
 
@@ -204,7 +208,7 @@ def test_tensor_parallelism_on_a_gpu_needs_one_cuda_connection(te_imports, monke
     resolve_layers(gpu_args(), "cuda")  # TP=1: no requirement
     for flags in (["--tensor-model-parallel-size", "2"],
                   ["--tensor-model-parallel-size", "2", "--sequence-parallel"]):
-        with pytest.raises(SystemExit, match="needs CUDA_DEVICE_MAX_CONNECTIONS=1"):
+        with pytest.raises(DeviceError, match="needs CUDA_DEVICE_MAX_CONNECTIONS=1"):
             resolve_layers(gpu_args(*flags), "cuda")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (10, 0))
     resolve_layers(gpu_args("--tensor-model-parallel-size", "2"), "cuda")  # Blackwell: none
@@ -234,9 +238,9 @@ def test_fp8_recipes_a_device_or_te_cannot_run_are_refused(recipe, capability, t
 
 def test_fp8_is_refused_at_start_up(te_imports, monkeypatch):
     te_imports(True)
-    monkeypatch.setattr(training, "transformer_engine_version", lambda: "2.8.0")
+    monkeypatch.setattr(training_setup, "transformer_engine_version", lambda: "2.8.0")
     resolve_layers(gpu_args("--fp8-format", "hybrid", "--fp8-recipe", "blockwise"), "cuda")
-    with pytest.raises(SystemExit, match="error: --fp8-recipe mxfp8 needs a GPU of sm 10.0"):
+    with pytest.raises(DeviceError, match="--fp8-recipe mxfp8 needs a GPU of sm 10.0"):
         resolve_layers(gpu_args("--fp8-format", "hybrid", "--fp8-recipe", "mxfp8"), "cuda")
 
 
@@ -299,7 +303,7 @@ def test_checkpoints_name_their_optimizer_layout_and_save_in_parallel(
     model, optimizer = Recorder(), Recorder()
     scheduler = type("Scheduler", (), {"state_dict": lambda self: {}})()
     saving.start_save(args, derive(args, 1, 511), model, optimizer, scheduler,
-                      checkpointing.TrainState(), None)
+                      TrainState(), None)
     dp_group = parallel_state.get_data_parallel_group(with_context_parallel=True)
     expected = {"singleton_local_shards": False, "chained_optim_avoid_prefix": True}
     if layout:
@@ -318,8 +322,8 @@ def test_distributed_optimizer_saves_and_resumes_without_te_or_apex(cpu_dist, tm
     model and optimizer, and find the same state."""
     args = parse_args(TINY_RUN + ["--input-interface", "binary", "--bf16", "--train-iters", "1",
                                   "--use-distributed-optimizer", "--save", str(tmp_path)])
-    _, derived, resolved = setup_args(args, "cpu")
-    _, _, code, resolved = training.resolve_checkpoint(args, derived, resolved)  # fresh
+    _, derived, resolved = check_flags(args, "cpu")
+    _, _, code, resolved = training_setup.resolve_checkpoint(args, derived, resolved)  # fresh
     args = resolved.applied_to(args)
     model, ddp, optimizer, scheduler = build_model_and_optimizer(args, derived, model_provider,
                                                                  code)
@@ -329,12 +333,12 @@ def test_distributed_optimizer_saves_and_resumes_without_te_or_apex(cpu_dist, tm
     train_step(args, derived.num_microbatches, pretrain_fixedcode.forward_step, itertools.repeat(batch),
                ddp, optimizer, scheduler)
     saving.save_checkpoint(args, derived, model, optimizer, scheduler,
-                           checkpointing.TrainState(iteration=1), code)
+                           TrainState(iteration=1), code)
 
     model2, _, optimizer2, scheduler2 = build_model_and_optimizer(args, derived, model_provider,
                                                                   code)
-    path, common = checkpointing.load_common(str(tmp_path))
-    checkpointing.load_checkpoint(path, common, model2, optimizer2, scheduler2)
+    path, common = loading.load_common(str(tmp_path))
+    loading.load_checkpoint(path, common, model2, optimizer2, scheduler2)
     (inner2,) = optimizer2.chained_optimizers
     saved, loaded = inner.optimizer.state_dict(), inner2.optimizer.state_dict()
     assert saved["state"].keys() == loaded["state"].keys() and saved["state"]
@@ -352,9 +356,9 @@ def test_the_fully_reshardable_layout_is_refused_without_te_or_apex(cpu_dist):
     copy expects a ``step`` it never reads): refused before training, not at the resume."""
     args = parse_args(TINY_RUN + ["--train-iters", "1", "--use-distributed-optimizer",
                                   "--dist-ckpt-optim-fully-reshardable"])
-    with pytest.raises(SystemExit, match="--dist-ckpt-optim-fully-reshardable: neither "
+    with pytest.raises(FlagError, match="--dist-ckpt-optim-fully-reshardable: neither "
                                          "Transformer Engine nor Apex imports"):
-        setup_args(args, "cpu")
+        check_flags(args, "cpu")
 
 
 def test_dp_reshardable_optimizer_state_refuses_another_tp_size():
@@ -367,13 +371,13 @@ def test_dp_reshardable_optimizer_state_refuses_another_tp_size():
         common = {"args": saved_args,
                   _CONTENT_METADATA_KEY: {"distrib_optim_sharding_type": layout}}
         if refused:
-            with pytest.raises(SystemExit, match=re.escape(
+            with pytest.raises(CheckpointError, match=re.escape(
                     "CKPT holds distributed-optimizer state in the dp_reshardable layout, "
                     "which resumes at another data-parallel size only, but it was saved with "
                     "--tensor-model-parallel-size 2 (now 1)")):
-                checkpointing.check_optimizer_resharding(common, args, "CKPT")
+                compatibility.check_optimizer_resharding(common, args, "CKPT")
         else:
-            checkpointing.check_optimizer_resharding(common, args, "CKPT")
+            compatibility.check_optimizer_resharding(common, args, "CKPT")
 
 
 @pytest.mark.parametrize("name,fp8,tflops", [
@@ -407,7 +411,7 @@ def test_the_loss_is_all_reduced_once_per_step(cpu_dist, monkeypatch):
     (Megatron-LM's count), and the step's loss is the mean over all of them."""
     from megatron.core import parallel_state
     args = parse_args(TINY_RUN + ["--train-iters", "1", "--global-batch-size", "8"])
-    _, derived, resolved = setup_args(args, "cpu")
+    _, derived, resolved = check_flags(args, "cpu")
     args = resolved.applied_to(args)
     assert derived.num_microbatches == 4
     _, ddp, optimizer, scheduler = build_model_and_optimizer(args, derived, model_provider)
@@ -453,7 +457,7 @@ def test_fp32_residual_connection_keeps_the_stream_in_fp32(cpu_dist, arm):
     first layer."""
     args = parse_args(TINY_RUN + ["--input-interface", arm, "--bf16", "--train-iters", "1",
                                   "--fp32-residual-connection"])
-    _, derived, resolved = setup_args(args, "cpu")
+    _, derived, resolved = check_flags(args, "cpu")
     args = resolved.applied_to(args)
     model, ddp, optimizer, scheduler = build_model_and_optimizer(args, derived, model_provider)
     seen = {}
@@ -505,7 +509,7 @@ def test_mfu_is_over_the_bf16_peak_for_bf16_and_fp8_runs(cpu_dist, monkeypatch, 
                                                          capsys, fp8):
     """On an H100 (simulated), a bf16 and an FP8 run both divide by the dense bf16 peak, so
     that their MFU compare; the FP8 run shows its MFU of the FP8 peak beside it."""
-    from megatron_ext.metrics import MetricsLogger
+    from megatron_ext.metrics.logger import MetricsLogger
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a: 3 * 2**30)
     monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda *a: 4 * 2**30)

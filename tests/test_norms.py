@@ -1,4 +1,4 @@
-"""megatron_ext.norms: parameter and gradient norms of the whole model and of the watched
+"""megatron_ext.metrics.norms: parameter and gradient norms of the whole model and of the watched
 groups equal norms computed independently with torch, and stay the same at TP=2 and PP=2."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 from megatron.core import dist_checkpointing
 
 from conftest import REPO, _free_port
-from megatron_ext.norms import NormReporter, watched_groups
+from megatron_ext.metrics.norms import NormReporter, watched_groups
 from norms_worker import LAYOUTS, VARIANTS, batch, build, norms_after_backward
 
 WORKER = Path(__file__).with_name("norms_worker.py")

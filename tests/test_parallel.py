@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, _free_port
-from megatron_ext.metric_sinks import read_metrics
+from megatron_ext.metrics.sinks import read_metrics
 from parallel_worker import ARMS, LAYOUTS, STEPS
 
 WORKER = Path(__file__).with_name("parallel_worker.py")

@@ -63,8 +63,8 @@ def test_input_rms_and_the_matching_code_scale():
     """Learned: N(0, std). Binary 01 over ids 0..511 (the padded vocabulary) at width 40
     (blocks of bits 0-15, 0-15, 0-7): bits 0-8 are one half the time, bits 9-15 never, so
     13 of 40 positions on average: RMS sqrt(13/40) at --code-scale 1."""
-    from megatron_ext.arguments import parse_model_args
-    from megatron_ext.param_count import input_rms
+    from megatron_ext.config.arguments import parse_model_args
+    from megatron_ext.model.param_count import input_rms
     args = parse_model_args(SMALL + ["--code-values", "01", "--init-method-std", "0.01"], "t")
     rms = input_rms(args, ["learned", "binary", "permuted"])
     assert rms["learned"] == (0.01, None)
@@ -77,7 +77,7 @@ def test_input_rms_and_the_matching_code_scale():
 
 def test_show_code_prints_the_rows_of_the_configured_code(capsys):
     from code_reference import py_row
-    from megatron_ext.codes import FixedCode
+    from megatron_ext.codes.schemes import FixedCode
     from tools.param_report import main
     flags = ["--input-interface", "random", "--code-tiling", "recode", "--code-bits", "12",
              "--code-seed", "7"]

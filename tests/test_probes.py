@@ -25,7 +25,7 @@ import torch  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 from conftest import TINY_RUN  # noqa: E402
-from megatron_ext.codes import FixedCode  # noqa: E402
+from megatron_ext.codes.schemes import FixedCode  # noqa: E402
 from megatron_ext.hf.configuration_fixedcode import FixedCodeLlamaConfig  # noqa: E402
 from megatron_ext.hf.modeling_fixedcode import FixedCodeLlamaForCausalLM  # noqa: E402
 from megatron_ext.hf.tokenizer import hf_tokenizer  # noqa: E402
@@ -36,7 +36,8 @@ from megatron_ext.probes.models import describe  # noqa: E402
 from megatron_ext.probes.run import Split, Targets, fit_layer, num_bits, run_probes  # noqa: E402
 from megatron_ext.probes.settings import ProbeSettings  # noqa: E402
 from megatron_ext.probes.text import jsonl_documents  # noqa: E402
-from megatron_ext.tokenizer import build_tokenizer  # noqa: E402
+from megatron_ext.datasets.tokenizer import build_tokenizer  # noqa: E402
+from megatron_ext.runtime.errors import DataError, FixedcodeError, FlagError  # noqa: E402
 from tools import probe, study, train_tokenizer  # noqa: E402
 
 # One worker runs the file with conftest's tiny_study (pytest-xdist --dist loadgroup).
@@ -241,11 +242,11 @@ def test_held_out_text_that_a_model_trained_on_is_refused(exports, probed):
     """Named with the model and its training prefix; --allow-train-text overrides it and
     the report says so."""
     from megatron_ext.probes.models import check_held_out
-    from megatron_ext.slurm import REPO
+    from megatron_ext.launch.slurm import REPO
     info = dataclasses.replace(describe(exports["learned"]),
                                trained_on=("data/x_text_document",))
-    with pytest.raises(SystemExit, match=re.escape(
-            f"error: --data-path {REPO}/data/x_text_document is a training prefix "
+    with pytest.raises(DataError, match=re.escape(
+            f"--data-path {REPO}/data/x_text_document is a training prefix "
             f"(data/x_text_document) of model learned's training run")):
         check_held_out([info], str(REPO / "data/x_text_document"), allow=False)
     check_held_out([info], str(REPO / "data/x_text_document"), allow=True)
@@ -333,7 +334,7 @@ def test_the_logit_lens_at_the_last_layer_is_the_models_own_loss(probed, exports
 def test_models_whose_ids_mean_different_text_are_refused_for_cka(exports, windows, documents,
                                                                   other, message):
     models = [describe(exports["binary"]), describe(exports[other])]
-    with pytest.raises(SystemExit, match="cannot compare binary and") as e:
+    with pytest.raises(FlagError, match="cannot compare binary and") as e:
         run_probes(models, windows, documents, SETTINGS, "uniform random ids")
     assert message in str(e.value)
 
@@ -406,7 +407,7 @@ def test_a_bad_jsonl_line_is_named_with_its_flag(tmp_path):
     path.write_text('{"text": "a"}\nnot json\n')
     tokenizer = build_tokenizer("NullTokenizer", None, 10)
     tokenizer.tokenize = lambda text: [1]  # the text is not NullTokenizer's ids
-    with pytest.raises(SystemExit, match=re.escape(f"error: --jsonl {path}:2: ")):
+    with pytest.raises(DataError, match=re.escape(f"--jsonl {path}:2: ")):
         list(jsonl_documents(str(path), "text", tokenizer))
 
 
@@ -419,6 +420,6 @@ def test_bad_probe_settings_are_refused(tmp_path, probes, message):
     from megatron_ext.study import spec
     recipe = tmp_path / "recipe.args"
     recipe.write_text(" ".join(TINY_RUN) + " --train-iters 2\n")
-    with pytest.raises(SystemExit, match=re.escape(message)):
+    with pytest.raises(FixedcodeError, match=re.escape(message)):
         spec.build_study({"recipe": str(recipe), "arms": ["learned"], "seeds": [1],
                           "probes": probes}, tmp_path)

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from conftest import TIMING, TINY_RUN, run_pretrain, step_losses
-from megatron_ext import checkpointing, manifest
+from megatron_ext.checkpoint import layout, loading, manifest
+from megatron_ext.runtime.errors import CheckpointError
 
 
 
@@ -109,7 +110,7 @@ def test_wandb_offline_holds_the_same_scalars_in_one_run_across_the_resume(resum
     ids, history = wandb_history(ckpt / "wandb")
     assert len(ids) == 1 and len(glob.glob(f"{ckpt}/wandb/wandb/offline-run-*")) == 2
     (saved_id,) = ids
-    assert checkpointing.load_common(str(ckpt))[1]["wandb_run_id"] == saved_id
+    assert loading.load_common(str(ckpt))[1]["wandb_run_id"] == saved_id
     for r in second.metrics:
         for key, value in r.items():
             if key not in TIMING | {"kind", "iteration", "consumed_samples", "tokens"}:
@@ -121,18 +122,18 @@ def test_a_checkpoint_records_provenance_and_a_newer_format_is_refused(resumed_r
     import megatron.core
     ckpt = tmp_path / "ckpt"
     shutil.copytree(resumed_run[0] / "iter_0000004", ckpt / "iter_0000004")
-    path, common = checkpointing.load_common(str(ckpt), 4)
-    assert common["checkpoint_format"] == checkpointing.CHECKPOINT_FORMAT
+    path, common = loading.load_common(str(ckpt), 4)
+    assert common["checkpoint_format"] == layout.CHECKPOINT_FORMAT
     assert common["megatron_core_version"] == megatron.core.__version__ == "0.16.1"
     assert common["fixedcode_version"] == "0.1.0"
     common_file = os.path.join(path, "common.pt")
     saved = torch.load(common_file, weights_only=False)
     torch.save({**saved, "checkpoint_format": 99, "fixedcode_version": "9.9"}, common_file)
     manifest.write_manifest(path, {})  # an intact save of a newer format, not a damaged one
-    with pytest.raises(SystemExit, match=re.escape(
+    with pytest.raises(CheckpointError, match=re.escape(
             f"{path} has checkpoint format 99 (written by fixedcode 9.9, megatron-core 0.16.1); "
-            f"this fixedcode 0.1.0 reads formats up to {checkpointing.CHECKPOINT_FORMAT}")):
-        checkpointing.load_common(str(ckpt), 4)
+            f"this fixedcode 0.1.0 reads formats up to {layout.CHECKPOINT_FORMAT}")):
+        loading.load_common(str(ckpt), 4)
 
 
 def test_provenance_works_from_a_source_checkout(monkeypatch):
@@ -145,7 +146,7 @@ def test_provenance_works_from_a_source_checkout(monkeypatch):
     def not_installed(name):
         raise metadata.PackageNotFoundError(name)
     monkeypatch.setattr(metadata, "version", not_installed)
-    assert checkpointing.provenance()["fixedcode_version"] == megatron_ext.__version__ == installed
+    assert layout.provenance()["fixedcode_version"] == megatron_ext.__version__ == installed
 
 
 @pytest.mark.integration

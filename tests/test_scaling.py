@@ -15,6 +15,7 @@ import pytest
 
 from megatron_ext.study import evaluation, fit, scaling, spec
 from megatron_ext.study.report import write_report
+from megatron_ext.runtime.errors import StudyError
 from tools import study as study_tool
 
 from test_study import TINY_RECIPE
@@ -74,7 +75,7 @@ def test_a_study_without_factors_is_one_cell_in_its_own_folder(recipe):
      "arm 'learned' at level d64 with recipe"),
 ])
 def test_bad_factors_are_refused_naming_the_level(recipe, factors, message):
-    with pytest.raises(SystemExit, match=re.escape(message)):
+    with pytest.raises(StudyError, match=re.escape(message)):
         build(recipe, factors)
 
 
@@ -90,7 +91,7 @@ LRS = {"lo": "--lr 1e-3", "mid": "--lr 3e-3", "hi": "--lr 9e-3"}
 ])
 def test_a_bad_tuned_factor_is_refused(recipe, tmp_path, tune, factors, held_out, message):
     evaluation = {"data_path": str(tmp_path / "heldout"), "tokens": 64} if held_out else {}
-    with pytest.raises(SystemExit, match=re.escape(message)):
+    with pytest.raises(StudyError, match=re.escape(message)):
         build(recipe, factors, tune=tune, eval=evaluation)
 
 
@@ -356,7 +357,7 @@ def test_study_with_factors_round_trips_through_settle(recipe, tmp_path):
     study = build(recipe, {"size": {"d64": SIZES["d64"]}})
     assert spec.settle(tmp_path / "S", study) == spec.settle(tmp_path / "S", None) == study
     other = dataclasses.replace(study, factors=())
-    with pytest.raises(SystemExit, match="holds another study"):
+    with pytest.raises(StudyError, match="holds another study"):
         spec.settle(tmp_path / "S", other)
 
 
@@ -390,7 +391,7 @@ def test_budgets_branch_from_the_last_stable_save_before_their_cooldown(recipe):
 ])
 def test_budgets_the_recipe_cannot_branch_are_refused(recipe, change, budgets, message):
     recipe.write_text(WSD.replace(*change))
-    with pytest.raises(SystemExit, match=re.escape(message)):
+    with pytest.raises(StudyError, match=re.escape(message)):
         build(recipe, {}, arms=["learned"], seeds=[1], budgets={"tokens": budgets})
 
 
@@ -415,7 +416,7 @@ def test_a_branch_trains_from_its_run_resumes_after_a_kill_and_is_not_retrained(
     checkpoint; a finished branch is skipped."""
     import shutil
 
-    from megatron_ext.metric_sinks import read_metrics
+    from megatron_ext.metrics.sinks import read_metrics
     recipe.write_text(WSD)
     toml = tmp_path / "s.toml"
     toml.write_text(f'recipe = "{recipe}"\narms = ["learned"]\nseeds = [1]\n'

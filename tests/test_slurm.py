@@ -28,8 +28,8 @@ from pathlib import Path
 import pytest
 
 from conftest import TIMING
-from megatron_ext.codes import PAPER_ARMS
-from megatron_ext.saving import EXIT_SAVE_FAILED
+from megatron_ext.codes.schemes import PAPER_ARMS
+from megatron_ext.checkpoint.saving import EXIT_SAVE_FAILED
 
 REPO = Path(__file__).resolve().parent.parent
 RECIPE = REPO / "slurm" / "recipes" / "tiny_cpu.args"
@@ -266,7 +266,7 @@ def runs(log: Path) -> list[str]:
 
 def untimed_metrics(run_dir: Path) -> list[dict]:
     """The run's metrics.jsonl without the wall-clock keys."""
-    from megatron_ext.metric_sinks import read_metrics
+    from megatron_ext.metrics.sinks import read_metrics
     return [{k: v for k, v in record.items() if k not in TIMING}
             for record in read_metrics(str(run_dir / "binary" / "checkpoints"))]
 

@@ -1,5 +1,5 @@
-"""The project's structure, as the developers' guide states it: imports point one way (the
-core <- data, hf <- study, probes <- tools), no private name crosses a package, tools are
+"""The project's structure, as the developers' guide states it: imports point one way (each
+folder of the package imports only the folders below it in LAYERS; tools import the package), no private name crosses a package, tools are
 command lines that import only the package and define only parsing and printing, and the
 README stays a front door. Read from the source text (ast), nothing is imported."""
 
@@ -14,14 +14,14 @@ import pytest
 from conftest import REPO
 
 PACKAGE = REPO / "megatron_ext"
-# What each part may import of megatron_ext's subpackages.
-ALLOWED = {"core": set(), "data": set(), "hf": set(), "probes": {"hf", "data"},
-           "study": {"hf", "data", "probes"}}
+# The package's folders, lowest first: a folder imports only folders before it here.
+LAYERS = ["runtime", "codes", "config", "model", "datasets", "checkpoint", "metrics", "train",
+          "launch", "preprocess", "hf", "probes", "study"]
 
 
 def part_of(path: Path) -> str:
     relative = path.relative_to(PACKAGE).parts
-    return relative[0] if len(relative) > 1 else "core"
+    return relative[0] if len(relative) > 1 else "root"
 
 
 def imports(path: Path):
@@ -41,14 +41,14 @@ def imports(path: Path):
             yield module, [a.name for a in node.names]
 
 
-def subpackage(module: str, names: list[str]) -> set[str]:
-    """The megatron_ext subpackages an import reaches."""
+def folders_reached(module: str, names: list[str]) -> set[str]:
+    """The folders of megatron_ext an import reaches."""
     parts = module.split(".")
     if parts[0] != "megatron_ext":
         return set()
     if len(parts) > 1:
-        return {parts[1]} & set(ALLOWED)
-    return set(names) & set(ALLOWED)
+        return {parts[1]} & set(LAYERS)
+    return set(names) & set(LAYERS)
 
 
 MODULES = sorted(PACKAGE.rglob("*.py"))
@@ -57,9 +57,54 @@ MODULES = sorted(PACKAGE.rglob("*.py"))
 @pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(REPO)))
 def test_imports_point_one_way(path):
     part = part_of(path)
-    reached = set().union(*(subpackage(m, n) for m, n in imports(path))) - {part}
-    assert reached <= ALLOWED[part], f"{part} imports {sorted(reached - ALLOWED[part])}"
+    reached = set().union(*(folders_reached(m, n) for m, n in imports(path))) - {part}
+    below = set(LAYERS[:LAYERS.index(part)]) if part in LAYERS else set()
+    assert reached <= below, f"{part} imports {sorted(reached - below)}"
     assert not any(m == "pretrain_fixedcode" or m.startswith("tools") for m, _ in imports(path))
+
+
+def folder_imports() -> set[tuple[str, str]]:
+    """``(A, B)`` for every folder A of the package that imports folder B."""
+    return {(part_of(path), folder) for path in MODULES for module, names in imports(path)
+            for folder in folders_reached(module, names) if folder != part_of(path)}
+
+
+def transitive_reduction(edges: set[tuple[str, str]]) -> set[tuple[str, str]]:
+    """The edges not implied by a path of others (the graph has no cycle)."""
+    def reaches(start, target, without):
+        stack, seen = [b for a, b in edges if a == start and (a, b) != without], set()
+        while stack:
+            node = stack.pop()
+            if node == target:
+                return True
+            if node not in seen:
+                seen.add(node)
+                stack.extend(b for a, b in edges if a == node)
+        return False
+    return {(a, b) for a, b in edges if not reaches(a, b, (a, b))}
+
+
+def test_the_architecture_diagram_is_the_code():
+    """docs/architecture.md's Mermaid graph is the transitive reduction of the folders'
+    imports: an import that changes it fails here until the diagram is redrawn."""
+    text = (REPO / "docs" / "architecture.md").read_text(encoding="utf-8")
+    block = re.search(r"```mermaid\n(.*?)```", text, re.S).group(1)
+    drawn = set(re.findall(r"^\s*(\w+) --> (\w+)\s*$", block, re.M))
+    actual = transitive_reduction(folder_imports())
+    assert drawn == actual, (f"missing from the diagram: {sorted(actual - drawn)}; "
+                             f"drawn but not in the code: {sorted(drawn - actual)}")
+
+
+def test_the_readme_tour_names_every_folder():
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    missing = [f for f in LAYERS if f"megatron_ext/{f}/" not in readme]
+    assert not missing, missing
+
+
+def test_every_folder_has_a_layer_and_the_root_holds_no_module():
+    folders = {p.parent.name for p in PACKAGE.glob("*/__init__.py")}
+    assert folders == set(LAYERS)
+    assert [p.name for p in PACKAGE.glob("*.py")] == ["__init__.py"]
 
 
 @pytest.mark.parametrize("path", MODULES + sorted((REPO / "tools").glob("*.py")),

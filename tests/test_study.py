@@ -14,9 +14,10 @@ import pytest
 import torch
 
 from conftest import STUDY_PIQA, study_trains_in_process
-from megatron_ext.slurm import REPO
+from megatron_ext.launch.slurm import REPO
 from megatron_ext.study import spec
 from megatron_ext.study.stats import hierarchical_bootstrap, paired_difference, t_interval
+from megatron_ext.runtime.errors import DataError, FlagError, StudyError
 from tools import study
 
 # One worker runs the file with conftest's tiny_study (pytest-xdist --dist loadgroup).
@@ -118,14 +119,14 @@ def recipe(tmp_path):
 ])
 def test_bad_studies_are_refused_naming_the_problem(recipe, fields, message):
     base = {"recipe": str(recipe), "arms": ["learned", "binary"], "seeds": [1, 2]}
-    with pytest.raises(SystemExit, match=re.escape(message)):
+    with pytest.raises(StudyError, match=re.escape(message)):
         spec.build_study({**base, **fields}, Path.cwd())
 
 
 @pytest.mark.parametrize("line", ["--seed 7", "--input-interface gf2"])
 def test_a_recipe_that_sets_a_per_run_flag_is_refused(recipe, line):
     recipe.write_text(recipe.read_text() + line + "\n")
-    with pytest.raises(SystemExit, match=re.escape(f"sets {line.split()[0]}")):
+    with pytest.raises(FlagError, match=re.escape(f"sets {line.split()[0]}")):
         spec.build_study({"recipe": str(recipe), "arms": ["learned"], "seeds": [1]}, Path.cwd())
 
 
@@ -137,12 +138,12 @@ def test_a_held_out_set_that_the_recipe_trains_on_is_refused(recipe, data):
     recipe.write_text(recipe.read_text().replace("--mock-data", data))
     fields = {"recipe": str(recipe), "arms": ["learned"], "seeds": [1],
               "eval": {"data_path": "data/x_text_document"}}
-    with pytest.raises(SystemExit, match=r"error: eval data_path \S+/data/x_text_document is a "
+    with pytest.raises(DataError, match=r"eval data_path \S+/data/x_text_document is a "
                        r"training prefix \(data/x_text_document\) of the recipe \S+recipe.args"):
         spec.build_study(fields, REPO)
     fields["eval"]["allow_train_text"] = True
     assert spec.build_study(fields, REPO).eval.allow_train_text
-    with pytest.raises(SystemExit, match="probes data_path"):
+    with pytest.raises(DataError, match="probes data_path"):
         spec.build_study({**fields, "eval": {}, "probes": {"data_path": "data/x_text_document"}},
                          REPO)
 
@@ -182,7 +183,7 @@ def test_a_study_directory_holds_one_study(recipe, tmp_path):
     two = spec.build_study({"recipe": str(recipe), "arms": ["learned"], "seeds": [1, 2]},
                            tmp_path)
     assert spec.settle(tmp_path / "s", one) == one == spec.settle(tmp_path / "s", None)
-    with pytest.raises(SystemExit, match="holds another study"):
+    with pytest.raises(StudyError, match="holds another study"):
         spec.settle(tmp_path / "s", two)
 
 
@@ -260,7 +261,7 @@ def test_each_arm_keeps_one_colour_in_every_figure(tiny_study, monkeypatch):
     """The curves and the differences of a study, and the probes' figures, take their
     colours from one definition (reporting.colours); token axes read 384, 1.5M, 100B."""
     from matplotlib.colors import to_hex
-    from megatron_ext.reporting import colours, readable_tokens
+    from megatron_ext.metrics.reporting import colours, readable_tokens
     from megatron_ext.study import report
     study_dir, summary = tiny_study["study_dir"], tiny_study["summary"]
     definition = spec.settle(study_dir, None)
@@ -294,8 +295,8 @@ def test_the_held_out_loss_is_the_models_own_loss(tiny_study):
     """Independent of the study's evaluation code: logits from the loaded checkpoint,
     cross-entropy by torch, on the same held-out windows."""
     from megatron_ext.hf.megatron_checkpoint import load_model, read_checkpoint
-    from megatron_ext.initialize import initialize_distributed
-    from megatron_ext.held_out import held_out_tokens
+    from megatron_ext.runtime.initialize import initialize_distributed
+    from megatron_ext.datasets.held_out import held_out_tokens
     study_dir = tiny_study["study_dir"]
     definition = spec.settle(study_dir, None)
     initialize_distributed("cpu", 1, 1)
@@ -317,7 +318,7 @@ def test_each_evaluated_point_carries_the_flops_the_training_log_counts(tiny_stu
     """The log's model FLOPs per token (TFLOP/s x world size / tokens per second, from the
     metrics file) times the tokens trained is the point's FLOPs; the learned arm has an
     input table the fixed arm lacks, and the same non-embedding count."""
-    from megatron_ext.metric_sinks import read_metrics
+    from megatron_ext.metrics.sinks import read_metrics
     study_dir, summary = tiny_study["study_dir"], tiny_study["summary"]
     params = {}
     for arm in ("learned", "binary"):

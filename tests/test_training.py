@@ -15,10 +15,11 @@ import time
 import pytest
 
 from conftest import PP2_RUN, PRETRAIN, TIMING, TINY_RUN, run_pretrain, step_losses, valid_losses
-from megatron_ext.checkpointing import reconcile_schedule
-from megatron_ext.derived import derive
-from megatron_ext.profiling import validate_profile_args
-from megatron_ext.training import resolve_checkpoint, setup_args
+from megatron_ext.checkpoint.compatibility import reconcile_schedule
+from megatron_ext.config.derived import derive
+from megatron_ext.train.profiling import validate_profile_args
+from megatron_ext.train.setup import resolve_checkpoint, check_flags
+from megatron_ext.runtime.errors import CheckpointError, FixedcodeError, FlagError
 from pretrain_fixedcode import parse_args
 
 MARKER = "latest_checkpointed_iteration.txt"
@@ -106,10 +107,10 @@ def test_a_fresh_start_never_overwrites_checkpoints(tmp_path):
     (tmp_path / "iter_0000004").mkdir()
     (tmp_path / MARKER).write_text("4")
     args = parse_args(TINY_RUN + ["--train-iters", "8", "--save", str(tmp_path)])
-    with pytest.raises(SystemExit, match=re.escape(
+    with pytest.raises(FlagError, match=re.escape(
             f"--save {tmp_path} already holds checkpoints (latest: iteration 4); resume them "
             f"with --load {tmp_path}, or save to another directory")):
-        resolve_checkpoint(args, derive(args, 1, 511), setup_args(args, "cpu")[2])
+        resolve_checkpoint(args, derive(args, 1, 511), check_flags(args, "cpu")[2])
 
 
 def test_a_changed_schedule_needs_a_decision():
@@ -117,7 +118,7 @@ def test_a_changed_schedule_needs_a_decision():
                                         "--lr-wsd-decay-iters", "4"]))
     cooldown = TINY_RUN + ["--train-iters", "6", "--lr-decay-style", "WSD",
                            "--lr-wsd-decay-iters", "2", "--lr", "1e-3"]
-    with pytest.raises(SystemExit, match=re.escape(
+    with pytest.raises(CheckpointError, match=re.escape(
             "differs from the one CKPT was trained with: --lr 0.001 (checkpoint 0.003), "
             "--lr-decay-iters 6 (checkpoint 8), --lr-wsd-decay-iters 2 (checkpoint 4). Pass "
             "--override-opt_param-scheduler")):
@@ -178,7 +179,7 @@ def test_data_parallel_resume_overlapped_reduction_and_fewer_processes(tmp_path)
 def test_pipeline_parallel_trains(pp2_checkpoint, tmp_path):
     """Two pipeline stages over gloo: the last stage reports a decreasing loss and the
     checkpoint of both stages loads back."""
-    from megatron_ext.metric_sinks import read_metrics
+    from megatron_ext.metrics.sinks import read_metrics
     ckpt = tmp_path / "ckpt"
     shutil.copytree(pp2_checkpoint, ckpt)
     losses = {r["iteration"]: r["lm loss"] for r in read_metrics(str(ckpt / "metrics.jsonl"))
@@ -226,7 +227,7 @@ def test_pytorch_profiler_records_the_asked_iterations(tmp_path):
 def test_bad_profile_flags_are_clear_errors(flags, message):
     args = parse_args(TINY_RUN + ["--train-iters", "5", "--profile", *flags])
     args.device = "cpu"
-    with pytest.raises(SystemExit, match=re.escape(message)):
+    with pytest.raises(FlagError, match=re.escape(message)):
         validate_profile_args(args)
 
 
@@ -235,7 +236,7 @@ def signal_run(args, sig, when=None, delay: float = 0.0, env=None, again_when=No
     of output containing ``when`` (None: ``delay`` seconds after the start), and once more
     on the first line containing ``again_when``; returns ``(exit code, output, metrics
     records)``."""
-    from megatron_ext.metric_sinks import read_metrics
+    from megatron_ext.metrics.sinks import read_metrics
     metrics = args[args.index("--save") + 1] / "metrics.jsonl"
     proc = subprocess.Popen([sys.executable, str(PRETRAIN), *map(str, args)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -373,12 +374,12 @@ def test_a_bad_flag_stops_the_run_with_a_clear_error():
     (["--input-interface", "gf2", "--no-untie-embeddings-and-output-weights"],
      "has no input table to tie to the output head"),
     (["--input-interface", "binary", "--code-bits", "8"],
-     "error: vocabulary of 512 tokens does not fit a 8-bit code (at most 2^8 = 256); raise "
+     "vocabulary of 512 tokens does not fit a 8-bit code (at most 2^8 = 256); raise "
      "--code-bits to at least 9"),
     # The tokenizer's 1,000 tokens fit 10 bits, its padded vocabulary of 1,200 does not.
     (["--input-interface", "permuted", "--vocab-size", "999", "--code-bits", "10",
       "--make-vocab-size-divisible-by", "300"],
-     "error: vocabulary of 1200 tokens (the tokenizer's 1000, padded by "
+     "vocabulary of 1200 tokens (the tokenizer's 1000, padded by "
      "--make-vocab-size-divisible-by) does not fit a 10-bit code (at most 2^10 = 1024); raise "
      "--code-bits to at least 11 or lower --make-vocab-size-divisible-by"),
     (["--input-interface", "binary", "--global-batch-size", "5"],
@@ -396,29 +397,29 @@ def test_a_bad_flag_stops_the_run_with_a_clear_error():
 ])
 def test_bad_flags_are_clear_errors(cpu_dist, flags, message):
     """Checked before anything is built (in this process: the set-up the entry point runs)."""
-    with pytest.raises(SystemExit, match=re.escape(message)):
+    with pytest.raises(FixedcodeError, match=re.escape(message)):
         args = parse_args(TINY_RUN + flags + ["--train-iters", "2"])
-        resolve_checkpoint(args, *setup_args(args, "cpu")[1:])
+        resolve_checkpoint(args, *check_flags(args, "cpu")[1:])
 
 
 def test_a_resumed_run_gets_its_saved_code_once_not_the_flags(cpu_dist, tmp_path):
     """The code is resolved once, by resolve_checkpoint, and handed on explicitly: resuming with
     another --code-seed keeps the saved A and b, and nothing about it rides on the arguments."""
-    from megatron_ext.checkpointing import TrainState
-    from megatron_ext.saving import save_checkpoint
-    from megatron_ext.model import build_code
-    from megatron_ext.training import build_model_and_optimizer
+    from megatron_ext.checkpoint.layout import TrainState
+    from megatron_ext.checkpoint.saving import save_checkpoint
+    from megatron_ext.model.provider import build_code
+    from megatron_ext.train.setup import build_model_and_optimizer
     from pretrain_fixedcode import model_provider
     run = TINY_RUN + ["--input-interface", "gf2", "--save", str(tmp_path), "--train-iters", "2"]
     args = parse_args(run)
-    _, derived, resolved = setup_args(args, "cpu")
+    _, derived, resolved = check_flags(args, "cpu")
     _, _, code, resolved = resolve_checkpoint(args, derived, resolved)
     args = resolved.applied_to(args)
     model, _, optimizer, scheduler = build_model_and_optimizer(args, derived, model_provider, code)
     assert model.embedding.code == code
     save_checkpoint(args, derived, model, optimizer, scheduler, TrainState(iteration=1), code)
     resumed = parse_args(run + ["--load", str(tmp_path), "--code-seed", "7"])
-    path, _, saved, _ = resolve_checkpoint(resumed, *setup_args(resumed, "cpu")[1:])
+    path, _, saved, _ = resolve_checkpoint(resumed, *check_flags(resumed, "cpu")[1:])
     assert path == f"{tmp_path}/iter_0000001"
     assert saved == code != build_code(resumed, derived.padded_vocab_size)
     assert not hasattr(resumed, "fixed_code") and not hasattr(args, "fixed_code")
@@ -430,8 +431,8 @@ def test_the_flags_are_the_command_line_after_a_run(cpu_dist, tmp_path):
     --sequence-parallel at TP=1, a resumed run's schedule) is not written into the parsed
     flags; the checkpoint records the values the run applied."""
     import copy
-    from megatron_ext.checkpointing import load_common
-    from megatron_ext.training import pretrain
+    from megatron_ext.checkpoint.loading import load_common
+    from megatron_ext.train.loop import pretrain
     from pretrain_fixedcode import datasets_provider, forward_step, model_provider
     run = TINY_RUN + ["--input-interface", "binary", "--save", tmp_path, "--load", tmp_path]
     run_pretrain(run + ["--train-iters", "1"])
@@ -461,18 +462,18 @@ def test_resuming_with_another_input_interface_is_refused(tmp_path):
 
 def test_a_checkpoint_from_before_code_tilings_resumes_as_repeat():
     """Its saved args lack --code-tiling: they mean repeat."""
-    from megatron_ext.checkpointing import MODEL_DEFINING_ARGS, check_compatible
+    from megatron_ext.checkpoint.compatibility import MODEL_DEFINING_ARGS, check_compatible
     current = {**vars(parse_args(TINY_RUN + ["--input-interface", "gf2", "--train-iters", "2"])),
                "padded_vocab_size": 512}
     saved = {k: current[k] for k in MODEL_DEFINING_ARGS if k != "code_tiling"}
     check_compatible(saved, current, "CKPT")
     current["code_tiling"] = "recode"
-    with pytest.raises(SystemExit, match="--code-tiling: checkpoint 'repeat', now 'recode'"):
+    with pytest.raises(CheckpointError, match="--code-tiling: checkpoint 'repeat', now 'recode'"):
         check_compatible(saved, current, "CKPT")
 
 
 def test_every_flag_has_help_and_help_shows_the_defaults():
-    from megatron_ext.arguments import add_training_args, build_parser
+    from megatron_ext.config.arguments import add_training_args, build_parser
     parser = build_parser("pretrain")
     add_training_args(parser)
     flags = [a for a in parser._actions if a.option_strings and a.dest != "help"]

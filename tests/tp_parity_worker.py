@@ -18,9 +18,9 @@ import megatron_ext  # noqa: F401
 from megatron.core import dist_checkpointing, parallel_state
 from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
 
-from megatron_ext.arguments import padded_vocab_size, parse_model_args
-from megatron_ext.initialize import initialize_distributed
-from megatron_ext.model import model_provider
+from megatron_ext.config.arguments import padded_vocab_size, parse_model_args
+from megatron_ext.runtime.initialize import initialize_distributed
+from megatron_ext.model.provider import model_provider
 
 # name -> input flags: every scheme; random also with the recode tiling and a truncated last
 # block (13 bits at width 64).

@@ -30,11 +30,12 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 import megatron_ext  # noqa: F401  (its warning filters first)
-from megatron_ext import recipes  # noqa: E402
-from megatron_ext.arguments import add_training_args, parse_model_args  # noqa: E402
-from megatron_ext.datasets import build_caches, samples_per_split  # noqa: E402
-from megatron_ext.derived import derive  # noqa: E402
-from megatron_ext.tokenizer import build_tokenizer  # noqa: E402
+from megatron_ext.config import recipes  # noqa: E402
+from megatron_ext.config.arguments import add_training_args, parse_model_args  # noqa: E402
+from megatron_ext.datasets.gpt_datasets import build_caches, samples_per_split  # noqa: E402
+from megatron_ext.config.derived import derive  # noqa: E402
+from megatron_ext.datasets.tokenizer import build_tokenizer  # noqa: E402
+from megatron_ext.runtime.errors import exits_on_error  # noqa: E402
 
 DESCRIPTION = __doc__.splitlines()[0]
 
@@ -79,31 +80,32 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
 def main(argv: Optional[Sequence[str]] = None) -> list:
     """Build (or find) the caches; returns the data_cache.CacheRecord of each."""
-    args = parse_args(argv)
-    # Megatron-Core's dataset messages are the progress: "Build and save ..." or "Load ...".
-    logging.basicConfig(format="%(message)s")
-    logging.getLogger("megatron.core.datasets").setLevel(logging.INFO)
-    started = time.monotonic()
-    tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model, args.vocab_size)
-    derived = derive(args, args.world_size, tokenizer.vocab_size)
-    num_samples = samples_per_split(args, derived)
-    print(f"[build_data_cache] --data-cache-path {args.data_cache_path}: train "
-          f"{num_samples[0]:,} samples ({derived.train_iters:,} iterations x global batch "
-          f"{derived.global_batch_size:,}), valid {num_samples[1]:,} (--eval-iters "
-          f"{args.eval_iters}); --seq-length {args.seq_length}, --seed {args.seed}", flush=True)
-    records = build_caches(args, tokenizer, num_samples)
-    for r in records:
-        print(f"[build_data_cache] {'built' if r.built else 'found'} {r.split} {r.kind} of "
-              f"{r.source}: {r.samples:,} samples")
-        for path in r.files:
-            size = os.path.getsize(path)
-            print(f"    {path} ("
-                  + (f"{size / 2**20:,.1f} MiB" if size >= 2**20 else f"{size:,} B") + ")")
-    built = sum(r.built for r in records)
-    print(f"[build_data_cache] done in {time.monotonic() - started:.1f} s: "
-          + (f"built {built} of {len(records)} caches" if built else
-             f"all {len(records)} caches were already there, nothing built"), flush=True)
-    return records
+    with exits_on_error():
+        args = parse_args(argv)
+        # Megatron-Core's dataset messages are the progress: "Build and save ..." or "Load ...".
+        logging.basicConfig(format="%(message)s")
+        logging.getLogger("megatron.core.datasets").setLevel(logging.INFO)
+        started = time.monotonic()
+        tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model, args.vocab_size)
+        derived = derive(args, args.world_size, tokenizer.vocab_size)
+        num_samples = samples_per_split(args, derived)
+        print(f"[build_data_cache] --data-cache-path {args.data_cache_path}: train "
+              f"{num_samples[0]:,} samples ({derived.train_iters:,} iterations x global batch "
+              f"{derived.global_batch_size:,}), valid {num_samples[1]:,} (--eval-iters "
+              f"{args.eval_iters}); --seq-length {args.seq_length}, --seed {args.seed}", flush=True)
+        records = build_caches(args, tokenizer, num_samples)
+        for r in records:
+            print(f"[build_data_cache] {'built' if r.built else 'found'} {r.split} {r.kind} of "
+                  f"{r.source}: {r.samples:,} samples")
+            for path in r.files:
+                size = os.path.getsize(path)
+                print(f"    {path} ("
+                      + (f"{size / 2**20:,.1f} MiB" if size >= 2**20 else f"{size:,} B") + ")")
+        built = sum(r.built for r in records)
+        print(f"[build_data_cache] done in {time.monotonic() - started:.1f} s: "
+              + (f"built {built} of {len(records)} caches" if built else
+                 f"all {len(records)} caches were already there, nothing built"), flush=True)
+        return records
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """Verify a save of a ``--save`` directory against its manifest, without loading a model:
-every file present, of its size and CRC-32 (megatron_ext/manifest.py). Exit status 0 when the
+every file present, of its size and CRC-32 (megatron_ext/checkpoint/manifest.py). Exit status 0 when the
 save is intact; 1 when it is damaged (the first bad or missing file is named), missing, or was
 written before manifests.
 
@@ -12,20 +12,22 @@ from __future__ import annotations
 import argparse
 import sys
 
-from megatron_ext.checkpointing import check_save
-from megatron_ext.manifest import DamagedCheckpoint
+from megatron_ext.checkpoint.loading import check_save
+from megatron_ext.checkpoint.manifest import DamagedCheckpoint
+from megatron_ext.runtime.errors import exits_on_error
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("dir", help="a --save directory")
-    parser.add_argument("--ckpt-step", type=int, default=None,
-                        help="verify this iteration, not the latest (the marker's)")
-    args = parser.parse_args(argv)
-    try:
-        print(check_save(args.dir, args.ckpt_step))
-    except DamagedCheckpoint as e:
-        sys.exit(f"error: damaged checkpoint: {e}")
+    with exits_on_error():
+        parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+        parser.add_argument("dir", help="a --save directory")
+        parser.add_argument("--ckpt-step", type=int, default=None,
+                            help="verify this iteration, not the latest (the marker's)")
+        args = parser.parse_args(argv)
+        try:
+            print(check_save(args.dir, args.ckpt_step))
+        except DamagedCheckpoint as e:
+            sys.exit(f"error: damaged checkpoint: {e}")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 For each dataset: documents, sequences, tokens, dtype and the smallest and largest token id
 (the whole ``.bin`` is read, in chunks), after the checks training also makes at start
-(megatron_ext/index_check.py: header, counts, ``.bin`` size). The token ids are checked
+(megatron_ext/datasets/indexed.py: header, counts, ``.bin`` size). The token ids are checked
 against the vocabulary (``--vocab-size``, or ``--tokenizer-type``/``--tokenizer-model``) and
 against ``--code-bits`` (the fixed-code arms need ids < 2^bits). With ``--seq-length`` each file
 is divided by ``--split`` as ``--data-path PREFIX`` would be, each split's documents and tokens
@@ -21,11 +21,12 @@ import argparse
 import sys
 from typing import Optional
 
-from megatron_ext.data.check import check_file, format_report, vocabulary
-from megatron_ext.files import write_json
-from megatron_ext.flag_types import positive_int
-from megatron_ext.index_check import split_ranges
-from megatron_ext.tokenizer import TOKENIZER_TYPES
+from megatron_ext.preprocess.check import check_file, format_report, vocabulary
+from megatron_ext.runtime.errors import exits_on_error
+from megatron_ext.runtime.files import write_json
+from megatron_ext.config.flag_types import positive_int
+from megatron_ext.datasets.indexed import split_ranges
+from megatron_ext.config.flag_types import TOKENIZER_TYPES
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
@@ -74,27 +75,28 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
 
 
 def main(argv: Optional[list[str]] = None) -> dict:
-    args = parse_args(argv)
-    vocab_size, vocab_source = vocabulary(args.tokenizer_type, args.tokenizer_model,
-                                          args.vocab_size)
-    reports, problems = [], []
-    for prefix in args.prefixes:
-        report, found = check_file(prefix, vocab_size, vocab_source, code_bits=args.code_bits,
-                                   seq_length=args.seq_length, split=args.split,
-                                   eval_iters=args.eval_iters, train_samples=args.train_samples)
-        if report:
-            reports.append(report)
-            print(format_report(report, args.split, args.train_samples, args.seq_length),
-                  flush=True)
-        problems += found
-    result = {"files": reports, "problems": problems}
-    if args.json:
-        write_json(args.json, result)
-    if problems:
-        print("\n".join(problems), file=sys.stderr)
-        raise SystemExit(1)
-    print(f"ok: {len(reports)} dataset{'s' if len(reports) > 1 else ''} checked")
-    return result
+    with exits_on_error():
+        args = parse_args(argv)
+        vocab_size, vocab_source = vocabulary(args.tokenizer_type, args.tokenizer_model,
+                                              args.vocab_size)
+        reports, problems = [], []
+        for prefix in args.prefixes:
+            report, found = check_file(prefix, vocab_size, vocab_source, code_bits=args.code_bits,
+                                       seq_length=args.seq_length, split=args.split,
+                                       eval_iters=args.eval_iters, train_samples=args.train_samples)
+            if report:
+                reports.append(report)
+                print(format_report(report, args.split, args.train_samples, args.seq_length),
+                      flush=True)
+            problems += found
+        result = {"files": reports, "problems": problems}
+        if args.json:
+            write_json(args.json, result)
+        if problems:
+            print("\n".join(problems), file=sys.stderr)
+            raise SystemExit(1)
+        print(f"ok: {len(reports)} dataset{'s' if len(reports) > 1 else ''} checked")
+        return result
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from typing import Optional, Sequence
 
 from megatron_ext.hf.convert import DTYPES
 from megatron_ext.hf.export import export_checkpoint
+from megatron_ext.runtime.errors import exits_on_error
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
@@ -40,9 +41,10 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> dict:
-    args = parse_args(argv)
-    return export_checkpoint(args.load, args.output, args.iteration, args.dtype,
-                             args.tokenizer_model, check=args.validate)
+    with exits_on_error():
+        args = parse_args(argv)
+        return export_checkpoint(args.load, args.output, args.iteration, args.dtype,
+                                 args.tokenizer_model, check=args.validate)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,8 @@ import os
 import sys
 from typing import Optional, Sequence
 
+from megatron_ext.runtime.errors import exits_on_error
+
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
@@ -60,29 +62,30 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> dict:
-    args = parse_args(argv)
-    if not args.online:
-        os.environ["HF_HUB_OFFLINE"] = os.environ["HF_DATASETS_OFFLINE"] = "1"
-    # Imported only now: datasets and transformers read the offline switches at import.
-    import torch
+    with exits_on_error():
+        args = parse_args(argv)
+        if not args.online:
+            os.environ["HF_HUB_OFFLINE"] = os.environ["HF_DATASETS_OFFLINE"] = "1"
+        # Imported only now: datasets and transformers read the offline switches at import.
+        import torch
 
-    from megatron_ext.hf.eval_report import markdown, write_report
-    from megatron_ext.hf.eval_tasks import evaluate_models
+        from megatron_ext.hf.eval_report import markdown, write_report
+        from megatron_ext.hf.eval_tasks import evaluate_models
 
-    logging.basicConfig(format="%(asctime)s %(name)s %(levelname)s: %(message)s")
-    logging.getLogger("lm_eval").setLevel(logging.INFO)
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    report = evaluate_models(
-        args.hf_dirs, args.tasks, args.data_dir,
-        starting=lambda i, hf_dir, arm: print(
-            f"[{i}/{len(args.hf_dirs)}] {hf_dir} ({arm} arm): {', '.join(args.tasks)} on "
-            f"{device} in {args.dtype}", flush=True),
-        device=device, dtype=DTYPES[args.dtype], batch_size=args.batch_size, limit=args.limit,
-        bootstrap_iters=args.bootstrap_iters, seed=args.seed)
-    md_path, json_path = write_report(report, args.output_dir)
-    print(markdown(report))
-    print(f"wrote {md_path} and {json_path}")
-    return report
+        logging.basicConfig(format="%(asctime)s %(name)s %(levelname)s: %(message)s")
+        logging.getLogger("lm_eval").setLevel(logging.INFO)
+        device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        report = evaluate_models(
+            args.hf_dirs, args.tasks, args.data_dir,
+            starting=lambda i, hf_dir, arm: print(
+                f"[{i}/{len(args.hf_dirs)}] {hf_dir} ({arm} arm): {', '.join(args.tasks)} on "
+                f"{device} in {args.dtype}", flush=True),
+            device=device, dtype=DTYPES[args.dtype], batch_size=args.batch_size, limit=args.limit,
+            bootstrap_iters=args.bootstrap_iters, seed=args.seed)
+        md_path, json_path = write_report(report, args.output_dir)
+        print(markdown(report))
+        print(f"wrote {md_path} and {json_path}")
+        return report
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Trainable parameters per part (input table, backbone, head, total) for each arm, the input's
 RMS at initialisation, and the rows of a fixed code.
 
-Counted by megatron_ext/param_count.py from real instantiated Megatron-Core modules (on the
+Counted by megatron_ext/model/param_count.py from real instantiated Megatron-Core modules (on the
 meta device: no memory is allocated), never from a formula. The table also gives each arm's
 input RMS at step 0: the
 learned table starts at N(0, --init-method-std), RMS ≈ that std; a fixed code's RMS is
@@ -21,29 +21,31 @@ import json
 import sys
 from typing import Optional, Sequence
 
-from megatron_ext.arguments import parse_model_args
-from megatron_ext.codes import ARMS
-from megatron_ext.param_count import code_rows, count_arms, format_table, input_rms
+from megatron_ext.config.arguments import parse_model_args
+from megatron_ext.codes.schemes import ARMS
+from megatron_ext.model.param_count import code_rows, count_arms, format_table, input_rms
+from megatron_ext.runtime.errors import exits_on_error
 
 
 def main(argv: Optional[Sequence[str]] = None) -> dict:
-    def extra(parser):
-        parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS),
-                            help="the arms to count (default: all)")
-        parser.add_argument("--json", action="store_true",
-                            help="print the parameter counts as JSON instead of a table")
-        parser.add_argument("--show-code", type=int, metavar="ROWS",
-                            help="print the first ROWS rows of the code of --input-interface "
-                                 "(here default binary) with the --code-* flags, and exit")
-        parser.set_defaults(input_interface="binary")
-    args = parse_model_args(argv, "Trainable parameters per arm", extra)
-    if args.show_code is not None:
-        print(code_rows(args, args.show_code))
-        return {}
-    counts = count_arms(args, args.arms)
-    print(json.dumps(counts, indent=2) if args.json
-          else format_table(counts, input_rms(args, args.arms), args.init_method_std))
-    return counts
+    with exits_on_error():
+        def extra(parser):
+            parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS),
+                                help="the arms to count (default: all)")
+            parser.add_argument("--json", action="store_true",
+                                help="print the parameter counts as JSON instead of a table")
+            parser.add_argument("--show-code", type=int, metavar="ROWS",
+                                help="print the first ROWS rows of the code of --input-interface "
+                                     "(here default binary) with the --code-* flags, and exit")
+            parser.set_defaults(input_interface="binary")
+        args = parse_model_args(argv, "Trainable parameters per arm", extra)
+        if args.show_code is not None:
+            print(code_rows(args, args.show_code))
+            return {}
+        counts = count_arms(args, args.arms)
+        print(json.dumps(counts, indent=2) if args.json
+              else format_table(counts, input_rms(args, args.arms), args.init_method_std))
+        return counts
 
 
 if __name__ == "__main__":

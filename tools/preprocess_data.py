@@ -4,14 +4,14 @@ For the same input, tokenizer and flags, the token stream and document boundarie
 Megatron-LM's ``tools/preprocess_data.py`` (flags are named as there), and so are the bytes
 written: those of megatron.core's ``IndexedDatasetBuilder`` with the dtype Megatron-LM picks
 (``DType.optimal_dtype`` of the vocabulary size), though neither megatron.core nor torch is
-imported (start-up well under a second: megatron_ext/data/index_write.py). Unlike it, this
+imported (start-up well under a second: megatron_ext/preprocess/index_write.py). Unlike it, this
 streams its inputs in memory that does not grow with their size, stops at bad input naming
 file and line (or counts and skips it: ``--skip-bad-lines``), never leaves a partial dataset
 under the final names, and resumes an interrupted job (``--resume``) from its last complete
-part (the job: megatron_ext/data/preprocess.py; its parts: megatron_ext/data/parts.py).
+part (the job: megatron_ext/preprocess/preprocess.py; its parts: megatron_ext/preprocess/parts.py).
 Inputs (JSONL, text, Parquet, ``datasets.save_to_disk`` folders): see
-megatron_ext/data/readers.py. The tokenizer is the one training builds
-(megatron_ext/tokenizer.py), so EOD and vocabulary size agree with training.
+megatron_ext/preprocess/readers.py. The tokenizer is the one training builds
+(megatron_ext/datasets/tokenizer.py), so EOD and vocabulary size agree with training.
 
     python -m tools.preprocess_data --input 'corpus/*.jsonl.zst' --output-prefix data/corpus \\
         --tokenizer-type SentencePieceTokenizer --tokenizer-model tok.model --append-eod --workers 8
@@ -23,10 +23,11 @@ import argparse
 import sys
 from typing import Optional
 
-from megatron_ext.data.preprocess import Summary, preprocess
-from megatron_ext.data.readers import TEXT_DOCUMENT_MODES
-from megatron_ext.flag_types import positive_int
-from megatron_ext.tokenizer import TOKENIZER_TYPES
+from megatron_ext.preprocess.preprocess import Summary, preprocess
+from megatron_ext.preprocess.readers import TEXT_DOCUMENT_MODES
+from megatron_ext.config.flag_types import positive_int
+from megatron_ext.config.flag_types import TOKENIZER_TYPES
+from megatron_ext.runtime.errors import exits_on_error
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
@@ -48,7 +49,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                             "documents instead of stopping at the first")
     group = parser.add_argument_group("tokenizer")
     group.add_argument("--tokenizer-type", required=True, choices=TOKENIZER_TYPES,
-                       help="as in Megatron-LM and for training: megatron_ext/tokenizer.py")
+                       help="as in Megatron-LM and for training: megatron_ext/datasets/tokenizer.py")
     group.add_argument("--tokenizer-model",
                        help="sentencepiece .model; or a tokenizer.json or Hugging Face folder")
     group.add_argument("--vocab-size", type=int,
@@ -75,12 +76,13 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
 
 
 def main(argv: Optional[list[str]] = None) -> Summary:
-    summary = preprocess(parse_args(argv))
-    print(summary.report())
-    if summary.code_warning:
-        print(f"WARNING: a fixed code would not fit this tokenizer: {summary.code_warning}",
-              file=sys.stderr)
-    return summary
+    with exits_on_error():
+        summary = preprocess(parse_args(argv))
+        print(summary.report())
+        if summary.code_warning:
+            print(f"WARNING: a fixed code would not fit this tokenizer: {summary.code_warning}",
+                  file=sys.stderr)
+        return summary
 
 
 if __name__ == "__main__":

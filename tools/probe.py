@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from megatron_ext.probes.settings import ProbeSettings
+from megatron_ext.runtime.errors import exits_on_error
 
 DEFAULTS = ProbeSettings()
 
@@ -75,33 +76,34 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> dict:
-    args = parse_args(argv)
-    from megatron_ext.probes import report
-    from megatron_ext.probes.models import describe
-    from megatron_ext.probes.run import run_probes
-    from megatron_ext.probes.text import held_out
-    infos = []
-    for spec in args.models:
-        name, sep, path = spec.partition("=")
-        infos.append(describe(path, name) if sep else describe(spec))
-    if args.data_path:
-        from megatron_ext.probes.models import check_held_out
-        check_held_out(infos, args.data_path, args.allow_train_text)
-    seq_length = args.seq_length or min(i.context for i in infos)
-    windows, documents, source = held_out(args.tokens, seq_length, args.data_path, args.jsonl,
-                                          args.json_key, args.tokenizer_type,
-                                          args.tokenizer_model)
-    settings = ProbeSettings(data_path=args.data_path, tokens=args.tokens, sample=args.sample,
-                             top_k=args.top_k, ridge=args.ridge, seed=args.seed,
-                             batch_size=args.batch_size,
-                             allow_train_text=args.allow_train_text)
-    result = run_probes(infos, windows, documents, settings, source, device=args.device,
-                        cka=not args.no_cka, progress=lambda m: print(m, flush=True))
-    text = report.write(result, args.output)
-    print(text)
-    print(f"[probes] {result['seconds']:.1f} s; wrote {args.output / 'probes.json'}, "
-          f"probes.md and probes.png")
-    return result
+    with exits_on_error():
+        args = parse_args(argv)
+        from megatron_ext.probes import report
+        from megatron_ext.probes.models import describe
+        from megatron_ext.probes.run import run_probes
+        from megatron_ext.probes.text import held_out
+        infos = []
+        for spec in args.models:
+            name, sep, path = spec.partition("=")
+            infos.append(describe(path, name) if sep else describe(spec))
+        if args.data_path:
+            from megatron_ext.probes.models import check_held_out
+            check_held_out(infos, args.data_path, args.allow_train_text)
+        seq_length = args.seq_length or min(i.context for i in infos)
+        windows, documents, source = held_out(args.tokens, seq_length, args.data_path, args.jsonl,
+                                              args.json_key, args.tokenizer_type,
+                                              args.tokenizer_model)
+        settings = ProbeSettings(data_path=args.data_path, tokens=args.tokens, sample=args.sample,
+                                 top_k=args.top_k, ridge=args.ridge, seed=args.seed,
+                                 batch_size=args.batch_size,
+                                 allow_train_text=args.allow_train_text)
+        result = run_probes(infos, windows, documents, settings, source, device=args.device,
+                            cka=not args.no_cka, progress=lambda m: print(m, flush=True))
+        text = report.write(result, args.output)
+        print(text)
+        print(f"[probes] {result['seconds']:.1f} s; wrote {args.output / 'probes.json'}, "
+              f"probes.md and probes.png")
+        return result
 
 
 if __name__ == "__main__":

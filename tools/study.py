@@ -27,8 +27,9 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from megatron_ext import slurm
+from megatron_ext.launch import slurm
 from megatron_ext.study import launch, spec
+from megatron_ext.runtime.errors import exits_on_error
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> tuple[argparse.ArgumentParser,
@@ -73,33 +74,34 @@ def parse_args(argv: Optional[Sequence[str]]) -> tuple[argparse.ArgumentParser,
 
 
 def main(argv: Optional[Sequence[str]] = None) -> dict:
-    parser, args = parse_args(argv)
-    if args.command == "run":
-        given = spec.study_from_flags(
-            args.study, {"recipe": args.recipe, "arms": args.arms, "seeds": args.seeds,
-                         "control": args.control},
-            {"data_path": args.eval_data_path, "tokens": args.eval_tokens,
-             "tasks": args.tasks, "data_dir": args.data_dir, "limit": args.limit})
-        study = spec.settle(args.study_dir, given, save=not args.dry_run)
-        if args.launcher == "slurm":
-            job = slurm.job_options(parser, args, args.study_dir)
-            launch.submit_to_slurm(study, args.study_dir, job, args.dry_run)
-            return {}
-        if args.dry_run:
-            parser.error("--dry-run applies to --launcher slurm")
-        launch.train_locally(study, args.study_dir, args.nproc_per_node)
-        if args.no_eval:
-            return {}
-    else:
-        study = spec.settle(args.study_dir, None)
-    if args.command != "report":
-        launch.evaluate(study, args.study_dir)
-    from megatron_ext.study.report import write_report
-    summary = write_report(study, args.study_dir)
-    print((args.study_dir / "STUDY.md").read_text())
-    print(f"[study] wrote {args.study_dir / 'STUDY.md'}, {args.study_dir / 'study.json'} and "
-          f"figures")
-    return summary
+    with exits_on_error():
+        parser, args = parse_args(argv)
+        if args.command == "run":
+            given = spec.study_from_flags(
+                args.study, {"recipe": args.recipe, "arms": args.arms, "seeds": args.seeds,
+                             "control": args.control},
+                {"data_path": args.eval_data_path, "tokens": args.eval_tokens,
+                 "tasks": args.tasks, "data_dir": args.data_dir, "limit": args.limit})
+            study = spec.settle(args.study_dir, given, save=not args.dry_run)
+            if args.launcher == "slurm":
+                job = slurm.job_options(parser, args, args.study_dir)
+                launch.submit_to_slurm(study, args.study_dir, job, args.dry_run)
+                return {}
+            if args.dry_run:
+                parser.error("--dry-run applies to --launcher slurm")
+            launch.train_locally(study, args.study_dir, args.nproc_per_node)
+            if args.no_eval:
+                return {}
+        else:
+            study = spec.settle(args.study_dir, None)
+        if args.command != "report":
+            launch.evaluate(study, args.study_dir)
+        from megatron_ext.study.report import write_report
+        summary = write_report(study, args.study_dir)
+        print((args.study_dir / "STUDY.md").read_text())
+        print(f"[study] wrote {args.study_dir / 'STUDY.md'}, {args.study_dir / 'study.json'} and "
+              f"figures")
+        return summary
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Submit the fixedcode arms to Slurm from one recipe, with one command.
 
 The recipe is a file of pretrain_fixedcode.py flags (model shape, data, schedule; ``#``
-comments allowed) shared by every arm. For each arm megatron_ext/slurm.py fills
+comments allowed) shared by every arm. For each arm megatron_ext/launch/slurm.py fills
 slurm/fixedcode.sbatch (job name, log, ``--input-interface``, ``--save``/``--load``,
 ``--tensorboard-dir``); this writes it to RUN_DIR/ARM/job.sbatch and submits it with sbatch;
 ``--dry-run`` prints the scripts and touches nothing. ``--build-cache`` first queues a CPU job (slurm/build_data_cache.sbatch,
@@ -20,10 +20,11 @@ import argparse
 from pathlib import Path
 from typing import Optional, Sequence
 
-from megatron_ext.codes import ARMS, PAPER_ARMS
-from megatron_ext.slurm import (CACHE_JOB, Job, add_job_args, cache_job_script,
-                                check_cache_recipe, job_options, job_script, read_recipe,
-                                run_flags, write_and_submit)
+from megatron_ext.codes.schemes import ARMS, PAPER_ARMS
+from megatron_ext.launch.slurm import (CACHE_JOB, Job, add_job_args, cache_job_script,
+                                       check_cache_recipe, job_options, job_script, read_recipe,
+                                       run_flags, write_and_submit)
+from megatron_ext.runtime.errors import exits_on_error
 
 
 
@@ -60,36 +61,36 @@ def parse_args(argv: Optional[Sequence[str]]) -> tuple[argparse.Namespace, Job]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    args, job = parse_args(argv)
-    run_dir, arms = args.run_dir.resolve(), [a for a in args.arms.split(",") if a]
-    recipe = read_recipe(args.recipe)
-    cache_job = own = None
-    if args.build_cache:
-        check_cache_recipe(recipe, args.recipe)
-        cache_dir = run_dir / CACHE_JOB
-        script = cache_job_script(job, recipe, cache_dir, run_dir, {
-            "cpus-per-task": args.build_cache_cpus_per_task, "time": args.build_cache_time,
-            "partition": args.build_cache_partition})
-        own = [] if "--require-data-cache" in recipe else ["--require-data-cache"]
-        if args.dry_run:
-            print(f"# ===== {CACHE_JOB}: {cache_dir / 'job.sbatch'} =====\n{script}")
-            cache_job = "CACHE_JOB_ID"
-        else:
-            cache_job = write_and_submit(cache_dir, script)
-            print(f"{CACHE_JOB}: job {cache_job}, log {cache_dir / f'slurm-{cache_job}.log'}")
-    for arm in arms:
-        arm_dir = run_dir / arm
-        script = job_script(job, f"{run_dir.name}-{arm}", arm_dir,
-                            run_flags(recipe, arm_dir, ["--input-interface", arm] + (own or [])),
-                            run_dir)
-        if args.dry_run:
-            after = (f"# submitted with: sbatch --dependency=afterok:{cache_job} "
-                     f"{arm_dir / 'job.sbatch'}\n" if cache_job else "")
-            print(f"# ===== {arm}: {arm_dir / 'job.sbatch'} =====\n{after}{script}")
-            continue
-        job_id = write_and_submit(arm_dir, script, cache_job)
-        print(f"{arm}: job {job_id}" + (f" (after job {cache_job})" if cache_job else "")
-              + f", log {arm_dir / f'slurm-{job_id}.log'}")
+    with exits_on_error():
+        args, job = parse_args(argv)
+        run_dir, arms = args.run_dir.resolve(), [a for a in args.arms.split(",") if a]
+        recipe = read_recipe(args.recipe)
+        cache_job = own = None
+        if args.build_cache:
+            check_cache_recipe(recipe, args.recipe)
+            cache_dir = run_dir / CACHE_JOB
+            script = cache_job_script(job, recipe, cache_dir, run_dir, {
+                "cpus-per-task": args.build_cache_cpus_per_task, "time": args.build_cache_time,
+                "partition": args.build_cache_partition})
+            own = [] if "--require-data-cache" in recipe else ["--require-data-cache"]
+            if args.dry_run:
+                print(f"# ===== {CACHE_JOB}: {cache_dir / 'job.sbatch'} =====\n{script}")
+                cache_job = "CACHE_JOB_ID"
+            else:
+                cache_job = write_and_submit(cache_dir, script)
+                print(f"{CACHE_JOB}: job {cache_job}, log {cache_dir / f'slurm-{cache_job}.log'}")
+        for arm in arms:
+            arm_dir = run_dir / arm
+            flags = run_flags(recipe, arm_dir, ["--input-interface", arm] + (own or []))
+            script = job_script(job, f"{run_dir.name}-{arm}", arm_dir, flags, run_dir)
+            if args.dry_run:
+                after = (f"# submitted with: sbatch --dependency=afterok:{cache_job} "
+                         f"{arm_dir / 'job.sbatch'}\n" if cache_job else "")
+                print(f"# ===== {arm}: {arm_dir / 'job.sbatch'} =====\n{after}{script}")
+                continue
+            job_id = write_and_submit(arm_dir, script, cache_job)
+            print(f"{arm}: job {job_id}" + (f" (after job {cache_job})" if cache_job else "")
+                  + f", log {arm_dir / f'slurm-{job_id}.log'}")
 
 
 if __name__ == "__main__":

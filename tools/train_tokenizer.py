@@ -8,8 +8,8 @@ of what they were trained from. Both kinds are lossless (decoding the ids of a t
 back): sentencepiece with identity normalization, whitespace kept and byte fallback, byte-level BPE
 by construction. Their EOS token (``</s>``, ``<|endoftext|>``) serves as EOD.
 
-Inputs are read as tools/preprocess_data.py reads them (megatron_ext/data/tokenizer_training.py
-trains, megatron_ext/data/readers.py reads): JSONL
+Inputs are read as tools/preprocess_data.py reads them (megatron_ext/preprocess/tokenizer_training.py
+trains, megatron_ext/preprocess/readers.py reads): JSONL
 (``--json-keys``), Parquet, ``save_to_disk`` folders or plain text, optionally compressed;
 sentencepiece trains on their lines.
 
@@ -26,7 +26,9 @@ from __future__ import annotations
 import argparse
 from typing import Optional
 
-from megatron_ext.data.tokenizer_training import MODEL_TYPES, Options, Trained, train_tokenizer
+from megatron_ext.preprocess.tokenizer_training import (MODEL_TYPES, Options, Trained,
+                                                        train_tokenizer)
+from megatron_ext.runtime.errors import exits_on_error
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
@@ -46,15 +48,16 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
 
 
 def main(argv: Optional[list[str]] = None) -> Trained:
-    args = parse_args(argv)
-    trained = train_tokenizer(Options(tuple(args.input), tuple(args.json_keys), args.model_type,
-                                      args.vocab_size, args.output_prefix))
-    if trained.trained:
-        print(f"trained {trained.tokenizer_model} ({args.model_type}, vocabulary of "
-              f"{args.vocab_size})")
-    else:
-        print(f"{trained.tokenizer_model} is up to date with its inputs")
-    return trained
+    with exits_on_error():
+        args = parse_args(argv)
+        trained = train_tokenizer(Options(tuple(args.input), tuple(args.json_keys), args.model_type,
+                                          args.vocab_size, args.output_prefix))
+        if trained.trained:
+            print(f"trained {trained.tokenizer_model} ({args.model_type}, vocabulary of "
+                  f"{args.vocab_size})")
+        else:
+            print(f"{trained.tokenizer_model} is up to date with its inputs")
+        return trained
 
 
 if __name__ == "__main__":

@@ -13,8 +13,9 @@ import argparse
 import sys
 from typing import Optional, Sequence
 
-from megatron_ext.files import write_text
-from megatron_ext.training_report import markdown, plot, summarise
+from megatron_ext.runtime.errors import exits_on_error
+from megatron_ext.runtime.files import write_text
+from megatron_ext.metrics.training_report import markdown, plot, summarise
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
@@ -37,16 +38,17 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> dict:
-    args = parse_args(argv)
-    table = summarise(args.runs)
-    text = markdown(table)
-    print(text)
-    if args.markdown:
-        write_text(args.markdown, text + "\n")
-    if args.plot:
-        plot(table, args.plot)
-        print(f"validation-loss plot: {args.plot}")
-    return table
+    with exits_on_error():
+        args = parse_args(argv)
+        table = summarise(args.runs)
+        text = markdown(table)
+        print(text)
+        if args.markdown:
+            write_text(args.markdown, text + "\n")
+        if args.plot:
+            plot(table, args.plot)
+            print(f"validation-loss plot: {args.plot}")
+        return table
 
 
 if __name__ == "__main__":

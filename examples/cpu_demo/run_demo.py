@@ -23,8 +23,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from megatron_ext.codes import PAPER_ARMS, SCHEMES
-from megatron_ext.files import write_text
+from megatron_ext.codes.schemes import PAPER_ARMS, SCHEMES
+from megatron_ext.runtime.errors import exits_on_error
+from megatron_ext.runtime.files import write_text
 
 REPO = Path(__file__).resolve().parents[2]
 CHOICES = ("learned", *SCHEMES, *(f"{s}-recode" for s in SCHEMES))
@@ -71,44 +72,47 @@ def build_corpus(out: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workdir", default=str(REPO / "demo"))
-    parser.add_argument("--train-iters", type=int, default=150)
-    parser.add_argument("--arms", nargs="+", choices=CHOICES, default=list(PAPER_ARMS),
-                        help="arms to train and compare, each labelled by its name in the "
-                             "report (default: %(default)s)")
-    args = parser.parse_args()
-    work = Path(args.workdir)
-    py = sys.executable
+    with exits_on_error():
+        parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+        parser.add_argument("--workdir", default=str(REPO / "demo"))
+        parser.add_argument("--train-iters", type=int, default=150)
+        parser.add_argument("--arms", nargs="+", choices=CHOICES, default=list(PAPER_ARMS),
+                            help="arms to train and compare, each labelled by its name in the "
+                                 "report (default: %(default)s)")
+        args = parser.parse_args()
+        work = Path(args.workdir)
+        py = sys.executable
 
-    build_corpus(work / "corpus")
+        build_corpus(work / "corpus")
 
-    tok = work / "tokenizer" / "spm"
-    if not Path(f"{tok}.model").exists():
-        run([py, REPO / "tools" / "train_tokenizer.py", "--input", work / "corpus" / "train.jsonl",
-             "--model-type", "bpe", "--vocab-size", VOCAB_SIZE, "--output-prefix", tok])
-    tokenizer = ["--tokenizer-type", "SentencePieceTokenizer", "--tokenizer-model", f"{tok}.model"]
+        tok = work / "tokenizer" / "spm"
+        if not Path(f"{tok}.model").exists():
+            run([py, REPO / "tools" / "train_tokenizer.py",
+                 "--input", work / "corpus" / "train.jsonl",
+                 "--model-type", "bpe", "--vocab-size", VOCAB_SIZE, "--output-prefix", tok])
+        tokenizer = ["--tokenizer-type", "SentencePieceTokenizer",
+                     "--tokenizer-model", f"{tok}.model"]
 
-    for split in ("train", "valid"):
-        prefix = work / "data" / split
-        if not Path(f"{prefix}_text_document.idx").exists():
-            run([py, REPO / "tools" / "preprocess_data.py", "--input",
-                 work / "corpus" / f"{split}.jsonl", *tokenizer, "--append-eod",
-                 "--output-prefix", prefix, "--workers", "2"])
+        for split in ("train", "valid"):
+            prefix = work / "data" / split
+            if not Path(f"{prefix}_text_document.idx").exists():
+                run([py, REPO / "tools" / "preprocess_data.py", "--input",
+                     work / "corpus" / f"{split}.jsonl", *tokenizer, "--append-eod",
+                     "--output-prefix", prefix, "--workers", "2"])
 
-    for arm in args.arms:
-        ckpt = work / "checkpoints" / arm
-        run([py, REPO / "pretrain_fixedcode.py", *arm_flags(arm), *MODEL, *RECIPE,
-             *tokenizer, "--train-iters", args.train_iters,
-             "--train-data-path", work / "data" / "train_text_document",
-             "--valid-data-path", work / "data" / "valid_text_document",
-             "--data-cache-path", work / "data" / "cache",
-             "--save", ckpt, "--load", ckpt, "--tensorboard-dir", work / "tensorboard" / arm])
+        for arm in args.arms:
+            ckpt = work / "checkpoints" / arm
+            run([py, REPO / "pretrain_fixedcode.py", *arm_flags(arm), *MODEL, *RECIPE,
+                 *tokenizer, "--train-iters", args.train_iters,
+                 "--train-data-path", work / "data" / "train_text_document",
+                 "--valid-data-path", work / "data" / "valid_text_document",
+                 "--data-cache-path", work / "data" / "cache",
+                 "--save", ckpt, "--load", ckpt, "--tensorboard-dir", work / "tensorboard" / arm])
 
-    run([py, REPO / "tools" / "training_report.py",
-         *[f"{arm}={work / 'checkpoints' / arm}" for arm in args.arms],
-         "--plot", work / "valid_loss.png", "--markdown", work / "report.md"])
-    print(f"TensorBoard: tensorboard --logdir {work / 'tensorboard'}")
+        run([py, REPO / "tools" / "training_report.py",
+             *[f"{arm}={work / 'checkpoints' / arm}" for arm in args.arms],
+             "--plot", work / "valid_loss.png", "--markdown", work / "report.md"])
+        print(f"TensorBoard: tensorboard --logdir {work / 'tensorboard'}")
 
 
 if __name__ == "__main__":

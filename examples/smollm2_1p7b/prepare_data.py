@@ -36,8 +36,9 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from megatron_ext.index_check import read_index, split_ranges, train_epochs
-from megatron_ext.files import write_json
+from megatron_ext.datasets.indexed import read_index, split_ranges, train_epochs
+from megatron_ext.runtime.errors import exits_on_error
+from megatron_ext.runtime.files import write_json
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -183,38 +184,39 @@ def heldout(args: argparse.Namespace, flags: dict[str, list[str]]) -> dict:
 
 
 def main(argv: Optional[list[str]] = None) -> Optional[dict]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("step", choices=("fetch", "build", "heldout"),
-                        help="fetch: download (network); build: preprocess (offline); "
-                             "heldout: write the studies' held-out set from documents "
-                             "after the train split (offline)")
-    parser.add_argument("--recipe", type=Path, default=RECIPE,
-                        help="recipe whose --data-path, --tokenizer-model, --train-samples, "
-                             "--seq-length and --split are used (default: recipe.args)")
-    parser.add_argument("--download-dir",
-                        help="where the corpus Parquet shards go (fetch) or are (build)")
-    parser.add_argument("--workers", type=int, default=os.cpu_count(),
-                        help="download threads (fetch) or tokenizer processes (build)")
-    parser.add_argument("--revision", default="main",
-                        help=f"commit or branch of {CORPUS_REPO} (fetch; default: main)")
-    parser.add_argument("--tokenizer-revision", default="main",
-                        help=f"commit or branch of {TOKENIZER_REPO} (fetch; default: main)")
-    parser.add_argument("--component", help="heldout: the component whose documents after "
-                                            "its train split are read (default: the first)")
-    parser.add_argument("--heldout-prefix", default=str(REPO / "data/heldout_text_document"),
-                        help="heldout: the output prefix (default data/heldout_text_document)")
-    parser.add_argument("--heldout-tokens", type=int, default=2 * 1048576,
-                        help="heldout: tokens to write (default 2,097,152: twice the "
-                             "studies' 1,048,576 eval tokens)")
-    args = parser.parse_args(argv)
-    if args.step != "heldout" and not args.download_dir:
-        parser.error(f"{args.step} needs --download-dir")
-    if not args.recipe.is_file():
-        raise SystemExit(f"error: --recipe {args.recipe}: no such file")
-    flags = recipe_flags(args.recipe)
-    if args.step == "fetch":
-        return fetch(args, flags)
-    return build(args, flags) if args.step == "build" else heldout(args, flags)
+    with exits_on_error():
+        parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+        parser.add_argument("step", choices=("fetch", "build", "heldout"),
+                            help="fetch: download (network); build: preprocess (offline); "
+                                 "heldout: write the studies' held-out set from documents "
+                                 "after the train split (offline)")
+        parser.add_argument("--recipe", type=Path, default=RECIPE,
+                            help="recipe whose --data-path, --tokenizer-model, --train-samples, "
+                                 "--seq-length and --split are used (default: recipe.args)")
+        parser.add_argument("--download-dir",
+                            help="where the corpus Parquet shards go (fetch) or are (build)")
+        parser.add_argument("--workers", type=int, default=os.cpu_count(),
+                            help="download threads (fetch) or tokenizer processes (build)")
+        parser.add_argument("--revision", default="main",
+                            help=f"commit or branch of {CORPUS_REPO} (fetch; default: main)")
+        parser.add_argument("--tokenizer-revision", default="main",
+                            help=f"commit or branch of {TOKENIZER_REPO} (fetch; default: main)")
+        parser.add_argument("--component", help="heldout: the component whose documents after "
+                                                "its train split are read (default: the first)")
+        parser.add_argument("--heldout-prefix", default=str(REPO / "data/heldout_text_document"),
+                            help="heldout: the output prefix (default data/heldout_text_document)")
+        parser.add_argument("--heldout-tokens", type=int, default=2 * 1048576,
+                            help="heldout: tokens to write (default 2,097,152: twice the "
+                                 "studies' 1,048,576 eval tokens)")
+        args = parser.parse_args(argv)
+        if args.step != "heldout" and not args.download_dir:
+            parser.error(f"{args.step} needs --download-dir")
+        if not args.recipe.is_file():
+            raise SystemExit(f"error: --recipe {args.recipe}: no such file")
+        flags = recipe_flags(args.recipe)
+        if args.step == "fetch":
+            return fetch(args, flags)
+        return build(args, flags) if args.step == "build" else heldout(args, flags)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Hugging Face configuration of an exported fixed-code checkpoint: Llama's, plus the code.
 
 Copied next to the weights (``trust_remote_code``), so it imports nothing from megatron_ext.
-``fixed_code`` is :meth:`megatron_ext.codes.FixedCode.to_dict` of the trained model (see
+``fixed_code`` is :meth:`megatron_ext.codes.schemes.FixedCode.to_dict` of the trained model (see
 docs/codes.md): ``scheme`` (binary, gf2, permuted, random), ``num_bits`` n, ``values`` (pm1,
 01), ``scale``, ``A`` and ``b`` (gf2: n×n and n 0/1 lists, else null), ``tiling`` (repeat,
 recode), ``table`` (permuted, random: the code input of each id, else null), ``recode_A`` and
@@ -12,7 +12,7 @@ tilings and tables existed lack the last four keys: they mean repeat and null.
 from huggingface_hub.dataclasses import strict
 from transformers import LlamaConfig
 
-# megatron_ext.codes.SCHEMES, restated: this file travels with an export and imports nothing
+# megatron_ext.codes.schemes.SCHEMES, restated: this file travels with an export and imports nothing
 # of megatron_ext (tests/test_convert_to_hf.py holds the two equal).
 SCHEMES = ("binary", "gf2", "permuted", "random")
 

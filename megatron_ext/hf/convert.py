@@ -36,7 +36,8 @@ from typing import Optional
 import torch
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
-from ..codes import ARMS
+from ..codes.schemes import ARMS
+from ..runtime.errors import CheckpointError, ConversionError
 from .configuration_fixedcode import FixedCodeLlamaConfig
 from .modeling_fixedcode import FixedCodeLlamaForCausalLM
 
@@ -53,8 +54,8 @@ def check_mappable(args: argparse.Namespace, fixed_code: Optional[dict], source:
     """Refuse, with every reason, a checkpoint whose model has no Llama equivalent."""
     missing = [name for name in REQUIRED_ARGS if not hasattr(args, name)]
     if missing:
-        raise SystemExit(f"error: {source}: the saved training args lack {missing}; was it "
-                         f"written by pretrain_fixedcode.py?")
+        raise CheckpointError(f"{source}: the saved training args lack {missing}; was it "
+                              f"written by pretrain_fixedcode.py?")
     reasons = []
     if args.input_interface not in ARMS:
         reasons.append(f"--input-interface {args.input_interface}: not one of {ARMS}")
@@ -71,8 +72,8 @@ def check_mappable(args: argparse.Namespace, fixed_code: Optional[dict], source:
         reasons.append(f"--position-embedding-type {args.position_embedding_type}: Llama "
                        f"applies RoPE")
     if reasons:
-        raise SystemExit(f"error: cannot convert {source} to Hugging Face Llama:\n  - "
-                         + "\n  - ".join(reasons))
+        raise ConversionError(f"cannot convert {source} to Hugging Face Llama:\n  - "
+                              + "\n  - ".join(reasons))
 
 
 def hf_state_dict(state: dict, args: argparse.Namespace, dtype: torch.dtype) -> dict:
@@ -81,7 +82,7 @@ def hf_state_dict(state: dict, args: argparse.Namespace, dtype: torch.dtype) -> 
 
     def take(key):
         if key not in state:
-            raise SystemExit(f"error: the checkpoint has no weight {key}")
+            raise ConversionError(f"the checkpoint has no weight {key}")
         return state.pop(key).detach().to(dtype)
 
     h, q = args.hidden_size, args.num_attention_heads
@@ -107,7 +108,7 @@ def hf_state_dict(state: dict, args: argparse.Namespace, dtype: torch.dtype) -> 
     else:
         out["lm_head.weight"] = out["model.embed_tokens.weight"]
     if state:
-        raise SystemExit(f"error: cannot map the checkpoint's weights {sorted(state)} to Llama")
+        raise ConversionError(f"cannot map the checkpoint's weights {sorted(state)} to Llama")
     return {k: v.contiguous() for k, v in out.items()}
 
 

@@ -10,8 +10,8 @@ import json
 import os
 from typing import Optional
 
-from ..files import write_text
-from ..reporting import MISSING
+from ..metrics.reporting import MISSING
+from ..runtime.files import write_text
 
 # (task, metric) rows of the table, in order.
 METRICS = (("hellaswag", "acc_norm"), ("piqa", "acc"), ("lambada_openai", "acc"),

@@ -20,6 +20,7 @@ import lm_eval.tasks
 from lm_eval.tasks import TaskManager
 from lm_eval.tasks._yaml_loader import load_yaml
 
+from ..runtime.errors import DataError, FlagError
 from .eval_report import arm_of, build_report
 
 # task -> its folder among lm-eval's tasks
@@ -64,7 +65,7 @@ def data_file(data_dir: str, task: str) -> str:
 def check_rows(task: str, path: str) -> int:
     """Check every row of ``path`` against ``task``'s official layout; the number of rows."""
     if not os.path.isfile(path):
-        raise SystemExit(f"error: --data-dir: no {path} for task {task}")
+        raise DataError(f"--data-dir: no {path} for task {task}")
     rows = 0
     with open(path, encoding="utf-8") as f:
         for line_no, line in enumerate(f, 1):
@@ -73,17 +74,17 @@ def check_rows(task: str, path: str) -> int:
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
-                raise SystemExit(f"error: {path}:{line_no}: not JSON ({e})") from e
+                raise DataError(f"{path}:{line_no}: not JSON ({e})") from e
             for field, (ok, expected) in LAYOUTS[task].items():
                 if field not in row:
-                    raise SystemExit(f"error: {path}:{line_no}: no field {field!r} ({task} rows "
-                                     f"have {sorted(LAYOUTS[task])})")
+                    raise DataError(f"{path}:{line_no}: no field {field!r} ({task} rows "
+                                    f"have {sorted(LAYOUTS[task])})")
                 if not ok(row[field]):
-                    raise SystemExit(f"error: {path}:{line_no}: {field} must be {expected}, "
-                                     f"got {row[field]!r}")
+                    raise DataError(f"{path}:{line_no}: {field} must be {expected}, "
+                                    f"got {row[field]!r}")
             rows += 1
     if not rows:
-        raise SystemExit(f"error: {path} holds no rows")
+        raise DataError(f"{path} holds no rows")
     return rows
 
 
@@ -98,7 +99,7 @@ def official_tasks() -> TaskManager:
 def task_config(task: str, task_manager: TaskManager, data_dir: str | None) -> dict:
     """lm-eval's official config of ``task``; reading ``data_dir`` when given, else the Hub."""
     if task not in SUPPORTED:
-        raise SystemExit(f"error: --tasks: {task!r} is not one of {', '.join(SUPPORTED)}")
+        raise FlagError(f"--tasks: {task!r} is not one of {', '.join(SUPPORTED)}")
     config = load_yaml(task_manager.task_index[task].yaml_path, resolve_func=True)
     if data_dir is None:
         return config

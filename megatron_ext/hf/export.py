@@ -17,8 +17,9 @@ import torch
 import transformers
 from packaging.version import Version
 
-from megatron_ext.initialize import destroy_distributed, initialize_distributed
-from megatron_ext.tokenizer import build_tokenizer
+from ..datasets.tokenizer import build_tokenizer
+from ..runtime.errors import ConversionError, DataError, DeviceError, FlagError
+from ..runtime.initialize import destroy_distributed, initialize_distributed
 
 from .convert import DTYPES, check_mappable, hf_config, hf_state_dict, save_hf_model
 from .megatron_checkpoint import load_model, read_checkpoint
@@ -43,12 +44,12 @@ def validate(model, hf_dir: str, train: argparse.Namespace, tokenizer, has_token
     progress(f"validate: max |logits_hf - logits_megatron| = {diff:.3g} on a "
              f"{list(tokens.shape)} batch (limit {TOLERANCE:g})")
     if not diff <= TOLERANCE:
-        raise SystemExit(f"error: --validate: {hf_dir} does not reproduce the Megatron logits")
+        raise ConversionError(f"--validate: {hf_dir} does not reproduce the Megatron logits")
     if has_tokenizer:
         text = tokenizer_mismatch(tokenizer, hf_dir)
         if text is not None:
-            raise SystemExit(f"error: --validate: the tokenizer in {hf_dir} encodes {text!r} "
-                             f"differently from the training tokenizer")
+            raise ConversionError(f"--validate: the tokenizer in {hf_dir} encodes {text!r} "
+                                  f"differently from the training tokenizer")
         progress(f"validate: tokenizer encodes {len(PROBE_TEXTS)} probe texts like training")
     prompt = tokenizer.tokenize(PROBE_TEXTS[0])[:4] if has_tokenizer else tokens[0, :4].tolist()
     generated = sample(hf_model, hf_dir, prompt, has_tokenizer)
@@ -65,21 +66,21 @@ def export_checkpoint(load: str, output: str, iteration: Optional[int] = None,
     torchrun); a process group already up (a caller's) is left up. Returns ``{"output",
     "arm", "iteration"}`` (and the validation's results)."""
     if Version(transformers.__version__) < Version(TRANSFORMERS_MIN):
-        raise SystemExit(f"error: the export needs transformers >= {TRANSFORMERS_MIN}, this "
-                         f"environment has {transformers.__version__}: pip install "
-                         f"'transformers>={TRANSFORMERS_MIN}'")
+        raise DeviceError(f"the export needs transformers >= {TRANSFORMERS_MIN}, this "
+                          f"environment has {transformers.__version__}: pip install "
+                          f"'transformers>={TRANSFORMERS_MIN}'")
     path, train, fixed_code, iteration = read_checkpoint(str(load), iteration)
     check_mappable(train, fixed_code, path)
     if os.path.exists(output) and (not os.path.isdir(output) or os.listdir(output)):
-        raise SystemExit(f"error: --output {output} exists and is not an empty directory")
+        raise FlagError(f"--output {output} exists and is not an empty directory")
     tokenizer = build_tokenizer(train.tokenizer_type, tokenizer_model or train.tokenizer_model,
                                 train.vocab_size)
     if tokenizer.vocab_size > train.padded_vocab_size:
-        raise SystemExit(f"error: the tokenizer has {tokenizer.vocab_size} tokens, the model "
-                         f"{train.padded_vocab_size}: not the checkpoint's tokenizer")
+        raise DataError(f"the tokenizer has {tokenizer.vocab_size} tokens, the model "
+                        f"{train.padded_vocab_size}: not the checkpoint's tokenizer")
     torch_dtype = DTYPES[dtype]
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise SystemExit("error: the converter runs as one process; do not start it with torchrun")
+        raise DeviceError("the converter runs as one process; do not start it with torchrun")
     started = not torch.distributed.is_initialized()  # else a caller's (tests): leave it up
     initialize_distributed("cpu")
     try:

@@ -1,6 +1,6 @@
 """Read a training checkpoint (``--save DIR``) into one fp32 CPU GPTModel, whatever its TP/PP.
 
-The checkpoint is found as :mod:`megatron_ext.checkpointing` writes it; its common state holds
+The checkpoint is found as :mod:`megatron_ext.checkpoint.saving` writes it; its common state holds
 ``args`` (the training run's arguments) and ``fixed_code``. The model is rebuilt from those
 args at TP=PP=1 with the local layer spec and the PyTorch fixed code, and
 ``dist_checkpointing`` reshards the saved tensors into it (Transformer Engine checkpoints
@@ -15,9 +15,10 @@ from typing import Optional
 from megatron.core import dist_checkpointing
 from megatron.core.models.gpt import GPTModel
 
-from ..checkpointing import load_common
-from ..codes import FixedCode
-from ..model import model_provider
+from ..checkpoint.loading import load_common
+from ..codes.schemes import FixedCode
+from ..model.provider import model_provider
+from ..runtime.errors import CheckpointError
 
 
 def read_checkpoint(load: str, iteration: Optional[int] = None
@@ -26,7 +27,7 @@ def read_checkpoint(load: str, iteration: Optional[int] = None
     (default: the latest completed save)."""
     path, common = load_common(load, iteration)
     if not isinstance(common.get("args"), dict):
-        raise SystemExit(f"error: {path} holds no training args (common state 'args')")
+        raise CheckpointError(f"{path} holds no training args (common state 'args')")
     return path, argparse.Namespace(**common["args"]), common.get("fixed_code"), \
         common.get("iteration")
 

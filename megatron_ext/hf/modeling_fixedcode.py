@@ -4,7 +4,7 @@
 table is replaced by :class:`FixedCodeInput`, which computes the code of each token id from
 ``config.fixed_code`` in every forward: no parameters and no table in the weights. Copied
 next to the weights (``trust_remote_code``), so it imports nothing from megatron_ext;
-:func:`tiled_code` equals ``megatron_ext.codes.FixedCode.encode`` (a test checks it).
+:func:`tiled_code` equals ``megatron_ext.codes.schemes.FixedCode.encode`` (a test checks it).
 """
 
 from typing import Optional

@@ -13,6 +13,8 @@ import torch
 from transformers import (AutoModelForCausalLM, AutoTokenizer, PreTrainedModel,
                           PreTrainedTokenizerBase)
 
+from ..runtime.errors import ConversionError
+
 TOLERANCE = 1e-4
 PROBE_TEXTS = ("The quick brown fox jumps over the lazy dog.",
                "Question: How do you boil water?\nAnswer: Heat it to 100 °C, 2 min.",
@@ -51,7 +53,7 @@ def sample(hf_model: PreTrainedModel, hf_dir: str, prompt_ids: list[int],
     out = hf_model.generate(torch.tensor([prompt_ids]), max_new_tokens=new_tokens,
                             min_new_tokens=new_tokens, do_sample=False)[0, len(prompt_ids):]
     if len(out) != new_tokens:
-        raise SystemExit(f"error: generate() gave {len(out)} new tokens, not {new_tokens}")
+        raise ConversionError(f"generate() gave {len(out)} new tokens, not {new_tokens}")
     if has_tokenizer:
         return load_tokenizer(hf_dir).decode(out)
     return " ".join(str(int(i)) for i in out)

@@ -1,5 +1,5 @@
 """Tokenizer files of an export: ``AutoTokenizer.from_pretrained(HF_DIR)`` then encodes text
-exactly as the training tokenizer (:mod:`megatron_ext.tokenizer`) did, adding no BOS/EOS.
+exactly as the training tokenizer (:mod:`megatron_ext.datasets.tokenizer`) did, adding no BOS/EOS.
 
 * ``NullTokenizer``: no files (the model takes token ids); a warning says so.
 * ``SentencePieceTokenizer``: a ``tokenizer.json`` built from the ``.model``'s own settings
@@ -23,7 +23,8 @@ from tokenizers import Tokenizer
 from transformers import PreTrainedTokenizerFast
 from transformers.convert_slow_tokenizer import SentencePieceExtractor, SpmConverter
 
-from ..tokenizer import NullTokenizer, SentencePieceTokenizer
+from ..datasets.tokenizer import NullTokenizer, SentencePieceTokenizer
+from ..runtime.errors import ConversionError
 
 SPM_UNIGRAM, SPM_BPE = 1, 2  # sentencepiece ModelProto.TrainerSpec.model_type
 
@@ -32,8 +33,8 @@ def _from_sentencepiece(model_file: str) -> Tokenizer:
     proto = SentencePieceExtractor(model_file).proto
     model_type = proto.trainer_spec.model_type
     if model_type not in (SPM_UNIGRAM, SPM_BPE):
-        raise SystemExit(f"error: sentencepiece model {model_file} is of type {model_type}; "
-                         f"only unigram and BPE models convert to Hugging Face")
+        raise ConversionError(f"sentencepiece model {model_file} is of type {model_type}; "
+                              f"only unigram and BPE models convert to Hugging Face")
     pieces = [(p.piece, p.score) for p in proto.pieces]
     vocab = pieces if model_type == SPM_UNIGRAM else {p: i for i, (p, _) in enumerate(pieces)}
     return SpmConverter.build_tokenizer_from_spm_proto(proto, vocab)

@@ -1,7 +1,7 @@
 """The fixed token sample and the residual stream at every layer, on it.
 
 Held-out windows (``[n, S + 1]`` ids) come with the document of every token
-(:func:`megatron_ext.held_out.cut_documents`). The sample is split **by document**: the
+(:func:`megatron_ext.datasets.held_out.cut_documents`). The sample is split **by document**: the
 sampled positions of half of the documents train the probes, the other half's score them, so no text is on both sides (a split by window would put the two halves
 of a document on either side). From positions ``1 .. S-1`` of every window a fixed random
 sample of token positions is drawn (each has a previous token in its context and a next
@@ -18,6 +18,8 @@ import dataclasses
 
 import numpy as np
 import torch
+
+from ..runtime.errors import DataError
 
 
 @dataclasses.dataclass
@@ -44,8 +46,8 @@ def draw_sample(windows: np.ndarray, documents: np.ndarray, count: int, seed: in
     if documents.shape != windows.shape:
         raise ValueError(f"documents {documents.shape} must match windows {windows.shape}")
     if n < 1 or seq_length < 3:
-        raise SystemExit(f"error: probes need windows of at least 3 tokens; the held-out set "
-                         f"gives {n} of {seq_length}: raise --tokens")
+        raise DataError(f"probes need windows of at least 3 tokens; the held-out set "
+                        f"gives {n} of {seq_length}: raise --tokens")
     rng = np.random.default_rng(seed)
     candidates = n * (seq_length - 1)
     flat = np.sort(rng.choice(candidates, size=min(count, candidates), replace=False))
@@ -53,9 +55,9 @@ def draw_sample(windows: np.ndarray, documents: np.ndarray, count: int, seed: in
     document = documents[window, position]
     names = np.unique(document)
     if len(names) < 2:
-        raise SystemExit(f"error: the held-out tokens hold {len(names)} document; the probes "
-                         f"train on half of the documents and score on the other half: "
-                         f"raise --tokens or use text of several documents")
+        raise DataError(f"the held-out tokens hold {len(names)} document; the probes "
+                        f"train on half of the documents and score on the other half: "
+                        f"raise --tokens or use text of several documents")
     train_docs = rng.permutation(names)[: len(names) // 2]
     return Sample(window=window, position=position, current=windows[window, position],
                   previous=windows[window, position - 1],

@@ -26,7 +26,8 @@ from typing import Callable, Optional
 
 import torch
 
-from megatron_ext.hf.parity import PROBE_TEXTS
+from ..hf.parity import PROBE_TEXTS
+from ..runtime.errors import CheckpointError, DataError, FlagError
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
@@ -59,19 +60,19 @@ def describe(path: str, name: Optional[str] = None, iteration: Optional[int] = N
     name = name or Path(path).resolve().name
     if os.path.isfile(os.path.join(path, "config.json")):
         if iteration is not None:
-            raise SystemExit(f"error: {path} is a Hugging Face export; an iteration applies "
-                             f"to training checkpoints only")
+            raise FlagError(f"{path} is a Hugging Face export; an iteration applies "
+                            f"to training checkpoints only")
         return _describe_export(path, name)
     if not os.path.isdir(path):
-        raise SystemExit(f"error: model {path}: no such folder (a Hugging Face export or a "
-                         f"training checkpoint's --save folder)")
+        raise CheckpointError(f"model {path}: no such folder (a Hugging Face export or a "
+                              f"training checkpoint's --save folder)")
     return _describe_checkpoint(path, name, iteration)
 
 
 def _describe_export(path: str, name: str) -> ModelInfo:
     from transformers import AutoConfig
 
-    from megatron_ext.hf.parity import load_hf, load_tokenizer
+    from ..hf.parity import load_hf, load_tokenizer
     config = AutoConfig.from_pretrained(path, trust_remote_code=True)
     code = getattr(config, "fixed_code", None)
     tokenizer = None
@@ -89,15 +90,15 @@ def _describe_export(path: str, name: str) -> ModelInfo:
 
 
 def _describe_checkpoint(path: str, name: str, iteration: Optional[int]) -> ModelInfo:
-    from megatron_ext.hf.convert import check_mappable
-    from megatron_ext.hf.megatron_checkpoint import read_checkpoint
-    from megatron_ext.tokenizer import NullTokenizer, build_tokenizer
+    from ..hf.convert import check_mappable
+    from ..hf.megatron_checkpoint import read_checkpoint
+    from ..datasets.tokenizer import NullTokenizer, build_tokenizer
     ckpt, train, fixed_code, saved = read_checkpoint(path, iteration)
     check_mappable(train, fixed_code, ckpt)
     if train.tokenizer_type != "NullTokenizer" and not os.path.exists(train.tokenizer_model):
-        raise SystemExit(f"error: {ckpt}: its tokenizer {train.tokenizer_model} does not exist "
-                         f"here; export it with tools/convert_to_hf.py --tokenizer-model and "
-                         f"probe the export")
+        raise DataError(f"{ckpt}: its tokenizer {train.tokenizer_model} does not exist "
+                        f"here; export it with tools/convert_to_hf.py --tokenizer-model and "
+                        f"probe the export")
     tokenizer = build_tokenizer(train.tokenizer_type, train.tokenizer_model, train.vocab_size)
     described = None
     if not isinstance(tokenizer, NullTokenizer):
@@ -105,9 +106,9 @@ def _describe_checkpoint(path: str, name: str, iteration: Optional[int]) -> Mode
                      "probe_ids": [tokenizer.tokenize(text) for text in PROBE_TEXTS]}
 
     def load() -> torch.nn.Module:
-        from megatron_ext.hf.convert import build_hf_model, hf_config, hf_state_dict
-        from megatron_ext.hf.megatron_checkpoint import load_model
-        from megatron_ext.initialize import initialize_distributed
+        from ..hf.convert import build_hf_model, hf_config, hf_state_dict
+        from ..hf.megatron_checkpoint import load_model
+        from ..runtime.initialize import initialize_distributed
         initialize_distributed("cpu")
         state = load_model(ckpt, train, fixed_code).state_dict()
         return build_hf_model(hf_config(train, fixed_code, torch.float32, tokenizer.eod),
@@ -124,7 +125,7 @@ def _describe_checkpoint(path: str, name: str, iteration: Optional[int]) -> Mode
 
 def _trained_on(train) -> list[str]:
     """The training run's dataset prefixes (its --data-path and --train-data-path)."""
-    from megatron_ext.recipes import TRAINING_DATA_FLAGS, training_prefixes
+    from ..config.recipes import TRAINING_DATA_FLAGS, training_prefixes
     flags = []
     for flag in TRAINING_DATA_FLAGS:
         value = getattr(train, flag[2:].replace("-", "_"), None)
@@ -184,8 +185,8 @@ def difference(a: ModelInfo, b: ModelInfo) -> Optional[str]:
 def check_held_out(models: list[ModelInfo], data_path: str, allow: bool) -> None:
     """Refuse held-out text (``--data-path``) that a model's training run read (its
     relative prefixes taken from the repository root, where the launchers start runs)."""
-    from megatron_ext.recipes import check_held_out as check
-    from megatron_ext.slurm import REPO
+    from ..config.recipes import check_held_out as check
+    from ..launch.slurm import REPO
     for info in models:
         check(data_path, info.trained_on, REPO, "--data-path",
               f"model {info.name}'s training run", allow, "--allow-train-text")

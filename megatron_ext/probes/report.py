@@ -2,15 +2,15 @@
 ``probes.png`` (each metric against the layer: one colour per model (:func:`colours`, the
 same in a study's figures), solid trained, dashed its random initialisation, dotted the
 control task, grey the chance level, crosses on trivially satisfied points). Every file is
-written atomically (:mod:`megatron_ext.files`)."""
+written atomically (:mod:`megatron_ext.runtime.files`)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from megatron_ext.files import write_text
-from megatron_ext.reporting import MISSING, colours, number, pyplot, save_figure
+from ..metrics.reporting import MISSING, colours, number, pyplot, save_figure
+from ..runtime.files import write_text
 
 # (key, column title) of the main table. Bit probes show accuracy; chance, the control
 # task's accuracy and the unseen-type accuracy have their own columns.

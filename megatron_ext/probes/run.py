@@ -55,8 +55,9 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 import torch
 
-from megatron_ext.codes import bits_of
-from megatron_ext.held_out import tokens_sha256
+from ..codes.schemes import bits_of
+from ..datasets.held_out import tokens_sha256
+from ..runtime.errors import DataError, FlagError
 
 from . import fit
 from .collect import Sample, draw_sample, hidden_states, memory_bound
@@ -331,20 +332,20 @@ def _check(models: Sequence[ModelInfo], windows: np.ndarray, cka: bool) -> None:
     seq_length, largest = windows.shape[1] - 1, int(windows.max())
     for info in models:
         if largest >= info.vocab_size:
-            raise SystemExit(f"error: the held-out tokens hold id {largest}, outside model "
-                             f"{info.name}'s vocabulary of {info.vocab_size:,}: not its data")
+            raise DataError(f"the held-out tokens hold id {largest}, outside model "
+                            f"{info.name}'s vocabulary of {info.vocab_size:,}: not its data")
         if seq_length > info.context:
-            raise SystemExit(f"error: windows of {seq_length} tokens exceed model {info.name}'s "
-                             f"context of {info.context}: lower --seq-length")
+            raise FlagError(f"windows of {seq_length} tokens exceed model {info.name}'s "
+                            f"context of {info.context}: lower --seq-length")
     names = [m.name for m in models]
     if len(set(names)) != len(names):
-        raise SystemExit(f"error: model names must differ, got {names}: name them NAME=PATH")
+        raise FlagError(f"model names must differ, got {names}: name them NAME=PATH")
     for a, b in itertools.combinations(models, 2) if cka else ():
         why = difference(a, b)
         if why:
-            raise SystemExit(f"error: cannot compare {a.name} and {b.name} by CKA (the same "
-                             f"token ids must mean the same text to both): {why}; probe them "
-                             f"in separate runs, or pass --no-cka")
+            raise FlagError(f"cannot compare {a.name} and {b.name} by CKA (the same "
+                            f"token ids must mean the same text to both): {why}; probe them "
+                            f"in separate runs, or pass --no-cka")
 
 
 def _memory(models: Sequence[ModelInfo], sample: Sample, scored: int, cka: bool,

@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
+from ..runtime.errors import FlagError
+
 
 @dataclasses.dataclass(frozen=True)
 class ProbeSettings:
@@ -30,7 +32,7 @@ class ProbeSettings:
     def check(self) -> None:
         for name in ("tokens", "sample", "top_k", "batch_size"):
             if getattr(self, name) < 1:
-                raise SystemExit(f"error: probes: {name} must be positive, got "
-                                 f"{getattr(self, name)}")
+                raise FlagError(f"probes: {name} must be positive, got "
+                                f"{getattr(self, name)}")
         if self.ridge is not None and not self.ridge > 0:
-            raise SystemExit(f"error: probes: ridge must be positive, got {self.ridge}")
+            raise FlagError(f"probes: ridge must be positive, got {self.ridge}")

@@ -1,7 +1,7 @@
 """The held-out text a probe run reads (tools/probe.py): the first tokens of an indexed
 dataset (as a study's held-out set), or of a JSONL file encoded with a tokenizer, each
 document followed by the end-of-document token; cut into windows, with each token's
-document, by the core's megatron_ext/held_out.py.
+document, by the core's megatron_ext/datasets/held_out.py.
 """
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ from typing import Optional
 
 import numpy as np
 
-from megatron_ext.held_out import cut_documents, indexed_documents
+from ..datasets.held_out import cut_documents, indexed_documents
 
 
 def jsonl_documents(path: str, key: str, tokenizer):
     """Token arrays of the JSONL documents, each ending with the end-of-document token."""
-    from megatron_ext.data.readers import iter_texts
+    from ..preprocess.readers import iter_texts
     for texts in iter_texts([path], "line", [key], "--jsonl"):
         ids = [i for text in texts[key] for i in tokenizer.tokenize(text)] + [tokenizer.eod]
         yield np.asarray(ids, dtype=np.int64)
@@ -32,7 +32,7 @@ def held_out(tokens: int, seq_length: int, data_path: Optional[str] = None,
         return (*cut_documents(indexed_documents(data_path), tokens, seq_length,
                                f"--data-path {data_path}", "--tokens"),
                 f"the first {tokens:,} tokens of {data_path}")
-    from megatron_ext.tokenizer import build_tokenizer
+    from ..datasets.tokenizer import build_tokenizer
     tokenizer = build_tokenizer(tokenizer_type, tokenizer_model)
     documents = jsonl_documents(jsonl, json_key, tokenizer)
     return (*cut_documents(documents, tokens, seq_length, f"--jsonl {jsonl}", "--tokens"),

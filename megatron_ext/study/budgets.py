@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from ..runtime.errors import StudyError
+
 
 @dataclasses.dataclass(frozen=True)
 class Branch:
@@ -40,7 +42,7 @@ def plan(recipe: tuple[str, ...], budgets: tuple[int, ...], what: str) -> list[B
     naming ``what`` (the recipe or level), where the recipe cannot branch them."""
     if not budgets:
         return []
-    from megatron_ext.arguments import add_training_args, build_parser
+    from ..config.arguments import add_training_args, build_parser
     parser = build_parser("")
     add_training_args(parser)
     args = parser.parse_known_args(list(recipe))[0]
@@ -52,7 +54,7 @@ def plan(recipe: tuple[str, ...], budgets: tuple[int, ...], what: str) -> list[B
                 args.lr_decay_iters is None}
     missing = [k for k, ok in need.items() if not ok]
     if missing:
-        raise SystemExit(f"error: [budgets] branch WSD cooldowns, but {what} lacks: "
+        raise StudyError(f"[budgets] branch WSD cooldowns, but {what} lacks: "
                          f"{', '.join(missing)}")
     batch = args.global_batch_size
     per_step = batch * args.seq_length
@@ -64,8 +66,8 @@ def plan(recipe: tuple[str, ...], budgets: tuple[int, ...], what: str) -> list[B
         iterations = tokens // per_step
         start = int(iterations * (1 - fraction)) // args.save_interval * args.save_interval
         if not 0 < start < iterations < main:
-            raise SystemExit(
-                f"error: budget {tokens:,} tokens ({iterations} steps of {per_step:,} tokens) "
+            raise StudyError(
+                f"budget {tokens:,} tokens ({iterations} steps of {per_step:,} tokens) "
                 f"of {what}: no saved stable checkpoint to branch from (the run trains "
                 f"{main} steps, stable to {stable_end}, saving every {args.save_interval}); "
                 f"a budget must lie between one save interval and the run's length")

@@ -4,7 +4,7 @@ tasks of tools/evaluate.py with lm-eval's per-item results kept (for item-paired
 comparisons between arms).
 
 Each record also carries the checkpoint's training compute: ``flops``, the FLOPs of its
-iterations as the training log's MFU counts them (:func:`megatron_ext.metrics.flops_per_token`
+iterations as the training log's MFU counts them (:func:`megatron_ext.metrics.flops.flops_per_token`
 times the tokens trained), and ``parameters`` (``total`` trainable, ``non_embedding``: all
 but the input table, which a fixed code does not have); a record cached before it had
 them gets them added, without evaluating again.
@@ -27,10 +27,10 @@ from typing import Optional
 
 import numpy as np
 
-from megatron_ext.checkpointing import completed_iterations, iteration_name
-from megatron_ext.files import write_json
-from megatron_ext.held_out import held_out_tokens, tokens_sha256
-from megatron_ext.retention import SaveDeleted, reading
+from ..checkpoint.layout import completed_iterations, iteration_name
+from ..checkpoint.retention import SaveDeleted, reading
+from ..datasets.held_out import held_out_tokens, tokens_sha256
+from ..runtime.files import write_json
 
 from .spec import EvalSettings, Study, run_dir
 
@@ -80,8 +80,8 @@ def downstream(load: Path, iteration: int, settings: EvalSettings) -> dict:
     (temporarily, :func:`megatron_ext.hf.export.export_checkpoint`) and scored by lm-eval on the
     study's tasks; ``items`` is the per-document score (0/1) in document order."""
     os.environ["HF_HUB_OFFLINE"] = os.environ["HF_DATASETS_OFFLINE"] = "1"
-    from megatron_ext.hf.eval_tasks import evaluate_model, official_tasks, task_config
-    from megatron_ext.hf.export import export_checkpoint
+    from ..hf.eval_tasks import evaluate_model, official_tasks, task_config
+    from ..hf.export import export_checkpoint
     with tempfile.TemporaryDirectory() as hf_dir:
         export_checkpoint(str(load), hf_dir, iteration)
         manager = official_tasks()
@@ -98,7 +98,7 @@ def downstream(load: Path, iteration: int, settings: EvalSettings) -> dict:
 
 
 def evaluate_checkpoint(run: Path, iteration: int, settings: EvalSettings) -> dict:
-    from megatron_ext.hf.megatron_checkpoint import load_model, read_checkpoint
+    from ..hf.megatron_checkpoint import load_model, read_checkpoint
     ckpt = run / "checkpoints"
     path, train_args, fixed_code, _ = read_checkpoint(str(ckpt), iteration)
     model = load_model(path, train_args, fixed_code)
@@ -118,8 +118,8 @@ def evaluate_checkpoint(run: Path, iteration: int, settings: EvalSettings) -> di
 def training_compute(train_args, iteration: int, model) -> dict:
     """``{"flops", "parameters"}`` of a checkpoint at ``iteration`` (its saved flags, which
     hold the derived batch and padded vocabulary, and its model)."""
-    from megatron_ext.metrics import flops_per_token
-    from megatron_ext.param_count import count_parameters
+    from ..metrics.flops import flops_per_token
+    from ..model.param_count import count_parameters
     tokens = iteration * train_args.global_batch_size * train_args.seq_length
     counts = count_parameters(model)
     return {"flops": tokens * flops_per_token(train_args, train_args.padded_vocab_size),
@@ -149,8 +149,8 @@ def evaluate_study(study: Study, study_dir: Path, progress=print) -> dict:
     """Evaluate what is not cached yet; ``{"evaluated": n, "cached": m}``. A cached record
     made before records carried the training compute gets it added (the model is loaded,
     nothing is evaluated again)."""
-    from megatron_ext.hf.megatron_checkpoint import load_model, read_checkpoint
-    from megatron_ext.initialize import initialize_distributed
+    from ..hf.megatron_checkpoint import load_model, read_checkpoint
+    from ..runtime.initialize import initialize_distributed
     counts = {"evaluated": 0, "cached": 0}
     todo, older = [], []
     for arm, seed in study.runs():

@@ -1,6 +1,6 @@
 """Launching a study's runs: one after another on this machine (each resuming from its
 checkpoints; Ctrl-C lets the current run save and stop), or as one preemption-safe Slurm job
-per run (:mod:`megatron_ext.slurm`'s job script); then every checkpoint evaluated (and,
+per run (:mod:`megatron_ext.launch.slurm`'s job script); then every checkpoint evaluated (and,
 with ``[probes]``, the final ones probed). tools/study.py is the command line.
 
 A run is ``STUDY_DIR/[LEVEL/...]ARM/seedN`` (:func:`.spec.all_runs`); it is finished when
@@ -17,7 +17,8 @@ import sys
 from pathlib import Path
 from typing import Callable, Optional
 
-from megatron_ext import slurm
+from ..launch import slurm
+from ..runtime.errors import StudyError
 
 from . import spec
 
@@ -31,7 +32,8 @@ def _print(message: str) -> None:
 
 def finished(run: Path) -> bool:
     """Whether the run's latest checkpoint is its last iteration."""
-    from megatron_ext.checkpointing import latest_iteration, load_common
+    from ..checkpoint.layout import latest_iteration
+    from ..checkpoint.loading import load_common
     ckpt = run / "checkpoints"
     if not ckpt.is_dir() or latest_iteration(str(ckpt)) is None:
         return False
@@ -87,7 +89,7 @@ def train_locally(study: spec.Study, study_dir: Path, nproc: int,
                 raise SystemExit(f"[study] interrupted: {where}{arm.name} seed {seed} saved "
                                  f"its checkpoint; rerun the same command to continue")
         if rc != 0:
-            raise SystemExit(f"error: run {where}{arm.name} seed {seed} failed (exit {rc}); "
+            raise StudyError(f"run {where}{arm.name} seed {seed} failed (exit {rc}); "
                              f"see {run / 'train.log'}")
 
 

@@ -18,10 +18,10 @@ import json
 from pathlib import Path
 from typing import Optional
 
-from megatron_ext.checkpointing import completed_iterations, iteration_name
-from megatron_ext.files import write_json
-from megatron_ext.held_out import cut_documents, indexed_documents
-from megatron_ext.reporting import mean_interval, signed_range
+from ..checkpoint.layout import completed_iterations, iteration_name
+from ..datasets.held_out import cut_documents, indexed_documents
+from ..metrics.reporting import mean_interval, signed_range
+from ..runtime.files import write_json
 
 from .spec import Study, run_dir
 from .stats import paired_difference, t_interval
@@ -54,8 +54,8 @@ def read_probes(run: Path, iteration: int, settings) -> Optional[dict]:
 def probe_study(study: Study, study_dir: Path, final: Optional[int], progress=print) -> dict:
     """Probe each run's checkpoint at ``final`` (the study's common final iteration) unless
     cached; ``{"probed": n, "cached": m}``."""
-    from megatron_ext.probes.models import describe
-    from megatron_ext.probes.run import run_probes
+    from ..probes.models import describe
+    from ..probes.run import run_probes
     settings, counts = study.probes, {"probed": 0, "cached": 0}
     for arm, seed in study.runs() if final is not None else ():
         run = run_dir(study_dir, arm, seed)
@@ -130,7 +130,7 @@ def differences(summary: dict) -> list[dict]:
 
 
 def markdown(study: Study, summary: dict, final: int) -> str:
-    from megatron_ext.probes.report import chance_line, trivial_note, SELECTIVITY
+    from ..probes.report import chance_line, trivial_note, SELECTIVITY
     settings = study.probes
     chance = next(iter(summary.values()))["chance"]
     lines = [f"## Probes at the common final iteration ({final:,})", "",
@@ -195,7 +195,7 @@ def _cell(row: dict, metric: str) -> str:
 
 
 def plot(summary: dict, path: Path) -> None:
-    from megatron_ext.probes.report import plot as plot_layers
+    from ..probes.report import plot as plot_layers
     curves = []
     for arm, entry in summary.items():
         for init, style in (("trained", "-"), ("random_init", "--")):

@@ -9,7 +9,7 @@ and then the items (with one seed: conditional on that run, and labelled so). Th
 names how many comparisons it makes. Every row carries the tokens seen and the steps
 skipped. With ``[probes]``, the probes of the final checkpoints per layer
 (:mod:`.probing`). Each arm has one colour in every figure
-(:func:`megatron_ext.reporting.colours`).
+(:func:`megatron_ext.metrics.reporting.colours`).
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ from typing import Optional
 import numpy as np
 
 import megatron_ext
-from megatron_ext.checkpointing import completed_iterations
-from megatron_ext.files import write_text
-from megatron_ext.metric_sinks import summarise_run
-from megatron_ext.reporting import (colours, mean_interval, number, pyplot, save_figure,
-                                    shown_path, signed_range, tokens_axis)
+from ..checkpoint.layout import completed_iterations
+from ..metrics.reporting import (colours, mean_interval, number, pyplot, save_figure, shown_path,
+                                 signed_range, tokens_axis)
+from ..metrics.sinks import summarise_run
+from ..runtime.files import write_text
 
 from .evaluation import label, metric_names, metric_value, read_cached
 from .spec import Study, run_dir

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from megatron_ext.reporting import colours, number, pyplot, save_figure, signed_range
+from ..metrics.reporting import colours, number, pyplot, save_figure, signed_range
 
 from . import fit
 from .evaluation import label, metric_value
@@ -33,10 +33,9 @@ PAPER_TOKENS = 100e9
 def paper_compute() -> float:
     """The paper's training FLOPs: its recipe's FLOPs per token (the log's count) times
     :data:`PAPER_TOKENS`."""
-    from megatron_ext.arguments import (PRESETS, add_training_args, build_parser,
-                                        padded_vocab_size)
-    from megatron_ext.metrics import flops_per_token
-    from megatron_ext.slurm import REPO
+    from ..config.arguments import PRESETS, add_training_args, build_parser, padded_vocab_size
+    from ..metrics.flops import flops_per_token
+    from ..launch.slurm import REPO
     parser = build_parser("")
     add_training_args(parser)
     args = parser.parse_known_args(read_recipe(str(REPO / PAPER_RECIPE)))[0]

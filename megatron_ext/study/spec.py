@@ -32,10 +32,11 @@ import tomllib
 from pathlib import Path
 from typing import Optional
 
-from megatron_ext import recipes
-from megatron_ext.codes import ARMS
-from megatron_ext.files import write_text
-from megatron_ext.probes.settings import ProbeSettings
+from ..codes.schemes import ARMS
+from ..config import recipes
+from ..probes.settings import ProbeSettings
+from ..runtime.errors import FlagError, StudyError
+from ..runtime.files import write_text
 
 from .budgets import Branch, plan
 
@@ -166,14 +167,14 @@ def parse_arm(spec: str, interfaces: tuple[str, ...]) -> Arm:
         name, body = spec, spec
     interface, *flag_specs = body.split("@")
     if interface not in interfaces:
-        raise SystemExit(f"error: arm {spec!r}: unknown input interface {interface!r} "
+        raise StudyError(f"arm {spec!r}: unknown input interface {interface!r} "
                          f"(choose from {', '.join(interfaces)})")
     _check_name(name, f"arm {spec!r}")
     flags = []
     for part in flag_specs:
         flag, eq, value = part.partition("=")
         if not flag.startswith("--"):
-            raise SystemExit(f"error: arm {spec!r}: {part!r} is not a --flag[=value]")
+            raise StudyError(f"arm {spec!r}: {part!r} is not a --flag[=value]")
         flags += [flag, value] if eq else [flag]
     _refuse_per_run(flags, f"arm {spec!r}")
     return Arm(name, interface, tuple(flags))
@@ -181,7 +182,7 @@ def parse_arm(spec: str, interfaces: tuple[str, ...]) -> Arm:
 
 def _check_name(name: str, what: str) -> None:
     if not ARM_NAME.fullmatch(name):
-        raise SystemExit(f"error: {what}: the name {name!r} must be letters, digits and "
+        raise StudyError(f"{what}: the name {name!r} must be letters, digits and "
                          f"_.@=+- (it names a folder)")
 
 
@@ -189,7 +190,7 @@ def _refuse_per_run(flags, what: str) -> None:
     """Refuse flags that the study sets for every run, naming ``what`` sets them."""
     for token in flags:
         if token.split("=")[0] in PER_RUN_FLAGS:
-            raise SystemExit(f"error: {what} sets {token.split('=')[0]}, which the study sets "
+            raise StudyError(f"{what} sets {token.split('=')[0]}, which the study sets "
                              f"for every run")
 
 
@@ -197,30 +198,30 @@ def parse_factors(fields: dict) -> tuple[Factor, ...]:
     """``[factors.NAME]`` tables of ``LEVEL = "--flag value ..."`` (a string or a list of
     flags), in the order written; errors name the factor and level."""
     if not isinstance(fields, dict):
-        raise SystemExit("error: factors must be tables [factors.NAME] of LEVEL = \"--flags\"")
+        raise StudyError("factors must be tables [factors.NAME] of LEVEL = \"--flags\"")
     factors, names = [], []
     for factor, levels in fields.items():
         _check_name(factor, f"factor {factor!r}")
         if not isinstance(levels, dict) or not levels:
-            raise SystemExit(f"error: factor {factor!r} needs levels: LEVEL = \"--flags\"")
+            raise StudyError(f"factor {factor!r} needs levels: LEVEL = \"--flags\"")
         parsed = []
         for level, flags in levels.items():
             what = f"level {level!r} of factor {factor!r}"
             _check_name(level, what)
             if not isinstance(flags, (str, list)):
-                raise SystemExit(f"error: {what}: give its flags as a string or a list (in "
+                raise StudyError(f"{what}: give its flags as a string or a list (in "
                                  f"TOML a level name with a dot, such as lr1.6e-2, needs "
                                  f"quotes: \"lr1.6e-2\" = \"--lr 1.6e-2\")")
             flags = shlex.split(flags) if isinstance(flags, str) else [str(f) for f in flags]
             if not flags or not flags[0].startswith("--"):
-                raise SystemExit(f"error: {what}: {' '.join(flags)!r} is not --flag [value]...")
+                raise StudyError(f"{what}: {' '.join(flags)!r} is not --flag [value]...")
             _refuse_per_run(flags, what)
             parsed.append(Level(level, tuple(flags)))
             names.append(level)
         factors.append(Factor(factor, tuple(parsed)))
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
-        raise SystemExit(f"error: level name(s) {repeated} appear more than once; each names "
+        raise StudyError(f"level name(s) {repeated} appear more than once; each names "
                          f"a folder")
     return tuple(factors)
 
@@ -230,10 +231,10 @@ def _budgets(fields: Optional[dict]) -> tuple[int, ...]:
     if fields is None:
         return ()
     if not isinstance(fields, dict) or set(fields) != {"tokens"}:
-        raise SystemExit("error: [budgets] takes one key, tokens = [token counts]")
+        raise StudyError("[budgets] takes one key, tokens = [token counts]")
     tokens = [int(t) for t in fields["tokens"]]
     if not tokens or min(tokens) <= 0 or len(set(tokens)) != len(tokens):
-        raise SystemExit(f"error: [budgets] tokens {tokens}: give distinct positive counts")
+        raise StudyError(f"[budgets] tokens {tokens}: give distinct positive counts")
     return tuple(sorted(tokens))
 
 
@@ -250,34 +251,34 @@ def build_study(fields: dict, base: Path) -> Study:
     unknown = set(fields) - {"recipe", "overrides", "arms", "seeds", "control", "eval",
                              "probes", "factors", "budgets", "tune"}
     if unknown:
-        raise SystemExit(f"error: unknown study key(s) {sorted(unknown)}; expected recipe, "
+        raise StudyError(f"unknown study key(s) {sorted(unknown)}; expected recipe, "
                          f"overrides, arms, seeds, control, eval, probes, factors, budgets, "
                          f"tune")
     for key in ("recipe", "arms", "seeds"):
         if not fields.get(key):
-            raise SystemExit(f"error: the study needs {key} (a study file key or --{key})")
+            raise StudyError(f"the study needs {key} (a study file key or --{key})")
     arms = tuple(parse_arm(str(a), ARMS) for a in fields["arms"])
     names = [a.name for a in arms]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
-        raise SystemExit(f"error: duplicate arm name(s) {duplicates}; name them NAME:SPEC")
+        raise StudyError(f"duplicate arm name(s) {duplicates}; name them NAME:SPEC")
     seeds = tuple(int(s) for s in fields["seeds"])
     if len(set(seeds)) != len(seeds):
-        raise SystemExit(f"error: duplicate seeds in {list(seeds)}")
+        raise StudyError(f"duplicate seeds in {list(seeds)}")
     control = fields.get("control") or "learned"
     if control not in names:
-        raise SystemExit(f"error: the control arm {control!r} is not among the arms {names} "
+        raise StudyError(f"the control arm {control!r} is not among the arms {names} "
                          f"(--control)")
     evaluation = dict(fields.get("eval") or {})
     bad = set(evaluation) - {f.name for f in dataclasses.fields(EvalSettings)}
     if bad:
-        raise SystemExit(f"error: unknown eval setting(s) {sorted(bad)}")
+        raise StudyError(f"unknown eval setting(s) {sorted(bad)}")
     for key in ("data_path", "data_dir"):
         if evaluation.get(key):
             evaluation[key] = str((base / evaluation[key]).resolve())
     evaluation["tasks"] = tuple(evaluation.get("tasks") or ())
     if evaluation["tasks"] and not evaluation.get("data_dir"):
-        raise SystemExit("error: downstream tasks need eval data_dir (--data-dir), the folder "
+        raise StudyError("downstream tasks need eval data_dir (--data-dir), the folder "
                          "of <task>.jsonl files")
     probes = _probe_settings(fields.get("probes"), base, evaluation.get("data_path"))
     recipe_path = str((base / fields["recipe"]).resolve())
@@ -300,20 +301,20 @@ def _check_tune(study: Study) -> None:
         return
     factor = next((f for f in study.factors if f.name == study.tune), None)
     if factor is None:
-        raise SystemExit(f"error: tune = {study.tune!r} is not a factor of the study "
+        raise StudyError(f"tune = {study.tune!r} is not a factor of the study "
                          f"({[f.name for f in study.factors]})")
     if len(factor.levels) < 2:
-        raise SystemExit(f"error: tune = {study.tune!r}: factor {study.tune!r} needs two levels "
+        raise StudyError(f"tune = {study.tune!r}: factor {study.tune!r} needs two levels "
                          f"or more to choose from")
     if not study.eval.data_path:
-        raise SystemExit(f"error: tune = {study.tune!r} chooses by the held-out loss: give "
+        raise StudyError(f"tune = {study.tune!r} chooses by the held-out loss: give "
                          f"[eval] data_path")
 
 
 def _check_held_out(study: Study) -> None:
     """The held-out sets (eval, probes) must not be a training prefix of any run (whose
     relative prefixes are taken from the repository root, where the launchers start it)."""
-    from megatron_ext.slurm import REPO as RUNS_START_IN
+    from ..launch.slurm import REPO as RUNS_START_IN
     trained = sorted({p for _, cell in study.cells() for arm in cell.arms
                       for p in recipes.training_prefixes([*cell.recipe, *arm.flags])})
     for what, settings in (("eval data_path", study.eval), ("probes data_path", study.probes)):
@@ -330,11 +331,11 @@ def _probe_settings(fields: Optional[dict], base: Path, eval_data: Optional[str]
         return None
     bad = set(fields) - {f.name for f in dataclasses.fields(ProbeSettings)}
     if bad:
-        raise SystemExit(f"error: unknown probes setting(s) {sorted(bad)}")
+        raise StudyError(f"unknown probes setting(s) {sorted(bad)}")
     data_path = fields.get("data_path")
     data_path = str((base / data_path).resolve()) if data_path else eval_data
     if not data_path:
-        raise SystemExit("error: [probes] needs data_path (or [eval] data_path): the held-out "
+        raise StudyError("[probes] needs data_path (or [eval] data_path): the held-out "
                          "tokens the probes read")
     settings = ProbeSettings(**{**fields, "data_path": data_path})
     settings.check()
@@ -343,7 +344,7 @@ def _probe_settings(fields: Optional[dict], base: Path, eval_data: Optional[str]
 
 def _check_flags(study: Study) -> None:
     """Every run's flags must parse as pretrain_fixedcode.py's (named per arm and level)."""
-    from megatron_ext.arguments import add_training_args, build_parser, parse_model_args
+    from ..config.arguments import add_training_args, build_parser, parse_model_args
     parser = build_parser("")
     add_training_args(parser)
     for folder, cell in study.cells():
@@ -352,23 +353,25 @@ def _check_flags(study: Study) -> None:
             flags = [*cell.recipe, *arm.training_flags(), "--seed", "1"]
             unknown = parser.parse_known_args(flags)[1]
             if unknown:
-                raise SystemExit(f"error: {what} with recipe {study.recipe_path}: "
+                raise StudyError(f"{what} with recipe {study.recipe_path}: "
                                  f"unknown flag(s) {' '.join(unknown)}")
             try:
                 parse_model_args(flags, "", add_training_args)
-            except SystemExit as e:
-                raise SystemExit(f"error: {what} with recipe {study.recipe_path}: "
+            except FlagError as e:
+                raise StudyError(f"{what} with recipe {study.recipe_path}: {e}") from e
+            except SystemExit as e:  # argparse's refusal of a value (it printed why)
+                raise StudyError(f"{what} with recipe {study.recipe_path}: "
                                  f"{e.code or 'invalid flags'}") from e
 
 
 def read_study_file(path: str) -> dict:
     if not os.path.isfile(path):
-        raise SystemExit(f"error: --study {path}: no such file")
+        raise StudyError(f"--study {path}: no such file")
     try:
         with open(path, "rb") as f:
             return tomllib.load(f)
     except tomllib.TOMLDecodeError as e:
-        raise SystemExit(f"error: {path}: {e}") from e
+        raise StudyError(f"{path}: {e}") from e
 
 
 SPEC_FILE = "definition.json"
@@ -406,11 +409,11 @@ def settle(study_dir: Path, study: Optional[Study], save: bool = True) -> Study:
     if path.exists():
         saved = Study.from_json(json.loads(path.read_text()))
         if study is not None and study != saved:
-            raise SystemExit(f"error: {study_dir} holds another study ({path}); give the same "
+            raise StudyError(f"{study_dir} holds another study ({path}); give the same "
                              f"definition, none (to reuse it), or another directory")
         return saved
     if study is None:
-        raise SystemExit(f"error: {path} does not exist: start the study with --study FILE or "
+        raise StudyError(f"{path} does not exist: start the study with --study FILE or "
                          f"--recipe/--arms/--seeds")
     if not save:
         return study

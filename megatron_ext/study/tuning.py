@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from megatron_ext.reporting import number
+from ..metrics.reporting import number
 
 from .spec import Study
 

@@ -1,0 +1,13 @@
+"""Checkpoints: the layout of a save and of a ``--save`` folder, loading, what a resume must
+match, saving (sync or async), manifests and retention.
+
+- ``layout``: the ``iter_N`` naming, the marker, completed saves, the train state and provenance
+  a save carries, its sharded state;
+- ``loading``: a save verified and loaded (model, optimizer, scheduler, random states);
+- ``compatibility``: what a resume must share with its checkpoint (model, schedule, layout);
+- ``torch_adam``: the fix that lets megatron-core 0.16.1 resume a distributed optimizer over
+  torch's Adam;
+- ``saving``: writing saves (the Checkpointer), sync or async;
+- ``manifest``: each save's files with sizes and checksums;
+- ``retention``: which saves are kept.
+"""

@@ -1,0 +1,96 @@
+"""What a resumed run must share with its checkpoint, and what it may change: the model and
+input (:func:`check_compatible`), the learning-rate schedule (:func:`reconcile_schedule`),
+the parallel sizes the distributed optimizer's saved layout allows
+(:func:`check_optimizer_resharding`)."""
+
+from __future__ import annotations
+
+import argparse
+
+from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+from ..runtime.errors import CheckpointError, FlagError
+from .layout import saved_content_metadata
+
+
+# Arguments that define the model and its input: a checkpoint can only be resumed with the same.
+MODEL_DEFINING_ARGS = (
+    "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
+    "padded_vocab_size", "normalization", "swiglu", "disable_bias_linear",
+    "untie_embeddings_and_output_weights", "position_embedding_type", "input_interface",
+    "code_bits", "code_values", "code_scale", "code_tiling",
+)
+
+
+# Model-defining arguments added since the first checkpoints: their value in those checkpoints.
+ADDED_ARGS = {"code_tiling": "repeat"}
+
+
+def check_compatible(saved_args: dict, current: dict, path: str) -> None:
+    """Refuse to resume a checkpoint whose model or input differs from this run's
+    (``current``: its arguments with the derived values, derived.run_record)."""
+    saved = {k: saved_args.get(k, ADDED_ARGS.get(k)) for k in MODEL_DEFINING_ARGS}
+    diffs = [f"--{k.replace('_', '-')}: checkpoint {saved[k]!r}, now {current[k]!r}"
+             for k in MODEL_DEFINING_ARGS if saved[k] != current[k]]
+    if diffs:
+        raise CheckpointError(f"cannot resume {path} with a different model or input:\n  "
+                              + "\n  ".join(diffs))
+
+
+# The learning-rate and weight-decay schedule, by argument, with its flag.
+SCHEDULE_FLAGS = {
+    "lr": "--lr", "min_lr": "--min-lr", "lr_warmup_iters": "--lr-warmup-iters",
+    "lr_decay_iters": "--lr-decay-iters", "lr_decay_style": "--lr-decay-style",
+    "lr_wsd_decay_iters": "--lr-wsd-decay-iters", "lr_wsd_decay_style": "--lr-wsd-decay-style",
+    "weight_decay": "--weight-decay",
+}
+
+
+def _schedule(args: dict) -> dict:
+    """The schedule the arguments define (decay length resolved, WSD values only for WSD)."""
+    schedule = {k: args.get(k) for k in SCHEDULE_FLAGS}
+    schedule["lr_decay_iters"] = schedule["lr_decay_iters"] or args.get("train_iters")
+    if schedule["lr_decay_style"] != "WSD":
+        schedule["lr_wsd_decay_iters"] = schedule["lr_wsd_decay_style"] = None
+    return schedule
+
+
+def reconcile_schedule(saved_args: dict, args: argparse.Namespace, train_iters: int,
+                       path: str) -> tuple[list[str], dict]:
+    """On resume, settle which schedule continues when the flags and the checkpoint differ
+    (``train_iters``: this run's, derived; the decay length defaults to it):
+    the flags' with ``--override-opt_param-scheduler``, the checkpoint's with
+    ``--use-checkpoint-opt_param-scheduler``, else an error naming each difference. Returns
+    the differences, ``["--flag NEW (checkpoint OLD)", ...]``, and the schedule the run
+    keeps, ``{name: value}`` over :data:`SCHEDULE_FLAGS` (``args`` is not written into)."""
+    if args.override_opt_param_scheduler and args.use_checkpoint_opt_param_scheduler:
+        raise FlagError("--override-opt_param-scheduler and "
+                        "--use-checkpoint-opt_param-scheduler are exclusive")
+    flags = {k: getattr(args, k) for k in SCHEDULE_FLAGS}
+    old, new = _schedule(saved_args), _schedule({**vars(args), "train_iters": train_iters})
+    diffs = [f"{SCHEDULE_FLAGS[k]} {new[k]} (checkpoint {old[k]})" for k in old if old[k] != new[k]]
+    if not diffs or args.override_opt_param_scheduler:
+        return diffs, flags
+    if args.use_checkpoint_opt_param_scheduler:
+        return diffs, {k: old[k] if old[k] is not None else flags[k] for k in SCHEDULE_FLAGS}
+    raise CheckpointError(
+        f"the learning-rate schedule differs from the one {path} was trained with: "
+        + ", ".join(diffs) + ". Pass --override-opt_param-scheduler to continue with the new "
+        "values, or --use-checkpoint-opt_param-scheduler to keep the checkpoint's")
+
+
+def check_optimizer_resharding(common: dict, args: argparse.Namespace, path: str) -> None:
+    """Refuse to resume distributed-optimizer state at a TP/PP size its layout cannot take."""
+    saved_args = common["args"]
+    layout = saved_content_metadata(common).get("distrib_optim_sharding_type")
+    if layout is None or layout in DistributedOptimizer.checkpoint_fully_reshardable_formats:
+        return
+    changed = [f"--{k.replace('_', '-')} {saved_args.get(k)} (now {getattr(args, k)})"
+               for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size")
+               if saved_args.get(k) != getattr(args, k)]
+    if changed:
+        raise CheckpointError(
+            f"{path} holds distributed-optimizer state in the {layout} layout, which "
+            f"resumes at another data-parallel size only, but it was saved with "
+            f"{', '.join(changed)}: resume at the saved sizes (save there with "
+            f"--dist-ckpt-optim-fully-reshardable to change them)")

@@ -1,0 +1,9 @@
+"""What a run is told and what follows from it: Megatron-LM's flags, recipe files, the values
+settled once at start-up, argparse types. Imports ``codes`` and ``runtime``.
+
+- ``arguments``: Megatron-LM's flags plus the fixed-code flags;
+- ``recipes``: files of flags shared by the runs of an experiment;
+- ``derived``: ``Derived`` and ``Resolved``: values settled at start-up, never written into the
+  flags;
+- ``flag_types``: argparse types and choices of the command lines (imports nothing heavy).
+"""

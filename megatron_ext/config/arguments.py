@@ -1,0 +1,402 @@
+"""Command-line arguments with Megatron-LM's flag names, plus the fixed-code options.
+
+One parser serves the training entry point and the tools (parameter report, converter), so a
+flag means the same thing everywhere. Defaults are the paper's backbone: RMSNorm, SwiGLU, no
+linear biases, RoPE, untied output head; Megatron-LM's spellings of those choices
+(``--swiglu``, ``--disable-bias-linear``, ``--untie-embeddings-and-output-weights``,
+``--normalization RMSNorm``) are accepted, and each has a ``--no-...`` form.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from typing import Optional, Sequence
+
+from ..codes.schemes import ARMS, TILINGS, check_options
+from ..runtime.errors import FlagError
+from .flag_types import TOKENIZER_TYPES
+
+# Megatron-LM's --attention-backend values (megatron.core.transformer.enums.AttnBackend).
+ATTENTION_BACKENDS = ("auto", "flash", "fused", "unfused", "local")
+
+# The reference shape of the paper (SmolLM2-1.7B-like).
+PRESETS = {
+    "smollm2-1.7b": dict(num_layers=24, hidden_size=2048, num_attention_heads=32,
+                         ffn_hidden_size=8192, seq_length=2048, max_position_embeddings=2048,
+                         vocab_size=49152, rotary_base=130000),
+}
+
+
+def add_model_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("model")
+    g.add_argument("--preset", choices=sorted(PRESETS),
+                   help="fill the model shape from a named preset (explicit flags still win)")
+    g.add_argument("--num-layers", type=int, help="transformer layers")
+    g.add_argument("--hidden-size", type=int, help="model width h (the fixed code is tiled to it)")
+    g.add_argument("--ffn-hidden-size", type=int, help="default 4 x hidden size")
+    g.add_argument("--num-attention-heads", type=int, help="attention heads")
+    g.add_argument("--num-query-groups", type=int, default=None,
+                   help="grouped-query attention groups (default: no GQA)")
+    g.add_argument("--seq-length", type=int, help="tokens per training sequence")
+    g.add_argument("--max-position-embeddings", type=int, help="default --seq-length")
+    g.add_argument("--position-embedding-type", choices=["rope", "none"], default="rope",
+                   help="rope, or none (no position information)")
+    g.add_argument("--rotary-base", type=int, default=10000, help="RoPE base frequency")
+    g.add_argument("--normalization", choices=["RMSNorm", "LayerNorm"], default="RMSNorm",
+                   help="the layers' norm")
+    g.add_argument("--norm-epsilon", type=float, default=1e-5, help="epsilon of the norms")
+    g.add_argument("--swiglu", action=argparse.BooleanOptionalAction, default=True,
+                   help="SwiGLU MLP (--no-swiglu: GELU)")
+    g.add_argument("--disable-bias-linear", action=argparse.BooleanOptionalAction, default=True,
+                   help="no biases in the linear layers (--no-disable-bias-linear: biases)")
+    g.add_argument("--untie-embeddings-and-output-weights",
+                   action=argparse.BooleanOptionalAction, default=True,
+                   help="an output head of its own (--no-...: tied to the learned input table)")
+    g.add_argument("--init-method-std", type=float, default=0.02,
+                   help="standard deviation of the weight initialisation (and of the learned "
+                        "table)")
+    g.add_argument("--hidden-dropout", type=float, default=0.0,
+                   help="dropout on the residual stream")
+    g.add_argument("--attention-dropout", type=float, default=0.0,
+                   help="dropout on the attention probabilities")
+    g.add_argument("--make-vocab-size-divisible-by", type=int, default=128,
+                   help="pad the vocabulary to a multiple of this x tensor-parallel size")
+    g.add_argument("--bf16", action="store_true",
+                   help="bf16 weights and activations, fp32 main weights in the optimizer")
+    g.add_argument("--fp16", action="store_true",
+                   help="fp16 weights and activations, fp32 main weights, dynamic loss scaling")
+    g.add_argument("--transformer-impl", choices=["local", "transformer_engine"],
+                   default=None,
+                   help="transformer layers (default: transformer_engine on a GPU where "
+                        "Transformer Engine imports, as in Megatron-LM; local otherwise)")
+    g.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default="auto",
+                   help="Transformer Engine layers: TE's attention backend, as in Megatron-LM "
+                        "(auto: TE's choice). Local layers: auto or flash run torch's fused "
+                        "scaled_dot_product_attention (flash: the flash kernel only on a GPU), "
+                        "unfused or local Megatron-Core's DotProductAttention; fused is TE's")
+    g.add_argument("--fp32-residual-connection", action="store_true",
+                   help="keep the residual stream in fp32 under --bf16/--fp16 (the layers "
+                        "still compute in the training dtype); docs/gpu.md says what a bf16 "
+                        "stream loses with +-1 codes")
+    g.add_argument("--fp8-format", choices=["e4m3", "hybrid"], default=None,
+                   help="FP8 training with Transformer Engine")
+    g.add_argument("--fp8-recipe", choices=["delayed", "tensorwise", "blockwise", "mxfp8"],
+                   default="delayed",
+                   help="FP8 scaling: delayed (amax history), tensorwise (current scaling), "
+                        "blockwise (Hopper, TE >= 2.3), mxfp8 (Blackwell)")
+    g.add_argument("--fp8-amax-history-len", type=int, default=1024, help="delayed recipe")
+    g.add_argument("--fp8-amax-compute-algo", choices=["most_recent", "max"], default="max",
+                   help="delayed recipe")
+    # Fused kernels, on by default on GPUs as in Megatron-LM (never used on CPU).
+    g.add_argument("--no-bias-swiglu-fusion", dest="bias_swiglu_fusion", action="store_false",
+                   help="unfused SwiGLU (default: fused on GPUs)")
+    g.add_argument("--no-rope-fusion", dest="rope_fusion", action="store_false",
+                   help="unfused RoPE (default: Transformer Engine's fused RoPE on a GPU where "
+                        "TE imports, for TE and local layers)")
+    g.add_argument("--no-masked-softmax-fusion", dest="masked_softmax_fusion",
+                   action="store_false",
+                   help="unfused attention softmax in the local layers (default: fused where "
+                        "apex's softmax kernels import)")
+    g.add_argument("--no-gradient-accumulation-fusion", dest="gradient_accumulation_fusion",
+                   action="store_false",
+                   help="weight gradients not accumulated in the GEMM (default: fused on a "
+                        "GPU where apex's fused_weight_gradient_mlp_cuda imports)")
+
+    c = parser.add_argument_group("fixed-code input")
+    c.add_argument("--input-interface", choices=ARMS, default="learned",
+                   help="learned table (control), or a fixed code (docs/codes.md): binary code of "
+                        "the id, GF(2) affine code, binary code of a seeded permutation of the "
+                        "ids, or a seeded random code")
+    c.add_argument("--code-bits", type=int, default=16,
+                   help="bits n of the code, 1..62 (vocab <= 2^n; the last copy is truncated "
+                        "when n does not divide --hidden-size)")
+    c.add_argument("--code-values", choices=["pm1", "01"], default="pm1",
+                   help="bit value mapping: pm1 -> {-1,+1} (default), 01 -> {0,1}")
+    c.add_argument("--code-scale", type=float, default=1.0,
+                   help="multiplies the code values: the input RMS of a pm1 code (a learned "
+                        "table starts at RMS ~ --init-method-std; tools/param_report.py "
+                        "prints the matching scale)")
+    c.add_argument("--code-tiling", choices=list(TILINGS), default="repeat",
+                   help="fill the width with copies of the code (repeat), or with a seeded "
+                        "invertible GF(2) affine recoding of it per copy (recode)")
+    c.add_argument("--code-seed", type=int, default=1234,
+                   help="seed drawing the code's random parts (gf2's A and b, the permutation, "
+                        "the random code, the recodings); they are stored with the model")
+    c.add_argument("--fixed-code-impl", choices=["auto", "torch", "cuda"], default="auto",
+                   help="auto: fused CUDA kernel on a GPU when it builds, else PyTorch; "
+                        "cuda: the kernel or an error")
+
+    p = parser.add_argument_group("parallelism")
+    p.add_argument("--tensor-model-parallel-size", type=int, default=1,
+                   help="tensor-parallel ranks per model replica")
+    p.add_argument("--pipeline-model-parallel-size", type=int, default=1, help="pipeline stages")
+    p.add_argument("--sequence-parallel", action="store_true",
+                   help="split the norms and dropout along the sequence over tensor-parallel ranks"
+                        " (GPU, TE layers)")
+    p.add_argument("--use-distributed-optimizer", action="store_true",
+                   help="shard the optimizer state over data-parallel ranks (GPU)")
+    p.add_argument("--overlap-grad-reduce", action="store_true",
+                   help="reduce gradients bucket by bucket during the backward pass")
+    p.add_argument("--overlap-param-gather", action="store_true",
+                   help="--use-distributed-optimizer: gather the updated parameters bucket by "
+                        "bucket during the next forward pass (needs --overlap-grad-reduce)")
+    p.add_argument("--ddp-bucket-size", type=int, default=None,
+                   help="parameters per gradient bucket (default max(40M, 1M x DP size))")
+
+    r = parser.add_argument_group("activation recompute")
+    r.add_argument("--recompute-granularity", choices=["full", "selective"], default=None,
+                   help="full: recompute whole transformer layers in the backward pass; "
+                        "selective: only core attention")
+    r.add_argument("--recompute-method", choices=["uniform", "block"], default=None,
+                   help="full recompute: uniform (every layer, in chunks of "
+                        "--recompute-num-layers) or block (the first --recompute-num-layers "
+                        "layers of each pipeline stage)")
+    r.add_argument("--recompute-num-layers", type=int, default=None,
+                   help="full recompute: layers per chunk (uniform) or per stage (block)")
+
+    t = parser.add_argument_group("tokenizer")
+    t.add_argument("--tokenizer-type", default="NullTokenizer", choices=TOKENIZER_TYPES,
+                   help="as in Megatron-LM (megatron_ext/datasets/tokenizer.py; default: NullTokenizer)")
+    t.add_argument("--tokenizer-model", help="sentencepiece .model, tokenizer.json or HF folder")
+    t.add_argument("--vocab-size", type=int,
+                   help="NullTokenizer: ids 0 .. V-1, and EOD V (V + 1 ids, as in Megatron-LM)")
+
+
+def add_training_args(parser: argparse.ArgumentParser) -> None:
+    """Flags of the training entry point (pretrain_fixedcode.py)."""
+    g = parser.add_argument_group("training")
+    g.add_argument("--micro-batch-size", type=int, default=1,
+                   help="sequences per micro-batch per data-parallel rank")
+    g.add_argument("--global-batch-size", type=int, default=None,
+                   help="default micro batch x data-parallel size; accumulation is derived")
+    g.add_argument("--train-iters", type=int, help="training steps (or --train-samples)")
+    g.add_argument("--train-samples", type=int,
+                   help="training sequences; steps = this / --global-batch-size")
+    g.add_argument("--lr", type=float, default=3e-4, help="peak learning rate")
+    g.add_argument("--min-lr", type=float, default=0.0,
+                   help="learning rate at the end of the decay")
+    g.add_argument("--lr-warmup-iters", type=int, default=0, help="linear warm-up steps")
+    g.add_argument("--lr-decay-iters", type=int, default=None, help="default --train-iters")
+    g.add_argument("--lr-decay-style", choices=["constant", "linear", "cosine", "WSD"],
+                   default="cosine",
+                   help="decay after the warm-up (WSD: constant, then --lr-wsd-decay-iters of "
+                        "decay)")
+    g.add_argument("--lr-wsd-decay-iters", type=int, default=None,
+                   help="WSD: length of the final decay phase")
+    g.add_argument("--lr-wsd-decay-style", choices=["linear", "cosine", "exponential",
+                                                     "minus_sqrt"], default="linear",
+                   help="WSD: shape of the final decay")
+    g.add_argument("--weight-decay", type=float, default=0.1, help="AdamW weight decay")
+    g.add_argument("--adam-beta1", type=float, default=0.9, help="Adam beta1")
+    g.add_argument("--adam-beta2", type=float, default=0.95, help="Adam beta2")
+    g.add_argument("--adam-eps", type=float, default=1e-8, help="Adam epsilon")
+    g.add_argument("--clip-grad", type=float, default=1.0, help="0 disables clipping")
+    g.add_argument("--seed", type=int, default=1234,
+                   help="seed of the backbone initialisation and the data order (the same backbone"
+                        " in every arm)")
+    g.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto",
+                   help="auto: GPU when one is visible, else CPU over gloo")
+    g.add_argument("--manual-gc", action="store_true",
+                   help="turn Python's automatic garbage collector off and collect at fixed "
+                        "points (before and after validation, every --manual-gc-interval "
+                        "steps) so that ranks pause together, as in Megatron-LM")
+    g.add_argument("--manual-gc-interval", type=int, default=0,
+                   help="--manual-gc: collect every this many steps (0: not between steps)")
+    g.add_argument("--no-manual-gc-eval", dest="manual_gc_eval", action="store_false",
+                   help="--manual-gc: no collection around validation")
+    g.add_argument("--max-nonfinite-steps", type=int, default=10,
+                   help="stop with an error after this many updates in a row skipped for a "
+                        "non-finite loss, non-finite gradients, or an fp16 overflow at the "
+                        "minimum loss scale (overflows above it only lower the scale)")
+
+    d = parser.add_argument_group("data")
+    d.add_argument("--data-path", nargs="+", default=None,
+                   help="indexed dataset prefixes, optionally weighted: [W1] P1 [W2] P2 ...")
+    d.add_argument("--split", default="969,30,1", help="train,valid,test proportions")
+    for split in ("train", "valid", "test"):
+        d.add_argument(f"--{split}-data-path", nargs="+", default=None,
+                       help=f"{split} split from its own prefixes (instead of --data-path/--split)")
+    d.add_argument("--mock-data", action="store_true", help="synthetic tokens, no files")
+    d.add_argument("--data-cache-path", default=None,
+                   help="where Megatron's dataset index caches go (rank 0 builds them, the "
+                        "others load them: a directory every node shares)")
+    d.add_argument("--require-data-cache", action="store_true",
+                   help="load the index caches from --data-cache-path, never build them: "
+                        "missing ones are an error (build them ahead with "
+                        "tools/build_data_cache.py; tools/submit.py --build-cache sets this)")
+    d.add_argument("--max-data-epochs", type=float, default=None,
+                   help="refuse to start when the train samples would read a data file's train "
+                        "split more than this many times (default: only warn above 1)")
+    d.add_argument("--num-workers", type=int, default=2, help="data loader workers")
+
+    e = parser.add_argument_group("validation and logging")
+    e.add_argument("--eval-interval", type=int, default=1000,
+                   help="validate every this many steps (and at the last)")
+    e.add_argument("--eval-iters", type=int, default=10,
+                   help="global batches per validation (0: no validation)")
+    e.add_argument("--log-interval", type=int, default=100,
+                   help="log (and record) every this many steps")
+    e.add_argument("--tensorboard-dir", default=None,
+                   help="write the metrics as TensorBoard scalars here")
+    e.add_argument("--metrics-file", default=None,
+                   help="append one JSON line per log interval and validation here (default: "
+                        "metrics.jsonl in --save)")
+    e.add_argument("--log-params-norm", action="store_true",
+                   help="log the L2 norm of all parameters (one extra reduction per log "
+                        "interval)")
+    e.add_argument("--log-num-zeros-in-grad", action="store_true",
+                   help="log the number of zero gradient entries (counted at every step)")
+    e.add_argument("--log-layer-norms", action="store_true",
+                   help="log gradient and parameter norms of the input table, the first, "
+                        "middle and last layer and the output head (one extra reduction per "
+                        "log interval)")
+    e.add_argument("--wandb-project", default=None,
+                   help="log to this Weights & Biases project (needs the wandb extra; "
+                        "WANDB_MODE=offline on clusters without internet, then wandb sync)")
+    e.add_argument("--wandb-exp-name", default=None, help="the wandb run's name")
+    e.add_argument("--wandb-entity", default=None, help="the wandb team or user")
+    e.add_argument("--wandb-save-dir", default=None,
+                   help="where wandb writes its run files (default: --save/wandb)")
+
+    f = parser.add_argument_group("profiling (see megatron_ext/train/profiling.py)")
+    f.add_argument("--profile", action="store_true",
+                   help="record iterations --profile-step-start+1 .. --profile-step-end: for "
+                        "Nsight Systems (GPU), or with --use-pytorch-profiler")
+    f.add_argument("--use-pytorch-profiler", action="store_true",
+                   help="a PyTorch profiler trace per rank in --tensorboard-dir")
+    f.add_argument("--profile-step-start", type=int, default=10,
+                   help="profile from the step after this one")
+    f.add_argument("--profile-step-end", type=int, default=12,
+                   help="profile up to and including this step")
+    f.add_argument("--profile-ranks", type=int, nargs="+", default=[0], help="ranks to profile")
+
+    c = parser.add_argument_group("checkpointing and exit")
+    c.add_argument("--save", default=None, help="checkpoint directory")
+    c.add_argument("--save-interval", type=int, default=None,
+                   help="save a checkpoint every this many steps (and at the end)")
+    c.add_argument("--async-save", action="store_true",
+                   help="write each save in the background (megatron-core's asynchronous "
+                        "dist-checkpointing); the marker moves once every rank has written, "
+                        "and the next save, an exit and the last iteration wait for it")
+    c.add_argument("--keep-last-checkpoints", type=int, default=None, metavar="N",
+                   help="after each completed save, delete the older saves but the newest N "
+                        "(default: keep every save); never the marker's, a .partial, or one "
+                        "a study's evaluation is reading")
+    c.add_argument("--keep-checkpoints-every", type=int, default=None, metavar="K",
+                   help="with --keep-last-checkpoints: keep every save whose iteration is a "
+                        "multiple of K for good (a study's curves)")
+    c.add_argument("--load", default=None,
+                   help="resume from the latest checkpoint here (none yet: start fresh)")
+    c.add_argument("--ckpt-step", type=int, default=None,
+                   help="load this iteration of --load, not the latest")
+    c.add_argument("--override-opt_param-scheduler", "--override-opt-param-scheduler",
+                   dest="override_opt_param_scheduler", action="store_true",
+                   help="on resume: continue with the schedule these flags give (--lr, "
+                        "--lr-decay-iters, ...) where it differs from the checkpoint's")
+    c.add_argument("--use-checkpoint-opt_param-scheduler",
+                   "--use-checkpoint-opt-param-scheduler",
+                   dest="use_checkpoint_opt_param_scheduler", action="store_true",
+                   help="on resume: keep the checkpoint's schedule whatever these flags say")
+    c.add_argument("--dist-ckpt-optim-fully-reshardable", action="store_true",
+                   help="--use-distributed-optimizer: save the optimizer state gathered per "
+                        "parameter on data-parallel rank 0, so it resumes at any TP/PP size "
+                        "(default: dp_reshardable, written by every rank in parallel, resumes "
+                        "at another data-parallel size only), as in Megatron-LM")
+    c.add_argument("--exit-signal-handler", action="store_true",
+                   help="on SIGTERM/SIGUSR1: finish the step, save, exit 0")
+    c.add_argument("--exit-duration-in-mins", type=float, default=None,
+                   help="save and exit after this many minutes of wall time")
+    c.add_argument("--exit-interval", type=int, default=None,
+                   help="save and exit when the iteration is a multiple of this")
+
+
+def apply_preset(args: argparse.Namespace, argv: Sequence[str]) -> None:
+    """Fill shape flags from ``--preset`` unless given explicitly on the command line."""
+    if not args.preset:
+        return
+    given = {a.split("=")[0] for a in argv if a.startswith("--")}
+    for key, value in PRESETS[args.preset].items():
+        if "--" + key.replace("_", "-") not in given:
+            setattr(args, key, value)
+
+
+def padded_vocab_size(vocab_size: int, divisible_by: int, tp: int) -> int:
+    """Megatron's padding: a multiple of ``divisible_by x tensor-parallel size``."""
+    multiple = divisible_by * tp
+    return int(math.ceil(vocab_size / multiple) * multiple)
+
+
+def validate_model_args(args: argparse.Namespace) -> None:
+    """Fill derived values and refuse inconsistent model flags with the flag's name."""
+    for flag in ("num_layers", "hidden_size", "num_attention_heads", "seq_length"):
+        if getattr(args, flag) is None:
+            raise FlagError(f"--{flag.replace('_', '-')} is required (or use --preset)")
+    if args.ffn_hidden_size is None:
+        args.ffn_hidden_size = 4 * args.hidden_size
+    if args.max_position_embeddings is None:
+        args.max_position_embeddings = args.seq_length
+    if args.hidden_size % args.num_attention_heads:
+        raise FlagError(f"--hidden-size {args.hidden_size} is not divisible by "
+                        f"--num-attention-heads {args.num_attention_heads}")
+    if args.bf16 and args.fp16:
+        raise FlagError("--bf16 and --fp16 are exclusive")
+    validate_recompute_args(args)
+    if args.input_interface != "learned":
+        if not args.untie_embeddings_and_output_weights:
+            raise FlagError(
+               f"--input-interface {args.input_interface} has no input table to tie to "
+               f"the output head; drop --no-untie-embeddings-and-output-weights")
+        try:
+            check_options(args.code_bits, args.code_scale, args.hidden_size)
+        except ValueError as e:
+            raise FlagError(str(e)) from None
+    elif args.code_tiling != "repeat":
+        raise FlagError(f"--code-tiling {args.code_tiling} needs a fixed-code "
+                        f"--input-interface, not learned")
+
+
+def validate_recompute_args(args: argparse.Namespace) -> None:
+    if args.recompute_granularity == "full":
+        if args.recompute_method is None or args.recompute_num_layers is None:
+            raise FlagError("--recompute-granularity full needs --recompute-method "
+                            "{uniform,block} and --recompute-num-layers")
+        if not 1 <= args.recompute_num_layers <= args.num_layers:
+            raise FlagError(f"--recompute-num-layers {args.recompute_num_layers} is "
+                            f"outside [1, --num-layers {args.num_layers}]")
+    elif args.recompute_method is not None or args.recompute_num_layers is not None:
+        raise FlagError("--recompute-method and --recompute-num-layers apply to "
+                        "--recompute-granularity full only")
+
+
+class ShowDefaults(argparse.HelpFormatter):
+    """``--help`` shows each flag's default, where it has one (not None or False)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        hidden = action.default is None or action.default is False \
+            or action.default == argparse.SUPPRESS
+        if not hidden and "%(default)" not in text:
+            text += " (default: %(default)s)"
+        return text
+
+
+def build_parser(description: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=description, allow_abbrev=False,
+                                     formatter_class=ShowDefaults)
+    add_model_args(parser)
+    return parser
+
+
+def parse_model_args(argv: Optional[Sequence[str]], description: str,
+                     extra=None) -> argparse.Namespace:
+    """Parse ``argv`` with the model flags (and ``extra(parser)`` groups), then validate."""
+    import sys
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(description)
+    if extra is not None:
+        extra(parser)
+    args = parser.parse_args(argv)
+    apply_preset(args, argv)
+    validate_model_args(args)
+    return args

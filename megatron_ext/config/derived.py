@@ -1,0 +1,87 @@
+"""Values settled once at start-up, never written into the parsed flags (``args`` stays the
+command line):
+
+* :class:`Derived` (built by :func:`derive`): values derived from the flags, the world and
+  the tokenizer: the world layout, the batch, the number of iterations and the padded
+  vocabulary;
+* :class:`Resolved` (built by ``train.setup.check_flags`` and ``train.setup.resolve_checkpoint``):
+  flags whose value this machine or the checkpoint settles: ``--device auto``, the default
+  ``--transformer-impl``, ``--sequence-parallel`` at TP=1, and the learning-rate schedule a
+  resumed run keeps (``--use-checkpoint-opt_param-scheduler``).
+
+Both are frozen and passed explicitly. What reads the flags as the run applies them (the
+model provider, the loop's parts) gets :meth:`Resolved.applied_to`, a copy; checkpoints and
+trackers store the applied flags with the derived values (:func:`run_record`), as
+Megatron-LM's saved arguments hold them. Its place: between ``arguments.py`` (the flags) and
+``train/`` (the loop).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+
+from ..runtime.errors import FlagError
+from .arguments import padded_vocab_size
+
+
+@dataclasses.dataclass(frozen=True)
+class Derived:
+    world_size: int
+    data_parallel_size: int
+    global_batch_size: int  # --global-batch-size, else micro-batch x data-parallel size
+    num_microbatches: int  # per step and data-parallel rank
+    train_iters: int  # --train-iters, else --train-samples over the global batch
+    padded_vocab_size: int
+
+    @property
+    def train_samples(self) -> int:
+        return self.train_iters * self.global_batch_size
+
+
+@dataclasses.dataclass(frozen=True)
+class Resolved:
+    device: str  # --device: "cuda" or "cpu" ("auto" settled)
+    transformer_impl: str  # --transformer-impl: its default settled for the device
+    sequence_parallel: bool  # --sequence-parallel: off at TP=1
+    schedule: dict  # the learning-rate schedule flags (checkpointing.SCHEDULE_FLAGS): the
+    # flags', or the checkpoint's with --use-checkpoint-opt_param-scheduler
+
+    def applied_to(self, args: argparse.Namespace) -> argparse.Namespace:
+        """A copy of ``args`` with the resolved values under the flags' names: the flags as
+        the run applies them. ``args`` itself is left as parsed."""
+        return argparse.Namespace(**{
+            **vars(args), "device": self.device, "transformer_impl": self.transformer_impl,
+            "sequence_parallel": self.sequence_parallel, **self.schedule})
+
+
+def derive(args: argparse.Namespace, world: int, vocab_size: int) -> Derived:
+    """The values of a job of ``world`` ranks whose tokenizer has ``vocab_size`` tokens
+    (padded as Megatron-LM pads it); a clear error where the batch flags do not fit."""
+    data_parallel = world // (args.tensor_model_parallel_size * args.pipeline_model_parallel_size)
+    global_batch = args.global_batch_size
+    if global_batch is None:
+        global_batch = args.micro_batch_size * data_parallel
+    per_step = args.micro_batch_size * data_parallel
+    if global_batch % per_step:
+        raise FlagError(f"--global-batch-size {global_batch} is not a multiple "
+                        f"of --micro-batch-size {args.micro_batch_size} x data-parallel size "
+                        f"{data_parallel}")
+    if (args.train_iters is None) == (args.train_samples is None):
+        raise FlagError("give exactly one of --train-iters and --train-samples")
+    train_iters = args.train_iters
+    if train_iters is None:
+        train_iters = math.ceil(args.train_samples / global_batch)
+    return Derived(world_size=world, data_parallel_size=data_parallel,
+                   global_batch_size=global_batch, num_microbatches=global_batch // per_step,
+                   train_iters=train_iters, padded_vocab_size=padded_vocab_size(
+                       vocab_size, args.make_vocab_size_divisible_by,
+                       args.tensor_model_parallel_size))
+
+
+def run_record(args: argparse.Namespace, derived: Derived) -> dict:
+    """The run's arguments as a checkpoint and a tracker store them: every flag (as applied,
+    :meth:`Resolved.applied_to`), with the derived values under the flags' names
+    (``train_iters``, ``global_batch_size``, ...)."""
+    return {**vars(args), **dataclasses.asdict(derived)}

@@ -1,0 +1,19 @@
+"""argparse types shared by the command lines in tools/. Imports nothing heavy: the
+preprocessing tool starts without torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+# --tokenizer-type's choices (megatron_ext/datasets/tokenizer.py builds each).
+TOKENIZER_TYPES = ("GPTSentencePieceTokenizer", "SentencePieceTokenizer", "HuggingFaceTokenizer",
+                   "NullTokenizer")
+
+
+def positive_int(text: str) -> int:
+    """An integer of at least 1 (argparse names the flag in its error)."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value

@@ -1,0 +1,171 @@
+"""Training data: Megatron-Core GPT datasets over indexed ``.bin/.idx`` files, and loaders that
+resume exactly at a number of consumed samples.
+
+``--data-path`` takes Megatron's blend syntax (``P`` or ``W1 P1 W2 P2 ...``), split into
+train/valid/test by ``--split``; or each split gets its own blend (``--train-data-path``,
+``--valid-data-path``, ``--test-data-path``); ``--mock-data`` gives synthetic tokens. Index
+caches go to ``--data-cache-path`` (megatron_ext/datasets/cache.py; ``--require-data-cache``:
+they must be there, built ahead of time by tools/build_data_cache.py through
+:func:`build_caches`). Every rank of a data-parallel replica reads the same micro-batches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Iterator
+
+import torch
+
+from megatron.core import parallel_state
+from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+from megatron.core.datasets.gpt_dataset import GPTDatasetConfig, MockGPTDataset
+from megatron.core.datasets.utils import get_blend_from_list
+
+from ..config.derived import Derived
+from ..runtime.errors import DataError, FlagError
+from . import cache
+from .indexed import check_train_epochs, check_training_data
+
+
+def _blend(flag: str, paths):
+    """Megatron's blend ``(prefixes, weights)`` of a data-path flag, with its files checked."""
+    if not paths:
+        return None
+    try:
+        blend = get_blend_from_list(paths)
+    except (AssertionError, ValueError) as e:
+        raise FlagError(f"{flag} {' '.join(paths)}: give prefixes, or weight/prefix "
+                        f"pairs ({e})") from e
+    for prefix in blend[0]:
+        for ext in (".bin", ".idx"):
+            if not os.path.isfile(prefix + ext):
+                raise DataError(f"{flag}: {prefix + ext} does not exist "
+                                f"(give dataset prefixes, without .bin/.idx)")
+    return blend
+
+
+def samples_per_split(args: argparse.Namespace, derived: Derived) -> list[int]:
+    """The sequences a run draws from the train, valid and test split: every validation reads
+    the same first ``--eval-iters`` global batches; the test split is not read."""
+    return [derived.train_samples, args.eval_iters * derived.global_batch_size, 0]
+
+
+def build_datasets(args: argparse.Namespace, tokenizer, num_samples: list[int]):
+    """``((train, valid, test), cache records)``: GPT datasets of at least ``num_samples``
+    sequences each, and what ``--data-cache-path`` gave them (cache.CacheRecord each,
+    as rank 0 saw it; None without a cache path or with --mock-data)."""
+    per_split = [_blend(f"--{s}-data-path", getattr(args, f"{s}_data_path"))
+                 for s in ("train", "valid", "test")]
+    blend = None if args.mock_data else _blend("--data-path", args.data_path)
+    if any(per_split) and (blend or args.mock_data):
+        raise FlagError("give either --data-path (with --split), --train-data-path/"
+                        "--valid-data-path/--test-data-path, or --mock-data")
+    if not (args.mock_data or blend or per_split[0]):
+        raise FlagError("give --data-path (indexed dataset prefixes), "
+                        "--train-data-path, or --mock-data")
+    if args.require_data_cache and (args.mock_data or not args.data_cache_path):
+        raise FlagError("--require-data-cache needs --data-cache-path (the caches "
+                        "tools/build_data_cache.py built) and indexed data, not --mock-data")
+    if not args.mock_data:
+        check_training_data(blend, per_split if any(per_split) else None,
+                            None if any(per_split) else args.split, args.seq_length, num_samples)
+        check_train_epochs(blend, per_split if any(per_split) else None,
+                           None if any(per_split) else args.split, args.seq_length,
+                           num_samples[0], args.max_data_epochs)
+    config = GPTDatasetConfig(
+        random_seed=args.seed,
+        sequence_length=args.seq_length,
+        blend=blend,
+        blend_per_split=per_split if any(per_split) else None,
+        split=None if any(per_split) else args.split,
+        path_to_cache=args.data_cache_path,
+        tokenizer=tokenizer,
+        reset_position_ids=False,
+        reset_attention_mask=False,
+        eod_mask_loss=False,
+        create_attention_mask=False,
+    )
+    # A split asked for no samples is not built: Megatron-Core counts epochs for ever over an
+    # empty one (the test split of a small dataset), even to draw none from it.
+    if config.split_matrix:
+        config.split_matrix = [r if n else None for r, n in zip(config.split_matrix, num_samples)]
+    if args.mock_data:
+        return BlendedMegatronDatasetBuilder(MockGPTDataset, num_samples, lambda: True,
+                                             config).build(), None
+    cache_dir = args.data_cache_path
+    if cache_dir:
+        cache.check_visible(cache_dir, args.require_data_cache)
+    before = cache.listing(cache_dir)
+    try:
+        built = BlendedMegatronDatasetBuilder(cache.gpt_dataset_class(
+            args.require_data_cache), num_samples, lambda: True, config).build()
+    except FileNotFoundError as e:  # a blend's index that rank 0 saved, unseen here
+        if cache_dir and e.filename and os.path.dirname(os.path.abspath(e.filename)) == \
+                os.path.abspath(cache_dir):
+            raise DataError(cache.not_shared(cache_dir, os.path.basename(e.filename))) from e
+        raise
+    return built, cache_dir and cache.cache_report(built, cache_dir, before)
+
+
+class ResumableBatchSampler:
+    """Yields this data-parallel rank's micro-batches of sample indices, from ``consumed``.
+
+    Each global step of ``micro x dp`` samples gives rank r the slice ``[r*micro, (r+1)*micro)``,
+    so a run resumed at ``consumed`` samples reads exactly what the uninterrupted run read.
+    """
+
+    def __init__(self, total: int, consumed: int, micro_batch_size: int, dp_rank: int,
+                 dp_size: int):
+        self.total, self.consumed = total, consumed
+        self.micro, self.dp_rank, self.dp_size = micro_batch_size, dp_rank, dp_size
+
+    def __iter__(self) -> Iterator[list[int]]:
+        step = self.micro * self.dp_size
+        for start in range(self.consumed, self.total - step + 1, step):
+            first = start + self.dp_rank * self.micro
+            yield list(range(first, first + self.micro))
+
+    def __len__(self) -> int:
+        return max(0, (self.total - self.consumed) // (self.micro * self.dp_size))
+
+
+def build_loader(dataset, micro_batch_size: int, num_workers: int, consumed: int):
+    sampler = ResumableBatchSampler(
+        len(dataset), consumed, micro_batch_size,
+        parallel_state.get_data_parallel_rank(), parallel_state.get_data_parallel_world_size())
+    return torch.utils.data.DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers,
+                                       pin_memory=torch.cuda.is_available(),
+                                       persistent_workers=False)
+
+
+def build_train_valid(args: argparse.Namespace, tokenizer, num_samples: list[int],
+                      consumed_train: int):
+    """The train micro-batch iterator (from ``consumed_train``) and the validation dataset;
+    ``num_samples``: per split, as :func:`samples_per_split` gives them.
+
+    Every evaluation reads the same first ``--eval-iters`` global batches of the validation
+    split, so validation curves are comparable across steps, arms and resumed runs."""
+    (train_ds, valid_ds, _), records = build_datasets(args, tokenizer, num_samples)
+    if records and torch.distributed.get_rank() == 0:  # rank 0 decides to build or to load
+        built = [f"{r.split} {r.kind} of {r.source}" for r in records if r.built]
+        print(f"[fixedcode] dataset index caches in --data-cache-path {args.data_cache_path}: "
+              f"{len(records) - len(built)} loaded, "
+              + (f"{len(built)} built: {'; '.join(built)}" if built else "none built"),
+              flush=True)
+    train = iter(build_loader(train_ds, args.micro_batch_size, args.num_workers, consumed_train))
+    return train, (valid_ds if args.eval_iters else None)
+
+
+def build_caches(args: argparse.Namespace, tokenizer, num_samples: list[int]) -> list:
+    """Build (or find) the dataset index caches of ``args`` in this process, ahead of the
+    training job (tools/build_data_cache.py): the datasets training builds, under a
+    one-process group of their own when torch.distributed is not started; returns the
+    cache.CacheRecord of each."""
+    own_group = cache.one_process_group()
+    try:
+        _, records = build_datasets(args, tokenizer, num_samples)
+    finally:
+        if own_group:
+            torch.distributed.destroy_process_group()
+    return records

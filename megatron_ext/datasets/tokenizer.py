@@ -1,0 +1,147 @@
+"""Tokenizers for training, preprocessing and conversion, selected by Megatron-LM's
+``--tokenizer-type``, with the semantics of megatron.core's tokenizers (what Megatron-LM
+core_v0.16 builds for training and ``tools/preprocess_data.py`` unless ``--legacy-tokenizer``):
+same ids, EOD id and vocabulary size, so data preprocessed by either tool trains identically.
+
+Each exposes what Megatron-Core's GPT datasets and our tools use: ``vocab_size``, ``eod``,
+``tokenize(text) -> list[int]`` and ``detokenize(ids) -> str``.
+
+* ``NullTokenizer``: ``--vocab-size V``: the text is the ids, separated by single spaces; EOD is
+  the extra id V, so the vocabulary holds V + 1 ids.
+* ``GPTSentencePieceTokenizer``, ``SentencePieceTokenizer`` (the same in megatron.core): a
+  sentencepiece ``.model``; ids are sentencepiece's, EOD is its ``</s>`` piece, the vocabulary
+  its pieces. No piece is added (Megatron-LM's ``--legacy-tokenizer`` SentencePieceTokenizer adds
+  ``<CLS>``, ``<SEP>``, ``<EOD>``, ...: see docs/data.md).
+* ``HuggingFaceTokenizer``: a local Hugging Face folder (or a lone ``tokenizer.json``); ids are
+  those of ``tokenizer.json`` without added special tokens (the special tokens the folder's
+  configs name are matched whole, and get new ids when not in it, as transformers does), EOD is
+  the ``eos_token`` of ``tokenizer_config.json`` (else ``special_tokens_map.json``; else its
+  ``sep_token``), the vocabulary includes added tokens. When they name none (Megatron-LM would
+  have no EOD), EOD is the first of ``<|endoftext|>``, ``</s>``, ``<eos>``, ``<|end_of_text|>``
+  it defines.
+
+Loading imports only sentencepiece or tokenizers, not transformers (start-up of the data tools).
+``unique_identifiers`` is what Megatron's dataset index caches are keyed by.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import List, Optional
+
+from ..config.flag_types import TOKENIZER_TYPES
+from ..runtime.errors import DataError, FlagError
+
+SENTENCEPIECE_TYPES = ("GPTSentencePieceTokenizer", "SentencePieceTokenizer")
+
+
+class NullTokenizer:
+    def __init__(self, vocab_size: int):
+        if not vocab_size or vocab_size < 1:
+            raise FlagError("--tokenizer-type NullTokenizer needs --vocab-size >= 1 "
+                            "(ids 0 to V - 1; EOD is V)")
+        self.vocab_size = vocab_size + 1
+        self.eod = vocab_size
+        self.unique_identifiers = {"class": "NullTokenizer", "vocab_size": vocab_size}
+
+    def tokenize(self, text: str) -> List[int]:
+        return [int(x) for x in text.split(" ")]
+
+    def detokenize(self, ids) -> str:
+        return " ".join(str(int(i)) for i in ids)
+
+
+class SentencePieceTokenizer:
+    def __init__(self, model_file: str):
+        import sentencepiece
+
+        self.model_file = model_file
+        self.sp = sentencepiece.SentencePieceProcessor(model_file=model_file)
+        self.vocab_size = self.sp.get_piece_size()
+        self.eod = self.sp.eos_id()
+        if self.eod < 0:
+            raise DataError(f"sentencepiece model {model_file} defines no </s> (EOD) piece")
+        self.unique_identifiers = {"class": "SentencePieceTokenizer",
+                                   "model": os.path.abspath(model_file)}
+
+    def tokenize(self, text: str) -> List[int]:
+        return self.sp.encode(text)
+
+    def detokenize(self, ids) -> str:
+        return self.sp.decode([int(i) for i in ids])
+
+
+EOD_CANDIDATES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>")
+
+
+SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token",
+                       "cls_token", "mask_token")
+
+
+def _special_tokens(folder: str) -> dict[str, str]:
+    """The special tokens a tokenizer folder names (``{"eos_token": "</s>", ...}``), as
+    transformers reads them: ``tokenizer_config.json`` first, then ``special_tokens_map.json``."""
+    named = {}
+    for config in ("special_tokens_map.json", "tokenizer_config.json"):
+        path = os.path.join(folder, config)
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8") as f:
+                values = json.load(f)
+            for name in SPECIAL_TOKEN_NAMES:
+                value = values.get(name)
+                value = value.get("content") if isinstance(value, dict) else value  # AddedToken
+                if value:
+                    named[name] = value
+    return named
+
+
+class HuggingFaceTokenizer:
+    def __init__(self, path: str):
+        from tokenizers import Tokenizer
+
+        file = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
+        if not os.path.isfile(file):
+            raise DataError(f"--tokenizer-model {path}: no tokenizer.json found")
+        self.model_file = file
+        self.tok = Tokenizer.from_file(file)
+        special = _special_tokens(os.path.dirname(file))
+        # As transformers does: the named special tokens are matched whole in texts, and those
+        # not in the vocabulary get new ids.
+        self.special_tokens = list(dict.fromkeys(special.values()))
+        self.tok.add_special_tokens(self.special_tokens)
+        self.vocab_size = self.tok.get_vocab_size(with_added_tokens=True)
+        named = special.get("eos_token", special.get("sep_token"))
+        if named is not None:
+            eod = self.tok.token_to_id(named)
+        else:
+            eod = next((self.tok.token_to_id(t) for t in EOD_CANDIDATES
+                        if self.tok.token_to_id(t) is not None), None)
+            if eod is None:
+                raise DataError(f"tokenizer {file} names no eos_token and defines none "
+                                f"of {EOD_CANDIDATES} (EOD)")
+        self.eod = eod
+        self.unique_identifiers = {"class": "HuggingFaceTokenizer", "model": os.path.abspath(file)}
+
+    def tokenize(self, text: str) -> List[int]:
+        return self.tok.encode(text, add_special_tokens=False).ids
+
+    def detokenize(self, ids) -> str:
+        return self.tok.decode([int(i) for i in ids], skip_special_tokens=False)
+
+
+def build_tokenizer(tokenizer_type: str, tokenizer_model: Optional[str] = None,
+                    vocab_size: Optional[int] = None):
+    """The tokenizer named by ``--tokenizer-type`` (and ``--tokenizer-model``/``--vocab-size``)."""
+    if tokenizer_type == "NullTokenizer":
+        return NullTokenizer(vocab_size)
+    if tokenizer_type not in TOKENIZER_TYPES:
+        raise FlagError(f"unknown --tokenizer-type {tokenizer_type} (choose from "
+                        f"{', '.join(TOKENIZER_TYPES)})")
+    if not tokenizer_model:
+        raise FlagError(f"--tokenizer-type {tokenizer_type} needs --tokenizer-model")
+    if not os.path.exists(tokenizer_model):
+        raise DataError(f"--tokenizer-model {tokenizer_model} does not exist")
+    if tokenizer_type in SENTENCEPIECE_TYPES:
+        return SentencePieceTokenizer(tokenizer_model)
+    return HuggingFaceTokenizer(tokenizer_model)

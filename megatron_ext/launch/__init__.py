@@ -1,0 +1,4 @@
+"""Launching runs on a cluster.
+
+- ``slurm``: Slurm batch scripts filled from slurm/, and submission.
+"""

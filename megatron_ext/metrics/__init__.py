@@ -1,0 +1,10 @@
+"""What a run reports: the training log line and metrics file, FLOPs and MFU, the sinks, parameter
+and gradient norms, and the shared pieces of every report.
+
+- ``logger``: the training log line and its scalars, throughput, MFU (MetricsLogger);
+- ``flops``: model FLOPs per token and the GPUs' peak FLOP/s;
+- ``sinks``: TensorBoard, W&B and the metrics JSONL;
+- ``norms``: parameter and gradient norms for diagnostics;
+- ``training_report``: the arms' runs compared from their metrics files;
+- ``reporting``: table cells and figures shared by every report.
+"""

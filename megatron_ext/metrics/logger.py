@@ -1,0 +1,184 @@
+"""Training metrics: one readable line per ``--log-interval`` (and at the last iteration) on
+stdout, and the same values, with validation loss and perplexity, to the run's metrics file
+(``metrics.jsonl``), TensorBoard and wandb (:mod:`megatron_ext.metrics.sinks`).
+
+Throughput is tokens per second of the whole job, and model TFLOP/s per device, with the
+model FLOPs Megatron-LM 0.16.1 counts (:func:`~megatron_ext.metrics.flops.flops_per_token`). MFU (GPU only) is those
+FLOP/s over the device's dense bf16 peak, for bf16 and FP8 runs alike, so that they compare;
+an FP8 run also shows its MFU against the FP8 peak.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import time
+from typing import Optional
+
+import psutil
+import torch
+
+from megatron.core import parallel_state
+from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
+from megatron.core.transformer.module import param_is_not_shared
+
+from ..config.derived import Derived, run_record
+from ..runtime.log import log
+from . import sinks
+from .flops import flops_per_token, peak_flops
+
+def parameters_counted_once(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
+    """``(name, parameter)`` for this rank's trainable parameters that, over the model-parallel
+    group, hold every parameter of the whole model once: one duplicated on every
+    tensor-parallel rank (a norm weight) only on the first, and the last pipeline stage's copy
+    of a tied input table (Megatron's ``shared``) nowhere."""
+    return [(name, p) for name, p in model.named_parameters()
+            if p.requires_grad and param_is_not_tensor_parallel_duplicate(p)
+            and param_is_not_shared(p)]
+
+
+def trainable_parameters(model: torch.nn.Module, device: str) -> int:
+    """Trainable parameters of the whole model, summed over tensor and pipeline ranks."""
+    count = sum(p.numel() for _, p in parameters_counted_once(model))
+    t = torch.tensor([count], dtype=torch.float64, device=device)
+    torch.distributed.all_reduce(t, group=parallel_state.get_model_parallel_group())
+    return int(t.item())
+
+
+def reserved_gib(device: str) -> Optional[float]:
+    """Peak memory the GPU's caching allocator reserved (None on CPU)."""
+    return torch.cuda.max_memory_reserved() / 2**30 if device == "cuda" else None
+
+
+def memory_gib(device: str) -> float:
+    """Peak allocated GPU memory, or this process's resident memory on CPU."""
+    if device == "cuda":
+        return torch.cuda.max_memory_allocated() / 2**30
+    return psutil.Process().memory_info().rss / 2**30
+
+
+def metrics_path(args: argparse.Namespace) -> Optional[str]:
+    """The run's metrics file: ``--metrics-file``, else ``metrics.jsonl`` in ``--save``."""
+    if args.metrics_file:
+        return args.metrics_file
+    return os.path.join(args.save, "metrics.jsonl") if args.save else None
+
+
+class MetricsLogger:
+    """Turns each step's values into the log line and the scalars every sink receives
+    (:mod:`megatron_ext.metrics.sinks`). Sinks exist on the logging rank only."""
+
+    def __init__(self, args: argparse.Namespace, derived: Derived, model: torch.nn.Module,
+                 is_logging_rank: bool, resumed_iteration: int, wandb_run_id: Optional[str]):
+        self.args, self.derived = args, derived
+        self.is_logging_rank = is_logging_rank
+        self.num_params = trainable_parameters(model, args.device)
+        self.flops_per_token = flops_per_token(args, derived.padded_vocab_size)
+        self.peak = self.fp8_peak = None
+        if args.device == "cuda":
+            name = torch.cuda.get_device_name()
+            self.peak = peak_flops(name, fp8=False)
+            if args.fp8_format:
+                self.fp8_peak = peak_flops(name, fp8=True)
+            log(f"[fixedcode] MFU against the dense bf16 peak of {name}: "
+                f"{self.peak / 1e12:,.0f} TFLOP/s per GPU"
+                + (f" (FP8 peak {self.fp8_peak / 1e12:,.0f}, shown beside it)"
+                   if self.fp8_peak else "") if self.peak else
+                f"[fixedcode] MFU not shown: no dense bf16 peak known for {name}")
+        self.sinks = []
+        if is_logging_rank:
+            if args.tensorboard_dir:
+                self.sinks.append(sinks.TensorBoardSink(args.tensorboard_dir))
+            if metrics_path(args):
+                self.sinks.append(sinks.JsonlSink(metrics_path(args), resumed_iteration))
+            if args.wandb_project:
+                self.sinks.append(sinks.WandbSink(args, run_record(args, derived),
+                                                         wandb_run_id))
+        self._reset()
+
+    def _reset(self) -> None:
+        self.losses, self.times, self.norms = [], [], []
+
+    def _write(self, kind: str, iteration: int, scalars: dict) -> None:
+        scalars = {k: v for k, v in scalars.items() if v is not None}
+        where = {"iteration": iteration,
+                 "consumed_samples": iteration * self.derived.global_batch_size,
+                 "tokens": iteration * self.derived.global_batch_size * self.args.seq_length,
+                 "time": time.time()}
+        for sink in self.sinks:
+            sink.write(kind, iteration, scalars, where)
+
+    def is_log_iteration(self, iteration: int) -> bool:
+        return iteration % self.args.log_interval == 0 or iteration == self.derived.train_iters
+
+    def step(self, iteration: int, loss: Optional[float], grad_norm: Optional[float], lr: float,
+             step_time: float, skipped_total: int, diagnostics: Optional[dict] = None) -> None:
+        """Record one step; at a log iteration, log the interval's means and
+        ``diagnostics`` (scalars measured at this step: norms, zeros in the gradient)."""
+        if loss is not None and math.isfinite(loss):
+            self.losses.append(loss)
+        if grad_norm is not None:
+            self.norms.append(float(grad_norm))
+        self.times.append(step_time)
+        if not self.is_log_iteration(iteration):
+            return
+        a, d = self.args, self.derived
+        step_time = sum(self.times) / len(self.times)
+        tokens_per_s = d.global_batch_size * a.seq_length / step_time
+        loss = sum(self.losses) / len(self.losses) if self.losses else None
+        grad_norm = sum(self.norms) / len(self.norms) if self.norms else None
+        mem, reserved = memory_gib(a.device), reserved_gib(a.device)
+        flops_per_device = self.flops_per_token * tokens_per_s / d.world_size
+        mfu = flops_per_device / self.peak if self.peak else None
+        mfu_fp8 = flops_per_device / self.fp8_peak if self.fp8_peak else None
+        diagnostics = diagnostics or {}
+        parts = [f"iteration {iteration:>8}/{d.train_iters}",
+                 f"consumed samples {iteration * d.global_batch_size:>10}",
+                 f"lm loss: {float('nan') if loss is None else loss:.6E}", f"lr: {lr:.3E}"]
+        if "loss-scale" in diagnostics:
+            parts.append(f"loss scale: {diagnostics['loss-scale']:.1f}")
+        if grad_norm is not None:
+            parts.append(f"grad norm: {grad_norm:.3f}")
+        if "params-norm" in diagnostics:
+            parts.append(f"params norm: {diagnostics['params-norm']:.3f}")
+        if "num-zeros" in diagnostics:
+            parts.append(f"num zeros: {diagnostics['num-zeros']:,}")
+        parts += [f"tokens/s: {tokens_per_s:,.0f}", f"step time: {step_time * 1000:.1f} ms",
+                  f"TFLOP/s/GPU: {flops_per_device / 1e12:.1f}"]
+        if mfu is not None:
+            parts.append(f"MFU: {100 * mfu:.1f}%")
+        if mfu_fp8 is not None:
+            parts.append(f"MFU of FP8 peak: {100 * mfu_fp8:.1f}%")
+        parts.append(f"mem: {mem:.2f} GiB" + ("" if reserved is None
+                                                 else f" (reserved {reserved:.2f} GiB)"))
+        parts.append(f"skipped: {skipped_total}")
+        if "overflow-skipped-iterations" in diagnostics:
+            parts.append(f"overflow skipped: {diagnostics['overflow-skipped-iterations']}")
+        if self.is_logging_rank:
+            print(" | ".join(parts), flush=True)
+            layers = {k: v for k, v in diagnostics.items() if "/" in k}
+            if layers:
+                print("  norms: " + ", ".join(f"{k} {v:.4g}" for k, v in layers.items()),
+                      flush=True)
+        self._write("train", iteration, {
+            "lm loss": loss, "learning-rate": lr, "grad-norm": grad_norm,
+            "tokens-per-second": tokens_per_s, "step-time-ms": step_time * 1000,
+            "tflops-per-gpu": flops_per_device / 1e12, "mfu": mfu, "mfu-fp8-peak": mfu_fp8,
+            "memory-gib": mem, "memory-reserved-gib": reserved,
+            "skipped-iterations": skipped_total, **diagnostics})
+        self._reset()
+
+    def validation(self, iteration: int, loss: Optional[float]) -> None:
+        if loss is None:
+            return
+        ppl = math.exp(min(loss, 20.0))
+        if self.is_logging_rank:
+            print(f"validation at iteration {iteration} | lm loss: {loss:.6E} | "
+                  f"lm loss PPL: {ppl:.4E}", flush=True)
+        self._write("valid", iteration, {"lm loss validation": loss,
+                                         "lm loss validation ppl": ppl})
+
+    def close(self) -> None:
+        for sink in self.sinks:
+            sink.close()

@@ -1,0 +1,213 @@
+"""The model provider: a Megatron-Core GPTModel whose input is a ``learned`` table or a fixed code.
+
+Shaped like Megatron-LM's ``model_provider`` in pretrain_gpt.py. Every arm is built the same
+way: GPTModel with its standard input table, which a fixed-code arm then replaces by
+:class:`FixedCodeEmbedding`. Building the table first keeps the random-number stream, and so
+the backbone's initial weights, identical across arms for the same ``--seed``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from megatron.core.models.gpt import GPTModel
+from megatron.core.models.gpt.gpt_layer_specs import (
+    get_gpt_layer_local_spec,
+    get_gpt_layer_with_transformer_engine_spec,
+)
+from megatron.core.transformer.enums import AttnBackend
+from megatron.core.transformer.torch_norm import WrappedTorchNorm
+from megatron.core.transformer.transformer_block import (
+    TransformerBlockSubmodules,
+    get_num_layers_to_build,
+)
+from megatron.core.transformer.transformer_config import TransformerConfig
+
+from ..codes.embedding import FixedCodeEmbedding
+from ..codes.schemes import FixedCode
+from ..runtime.device_checks import transformer_engine_imports
+from ..runtime.errors import DeviceError
+from .attention import local_core_attention
+from .norm_layers import TorchNorm
+from .residual import fp32_bias_dropout_add
+
+
+def build_code(args: argparse.Namespace, padded_vocab_size: int) -> Optional[FixedCode]:
+    """A new fixed code drawn from the flags (``--input-interface``, ``--code-*``,
+    ``--code-seed``); ``None`` for the learned arm. A saved model's code is never redrawn:
+    training resumes with the checkpoint's (:func:`megatron_ext.train.setup.resolve_checkpoint`)
+    and passes it to :func:`model_provider`, as the exporters do."""
+    if args.input_interface == "learned":
+        return None
+    return FixedCode.create(args.input_interface, num_bits=args.code_bits,
+                            values=args.code_values, scale=args.code_scale, seed=args.code_seed,
+                            tiling=args.code_tiling, vocab_size=padded_vocab_size,
+                            hidden_size=args.hidden_size)
+
+
+def params_dtype(args: argparse.Namespace) -> torch.dtype:
+    return torch.bfloat16 if args.bf16 else torch.float16 if args.fp16 else torch.float32
+
+
+def fused_softmax_available() -> bool:
+    """Whether the fused attention-softmax kernels (apex's extensions) import: megatron-core
+    imports them only inside the forward pass, so a fusion switched on without them fails
+    mid-step instead of falling back."""
+    return all(importlib.util.find_spec(name) is not None
+               for name in ("scaled_upper_triang_masked_softmax_cuda",
+                            "scaled_masked_softmax_cuda"))
+
+
+def fusions(args: argparse.Namespace, on_cpu: bool) -> dict:
+    """Megatron-Core's fused-kernel switches: on for GPUs as in Megatron-LM, unless a
+    ``--no-...-fusion`` flag says otherwise, wherever their kernels import, whatever the
+    layers; off on CPU.
+
+    RoPE's fusion is Transformer Engine's kernel (megatron-core's rope_utils imports it
+    from TE) and serves local layers as well; the weight-gradient accumulation in the GEMM
+    of Megatron's own linears (the local layers' and the output layer, even under TE) is
+    apex's extension; the fused softmax serves the local layers' unfused attention (TE's
+    attention and SDPA are fused anyway)."""
+    if on_cpu:
+        return dict(bias_activation_fusion=False, apply_rope_fusion=False,
+                    gradient_accumulation_fusion=False, masked_softmax_fusion=False)
+    from megatron.core.models.common.embeddings import rope_utils
+    from megatron.core.tensor_parallel.layers import _grad_accum_fusion_available
+    return dict(bias_activation_fusion=args.bias_swiglu_fusion and args.swiglu,
+                apply_rope_fusion=(args.rope_fusion
+                                   and rope_utils.fused_apply_rotary_pos_emb is not None),
+                gradient_accumulation_fusion=(args.gradient_accumulation_fusion
+                                              and _grad_accum_fusion_available),
+                masked_softmax_fusion=args.masked_softmax_fusion and fused_softmax_available())
+
+
+def transformer_config_from_args(args: argparse.Namespace, on_cpu: bool) -> TransformerConfig:
+    dtype = params_dtype(args)
+    fp8 = {}
+    if args.fp8_format:
+        fp8 = dict(fp8=args.fp8_format, fp8_recipe=args.fp8_recipe,
+                   fp8_amax_history_len=args.fp8_amax_history_len,
+                   fp8_amax_compute_algo=args.fp8_amax_compute_algo)
+    return TransformerConfig(
+        num_layers=args.num_layers,
+        hidden_size=args.hidden_size,
+        ffn_hidden_size=args.ffn_hidden_size,
+        num_attention_heads=args.num_attention_heads,
+        num_query_groups=args.num_query_groups,
+        normalization=args.normalization,
+        layernorm_epsilon=args.norm_epsilon,
+        gated_linear_unit=args.swiglu,
+        activation_func=F.silu if args.swiglu else F.gelu,
+        add_bias_linear=not args.disable_bias_linear,
+        init_method_std=args.init_method_std,
+        hidden_dropout=args.hidden_dropout,
+        attention_dropout=args.attention_dropout,
+        bf16=args.bf16,
+        fp16=args.fp16,
+        params_dtype=dtype,
+        pipeline_dtype=dtype,
+        tensor_model_parallel_size=args.tensor_model_parallel_size,
+        pipeline_model_parallel_size=args.pipeline_model_parallel_size,
+        sequence_parallel=args.sequence_parallel,
+        attention_backend=AttnBackend[args.attention_backend],
+        use_cpu_initialization=on_cpu,
+        bias_dropout_fusion=False,  # no biases, dropout 0: the residual add stays plain
+        persist_layer_norm=False,  # apex only
+        fp32_residual_connection=args.fp32_residual_connection,
+        **fusions(args, on_cpu),
+        recompute_granularity=args.recompute_granularity,
+        recompute_method=args.recompute_method,
+        recompute_num_layers=args.recompute_num_layers,
+        # Pipeline stages free their sent outputs, and the backward pass calls the autograd
+        # engine directly, as in Megatron-LM.
+        deallocate_pipeline_outputs=True,
+        **fp8,
+    )
+
+
+def local_layer_spec(args: argparse.Namespace):
+    """Megatron-Core's local (PyTorch) transformer layer for the chosen normalization, with
+    the core attention ``--attention-backend`` selects (:mod:`megatron_ext.model.attention`) and
+    torch's norms marked for sequence parallelism (:mod:`megatron_ext.model.norm_layers`)."""
+    spec = get_gpt_layer_local_spec(normalization=args.normalization)
+    layer = spec.submodules
+    for name in ("input_layernorm", "pre_mlp_layernorm"):
+        if getattr(layer, name) is WrappedTorchNorm:
+            setattr(layer, name, TorchNorm)
+    layer.self_attention.submodules.core_attention = local_core_attention(args.attention_backend)
+    return spec
+
+
+def decoder_spec(args: argparse.Namespace,
+                 config: TransformerConfig) -> TransformerBlockSubmodules:
+    """This pipeline stage's transformer layers and the decoder's final norm.
+
+    Given a layer spec alone, megatron-core builds the final norm from Transformer Engine
+    whenever TE imports (``transformer_block.LayerNormImpl``), whatever the layers are: local
+    layers on a machine with TE (the NGC image) then get TE's CUDA-only norm, and every CPU
+    forward fails there. So the final norm is chosen with the layers: TE's for TE layers,
+    the local layers' own norm otherwise. (megatron-core's ``get_gpt_decoder_block_spec``
+    takes apex's LayerNorm for local layers, which refuses RMSNorm.) Under
+    ``--fp32-residual-connection`` both residual adds keep the fp32 stream
+    (:mod:`megatron_ext.model.residual`)."""
+    if args.transformer_impl == "transformer_engine":
+        if not transformer_engine_imports():
+            raise DeviceError("--transformer-impl transformer_engine needs Transformer "
+                              "Engine: pip install '.[gpu]' (or use the NGC container)")
+        from megatron.core.extensions.transformer_engine import TENorm
+        layer, final_norm = get_gpt_layer_with_transformer_engine_spec(), TENorm
+    else:
+        layer = local_layer_spec(args)
+        final_norm = layer.submodules.input_layernorm
+    if args.fp32_residual_connection:
+        layer.submodules.self_attn_bda = layer.submodules.mlp_bda = fp32_bias_dropout_add
+    return TransformerBlockSubmodules(
+        layer_specs=[layer] * get_num_layers_to_build(config),
+        layer_norm=final_norm)
+
+
+def model_provider(args: argparse.Namespace, padded_vocab_size: int, pre_process: bool = True,
+                   post_process: bool = True, on_cpu: bool = False,
+                   code: Optional[FixedCode] = None) -> GPTModel:
+    """Build the GPTModel of one pipeline stage for the arm ``args.input_interface``.
+
+    ``padded_vocab_size``: the tokenizer's, padded (derived.Derived; a checkpoint's saved
+    arguments hold it under the same name). ``code``: the fixed code, resolved once by the
+    caller (a checkpoint's saved code, or one drawn from the flags); omitted for a fixed arm,
+    a new one is drawn (:func:`build_code`).
+    """
+    config = transformer_config_from_args(args, on_cpu)
+    if code is None:
+        code = build_code(args, padded_vocab_size)
+    if code is not None:
+        # Fail before building anything large.
+        code.check_vocab(padded_vocab_size)
+        code.check_width(args.hidden_size)
+    model = GPTModel(
+        config=config,
+        transformer_layer_spec=decoder_spec(args, config),
+        vocab_size=padded_vocab_size,
+        max_sequence_length=args.max_position_embeddings,
+        pre_process=pre_process,
+        post_process=post_process,
+        parallel_output=True,
+        share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
+        position_embedding_type=args.position_embedding_type,
+        rotary_base=args.rotary_base,
+    )
+    # The one difference between the arms: a fixed-code arm's input is the code, not a table.
+    if code is not None and pre_process:
+        model.embedding = FixedCodeEmbedding(
+            config=config,
+            vocab_size=padded_vocab_size,
+            max_sequence_length=args.max_position_embeddings,
+            position_embedding_type=args.position_embedding_type,
+            code=code,
+            impl=args.fixed_code_impl,
+        )
+    return model

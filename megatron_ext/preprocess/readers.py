@@ -1,0 +1,338 @@
+"""Input side of the data tools: find input files, stream them, parse them into texts.
+
+Inputs, each a *kind*:
+
+* ``jsonl``: ``*.jsonl``, ``*.json`` (one JSON object per line), optionally ``.gz``/``.zst``;
+* ``text``: any other file, optionally ``.gz``/``.zst``;
+* ``parquet``: ``*.parquet``, read by row group through pyarrow, only the ``--json-keys`` columns;
+* ``arrow``: the ``data-*.arrow`` shards of a folder written by ``datasets.save_to_disk`` (Arrow
+  IPC streams, read one record batch at a time).
+
+A folder given as an input is a ``save_to_disk`` folder (it holds ``state.json``; its shards in
+the order recorded there) or else a Hugging Face dataset folder: every ``*.parquet`` under it, in
+path order. Inputs are streamed, never read whole, as *units*: one JSONL line, one line of text
+(``text_document="line"``), one whole text file (``text_document="file"``) or one table row (a
+``{column: value}`` dict), each with its 1-based number: the line it starts on, or the row. Blank
+lines between units are skipped: they separate documents, they are none.
+
+:func:`parse_unit` turns a unit into the texts of each JSON key (a plain-text unit is the text of
+the single key), raising :class:`BadInput` with the line and the reason when it is not usable.
+A table row gives exactly the texts its JSONL line would, so the outputs are the same bytes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import gzip
+import io
+import json
+import os
+from typing import Iterator
+
+import zstandard
+
+from ..runtime.errors import DataError, DeviceError, FlagError
+
+
+TEXT_DOCUMENT_MODES = ("file", "line")
+BATCH_BYTES = 1 << 19  # raw input bytes per batch handed to a worker
+TABLE_KINDS = ("parquet", "arrow")
+ROWS_PER_READ = 1024  # rows of a table decoded at a time
+
+
+class BadInput(ValueError):
+    """A unit that is not a usable document: ``kind`` names the problem, ``detail`` specifics."""
+
+    def __init__(self, line: int, kind: str, detail: str):
+        super().__init__(f"line {line}: {kind} ({detail})")
+        self.line, self.kind, self.detail = line, kind, detail
+
+
+def describe_bad_input(path: str, line: int, kind: str, detail: str) -> str:
+    where = f"{path}: row {line}" if input_kind(path) in TABLE_KINDS else f"{path}:{line}"
+    return f"{where}: {kind} ({detail})"
+
+
+@dataclasses.dataclass
+class Batch:
+    """Consecutive units of one input file, the unit of work of a worker."""
+
+    input_index: int
+    path: str
+    kind: str  # input_kind(path)
+    units: list  # [(line or row number, raw bytes or {column: value})]
+    end_line: int  # lines (rows) up to here are consumed once this batch is written
+    disk_bytes: int  # bytes of the (possibly compressed) file consumed since the previous batch
+
+
+def _folder_inputs(folder: str) -> list[str]:
+    """The files of a ``save_to_disk`` folder, or the Parquet shards under a dataset folder."""
+    if os.path.isfile(os.path.join(folder, "dataset_dict.json")):
+        splits = sorted(name for name in os.listdir(folder)
+                        if os.path.isfile(os.path.join(folder, name, "state.json")))
+        raise DataError(f"--input {folder}: a saved DatasetDict; give one of its splits: "
+                        + ", ".join(os.path.join(folder, name) for name in splits))
+    state = os.path.join(folder, "state.json")
+    if os.path.isfile(state):
+        with open(state, encoding="utf-8") as f:
+            shards = [os.path.join(folder, entry["filename"])
+                      for entry in json.load(f).get("_data_files", [])]
+        missing = [path for path in shards if not os.path.isfile(path)]
+        if missing or not shards:
+            raise DataError(f"--input {folder}: {state} lists "
+                            f"{'the missing file ' + missing[0] if missing else 'no data files'}")
+        return shards
+    shards = sorted(glob.glob(os.path.join(folder, "**", "*.parquet"), recursive=True))
+    if not shards:
+        raise DataError(f"--input {folder}: a folder, but neither a save_to_disk folder "
+                        "(state.json) nor one holding *.parquet files")
+    return shards
+
+
+def expand_inputs(patterns: list[str]) -> list[str]:
+    """Input files in order: literal paths as given, glob patterns expanded and sorted, folders
+    as their data files (:func:`_folder_inputs`)."""
+    paths = []
+    for pattern in patterns:
+        if glob.has_magic(pattern):
+            matches = sorted(p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
+            if not matches:
+                raise DataError(f"--input {pattern}: matches no file")
+            paths.extend(matches)
+        elif os.path.isdir(pattern):
+            paths.extend(_folder_inputs(pattern))
+        elif os.path.isfile(pattern):
+            paths.append(pattern)
+        else:
+            raise DataError(f"--input {pattern}: no such file")
+    seen = set()
+    for path in paths:
+        if os.path.realpath(path) in seen:
+            raise FlagError(f"--input: {path} is given more than once")
+        seen.add(os.path.realpath(path))
+    return paths
+
+
+def _strip_compression(path: str) -> str:
+    root, ext = os.path.splitext(path)
+    return root if ext in (".gz", ".zst") else path
+
+
+def input_kind(path: str) -> str:
+    """``jsonl``, ``text``, ``parquet`` or ``arrow`` (see the module docstring)."""
+    ext = os.path.splitext(_strip_compression(path))[1]
+    if ext in (".parquet", ".arrow") and path.endswith(ext):
+        return ext[1:]
+    return "jsonl" if ext in (".jsonl", ".json") else "text"
+
+
+class InputFile:
+    """A binary stream of an input file's decompressed bytes; :meth:`position` is on disk."""
+
+    def __init__(self, path: str):
+        self._raw = open(path, "rb")
+        ext = os.path.splitext(path)[1]
+        if ext == ".gz":
+            self.stream = gzip.GzipFile(fileobj=self._raw, mode="rb")
+        elif ext == ".zst":
+            reader = zstandard.ZstdDecompressor().stream_reader(
+                self._raw, read_across_frames=True, closefd=False)
+            self.stream = io.BufferedReader(reader)
+        else:
+            self.stream = self._raw
+
+    def position(self) -> int:
+        return self._raw.tell()
+
+    def close(self) -> None:
+        self.stream.close()
+        self._raw.close()
+
+    def units(self, text_document: str, jsonl: bool, after_line: int) -> Iterator:
+        if not jsonl and text_document == "file":
+            if after_line < 1:
+                yield 1, self.stream.read()
+            return
+        for line_number, line in enumerate(self.stream, start=1):
+            if line_number > after_line and not line.isspace():
+                yield line_number, line if jsonl else line.rstrip(b"\r\n")
+
+
+class TableFile:
+    """The rows of a Parquet file or a ``save_to_disk`` Arrow shard, ``--json-keys`` columns only.
+
+    A file pyarrow cannot read ends the run naming the file and the row group (Parquet) or record
+    batch (Arrow) at fault; :meth:`position` is the share of the file's bytes its rows read so far
+    stand for."""
+
+    def __init__(self, path: str, kind: str, keys: list[str]):
+        try:
+            import pyarrow
+        except ImportError:
+            raise DeviceError(f"--input {path}: reading {kind.capitalize()} needs pyarrow "
+                              "(pip install -e '.[data]')") from None
+
+        self.path, self.kind, self.keys = path, kind, keys
+        self.size = os.path.getsize(path)
+        self._errors = (pyarrow.ArrowException, OSError, ValueError)
+        self._raw = open(path, "rb")
+        try:
+            if kind == "parquet":
+                import pyarrow.parquet
+
+                self._parquet = pyarrow.parquet.ParquetFile(self._raw)
+                names, self.rows = self._parquet.schema_arrow.names, self._parquet.metadata.num_rows
+            else:
+                self._stream = pyarrow.ipc.open_stream(self._raw)
+                names, self.rows = self._stream.schema.names, None
+        except self._errors as e:
+            self._raw.close()
+            raise DataError(f"{path}: not a readable {kind.capitalize()} file ({e})") \
+                from None
+        missing = [key for key in keys if key not in names]
+        if missing:
+            self._raw.close()
+            raise DataError(f"{path}: no column {missing[0]!r} (--json-keys); its columns: "
+                            f"{', '.join(names)}")
+        self.read = 0
+
+    def position(self) -> int:
+        if self.rows is None:  # an Arrow stream is read in order: the file offset is exact
+            return self._raw.tell()
+        return self.size * self.read // max(self.rows, 1)
+
+    def close(self) -> None:
+        self._raw.close()
+
+    def _record_batches(self, after_row: int) -> Iterator:
+        """``(first row number - 1, record batch)`` from the batch holding row ``after_row + 1``."""
+        if self.kind == "arrow":
+            first, number = 0, 0
+            while True:
+                try:
+                    batch = self._stream.read_next_batch()
+                except StopIteration:
+                    return
+                except self._errors as e:
+                    raise DataError(f"{self.path}: record batch {number} (after row "
+                                    f"{first:,}) cannot be read ({e})") from None
+                if first + batch.num_rows > after_row:
+                    yield first, batch
+                first, number = first + batch.num_rows, number + 1
+        metadata = self._parquet.metadata
+        first = 0
+        for group in range(metadata.num_row_groups):
+            rows = metadata.row_group(group).num_rows
+            if first + rows > after_row:
+                start = first
+                try:
+                    for batch in self._parquet.iter_batches(
+                            ROWS_PER_READ, row_groups=[group], columns=self.keys,
+                            use_threads=False):
+                        yield start, batch
+                        start += batch.num_rows
+                except self._errors as e:
+                    raise DataError(
+                       f"{self.path}: row group {group} of {metadata.num_row_groups} "
+                       f"(rows {first + 1:,}-{first + rows:,}) cannot be read ({e})") from None
+            first += rows
+
+    def units(self, text_document: str, jsonl: bool, after_line: int) -> Iterator:
+        for first, batch in self._record_batches(after_line):
+            columns = [batch.column(key).to_pylist() for key in self.keys]
+            for offset, values in enumerate(zip(*columns)):
+                row = first + offset + 1
+                self.read = row
+                if row > after_line:
+                    yield row, dict(zip(self.keys, values))
+
+
+def unit_bytes(raw) -> int:
+    """Input bytes of a unit (for tables: characters of its texts, a close estimate)."""
+    if isinstance(raw, bytes):
+        return len(raw)
+    return sum(len(v) if isinstance(v, str) else len(str(v)) for v in raw.values())
+
+
+def open_input(path: str, keys: list[str]):
+    """An :class:`InputFile` or a :class:`TableFile`."""
+    kind = input_kind(path)
+    return TableFile(path, kind, keys) if kind in TABLE_KINDS else InputFile(path)
+
+
+def iter_batches(paths: list[str], text_document: str, keys: list[str], start_input: int = 0,
+                 after_line: int = 0) -> Iterator[Batch]:
+    """Batches of units of ``paths``, in order, from input ``start_input`` after ``after_line``."""
+    for index in range(start_input, len(paths)):
+        path, kind = paths[index], input_kind(paths[index])
+        skip = after_line if index == start_input else 0
+        f = open_input(path, keys)
+        try:
+            units, size, reported, end_line = [], 0, 0, skip
+            for end_line, raw in f.units(text_document, kind == "jsonl", skip):
+                units.append((end_line, raw))
+                size += unit_bytes(raw)
+                if size >= BATCH_BYTES:
+                    yield Batch(index, path, kind, units, end_line, f.position() - reported)
+                    units, size, reported = [], 0, f.position()
+            yield Batch(index, path, kind, units, end_line, f.position() - reported)
+        finally:
+            f.close()
+
+
+def _decode(raw: bytes, line: int) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise BadInput(line + raw.count(b"\n", 0, e.start), "invalid UTF-8",
+                       f"bytes {raw[e.start:e.end]!r}") from None
+
+
+def _texts_of(value, key: str, line: int) -> list[str]:
+    texts = [value] if isinstance(value, str) else value
+    if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+        raise BadInput(line, "not text", f"key {key!r} holds {type(value).__name__}, "
+                       "not a string or a list of strings")
+    for text in texts:
+        if not text.isascii():
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise BadInput(line, "invalid UTF-8", f"key {key!r}: {e.reason}") from None
+    return texts
+
+
+def parse_unit(raw, line: int, kind: str, keys: list[str]) -> dict[str, list[str]]:
+    """The texts of each key in a unit (a list per key: a value may be a list of sentences)."""
+    if kind in TABLE_KINDS:
+        return {key: _texts_of(raw[key], key, line) for key in keys}
+    text = _decode(raw, line)
+    if kind == "text":
+        return {keys[0]: [text]}
+    try:
+        record = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise BadInput(line, "malformed JSON", f"{e.msg} at column {e.colno}") from None
+    if not isinstance(record, dict):
+        raise BadInput(line, "malformed JSON", f"a {type(record).__name__}, not an object")
+    texts = {}
+    for key in keys:
+        if key not in record:
+            raise BadInput(line, "missing key", repr(key))
+        texts[key] = _texts_of(record[key], key, line)
+    return texts
+
+
+def iter_texts(paths: list[str], text_document: str, keys: list[str],
+               flag: str = "") -> Iterator[dict[str, list[str]]]:
+    """The texts of each unit of ``paths`` in order, per key (:func:`parse_unit`), read in
+    this process (the tokenizer trainer, the probes' JSONL text); a bad unit ends the run
+    with an error naming the file and line (after ``flag``, the option that gave the file)."""
+    for batch in iter_batches(paths, text_document, keys):
+        for line, raw in batch.units:
+            try:
+                yield parse_unit(raw, line, batch.kind, keys)
+            except BadInput as e:
+                where = describe_bad_input(batch.path, e.line, e.kind, e.detail)
+                raise DataError(f"{flag + ' ' if flag else ''}{where}") from None

@@ -1,0 +1,14 @@
+"""The process a run lives in: start-up, devices, signals, what the ranks agree on, logging and
+crash-safe files. Imports no other folder of the package.
+
+- ``errors``: the typed errors the library raises (the entry points turn them into ``error:
+  ...`` and an exit status);
+- ``files``: the one atomic writer, and fingerprints for resuming;
+- ``log``: the logging convention (one rank prints);
+- ``reductions``: what the ranks agree on, one all-reduce each;
+- ``exit_signals``: SIGTERM/SIGUSR1 caught from the first step;
+- ``cpu_backend``: Megatron-Core on CPU over gloo (tests and the demo);
+- ``initialize``: device choice, torch.distributed, parallel state, seeds;
+- ``device_checks``: GPU start-up checks (CUDA connections, FP8 recipes, the Transformer Engine
+  pin).
+"""

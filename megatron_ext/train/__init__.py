@@ -1,0 +1,11 @@
+"""The training loop and its policies, as torchtitan separates them.
+
+- ``setup``: the flags checked, the layers settled, the checkpoint resolved, the model and
+  optimizer built (one ``TrainingSetup``);
+- ``loop``: ``pretrain``, the loop itself, with its teardown in one place;
+- ``step``: one training step, and the guard over non-finite ones;
+- ``validation``: when and how the loop validates;
+- ``exit_conditions``: when a run stops early;
+- ``gc_policy``: the one garbage-collection policy (``--manual-gc``);
+- ``profiling``: ``--profile``, a window of steps recorded.
+"""

@@ -1,0 +1,206 @@
+"""The training loop, as torchtitan's ``train()`` reads: :func:`pretrain` takes the three
+callables users know from Megatron-LM's pretrain_gpt.py (model provider, forward step,
+datasets provider), sets the run up (:func:`~megatron_ext.train.setup.set_up`), and steps
+(:func:`~megatron_ext.train.step.train_step`) until ``--train-iters`` or an exit condition.
+Each policy around the step belongs to an object: when to validate
+(:class:`~megatron_ext.train.validation.Validator`), when to save
+(:class:`~megatron_ext.checkpoint.saving.Checkpointer`), when to stop
+(:class:`~megatron_ext.train.exit_conditions.ExitConditions`), what to log
+(:class:`~megatron_ext.metrics.logger.MetricsLogger`), how many non-finite steps to bear
+(:class:`~megatron_ext.train.step.NonFiniteGuard`), when to collect garbage
+(:class:`~megatron_ext.train.gc_policy.GarbageCollection`). The teardown (progress bar,
+profiler, metrics sinks, the collector) is in one ``finally``; a non-finite stop, which every
+rank reaches together, first completes a background save. It returns a
+:class:`PretrainResult`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import os
+import sys
+import time
+from typing import Callable, Optional
+
+import torch
+from megatron.core.distributed import DistributedDataParallel
+from tqdm import tqdm
+
+from ..checkpoint.layout import TrainState
+from ..checkpoint.saving import Checkpointer
+from ..config.derived import Derived
+from ..datasets.gpt_datasets import samples_per_split
+from ..metrics.logger import MetricsLogger
+from ..metrics.norms import NormReporter
+from ..metrics.sinks import agree_wandb_run_id
+from ..runtime.initialize import initialize_distributed, resolve_device
+from ..runtime.log import is_logging_rank, log
+from .exit_conditions import ExitConditions
+from .gc_policy import GarbageCollection
+from .profiling import StepProfiler
+from .setup import set_up
+from .step import (FAILURES, OVERFLOW, NonFiniteGuard, NonFiniteLossError, gathered_parameters,
+                   train_step)
+from .validation import Validator
+
+
+def _diagnostics(args, norms: Optional[NormReporter], grad_norms: dict,
+                 num_zeros: Optional[float], optimizer, state: TrainState,
+                 ddp: DistributedDataParallel) -> dict:
+    """The optional scalars of a log iteration (``--log-params-norm``,
+    ``--log-num-zeros-in-grad``, ``--log-layer-norms``; under ``--fp16`` the loss scale and
+    the overflow skips so far), measured after the update."""
+    out = {}
+    if args.fp16:
+        out["loss-scale"] = optimizer.get_loss_scale().item()
+        out["overflow-skipped-iterations"] = state.overflow_skipped
+    if args.log_params_norm:
+        with gathered_parameters(args, ddp):
+            out["params-norm"] = norms.params_norm()
+    if args.log_num_zeros_in_grad and num_zeros is not None:
+        out["num-zeros"] = int(num_zeros)
+    if args.log_layer_norms:
+        out.update({f"grad-norm/{k}": v for k, v in grad_norms.items()})
+        out.update({f"params-norm/{k}": v for k, v in norms.param_norms().items()})
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class PretrainResult:
+    """How a training job ended (losses on the last pipeline stage only, else None)."""
+    iteration: int  # the last completed iteration
+    train_loss: Optional[float] = None  # the last update's
+    valid_loss: Optional[float] = None  # the last validation's
+    exit_reason: Optional[str] = None  # why it stopped before --train-iters, or None
+
+
+def pretrain(args: argparse.Namespace, model_provider: Callable, forward_step: Callable,
+             datasets_provider: Callable) -> PretrainResult:
+    """Run a whole training job. ``args`` (the parsed flags) is read, never written.
+
+    With ``--exit-signal-handler``, an exit signal during start-up ends the job at the end
+    of the current phase (checkpoint load, dataset building) with nothing saved; during
+    validation, after the current batch, saving a checkpoint that asks the resumed run to
+    validate first; during a training step, after the step, saving."""
+    start_time = time.time()
+    device = resolve_device(args.device)
+    initialize_distributed(device, args.tensor_model_parallel_size,
+                           args.pipeline_model_parallel_size, args.seed)
+    exits = ExitConditions(args, device, start_time)
+    setup = set_up(args, device, model_provider)
+    run, derived, state = setup.run, setup.derived, setup.state
+    reason = exits.signalled()
+    if reason:
+        return _stopped(state, reason, "during start-up, before training (nothing new to save)")
+    train_iter, valid_dataset = datasets_provider(
+        run, setup.tokenizer, samples_per_split(args, derived), state.consumed_train_samples)
+    reason = exits.signalled()
+    if reason:
+        return _stopped(state, reason, "while building the datasets (nothing new to save)")
+
+    own_run = bool(setup.resume_path and args.save) and (
+        os.path.realpath(os.path.dirname(setup.resume_path)) == os.path.realpath(args.save))
+    wandb_run_id = agree_wandb_run_id(args, setup.common["wandb_run_id"] if own_run else None)
+    metrics = MetricsLogger(run, derived, setup.model, is_logging_rank(), state.iteration,
+                            wandb_run_id)
+    gathered = functools.partial(gathered_parameters, run, setup.ddp)
+    collector = GarbageCollection(run)
+    validator = Validator(run, derived.train_iters, derived.num_microbatches, forward_step,
+                          valid_dataset, setup.ddp, exits, metrics, collector, gathered=gathered)
+    checkpointer = Checkpointer(run, derived, setup.model, setup.optimizer, setup.scheduler,
+                                setup.code, wandb_run_id,
+                                last_saved=state.iteration if setup.resume_path else None,
+                                gathered=gathered)
+    norms = NormReporter(setup.model) if args.log_params_norm or args.log_layer_norms else None
+    profiler = StepProfiler(run, torch.distributed.get_rank())
+    _log_start(run, derived, setup.ddp, metrics.num_params)
+    bar = tqdm(total=derived.train_iters, initial=state.iteration, desc="train", unit="it",
+               disable=not (sys.stderr.isatty() and metrics.is_logging_rank))
+    try:
+        loss, reason = _train(args, setup, forward_step, train_iter, exits, metrics, validator,
+                              checkpointer, norms, profiler, collector, bar)
+    except NonFiniteLossError:  # every rank stops here together: a background save completes
+        checkpointer.finish_pending()
+        raise
+    finally:
+        bar.close()
+        profiler.close()
+        collector.close()
+        metrics.close()
+    result = PretrainResult(state.iteration, loss, validator.last_loss, reason)
+    _log_end(result)
+    return result
+
+
+def _train(args, setup, forward_step, train_iter, exits: ExitConditions,
+           metrics: MetricsLogger, validator: Validator, checkpointer: Checkpointer,
+           norms: Optional[NormReporter], profiler: StepProfiler, collector: GarbageCollection,
+           bar) -> tuple[Optional[float], Optional[str]]:
+    """The steps from ``setup.state`` to ``--train-iters`` or an exit condition, then the
+    final save; ``(the last update's loss, why it stopped early or None)``."""
+    run, derived, state = setup.run, setup.derived, setup.state
+    optimizer, scheduler, ddp = setup.optimizer, setup.scheduler, setup.ddp
+    guard = NonFiniteGuard(args.max_nonfinite_steps)
+    loss = reason = None
+    if state.validation_pending:  # a signal stopped it before the checkpoint was saved
+        reason = validator.validate(state)
+    collector.start()
+    while state.iteration < derived.train_iters and not reason:
+        profiler.step_starts(state.iteration)
+        step_start = time.time()
+        log_now = metrics.is_log_iteration(state.iteration + 1)
+        step = train_step(
+            run, derived.num_microbatches, forward_step, train_iter, ddp, optimizer, scheduler,
+            (lambda: norms.grad_norms(optimizer.get_loss_scale().item()))
+            if log_now and args.log_layer_norms else None)
+        state.iteration += 1
+        state.consumed_train_samples += derived.global_batch_size
+        profiler.step_ended(state.iteration)
+        bar.update(1)
+        state.nonfinite_skipped += step.skip in FAILURES
+        state.overflow_skipped += step.skip == OVERFLOW
+        guard.record(state.iteration, step.skip)
+        if step.skip is None:
+            loss = step.loss
+        metrics.step(state.iteration, step.loss, step.grad_norm,
+                     scheduler.get_lr(optimizer.param_groups[0]), time.time() - step_start,
+                     state.nonfinite_skipped,
+                     _diagnostics(args, norms, step.norms, step.num_zeros, optimizer, state,
+                                  ddp) if log_now else None)
+        if validator.should_validate(state.iteration):
+            reason = validator.validate(state)
+        checkpointer.save(state)
+        collector.after_step(state.iteration)
+        if not reason and state.iteration < derived.train_iters:
+            reason = exits.check(state.iteration)
+    checkpointer.save(state, final=True)
+    return loss, reason
+
+
+def _stopped(state: TrainState, reason: str, when: str) -> PretrainResult:
+    log(f"[fixedcode] {reason} {when}: exiting at iteration {state.iteration}")
+    return PretrainResult(state.iteration, exit_reason=reason)
+
+
+def _log_start(run: argparse.Namespace, derived: Derived, ddp, num_params: int) -> None:
+    log(f"[fixedcode] {run.input_interface} arm | {num_params:,} trainable parameters "
+        f"| {run.device} x {derived.world_size} (tp {run.tensor_model_parallel_size}, "
+        f"pp {run.pipeline_model_parallel_size}, dp {derived.data_parallel_size}) "
+        f"| {derived.num_microbatches} micro-batches per step")
+    if run.overlap_grad_reduce:
+        buckets = sum(len(buffer.buckets) for buffer in ddp.buffers)
+        log(f"[fixedcode] gradient reduction overlaps the backward pass: {buckets} buckets")
+
+
+def _log_end(result: PretrainResult) -> None:
+    if result.exit_reason:
+        log(f"[fixedcode] {result.exit_reason}: exiting at iteration {result.iteration}")
+        return
+    summary = f"[fixedcode] training done: iteration {result.iteration}"
+    if result.train_loss is not None:
+        summary += f" | final train loss {result.train_loss:.6f}"
+    if result.valid_loss is not None:
+        summary += f" | final validation loss {result.valid_loss:.6f}"
+    log(summary)

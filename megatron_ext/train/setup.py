@@ -1,0 +1,254 @@
+"""The set-up of a training run, before its first step, as torchtitan separates it from the
+loop: the flags checked against the machine (:func:`check_flags`), the layers settled
+(:func:`resolve_layers`), the checkpoint to resume and the run's fixed code
+(:func:`resolve_checkpoint`), the model, its DDP wrapper, optimizer and scheduler
+(:func:`build_model_and_optimizer`); :func:`set_up` does them in order and returns one
+:class:`TrainingSetup`. ``args`` (the parsed flags) is read, never written: what start-up
+settles is a frozen :class:`~megatron_ext.config.derived.Resolved`, beside the
+:class:`~megatron_ext.config.derived.Derived` values."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from typing import Callable, Optional
+
+import torch
+from megatron.core import parallel_state
+from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+from megatron.core.distributed import finalize_model_grads
+from megatron.core.optimizer import OptimizerConfig, distrib_optimizer, get_megatron_optimizer
+from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+from megatron.core.transformer.module import Float16Module
+
+from ..checkpoint import compatibility, layout, loading
+from ..checkpoint.layout import TrainState
+from ..codes.limits import require_vocab_fits
+from ..codes.schemes import FixedCode
+from ..config.derived import Derived, Resolved, derive, run_record
+from ..datasets.tokenizer import build_tokenizer
+from ..model.attention import local_core_attention
+from ..model.provider import build_code
+from ..runtime.device_checks import check_cuda_connections, fp8_refusal
+from ..runtime.device_checks import transformer_engine_imports, transformer_engine_version
+from ..runtime.errors import DeviceError, FlagError
+from ..runtime.log import log
+from .profiling import validate_profile_args
+
+
+def check_flags(args: argparse.Namespace, device: str) -> tuple:
+    """Refuse what cannot run on ``device`` (``cuda`` or ``cpu``); returns ``(tokenizer,
+    derived, resolved)``: the values derived from the flags, the world and the tokenizer
+    (:class:`~megatron_ext.config.derived.Derived`) and the flags settled for this machine
+    (:class:`~megatron_ext.config.derived.Resolved`, with the flags' schedule), built once. ``args``
+    is not written into."""
+    tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model, args.vocab_size)
+    derived = derive(args, torch.distributed.get_world_size(), tokenizer.vocab_size)
+    if args.log_layer_norms and args.use_distributed_optimizer:
+        raise FlagError("--log-layer-norms reads whole gradients, which "
+                        "--use-distributed-optimizer scatters across ranks; drop one")
+    if (args.use_distributed_optimizer and args.dist_ckpt_optim_fully_reshardable
+            and not distrib_optimizer.HAVE_APEX_OR_TE):
+        raise FlagError("--dist-ckpt-optim-fully-reshardable: neither Transformer "
+                        "Engine nor Apex imports, so the distributed optimizer runs torch's "
+                        "Adam, whose state megatron-core 0.16.1 cannot load in that layout; "
+                        "drop the flag (the default layout resumes) or pip install '.[gpu]'")
+    transformer_impl, sequence_parallel = resolve_layers(args, device)
+    resolved = Resolved(device, transformer_impl, sequence_parallel,
+                        {k: getattr(args, k) for k in compatibility.SCHEDULE_FLAGS})
+    if args.ddp_bucket_size is not None and not args.overlap_grad_reduce:
+        raise FlagError("--ddp-bucket-size applies with --overlap-grad-reduce only")
+    if args.overlap_param_gather and not (args.use_distributed_optimizer
+                                          and args.overlap_grad_reduce):
+        raise FlagError("--overlap-param-gather needs --use-distributed-optimizer and "
+                        "--overlap-grad-reduce, as in Megatron-LM")
+    if args.manual_gc_interval < 0:
+        raise FlagError(f"--manual-gc-interval {args.manual_gc_interval} is negative")
+    validate_profile_args(resolved.applied_to(args))
+    if args.ckpt_step is not None and not args.load:
+        raise FlagError("--ckpt-step needs --load")
+    for flag in ("save_interval", "async_save", "keep_last_checkpoints"):
+        if getattr(args, flag) and not args.save:
+            raise FlagError(f"--{flag.replace('_', '-')} needs --save")
+    for flag in ("keep_last_checkpoints", "keep_checkpoints_every"):
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:
+            raise FlagError(f"--{flag.replace('_', '-')} must be at least 1")
+    if args.keep_checkpoints_every and not args.keep_last_checkpoints:
+        raise FlagError("--keep-checkpoints-every applies with --keep-last-checkpoints "
+                        "only (without it every save is kept)")
+    if args.input_interface != "learned":
+        require_vocab_fits(derived.padded_vocab_size, args.code_bits, tokenizer.vocab_size)
+    return tokenizer, derived, resolved
+
+
+def resolve_layers(args: argparse.Namespace, device: str) -> tuple[str, bool]:
+    """``(transformer_impl, sequence_parallel)``: the transformer layers, attention, FP8 and
+    sequence parallelism for ``device``, settled as Megatron-LM settles them
+    (megatron/training/arguments.py): Transformer Engine layers by default on a GPU where TE
+    imports (local layers otherwise, said in the log), sequence parallelism turned off with a
+    warning at TP=1; on a GPU, the checks of :mod:`megatron_ext.runtime.device_checks`."""
+    impl, sequence_parallel = args.transformer_impl, args.sequence_parallel
+    if impl is None:
+        te = device == "cuda" and transformer_engine_imports()
+        impl = "transformer_engine" if te else "local"
+        if device == "cuda":
+            log(f"[fixedcode] --transformer-impl {impl} (the default on a GPU: "
+                + ("Transformer Engine imports)" if te else
+                   "Transformer Engine does not import; pip install '.[gpu]' for it)"))
+    elif impl == "transformer_engine" and device == "cpu":
+        raise FlagError("--transformer-impl transformer_engine needs a GPU (Transformer "
+                        "Engine's layers run on CUDA only); use --transformer-impl local")
+    if args.fp8_format and impl != "transformer_engine":
+        raise FlagError("--fp8-format needs --transformer-impl transformer_engine "
+                        "(Transformer Engine layers, on a GPU)")
+    if impl == "local":
+        local_core_attention(args.attention_backend)  # refuses TE's own backends
+    elif args.attention_backend == "local":
+        raise FlagError("--attention-backend local is Megatron-Core's attention of the "
+                        "local layers: it needs --transformer-impl local, as in Megatron-LM")
+    if sequence_parallel and args.tensor_model_parallel_size == 1:
+        log("[fixedcode] warning: --sequence-parallel turned off: it splits activations over "
+            "tensor-parallel ranks, and --tensor-model-parallel-size is 1 (as in Megatron-LM)")
+        sequence_parallel = False
+    if device == "cuda":
+        capability = torch.cuda.get_device_capability()
+        check_cuda_connections(args.tensor_model_parallel_size, sequence_parallel,
+                               capability, os.environ)
+        if args.fp8_format:
+            refusal = fp8_refusal(args.fp8_recipe, capability, transformer_engine_version())
+            if refusal:
+                raise DeviceError(refusal)
+    return impl, sequence_parallel
+
+
+def resolve_checkpoint(args: argparse.Namespace, derived: Derived, resolved: Resolved):
+    """``(path, common, code, resolved)``: the checkpoint to resume (``None, None`` for a
+    fresh run), the run's fixed code (``None`` for the learned arm), resolved once: the
+    checkpoint's saved code (A and b are never redrawn), else one drawn from the flags; and
+    ``resolved`` with the schedule the run keeps (the checkpoint's, with
+    ``--use-checkpoint-opt_param-scheduler``). The caller passes the code to the model
+    provider and to saving.
+
+    A ``--save`` directory that holds a checkpoint is the run's own: it is resumed even when
+    ``--load`` names another directory (a requeued branch continues, rather than starting
+    over from where it branched), and a run without ``--load`` refuses to overwrite it."""
+    load = args.load
+    saved = layout.latest_iteration(args.save) if args.save else None
+    if saved is not None and not (load and os.path.realpath(load) == os.path.realpath(args.save)):
+        if not load:
+            raise FlagError(f"--save {args.save} already holds checkpoints (latest: "
+                            f"iteration {saved}); resume them with --load {args.save}, or "
+                            f"save to another directory")
+        log(f"[fixedcode] --save {args.save} holds iteration {saved}: resuming from it, not "
+            f"from --load {load}")
+        load = args.save
+    step = args.ckpt_step if load == args.load else None
+    path = common = None
+    if load and (step is not None or layout.latest_iteration(load) is not None):
+        path, common = loading.load_common(load, step)
+        compatibility.check_compatible(common["args"], run_record(resolved.applied_to(args),
+                                                                  derived), path)
+        compatibility.check_optimizer_resharding(common, args, path)
+        saved = common["fixed_code"]
+        code = None if saved is None else FixedCode.from_dict(saved)
+        changes, schedule = compatibility.reconcile_schedule(common["args"], args,
+                                                             derived.train_iters, path)
+        resolved = dataclasses.replace(resolved, schedule=schedule)
+        if changes:
+            log("[fixedcode] learning-rate schedule " + (
+                "from these flags, not the checkpoint's: " if args.override_opt_param_scheduler
+                else "kept from the checkpoint; ignored: ") + ", ".join(changes))
+    else:
+        code = build_code(args, derived.padded_vocab_size)
+    return path, common, code, resolved
+
+
+def build_model_and_optimizer(args, derived: Derived, model_provider: Callable,
+                              code: Optional[FixedCode] = None):
+    """``args``: the flags as the run applies them (:meth:`Resolved.applied_to`); ``code``:
+    the run's fixed code (:func:`resolve_checkpoint`); omitted, the model provider draws one
+    from the flags."""
+    pre = parallel_state.is_pipeline_first_stage()
+    post = parallel_state.is_pipeline_last_stage()
+    model = model_provider(args, derived.padded_vocab_size, pre_process=pre, post_process=post,
+                           code=code)
+    if args.device == "cuda":
+        model.cuda(torch.cuda.current_device())
+    # As Megatron-LM: under --bf16/--fp16 every parameter (norms included, which the local
+    # layers create in fp32) is cast to the training dtype, and so are the first stage's
+    # float inputs; the last stage's output comes back in fp32. ``model`` stays the bare
+    # GPTModel (checkpoints, metrics, norms); the wrapper shares its parameters.
+    module = Float16Module(model.config, model) if args.bf16 or args.fp16 else model
+    ddp = DistributedDataParallel(
+        config=model.config,
+        ddp_config=DistributedDataParallelConfig(
+            grad_reduce_in_fp32=True, overlap_grad_reduce=args.overlap_grad_reduce,
+            overlap_param_gather=args.overlap_param_gather,
+            bucket_size=args.ddp_bucket_size,
+            use_distributed_optimizer=args.use_distributed_optimizer),
+        module=module)
+    optimizer = get_megatron_optimizer(
+        OptimizerConfig(optimizer="adam", lr=args.lr, min_lr=args.min_lr,
+                        weight_decay=args.weight_decay, adam_beta1=args.adam_beta1,
+                        adam_beta2=args.adam_beta2, adam_eps=args.adam_eps,
+                        clip_grad=args.clip_grad, bf16=args.bf16, fp16=args.fp16,
+                        log_num_zeros_in_grad=args.log_num_zeros_in_grad,
+                        params_dtype=model.config.params_dtype,
+                        use_distributed_optimizer=args.use_distributed_optimizer),
+        [ddp])
+    scheduler = OptimizerParamScheduler(
+        optimizer, init_lr=0.0, max_lr=args.lr, min_lr=args.min_lr,
+        lr_warmup_steps=args.lr_warmup_iters,
+        lr_decay_steps=args.lr_decay_iters or derived.train_iters,
+        lr_decay_style=args.lr_decay_style,
+        start_wd=args.weight_decay, end_wd=args.weight_decay,
+        wd_incr_steps=derived.train_iters, wd_incr_style="constant",
+        wsd_decay_steps=args.lr_wsd_decay_iters, lr_wsd_decay_style=args.lr_wsd_decay_style,
+        # The schedule was settled on resume (compatibility.reconcile_schedule): the
+        # scheduler takes its own values, which are the flags' or the checkpoint's.
+        use_checkpoint_opt_param_scheduler=False, override_opt_param_scheduler=True)
+    model.config.finalize_model_grads_func = finalize_model_grads
+    model.config.no_sync_func = ddp.no_sync
+    if args.fp16:
+        model.config.grad_scale_func = optimizer.scale_loss
+    return model, ddp, optimizer, scheduler
+
+
+@dataclasses.dataclass
+class TrainingSetup:
+    """What the loop starts from: the flags as this run applies them (``run``), the values
+    derived from them, the tokenizer, the model (the bare GPTModel), its DDP wrapper, the
+    optimizer and scheduler, the run's fixed code (None for the learned arm), the train
+    state (resumed or fresh), and the checkpoint resumed (``resume_path`` and its common
+    objects; None for a fresh run)."""
+    run: argparse.Namespace
+    derived: Derived
+    tokenizer: object
+    model: torch.nn.Module
+    ddp: DistributedDataParallel
+    optimizer: object
+    scheduler: OptimizerParamScheduler
+    code: Optional[FixedCode]
+    state: TrainState
+    resume_path: Optional[str] = None
+    common: Optional[dict] = None
+
+
+def set_up(args: argparse.Namespace, device: str, model_provider: Callable) -> TrainingSetup:
+    """Check the flags, resolve the checkpoint, build the model and optimizer and load the
+    checkpoint into them; the process group is already initialised."""
+    tokenizer, derived, resolved = check_flags(args, device)
+    resume_path, common, code, resolved = resolve_checkpoint(args, derived, resolved)
+    run = resolved.applied_to(args)
+    model, ddp, optimizer, scheduler = build_model_and_optimizer(run, derived, model_provider,
+                                                                 code)
+    state = TrainState()
+    if resume_path:
+        loading.load_checkpoint(resume_path, common, model, optimizer, scheduler)
+        state = TrainState.from_common(common)
+        log(f"[fixedcode] resumed from {resume_path} at iteration {state.iteration}")
+    elif args.load:
+        log(f"[fixedcode] no checkpoint in {args.load} yet: starting from scratch")
+    return TrainingSetup(run, derived, tokenizer, model, ddp, optimizer, scheduler, code, state,
+                         resume_path, common)

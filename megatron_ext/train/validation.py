@@ -1,0 +1,91 @@
+"""Validation during training: when (:meth:`Validator.should_validate`) and how
+(:func:`validation_loss`), the policy object of the loop beside
+:class:`~megatron_ext.checkpoint.saving.Checkpointer` and
+:class:`~megatron_ext.train.exit_conditions.ExitConditions`.
+
+The loop asks ``validator.should_validate(iteration)`` after each step: every
+``--eval-interval`` iterations and at the last one, when there is a validation set. An exit
+signal stops a validation after its current batch; the train state then records it as
+pending (``validation_pending``, saved in the checkpoint) and the resumed run validates
+first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+from typing import Callable, ContextManager, Optional
+
+import torch
+from megatron.core.pipeline_parallel import get_forward_backward_func
+
+from ..checkpoint.layout import TrainState
+from ..datasets.gpt_datasets import build_loader
+from ..metrics.logger import MetricsLogger
+from ..runtime.log import log
+from ..runtime.reductions import reduce_losses
+from .exit_conditions import ExitConditions
+from .gc_policy import GarbageCollection
+
+
+def validation_loss(args, num_microbatches: int, forward_step, valid_dataset, ddp,
+             exits: ExitConditions) -> tuple[Optional[float], Optional[str]]:
+    """``(mean validation loss over the first --eval-iters global batches, None)``, or
+    ``(None, reason)`` when an exit signal stopped it after a batch."""
+    ddp.eval()
+    batches = iter(build_loader(valid_dataset, args.micro_batch_size, args.num_workers, 0))
+    totals, reason = [], None
+    with torch.no_grad():
+        for _ in range(args.eval_iters):
+            losses = get_forward_backward_func()(
+                forward_step_func=forward_step, data_iterator=batches, model=[ddp],
+                num_microbatches=num_microbatches, seq_length=args.seq_length,
+                micro_batch_size=args.micro_batch_size, forward_only=True)
+            totals.extend(losses)
+            reason = exits.signalled()
+            if reason:
+                break
+    ddp.train()
+    return (None, reason) if reason else (reduce_losses(totals), None)
+
+
+class Validator:
+    """Validates the model on ``valid_dataset`` (None: never) every ``--eval-interval``
+    iterations and at the last of ``train_iters``; :attr:`last_loss` is the mean loss of the
+    latest validation (None before any, when it was stopped, and on ranks other than the last
+    pipeline stage). ``collector``: the run's garbage-collection policy, applied around each
+    validation. ``gathered``: a context in which the model holds whole, current
+    parameters (``--overlap-param-gather``)."""
+
+    def __init__(self, args: argparse.Namespace, train_iters: int, num_microbatches: int,
+                 forward_step: Callable, valid_dataset, ddp, exits: ExitConditions,
+                 metrics: MetricsLogger, collector: GarbageCollection,
+                 gathered: Callable[[], ContextManager] = contextlib.nullcontext):
+        self.args, self.train_iters, self.num_microbatches = args, train_iters, num_microbatches
+        self.gathered = gathered
+        self.forward_step, self.valid_dataset, self.ddp = forward_step, valid_dataset, ddp
+        self.exits, self.metrics, self.collector = exits, metrics, collector
+        self.last_loss: Optional[float] = None
+
+    def should_validate(self, iteration: int) -> bool:
+        return self.valid_dataset is not None and (
+            iteration % self.args.eval_interval == 0 or iteration == self.train_iters)
+
+    def validate(self, state: TrainState) -> Optional[str]:
+        """Validate at ``state.iteration`` and log the loss; the exit reason if a signal
+        stopped it (``state.validation_pending`` then says so). Without a validation set,
+        nothing is pending."""
+        if self.valid_dataset is None:
+            state.validation_pending = False
+            return None
+        with self.gathered(), self.collector.around_validation():
+            loss, reason = validation_loss(self.args, self.num_microbatches, self.forward_step,
+                                    self.valid_dataset, self.ddp, self.exits)
+        self.last_loss = loss
+        state.validation_pending = bool(reason)
+        if reason:
+            log(f"[fixedcode] {reason}: validation at iteration {state.iteration} stopped; "
+                f"the resumed run validates first")
+        else:
+            self.metrics.validation(state.iteration, loss)
+        return reason
