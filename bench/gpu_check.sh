@@ -201,7 +201,7 @@ if wanted local_attention; then
     LOCAL_RUN=("$PY" "${BIG[@]}" --transformer-impl local)
     ok=1
     # The pinned SDPA kernels run and equal the unfused attention in bf16 (GPU-only tests).
-    run sdpa_parity 90 "$PY" -m pytest -q -p no:cacheprovider tests/test_attention.py -k gpu \
+    run sdpa_parity 90 "$PY" -m pytest -q -p no:cacheprovider tests/integration/test_attention.py -k gpu \
         && { ((DRY)) || ! grep -qE "[0-9]+ (failed|skipped|error)" "$RESULTS/sdpa_parity.log"; } \
         || ok=0
     run local_sdpa_binary 170 "${LOCAL_RUN[@]}" --input-interface binary \
@@ -265,7 +265,7 @@ fi
 if wanted kernel; then
     mark
     if run build 240 "$PY" -m megatron_ext.codes.cuda_extension \
-            && run parity 120 "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda_kernel.py \
+            && run parity 120 "$PY" -m pytest -q -p no:cacheprovider tests/integration/test_cuda_kernel.py \
                 -k equals_reference_on_gpu \
             && { ((DRY)) || ! grep -qE "[0-9]+ (failed|skipped|error)" "$RESULTS/parity.log"; }
     then

@@ -1,7 +1,7 @@
 """fixedcode: a Megatron-Core extension for LMs whose input table is a fixed code of the token id.
 
 One folder per concern; each imports only the folders above it in this list
-(tests/test_structure.py holds the order, docs/architecture.md draws it):
+(tests/unit/test_structure.py holds the order, docs/architecture.md draws it):
 
 - ``runtime``: the process a run lives in (start-up, devices, signals, typed errors, logging,
   crash-safe files);

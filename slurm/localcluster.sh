@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A throw-away one-node Slurm cluster on localhost, for tests/test_slurm.py and for trying
+# A throw-away one-node Slurm cluster on localhost, for tests/integration/test_slurm.py and for trying
 # the Slurm scripts on one machine. Needs root. Everything (munge key and socket, slurm.conf,
 # state, logs, pidfiles) lives in DIR; the daemons are stopped by the PIDs in DIR.
 #
@@ -10,7 +10,7 @@
 #
 # CPUS=N advertises N CPUs on the node (default: nproc), e.g. to run two 2-task jobs at once.
 # Several clusters can run side by side: each gets free ports and its own job-id range.
-# The daemons log at debug level in DIR/log (tests/test_slurm.py prints a failed job's lines
+# The daemons log at debug level in DIR/log (tests/integration/test_slurm.py prints a failed job's lines
 # from there); MessageTimeout is 30 s, not Slurm's 10, as the cluster shares a 2-core CI
 # machine with the rest of the test suite.
 set -euo pipefail

@@ -43,17 +43,51 @@ PP2_RUN = ["--num-query-groups", "2", "--input-interface", "binary",
 TIERS = ("unit", "integration", "slurm", "gpu")  # registered in pyproject.toml
 
 
+def folder_tier(path: Path) -> str:
+    """``unit`` or ``integration``: the folder of tests/ a test file is in."""
+    return Path(path).resolve().relative_to(REPO / "tests").parts[0]
+
+
+class TierMarks:
+    """A test's tier is its folder's (``pytest -m unit`` runs tests/unit/ alone); before the
+    ``-m`` selection, hence ``tryfirst``. A test of tests/unit/ marked with another tier than
+    ``gpu`` is refused at collection: move it."""
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_collection_modifyitems(self, items):
+        for item in items:
+            folder = folder_tier(item.path)
+            marked = [tier for tier in TIERS if item.get_closest_marker(tier)]
+            if folder == "unit" and set(marked) - {"unit", "gpu"}:
+                raise pytest.UsageError(f"{item.nodeid} is marked {marked} but sits in "
+                                        f"tests/unit/: move it to tests/integration/")
+            if not set(marked) & {"unit", "integration", "slurm"}:
+                item.add_marker(getattr(pytest.mark, folder))
+
+
+@pytest.fixture(autouse=True)
+def unit_tests_neither_train_nor_start_processes(request, monkeypatch):
+    """In tests/unit/, a training step or a subprocess fails the test, naming where it
+    belongs: the unit tier runs in this process and trains nothing."""
+    if folder_tier(request.node.path) != "unit":
+        return
+
+    def refused(what):
+        def refuse(*args, **kwargs):
+            raise AssertionError(f"a unit test {what}: move {request.node.nodeid} to "
+                                 f"tests/integration/")
+        return refuse
+    from megatron_ext.train import loop
+    monkeypatch.setattr(loop, "train_step", refused("trains"))
+    monkeypatch.setattr(subprocess.Popen, "__init__", refused("starts a process"))
+
+
 @pytest.hookimpl(trylast=True)  # after pytest-xdist's own
 def pytest_collection_modifyitems(config, items):
-    """A test marked with no tier is a ``unit`` test (``-m unit`` runs the fast ones).
-
-    Under ``--dist loadgroup`` (a pytest-xdist worker), a test of an ``xdist_group`` gets the
+    """Under ``--dist loadgroup`` (a pytest-xdist worker), a test of an ``xdist_group`` gets the
     group in its id, which is how the scheduler reads it: pytest-xdist 3.8 writes it into a
     field that pytest 9.2 no longer reads (pytest-dev/pytest-xdist#1386), and the groups were
     silently ignored; where its own write takes, this does nothing."""
-    for item in items:
-        if not any(item.get_closest_marker(tier) for tier in TIERS):
-            item.add_marker(pytest.mark.unit)
     if config.getoption("loadgroup", default=False):
         from _pytest.nodeid import NodeId
         for item in items:
@@ -65,7 +99,7 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_configure(config):
-    """Under pytest-xdist, one thread per worker (the workers share the cores), for the
+    """The tiers by folder (:class:`TierMarks`). Under pytest-xdist, one thread per worker (the workers share the cores), for the
     trainings a worker runs itself and the processes it starts alike.
 
     Pools that libraries start with the default method (lm-eval's bootstrap, DataLoader
@@ -73,6 +107,7 @@ def pytest_configure(config):
     holds threads (gloo, wandb, tqdm, xdist's own), and a child forked beside them can inherit
     a lock that one of them held and hang for ever (seen: lm-eval's bootstrap pool, whose
     workers never exited). A real run forks from a fresh process."""
+    config.pluginmanager.register(TierMarks(), "fixedcode-tiers")
     import multiprocessing
     multiprocessing.set_start_method("forkserver", force=True)
     if os.environ.get("PYTEST_XDIST_WORKER"):

@@ -13,7 +13,7 @@ from huggingface_hub.dataclasses import strict
 from transformers import LlamaConfig
 
 # megatron_ext.codes.schemes.SCHEMES, restated: this file travels with an export and imports nothing
-# of megatron_ext (tests/test_convert_to_hf.py holds the two equal).
+# of megatron_ext (tests/integration/test_convert_to_hf.py holds the two equal).
 SCHEMES = ("binary", "gf2", "permuted", "random")
 
 

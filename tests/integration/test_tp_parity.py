@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import _free_port
-from tp_parity_worker import ARMS
+from conftest import REPO, _free_port
+from helpers.tp_parity_worker import ARMS
 
-WORKER = Path(__file__).with_name("tp_parity_worker.py")
+WORKER = REPO / "tests" / "helpers" / "tp_parity_worker.py"
 
 
 @pytest.mark.integration

@@ -18,9 +18,9 @@ from megatron.core import dist_checkpointing
 
 from conftest import REPO, _free_port
 from megatron_ext.metrics.norms import NormReporter, watched_groups
-from norms_worker import LAYOUTS, VARIANTS, batch, build, norms_after_backward
+from helpers.norms_worker import LAYOUTS, VARIANTS, batch, build, norms_after_backward
 
-WORKER = Path(__file__).with_name("norms_worker.py")
+WORKER = REPO / "tests" / "helpers" / "norms_worker.py"
 # The watched layers of a 4-layer model by their 0-based index in decoder.layers (one
 # process), and the watched parameters by name.
 LAYER_GROUPS = {0: "layer-01", 1: "layer-02", 3: "layer-04"}
@@ -113,7 +113,7 @@ def test_norms_equal_at_tp1_tp2_and_pp2(cpu_dist, tmp_path):
     worker = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
                              "2", "--master-port", str(_free_port()), str(WORKER), str(tmp_path)],
                             capture_output=True, text=True, timeout=300,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
+                            env={**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}"})
     assert worker.returncode == 0, worker.stderr[-5000:]
     results = json.loads((tmp_path / "norms.json").read_text())
     assert set(results) == set(LAYOUTS)

@@ -13,22 +13,13 @@ from megatron.core.distributed import DistributedDataParallel, DistributedDataPa
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from megatron_ext.config.arguments import padded_vocab_size, parse_model_args
-from code_reference import py_values
+from helpers.code_reference import py_values
 from megatron_ext.codes.schemes import SCHEMES, FixedCode
 from megatron_ext.codes.embedding import FixedCodeEmbedding
 from megatron_ext.model.provider import fusions, model_provider, transformer_config_from_args
 from megatron_ext.runtime.errors import FlagError
+from helpers.small_model import SMALL, SMALL_VOCAB, VOCAB, small_args
 
-VOCAB = 500
-SMALL = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
-         "--seq-length", "16", "--vocab-size", str(VOCAB)]
-
-
-SMALL_VOCAB = padded_vocab_size(VOCAB, 128, 1)
-
-
-def small_args(arm: str, *extra: str):
-    return parse_model_args(SMALL + ["--input-interface", arm, *extra], "test")
 
 
 def reference_embedding(code: FixedCode, ids: torch.Tensor, hidden: int) -> torch.Tensor:

@@ -24,7 +24,7 @@ import torch.utils.cpp_extension
 from megatron_ext.codes import cuda_extension, kernels
 from megatron_ext.codes.schemes import SCHEMES, TILINGS, FixedCode
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 KERNEL = cuda_extension.CSRC / "fixed_code.cu"
 
 

@@ -17,7 +17,7 @@ from megatron.core import parallel_state
 from conftest import TINY_RUN
 from megatron_ext.train.loop import pretrain
 from pretrain_fixedcode import datasets_provider, forward_step, model_provider, parse_args
-from tp_parity_worker import ARMS
+from helpers.tp_parity_worker import ARMS
 
 STEPS = 10
 LAYOUTS = {"dp2": [], "tp2-sp": ["--tensor-model-parallel-size", "2", "--sequence-parallel"]}

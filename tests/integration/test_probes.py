@@ -291,9 +291,9 @@ def test_the_hooks_stay_within_the_stated_memory_bound():
     import subprocess
     import sys
     out = subprocess.run([sys.executable, "-c", MEASURE_HOOKS], capture_output=True, text=True,
-                         timeout=300, cwd=Path(__file__).resolve().parent.parent,
+                         timeout=300, cwd=Path(__file__).resolve().parents[2],
                          env={**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072",
-                              "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+                              "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
     assert out.returncode == 0, out.stderr[-3000:]
     growth, bound = map(int, out.stdout.split()[-2:])
     print(f"peak growth {growth / 2 ** 20:.1f} MiB, stated {bound / 2 ** 20:.1f} MiB")

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from conftest import STUDY_PIQA, study_trains_in_process
+from helpers.recipes import TINY_RECIPE
 from megatron_ext.launch.slurm import REPO
 from megatron_ext.study import spec
 from megatron_ext.study.stats import hierarchical_bootstrap, paired_difference, t_interval
@@ -87,12 +88,6 @@ def test_the_hierarchical_bootstrap_covers_no_effect_despite_the_seed_spread():
 
 
 # ---------------------------------------------------------------------- study definitions
-
-TINY_RECIPE = """# a tiny study recipe
---num-layers 2 --hidden-size 64 --num-attention-heads 4 --ffn-hidden-size 128
---seq-length 32 --max-position-embeddings 64 --micro-batch-size 2 --global-batch-size 4
---lr 3e-3 --mock-data --log-interval 1 --eval-iters 0 --num-workers 0 --train-iters 3
-"""
 
 
 @pytest.fixture
@@ -287,7 +282,6 @@ def test_each_arm_keeps_one_colour_in_every_figure(tiny_study, monkeypatch):
                    .values())) == 7
     assert [readable_tokens(x) for x in (384, 12_300, 1.5e6, 1e11)] == \
         ["384", "12.3K", "1.5M", "100B"]
-
 
 
 @pytest.mark.integration

@@ -15,7 +15,7 @@ from megatron_ext.checkpoint import layout, loading, manifest, retention, saving
 from megatron_ext.checkpoint.layout import MARKER, TrainState
 from megatron_ext.metrics.sinks import read_metrics
 from megatron_ext.runtime.errors import CheckpointError, FlagError
-from test_training import signal_run
+from helpers.signals import signal_run
 
 CHECK_CHECKPOINT = PRETRAIN.parent / "tools" / "check_checkpoint.py"
 

@@ -15,6 +15,7 @@ import time
 import pytest
 
 from conftest import PP2_RUN, PRETRAIN, TIMING, TINY_RUN, run_pretrain, step_losses, valid_losses
+from helpers.signals import signal_run
 from megatron_ext.checkpoint.compatibility import reconcile_schedule
 from megatron_ext.config.derived import derive
 from megatron_ext.train.profiling import validate_profile_args
@@ -229,36 +230,6 @@ def test_bad_profile_flags_are_clear_errors(flags, message):
     args.device = "cpu"
     with pytest.raises(FlagError, match=re.escape(message)):
         validate_profile_args(args)
-
-
-def signal_run(args, sig, when=None, delay: float = 0.0, env=None, again_when=None):
-    """Run pretrain_fixedcode.py and send it ``sig`` ``delay`` seconds after the first line
-    of output containing ``when`` (None: ``delay`` seconds after the start), and once more
-    on the first line containing ``again_when``; returns ``(exit code, output, metrics
-    records)``."""
-    from megatron_ext.metrics.sinks import read_metrics
-    metrics = args[args.index("--save") + 1] / "metrics.jsonl"
-    proc = subprocess.Popen([sys.executable, str(PRETRAIN), *map(str, args)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, **(env or {})})
-    lines = []
-    if when is not None:
-        for line in proc.stdout:
-            lines.append(line)
-            if when in line:
-                break
-    time.sleep(delay)
-    proc.send_signal(sig)
-    if again_when is not None:
-        for line in proc.stdout:
-            lines.append(line)
-            if again_when in line:
-                time.sleep(0.5)  # into the interpreter's shutdown
-                proc.send_signal(sig)
-                break
-    rest, _ = proc.communicate(timeout=180)
-    out = "".join(lines) + rest
-    return proc.returncode, out, read_metrics(str(metrics)) if metrics.exists() else []
 
 
 SIGNAL_RUN = TINY_RUN + ["--input-interface", "binary", "--exit-signal-handler"]

@@ -25,7 +25,7 @@ from megatron_ext.model.provider import model_provider as build_gpt
 from megatron_ext.train.loop import pretrain
 from megatron_ext.runtime.errors import FlagError
 from pretrain_fixedcode import datasets_provider, forward_step, model_provider, parse_args
-from tp_parity_worker import ARMS
+from helpers.tp_parity_worker import ARMS
 
 NVTE = ("NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN", "NVTE_UNFUSED_ATTN")
 

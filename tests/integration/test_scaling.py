@@ -18,7 +18,7 @@ from megatron_ext.study.report import write_report
 from megatron_ext.runtime.errors import StudyError
 from tools import study as study_tool
 
-from test_study import TINY_RECIPE
+from helpers.recipes import TINY_RECIPE
 
 SIZES = {"d64": "--hidden-size 64 --ffn-hidden-size 128",
          "d96": "--hidden-size 96 --ffn-hidden-size 192",

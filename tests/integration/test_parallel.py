@@ -17,9 +17,9 @@ import pytest
 
 from conftest import REPO, _free_port
 from megatron_ext.metrics.sinks import read_metrics
-from parallel_worker import ARMS, LAYOUTS, STEPS
+from helpers.parallel_worker import ARMS, LAYOUTS, STEPS
 
-WORKER = Path(__file__).with_name("parallel_worker.py")
+WORKER = REPO / "tests" / "helpers" / "parallel_worker.py"
 
 
 def losses(root: Path, name: str) -> dict[int, float]:
@@ -33,7 +33,7 @@ def runs(tmp_path_factory):
     worker = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
                              "2", "--master-port", str(_free_port()), str(WORKER), str(root)],
                             capture_output=True, text=True, timeout=600,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
+                            env={**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}"})
     assert worker.returncode == 0, worker.stdout[-3000:] + worker.stderr[-5000:]
     return root, worker.stdout
 

@@ -36,7 +36,7 @@ from megatron_ext.train.loop import pretrain
 from megatron_ext.runtime.errors import CheckpointError, DeviceError, FixedcodeError, FlagError
 import pretrain_fixedcode  # noqa: E402
 from pretrain_fixedcode import datasets_provider, model_provider, parse_args
-from test_embedding import SMALL_VOCAB, small_args
+from helpers.small_model import SMALL_VOCAB, small_args
 
 NAN = float("nan")
 
@@ -499,7 +499,7 @@ def test_the_process_group_is_destroyed_when_training_ends(tmp_path):
     run = subprocess.run([sys.executable, "-c", code, *TINY_RUN, "--train-iters", "1",
                           "--metrics-file", str(tmp_path / "m.jsonl")], capture_output=True,
                          text=True, timeout=300, cwd=REPO,
-                         env={**os.environ, "PYTHONPATH": str(REPO)})
+                         env={**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}"})
     assert run.returncode == 0, run.stderr[-3000:]
     assert "initialized after main: False" in run.stdout
 

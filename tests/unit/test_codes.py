@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from code_reference import py_bits, py_values
+from helpers.code_reference import py_bits, py_values
 from megatron_ext.codes.schemes import (SCHEMES, TILINGS, FixedCode, bits_of, draw_gf2_affine,
                                         gf2_inverse, gf2_rank, ids_of)
 

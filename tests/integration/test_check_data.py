@@ -20,6 +20,7 @@ from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 from megatron.core.datasets.indexed_dataset import IndexedDataset, IndexedDatasetBuilder
 
 from conftest import REPO, TINY_RUN
+from helpers.indexed_data import make_dataset, training_data
 from megatron_ext.datasets.indexed import (IndexCheckError, check_train_epochs, read_index,
                                            split_problems, split_ranges, token_id_range,
                                            train_epochs)
@@ -30,26 +31,6 @@ from megatron_ext.runtime import errors
 from megatron_ext.runtime.errors import DataError
 from pretrain_fixedcode import parse_args
 from tools import check_data
-
-
-def make_dataset(prefix, lengths, dtype=np.uint16, first_id=0, modulo=500) -> str:
-    """An indexed dataset of one sequence per document; token ids count up from ``first_id``
-    modulo ``modulo`` (by default below TINY_RUN's --vocab-size 512)."""
-    builder = IndexedDatasetBuilder(f"{prefix}.bin", dtype=dtype)
-    for i, length in enumerate(lengths):
-        ids = (first_id + i + torch.arange(length, dtype=torch.int64)) % modulo
-        builder.add_document(ids, [length])
-    builder.finalize(f"{prefix}.idx")
-    return str(prefix)
-
-
-def training_data(*flags):
-    """build_train_valid as pretrain_fixedcode.py calls it: --seq-length 32, --train-iters 2 of
-    --global-batch-size 4 (run it under the cpu_dist fixture)."""
-    args = parse_args([a for a in TINY_RUN if a != "--mock-data"]
-                      + ["--train-iters", "2", *map(str, flags)])
-    tokenizer, derived, _ = check_flags(args, "cpu")
-    return build_train_valid(args, tokenizer, samples_per_split(args, derived), 0)
 
 
 # --- --split as megatron.core divides a dataset ------------------------------------------------

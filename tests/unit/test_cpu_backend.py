@@ -7,7 +7,7 @@ import torch
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
-from test_embedding import SMALL_VOCAB, small_args
+from helpers.small_model import SMALL_VOCAB, small_args
 from megatron_ext.model.provider import model_provider
 
 
