@@ -99,8 +99,9 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_configure(config):
-    """The tiers by folder (:class:`TierMarks`). Under pytest-xdist, one thread per worker (the workers share the cores), for the
-    trainings a worker runs itself and the processes it starts alike.
+    """The tiers by folder (:class:`TierMarks`). Under pytest-xdist, one thread per worker (the
+    workers share the cores), for the trainings a worker runs itself and the processes it starts
+    alike.
 
     Pools that libraries start with the default method (lm-eval's bootstrap, DataLoader
     workers) start from a fork server here: this process runs trainings in-process and so

@@ -1,6 +1,6 @@
 """Verify a save of a ``--save`` directory against its manifest, without loading a model:
-every file present, of its size and CRC-32 (megatron_ext/checkpoint/manifest.py). Exit status 0 when the
-save is intact; 1 when it is damaged (the first bad or missing file is named), missing, or was
+every file present, of its size and CRC-32 (megatron_ext/checkpoint/manifest.py). Exit status 0 when
+the save is intact; 1 when it is damaged (the first bad or missing file is named), missing, or was
 written before manifests.
 
     python tools/check_checkpoint.py runs/binary                  # the latest save

@@ -25,7 +25,7 @@ from megatron_ext.preprocess.check import check_file, format_report, vocabulary
 from megatron_ext.runtime.errors import exits_on_error
 from megatron_ext.runtime.files import write_json
 from megatron_ext.config.flag_types import positive_int
-from megatron_ext.datasets.indexed import split_ranges
+from megatron_ext.datasets.split_checks import split_ranges
 from megatron_ext.config.flag_types import TOKENIZER_TYPES
 
 

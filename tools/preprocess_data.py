@@ -4,7 +4,7 @@ For the same input, tokenizer and flags, the token stream and document boundarie
 Megatron-LM's ``tools/preprocess_data.py`` (flags are named as there), and so are the bytes
 written: those of megatron.core's ``IndexedDatasetBuilder`` with the dtype Megatron-LM picks
 (``DType.optimal_dtype`` of the vocabulary size), though neither megatron.core nor torch is
-imported (start-up well under a second: megatron_ext/preprocess/index_write.py). Unlike it, this
+imported (start-up well under a second: megatron_ext/datasets/indexed.py). Unlike it, this
 streams its inputs in memory that does not grow with their size, stops at bad input naming
 file and line (or counts and skips it: ``--skip-bad-lines``), never leaves a partial dataset
 under the final names, and resumes an interrupted job (``--resume``) from its last complete
@@ -49,7 +49,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                             "documents instead of stopping at the first")
     group = parser.add_argument_group("tokenizer")
     group.add_argument("--tokenizer-type", required=True, choices=TOKENIZER_TYPES,
-                       help="as in Megatron-LM and for training: megatron_ext/datasets/tokenizer.py")
+                       help="as in Megatron-LM and for training: "
+                            "megatron_ext/datasets/tokenizer.py")
     group.add_argument("--tokenizer-model",
                        help="sentencepiece .model; or a tokenizer.json or Hugging Face folder")
     group.add_argument("--vocab-size", type=int,

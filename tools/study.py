@@ -95,7 +95,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         else:
             study = spec.settle(args.study_dir, None)
         if args.command != "report":
-            launch.evaluate(study, args.study_dir)
+            launch.evaluate_checkpoints(study, args.study_dir)
         from megatron_ext.study.report import write_report
         summary = write_report(study, args.study_dir)
         print((args.study_dir / "STUDY.md").read_text())

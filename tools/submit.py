@@ -4,9 +4,9 @@ The recipe is a file of pretrain_fixedcode.py flags (model shape, data, schedule
 comments allowed) shared by every arm. For each arm megatron_ext/launch/slurm.py fills
 slurm/fixedcode.sbatch (job name, log, ``--input-interface``, ``--save``/``--load``,
 ``--tensorboard-dir``); this writes it to RUN_DIR/ARM/job.sbatch and submits it with sbatch;
-``--dry-run`` prints the scripts and touches nothing. ``--build-cache`` first queues a CPU job (slurm/build_data_cache.sbatch,
-RUN_DIR/data_cache/) that builds the recipe's dataset index caches into its
-``--data-cache-path``; the arms' jobs wait for it (``--dependency=afterok``) and load the
+``--dry-run`` prints the scripts and touches nothing. ``--build-cache`` first queues a CPU job
+(slurm/build_data_cache.sbatch, RUN_DIR/data_cache/) that builds the recipe's dataset index caches
+into its ``--data-cache-path``; the arms' jobs wait for it (``--dependency=afterok``) and load the
 caches with ``--require-data-cache``. Usage::
 
     python tools/submit.py --recipe RECIPE --run-dir RUN_DIR [--nodes 4 --gpus-per-node 8]
@@ -22,8 +22,8 @@ from typing import Optional, Sequence
 
 from megatron_ext.codes.schemes import ARMS, PAPER_ARMS
 from megatron_ext.launch.slurm import (CACHE_JOB, Job, add_job_args, cache_job_script,
-                                       check_cache_recipe, job_options, job_script, read_recipe,
-                                       run_flags, write_and_submit)
+                                       check_cache_recipe, job_options, job_script,
+                                       read_job_recipe, run_flags, write_and_submit)
 from megatron_ext.runtime.errors import exits_on_error
 
 
@@ -64,7 +64,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     with exits_on_error():
         args, job = parse_args(argv)
         run_dir, arms = args.run_dir.resolve(), [a for a in args.arms.split(",") if a]
-        recipe = read_recipe(args.recipe)
+        recipe = read_job_recipe(args.recipe)
         cache_job = own = None
         if args.build_cache:
             check_cache_recipe(recipe, args.recipe)

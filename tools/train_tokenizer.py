@@ -8,9 +8,9 @@ of what they were trained from. Both kinds are lossless (decoding the ids of a t
 back): sentencepiece with identity normalization, whitespace kept and byte fallback, byte-level BPE
 by construction. Their EOS token (``</s>``, ``<|endoftext|>``) serves as EOD.
 
-Inputs are read as tools/preprocess_data.py reads them (megatron_ext/preprocess/tokenizer_training.py
-trains, megatron_ext/preprocess/readers.py reads): JSONL
-(``--json-keys``), Parquet, ``save_to_disk`` folders or plain text, optionally compressed;
+Inputs are read as tools/preprocess_data.py reads them
+(megatron_ext/preprocess/tokenizer_training.py trains, megatron_ext/preprocess/readers.py reads):
+JSONL (``--json-keys``), Parquet, ``save_to_disk`` folders or plain text, optionally compressed;
 sentencepiece trains on their lines.
 
 Idempotent: when ``P.train.json`` records the same inputs (size, mtime) and options, nothing is

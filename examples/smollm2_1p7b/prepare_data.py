@@ -36,7 +36,8 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from megatron_ext.datasets.indexed import read_index, split_ranges, train_epochs
+from megatron_ext.datasets.indexed import read_index
+from megatron_ext.datasets.split_checks import split_ranges, train_epochs
 from megatron_ext.runtime.errors import exits_on_error
 from megatron_ext.runtime.files import write_json
 

@@ -6,8 +6,8 @@ carries, and its sharded state. Loading is :mod:`.loading`, what a resume must m
 Layout of ``--save DIR``::
 
     DIR/iter_0000100/                   a dist_checkpointing checkpoint (torch_dist)
-    DIR/iter_0000100/manifest.json      every file's size and CRC-32 (megatron_ext.checkpoint.manifest)
-    DIR/latest_checkpointed_iteration.txt   "100", written last
+    DIR/iter_0000100/manifest.json      every file's size and CRC-32
+    (megatron_ext.checkpoint.manifest) DIR/latest_checkpointed_iteration.txt   "100", written last
 
 Every rank writes its part of a save, as in Megatron-LM: weights replicated over data-parallel
 ranks are spread among them (``FullyParallelSaveStrategyWrapper``), and the distributed
@@ -22,10 +22,9 @@ naming the first bad file and the newest intact save.
 
 State saved: ``model`` and ``optimizer`` (sharded), ``rng_state`` (one object per rank), and
 common objects: ``args`` (every argument, as a dict), ``fixed_code``
-(:meth:`megatron_ext.codes.schemes.FixedCode.to_dict`: the code with all its drawn parts; ``None`` for
-the learned arm), ``scheduler``, the :class:`TrainState` fields
-(``iteration``, ``consumed_train_samples``, ``nonfinite_skipped``, ``overflow_skipped``,
-``validation_pending``),
+(:meth:`megatron_ext.codes.schemes.FixedCode.to_dict`: the code with all its drawn parts; ``None``
+for the learned arm), ``scheduler``, the :class:`TrainState` fields (``iteration``,
+``consumed_train_samples``, ``nonfinite_skipped``, ``overflow_skipped``, ``validation_pending``),
 ``wandb_run_id`` and the provenance (``checkpoint_format``, ``megatron_core_version``,
 ``fixedcode_version``).
 """

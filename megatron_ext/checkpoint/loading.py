@@ -4,7 +4,6 @@ model, optimizer (with :mod:`.torch_adam`'s fix), scheduler and random-number st
 
 from __future__ import annotations
 
-import os
 import random
 from typing import Optional
 
@@ -25,7 +24,8 @@ from .layout import (CHECKPOINT_FORMAT, completed_iterations, checkpoint_path, e
 def verify_save(path: str) -> None:
     """Check a save's files against its manifest before it is read, the files spread over
     the ranks when torch.distributed runs (every rank calls it); raises
-    :class:`~megatron_ext.checkpoint.manifest.DamagedCheckpoint` on every rank, naming a bad file."""
+    :class:`~megatron_ext.checkpoint.manifest.DamagedCheckpoint` on every rank, naming a bad
+    file."""
     files = manifest.read_manifest(path)
     if files is None:
         log(f"[fixedcode] {path} was written before manifests: not verified")

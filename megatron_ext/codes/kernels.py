@@ -1,5 +1,6 @@
 """The fast fixed-code forward, for every scheme and tiling: a PyTorch path (CPU, and any
-device) and a fused CUDA kernel (GPU), both equal to :meth:`megatron_ext.codes.schemes.FixedCode.encode`.
+device) and a fused CUDA kernel (GPU), both equal to
+:meth:`megatron_ext.codes.schemes.FixedCode.encode`.
 
 Both compute the same form. Every tiled code is affine over GF(2) in the bits of the code input
 ``x(t)`` (:meth:`~megatron_ext.codes.schemes.FixedCode.row_affine`), so the row's bits, packed eight

@@ -1,5 +1,5 @@
-"""The rules a fixed code's flags and vocabulary must follow (megatron_ext/codes/schemes.py), without
-torch: the data tools check them at start-up, before any tensor is needed."""
+"""The rules a fixed code's flags and vocabulary must follow (megatron_ext/codes/schemes.py),
+without torch: the data tools check them at start-up, before any tensor is needed."""
 
 from __future__ import annotations
 

@@ -19,7 +19,8 @@ vocabulary and h the model width:
   and 0 -> ``0`` (``01``).
 
 Every random part (A, b; table; the A_r, b_r) is drawn once from ``seed`` by
-:meth:`FixedCode.create` and then **stored** (checkpoints, exported configs): a saved model never depends on redrawing it.
+:meth:`FixedCode.create` and then **stored** (checkpoints, exported configs): a saved model never
+depends on redrawing it.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from typing import Optional
 
 import torch
 
-from .limits import MAX_BITS, check_options, check_vocab_fits  # noqa: F401
+from .limits import check_options, check_vocab_fits
 
 SCHEMES = ("binary", "gf2", "permuted", "random")
 # The arms (--input-interface): the learned table, the control, or a fixed code.

@@ -13,7 +13,8 @@ import argparse
 import math
 from typing import Optional, Sequence
 
-from ..codes.schemes import ARMS, TILINGS, check_options
+from ..codes.limits import check_options
+from ..codes.schemes import ARMS, TILINGS
 from ..runtime.errors import FlagError
 from .flag_types import TOKENIZER_TYPES
 
@@ -157,7 +158,8 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
 
     t = parser.add_argument_group("tokenizer")
     t.add_argument("--tokenizer-type", default="NullTokenizer", choices=TOKENIZER_TYPES,
-                   help="as in Megatron-LM (megatron_ext/datasets/tokenizer.py; default: NullTokenizer)")
+                   help="as in Megatron-LM (megatron_ext/datasets/tokenizer.py; default: "
+                        "NullTokenizer)")
     t.add_argument("--tokenizer-model", help="sentencepiece .model, tokenizer.json or HF folder")
     t.add_argument("--vocab-size", type=int,
                    help="NullTokenizer: ids 0 .. V-1, and EOD V (V + 1 ids, as in Megatron-LM)")

@@ -25,7 +25,7 @@ from megatron.core.datasets.utils import get_blend_from_list
 from ..config.derived import Derived
 from ..runtime.errors import DataError, FlagError
 from . import cache
-from .indexed import check_train_epochs, check_training_data
+from .split_checks import check_train_epochs, check_training_data
 
 
 def _blend(flag: str, paths):

@@ -1,39 +1,40 @@
-"""Reading and checking Megatron indexed datasets (``.bin/.idx``) before they are used: by
-training (megatron_ext/datasets/gpt_datasets.py, before Megatron-Core builds its GPT datasets) and by
-tools/check_data.py (megatron_ext/preprocess/check.py). Only numpy and the standard library are imported, so this loads fast.
+"""The Megatron indexed dataset format (``.bin/.idx``), read and written with numpy alone, as
+Megatron-Core keeps its reader and writer in one module (``indexed_dataset``): :func:`read_index`
+reads an ``.idx`` and checks it against its ``.bin`` (training, tools/check_data.py, merging);
+:func:`write_index` writes byte for byte what megatron.core's ``IndexedDatasetBuilder`` writes
+(``add_document`` for each document, or ``add_index`` for each dataset merged, then
+``finalize``; the tests compare them). Neither imports megatron.core or torch, which would cost
+the data tools seconds of start-up. The checks of the splits training takes are
+:mod:`.split_checks`.
 
-Megatron-Core trusts its files: a truncated ``.bin`` is read past its end only when a sample
-lands there, and a split that holds no tokens makes GPTDataset count epochs for ever. Here an
-``.idx`` is read with numpy/struct and checked against its ``.bin``, and ``--split`` is turned
-into the sequence ranges megatron.core uses (see ``split_ranges``), so that such data is refused
-at once, naming the file, the split and the flag to change.
-
-The ``.idx`` layout (megatron.core's ``_IndexWriter``): magic ``MMIDIDX\\0\\0``, version ``<Q``
-(1), dtype code ``<B``, sequence count S ``<Q``, count D ``<Q`` of document indices (documents
-+ 1), then S int32 sequence lengths, S int64 byte offsets of the sequences in the ``.bin``, and
-D int64 document indices (the first sequence of each document, then S).
+The ``.bin`` is the tokens of every sequence, in order, in the dataset's dtype. The ``.idx``
+layout (megatron.core's ``_IndexWriter``): magic ``MMIDIDX\\0\\0``, version ``<Q`` (1), dtype
+code ``<B``, sequence count S ``<Q``, count D ``<Q`` of document indices (documents + 1), then S
+int32 sequence lengths, S int64 byte offsets of the sequences in the ``.bin``, and D int64
+document indices (the first sequence of each document, then S).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import os
-import re
 import struct
-import sys
 from typing import Callable, Optional
 
 import numpy as np
 
-from ..runtime.errors import DataError, joined
-
 MAGIC = b"MMIDIDX\x00\x00"
+
+
 HEADER_BYTES = len(MAGIC) + 8 + 1 + 8 + 8
+
+
 # megatron.core.datasets.indexed_dataset.DType: the code of each token dtype.
 DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.float64,
           7: np.float32, 8: np.uint16}
-SPLITS = ("train", "valid", "test")
+
+
+VERSION = 1
 
 
 class IndexCheckError(ValueError):
@@ -129,115 +130,36 @@ def token_id_range(index: Index, progress: Callable[[int], None] = lambda nbytes
     return int(min(lows)), int(max(highs))
 
 
-def split_ranges(split: str, sequences: int) -> list[Optional[tuple[int, int]]]:
-    """The ``[begin, end)`` sequence range of the train, valid and test split of a dataset of
-    ``sequences`` sequences under ``--split``, or None for a split of weight 0: what
-    megatron.core computes (``parse_and_normalize_split``, ``convert_split_vector_to_split_matrix``
-    and the rounding in ``BlendedMegatronDatasetBuilder._build_megatron_dataset_splits``)."""
-    try:
-        weights = [float(w) for w in re.findall(r"[.0-9]+", split)]
-    except ValueError:
-        weights = []
-    if not 1 <= len(weights) <= len(SPLITS) or sum(weights) <= 0:
-        raise ValueError(f"--split {split}: give one to three non-negative proportions "
-                         f"(train,valid,test), not all 0")
-    weights = np.array(weights + [0.0] * (len(SPLITS) - len(weights)), dtype=np.float64)
-    bounds = list(itertools.accumulate([0, *(weights / np.sum(weights)).tolist()]))
-    return [(int(round(lo * float(sequences))), int(round(hi * float(sequences))))
-            if hi > lo else None for lo, hi in zip(bounds[:-1], bounds[1:])]
+def optimal_dtype(vocab_size: int) -> type:
+    """The token dtype Megatron-LM picks for a vocabulary (megatron.core's
+    ``DType.optimal_dtype``): uint16 below 65,500 ids, else int32."""
+    return np.uint16 if vocab_size < 65500 else np.int32
 
 
-_REMEDY = {  # what to change when a split is too small, for --data-path and for its own flag
-    "train": ("give the train split more weight in --split, or use --train-data-path",
-              "give --train-data-path more data"),
-    "valid": ("give the valid split more weight in --split, use --valid-data-path, or pass "
-              "--eval-iters 0", "give --valid-data-path more data, or pass --eval-iters 0"),
-    "test": ("give the test split more weight in --split, or use --test-data-path",
-             "give --test-data-path more data"),
-}
+def _dtype_code(dtype: type) -> int:
+    return next(code for code, known in DTYPES.items() if known == dtype)
 
 
-def split_problems(blend, blend_per_split, split: Optional[str], seq_length: int,
-                   num_samples: list[int]) -> list[str]:
-    """Every reason the datasets of a training run cannot be built, as ``error: ...`` lines.
-
-    ``blend``: the ``(prefixes, weights)`` of ``--data-path``, divided by ``split``; or
-    ``blend_per_split``: one blend (or None) per split. Each file must pass ``read_index``; each
-    split asked for samples (``num_samples``, train/valid/test) must hold, in every file that
-    contributes to it, at least one sample of ``seq_length`` + 1 tokens."""
-    if blend_per_split:
-        files = [(f"--{name}-data-path", prefix, [i])
-                 for i, name in enumerate(SPLITS) if blend_per_split[i]
-                 for prefix in blend_per_split[i][0]]
-    else:
-        try:
-            split_ranges(split, 0)
-        except ValueError as e:
-            return [f"error: {e}"]
-        files = [("--data-path", prefix, range(len(SPLITS))) for prefix in blend[0]]
-    problems, needed = [], seq_length + 1
-    for flag, prefix, splits in files:
-        try:
-            index = read_index(prefix)
-        except IndexCheckError as e:
-            problems.append(f"error: {flag}: {e}")
-            continue
-        ranges = None if blend_per_split else split_ranges(split, index.sequences)
-        for i in (i for i in splits if num_samples[i]):
-            name = SPLITS[i]
-            if ranges:
-                where = f"{flag} {prefix}: --split {split} gives the {name} split"
-                begin, end = ranges[i] or (0, 0)
-            else:
-                where, (begin, end) = f"{flag} {prefix} holds", (0, index.sequences)
-            tokens = index.tokens(begin, end)
-            if tokens < needed:
-                problems.append(
-                    f"error: {where} {end - begin:,} of its {index.sequences:,} {index.unit} "
-                    f"({tokens:,} tokens), fewer than the --seq-length {seq_length} + 1 = "
-                    f"{needed:,} tokens of one sample; {_REMEDY[name][ranges is None]}")
-    return problems
-
-
-def train_epochs(blend, blend_per_split, split: Optional[str], seq_length: int,
-                 train_samples: int) -> list[tuple[str, float]]:
-    """``(prefix, epochs)`` per file of the train blend: how many times ``train_samples`` samples
-    read its train split, each file drawing its normalized blend weight of them (megatron.core's
-    margin of 0.5% aside) and each sample taking ``seq_length`` new tokens."""
-    prefixes, weights = blend_per_split[0] if blend_per_split else blend
-    weights = weights or [1.0] * len(prefixes)
-    epochs = []
-    for prefix, weight in zip(prefixes, weights):
-        index = read_index(prefix)
-        begin, end = ((0, index.sequences) if blend_per_split
-                      else split_ranges(split, index.sequences)[0] or (0, 0))
-        tokens = index.tokens(begin, end)
-        needed = weight / sum(weights) * train_samples * seq_length
-        epochs.append((prefix, needed / tokens if tokens else float("inf")))
-    return epochs
-
-
-def check_train_epochs(blend, blend_per_split, split: Optional[str], seq_length: int,
-                       train_samples: int, max_epochs: Optional[float]) -> None:
-    """Refuse (:class:`DataError`) when a file's train split would be read more than ``max_epochs``
-    times; without a limit, warn on stderr when it would be read more than once."""
-    over = [(prefix, epochs) for prefix, epochs in
-            train_epochs(blend, blend_per_split, split, seq_length, train_samples)
-            if epochs > (max_epochs or 1.0)]
-    if not over:
-        return
-    lines = [f"{prefix}: its train split would be read {epochs:,.2f} times by the "
-             f"{train_samples:,} train samples of {seq_length} tokens" for prefix, epochs in over]
-    if max_epochs is not None:
-        raise DataError(joined([f"{line}, more than --max-data-epochs {max_epochs:g}; "
-                                "give more data or fewer samples, or raise it" for line in lines]))
-    print("\n".join(f"WARNING: {line}: the data repeats (pass --max-data-epochs to refuse)"
-                    for line in lines), file=sys.stderr)
-
-
-def check_training_data(blend, blend_per_split, split: Optional[str], seq_length: int,
-                        num_samples: list[int]) -> None:
-    """``split_problems``, raised as one :class:`DataError` when there are any."""
-    problems = split_problems(blend, blend_per_split, split, seq_length, num_samples)
-    if problems:
-        raise DataError(joined([p.removeprefix("error: ") for p in problems]))
+def write_index(path: str, dtype: type, runs: list[tuple[np.ndarray, np.ndarray]]) -> None:
+    """Write the ``.idx`` of a dataset made of ``runs`` of documents, in order, each given as its
+    sequence lengths and its document indices (from 0 to its sequence count). A run is read three
+    times (one per section), so it may be memory-mapped: memory stays that of one run."""
+    itemsize = np.dtype(dtype).itemsize
+    sequences = sum(len(lengths) for lengths, _ in runs)
+    documents = sum(len(indices) - 1 for _, indices in runs)
+    with open(path, "wb") as f:
+        f.write(MAGIC + struct.pack("<QB", VERSION, _dtype_code(dtype)))
+        f.write(struct.pack("<QQ", sequences, documents + 1))
+        for lengths, _ in runs:
+            f.write(np.asarray(lengths, np.int32).tobytes())
+        offset = 0
+        for lengths, _ in runs:
+            if len(lengths):
+                ends = offset + np.cumsum(lengths, dtype=np.int64) * itemsize
+                f.write((ends - np.asarray(lengths, np.int64) * itemsize).tobytes())
+                offset = int(ends[-1])
+        f.write(np.zeros(1, np.int64).tobytes())
+        first_sequence = 0
+        for lengths, indices in runs:
+            f.write((first_sequence + np.asarray(indices[1:], np.int64)).tobytes())
+            first_sequence += len(lengths)

@@ -2,8 +2,8 @@
 
 The learned arm becomes a stock ``LlamaForCausalLM``; the fixed-code arms (every scheme and
 tiling) become :class:`~megatron_ext.hf.modeling_fixedcode.FixedCodeLlamaForCausalLM`
-(``trust_remote_code``) with the code in ``config.json`` and no input table. Weight mapping, from the TP=1 local-spec
-state dict (L layers, h hidden, f FFN, q heads, g query groups, d = h/q):
+(``trust_remote_code``) with the code in ``config.json`` and no input table. Weight mapping, from
+the TP=1 local-spec state dict (L layers, h hidden, f FFN, q heads, g query groups, d = h/q):
 
 ===============================================  =============================================
 Megatron                                         Hugging Face Llama

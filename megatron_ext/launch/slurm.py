@@ -106,7 +106,7 @@ def check_cache_recipe(recipe: List[str], path: Path) -> None:
                           f"has no index caches to build")
 
 
-def read_recipe(path: Path) -> List[str]:
+def read_job_recipe(path: Path) -> List[str]:
     """The recipe's flags, refusing the ones submit.py sets per arm."""
     return recipes.read_recipe(path, PER_ARM_FLAGS, "tools/submit.py sets in every job script")
 

@@ -3,9 +3,9 @@ stdout, and the same values, with validation loss and perplexity, to the run's m
 (``metrics.jsonl``), TensorBoard and wandb (:mod:`megatron_ext.metrics.sinks`).
 
 Throughput is tokens per second of the whole job, and model TFLOP/s per device, with the
-model FLOPs Megatron-LM 0.16.1 counts (:func:`~megatron_ext.metrics.flops.flops_per_token`). MFU (GPU only) is those
-FLOP/s over the device's dense bf16 peak, for bf16 and FP8 runs alike, so that they compare;
-an FP8 run also shows its MFU against the FP8 peak.
+model FLOPs Megatron-LM 0.16.1 counts (:func:`~megatron_ext.metrics.flops.flops_per_token`). MFU
+(GPU only) is those FLOP/s over the device's dense bf16 peak, for bf16 and FP8 runs alike, so that
+they compare; an FP8 run also shows its MFU against the FP8 peak.
 """
 
 from __future__ import annotations

@@ -6,9 +6,10 @@ fused attention for training is Transformer Engine's. :class:`SDPAttention` take
 constructor and forward arguments and returns the same ``[sq, b, hp]`` context, through
 torch's fused kernels (flash / memory-efficient / cuDNN on a GPU; flash or math on a CPU):
 causal without a mask tensor, grouped-query attention without copying keys and values, no
-parameters (checkpoints of either are the same). :func:`megatron_ext.model.provider.local_layer_spec`
-puts it in the local layers when ``--attention-backend`` (``TransformerConfig.attention_backend``)
-is ``auto`` or ``flash`` (:func:`local_core_attention`).
+parameters (checkpoints of either are the same).
+:func:`megatron_ext.model.provider.local_layer_spec` puts it in the local layers when
+``--attention-backend`` (``TransformerConfig.attention_backend``) is ``auto`` or ``flash``
+(:func:`local_core_attention`).
 
 On a GPU the kernels are pinned (:func:`sdpa_kernels`): the math kernel, which materialises
 the score matrix like the unfused path, is never chosen silently; an input no fused kernel

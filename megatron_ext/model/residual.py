@@ -3,9 +3,9 @@
 Megatron-Core 0.16.1 honours ``fp32_residual_connection`` only in its input embedding: its
 bias-dropout-add casts the residual to the layer output's dtype (fusions/fused_bias_dropout.py),
 so under ``--bf16`` the stream is bf16 again after the first layer. :func:`fp32_bias_dropout_add`
-adds in the residual's dtype instead, and :func:`megatron_ext.model.provider.decoder_spec` puts it in
-both adds of every layer when the flag is on: the stream stays fp32 end to end, the layers
-still compute in bf16 (:class:`megatron_ext.model.norm_layers.TorchNorm` hands them bf16).
+adds in the residual's dtype instead, and :func:`megatron_ext.model.provider.decoder_spec` puts it
+in both adds of every layer when the flag is on: the stream stays fp32 end to end, the layers still
+compute in bf16 (:class:`megatron_ext.model.norm_layers.TorchNorm` hands them bf16).
 """
 
 from __future__ import annotations

@@ -3,13 +3,13 @@
 ``preprocess`` (the job: inputs to datasets), ``readers`` (find, stream and parse the
 inputs), ``encode`` (a batch of texts to token ids, in the worker processes), ``word_cache``
 (sentencepiece BPE a word at a time), ``parts`` (the resumable work folder of a job),
-``index_write`` (``.bin/.idx`` with numpy alone), ``merge`` (the parts into one dataset under
-its final name), ``tokenizer_training`` (a tokenizer trained from the same inputs), ``check``
-(a dataset's report: token ids against a vocabulary and a code, its splits). Reading and
-checking a dataset before it is used is the core's (megatron_ext/datasets/indexed.py), since
-training does it too. The command-line tools ``tools/preprocess_data.py``,
-``tools/train_tokenizer.py`` and ``tools/check_data.py`` are thin drivers over the modules
-here. User errors (bad input, flags, files) are raised as the typed errors of
-megatron_ext/runtime/errors.py, which the tools turn into ``error: ...`` lines, as everywhere in
+``merge`` (the parts into one dataset under its final name), ``tokenizer_training`` (a
+tokenizer trained from the same inputs), ``check`` (a dataset's report: token ids against a
+vocabulary and a code, its splits). The indexed format itself, read and written, is
+megatron_ext/datasets/indexed.py, and the checks of a dataset's splits before it is used are
+megatron_ext/datasets/split_checks.py, since training does them too. The command-line tools
+``tools/preprocess_data.py``, ``tools/train_tokenizer.py`` and ``tools/check_data.py`` are thin
+drivers over the modules here. User errors (bad input, flags, files) are raised as the typed errors
+of megatron_ext/runtime/errors.py, which the tools turn into ``error: ...`` lines, as everywhere in
 the project.
 """

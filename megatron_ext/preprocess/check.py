@@ -14,8 +14,8 @@ from typing import Optional
 
 from tqdm import tqdm
 
-from ..datasets.indexed import (SPLITS, IndexCheckError, read_index, split_problems, split_ranges,
-                                token_id_range)
+from ..datasets.indexed import IndexCheckError, read_index, token_id_range
+from ..datasets.split_checks import SPLITS, split_problems, split_ranges
 from ..datasets.tokenizer import build_tokenizer
 
 

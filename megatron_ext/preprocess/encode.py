@@ -48,8 +48,8 @@ _word_encoder: Optional[WordCachedEncoder] = None
 
 
 def init_worker(tokenizer, keys: list[str], eod: Optional[int]) -> None:
-    """Pool initializer: a megatron_ext.datasets.tokenizer tokenizer, the JSON keys, and the id to append
-    (None: no EOD)."""
+    """Pool initializer: a megatron_ext.datasets.tokenizer tokenizer, the JSON keys, and the id to
+    append (None: no EOD)."""
     global _worker_state, _word_encoder
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per worker process
     _worker_state = (tokenizer, keys, eod)

@@ -4,7 +4,7 @@ The result is byte for byte what megatron.core's ``IndexedDatasetBuilder.add_ind
 followed by ``finalize`` writes (the tests check this), but in memory bounded by the largest part:
 the builder holds every document's length and boundary as Python objects (about 100 bytes per
 document) until ``finalize``, whereas this writes the index one part and one section at a time
-(megatron_ext/preprocess/index_write.py). A single part is already the merged dataset: it is linked,
+(megatron_ext/datasets/indexed.py). A single part is already the merged dataset: it is linked,
 not copied.
 """
 
@@ -13,9 +13,8 @@ from __future__ import annotations
 import os
 import shutil
 
-from ..datasets.indexed import read_index
+from ..datasets.indexed import read_index, write_index
 from ..runtime.files import publish
-from .index_write import write_index
 
 
 def _link_or_copy(source: str, target: str) -> None:

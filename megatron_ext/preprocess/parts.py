@@ -18,10 +18,10 @@ import shutil
 
 import numpy as np
 
+from ..datasets.indexed import write_index
 from ..runtime.errors import DataError
 from ..runtime.files import fsync_path, read_json, write_json
 from .encode import EncodedBatch
-from .index_write import write_index
 
 # A part ends after the batch that takes it to this many documents, which bounds the index it
 # keeps in memory (12 bytes per sequence, 8 per document), whatever the size of the input.

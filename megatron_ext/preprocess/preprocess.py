@@ -23,8 +23,8 @@ from ..datasets.tokenizer import build_tokenizer
 from ..runtime.errors import DataError, FlagError
 from ..runtime.files import file_fingerprint
 
+from ..datasets.indexed import optimal_dtype
 from .encode import EncodedBatch, encode_batch, init_worker
-from .index_write import optimal_dtype
 from .merge import merge_datasets, publish_dataset
 from .parts import WorkDir, dataset_prefix
 from .readers import describe_bad_input, expand_inputs, input_kind, iter_batches

@@ -2,14 +2,14 @@
 
 Held-out windows (``[n, S + 1]`` ids) come with the document of every token
 (:func:`megatron_ext.datasets.held_out.cut_documents`). The sample is split **by document**: the
-sampled positions of half of the documents train the probes, the other half's score them, so no text is on both sides (a split by window would put the two halves
-of a document on either side). From positions ``1 .. S-1`` of every window a fixed random
-sample of token positions is drawn (each has a previous token in its context and a next
-token to predict). The models then run over the windows that hold sampled positions, batch
-by batch; hooks on the input (``embed_tokens``) and on every decoder layer copy the sampled
-positions out of each layer's output as it is made and keep nothing else, so memory is
-``sample x (layers + 1) x hidden`` floats plus one layer's activations of one batch
-(:func:`memory_bound`), whatever the number of held-out tokens.
+sampled positions of half of the documents train the probes, the other half's score them, so no text
+is on both sides (a split by window would put the two halves of a document on either side). From
+positions ``1 .. S-1`` of every window a fixed random sample of token positions is drawn (each has a
+previous token in its context and a next token to predict). The models then run over the windows
+that hold sampled positions, batch by batch; hooks on the input (``embed_tokens``) and on every
+decoder layer copy the sampled positions out of each layer's output as it is made and keep nothing
+else, so memory is ``sample x (layers + 1) x hidden`` floats plus one layer's activations of one
+batch (:func:`memory_bound`), whatever the number of held-out tokens.
 """
 
 from __future__ import annotations

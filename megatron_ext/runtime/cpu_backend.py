@@ -3,7 +3,8 @@
 Megatron-Core assumes CUDA in a handful of places. :func:`enable` redirects them to the CPU,
 once per process, before any model is built:
 
-* ``torch.cuda.current_device()``, ``torch.cuda.synchronize()`` and tensor factories/moves that name ``'cuda'`` (a
+* ``torch.cuda.current_device()``, ``torch.cuda.synchronize()`` and tensor factories/moves that name
+``'cuda'`` (a
   ``TorchFunctionMode`` rewrites the device to ``'cpu'``);
 * the CUDA RNG state calls (``torch.cuda.{get,set}_rng_state``, ``manual_seed``, and
   Megatron's own ``_get/_set_cuda_rng_state``) become the CPU generator's; the tracker's

@@ -1,8 +1,9 @@
 """What the ranks agree on, one all-reduce each: the mean ``lm loss`` of a step or a
 validation (micro-batches and data-parallel ranks) and the maximum of a few flags over all
 ranks (a signal, a non-finite loss), so that every rank then takes the same decision. Used by
-the training step (:mod:`megatron_ext.train.loop`), validation (:mod:`megatron_ext.train.validation`)
-and the exit conditions (:mod:`megatron_ext.train.exit_conditions`).
+the training step (:mod:`megatron_ext.train.loop`), validation
+(:mod:`megatron_ext.train.validation`) and the exit conditions
+(:mod:`megatron_ext.train.exit_conditions`).
 """
 
 from __future__ import annotations

@@ -142,7 +142,7 @@ def submit_to_slurm(study: spec.Study, study_dir: Path, job: slurm.Job, dry_run:
                  + f", log {run / f'slurm-{jobs[run]}.log'}")
 
 
-def evaluate(study: spec.Study, study_dir: Path, progress: Progress = _print) -> None:
+def evaluate_checkpoints(study: spec.Study, study_dir: Path, progress: Progress = _print) -> None:
     """Evaluate the checkpoints not evaluated yet and, with ``[probes]``, probe the final
     ones not probed yet."""
     from .evaluation import evaluate_study

@@ -22,7 +22,7 @@ from ..metrics.reporting import colours, number, pyplot, save_figure, signed_ran
 
 from . import fit
 from .evaluation import label, metric_value
-from .spec import Study, read_recipe
+from .spec import Study, read_study_recipe
 from .stats import paired_difference
 
 PAPER_RECIPE = "examples/smollm2_1p7b/recipe.args"
@@ -38,7 +38,7 @@ def paper_compute() -> float:
     from ..launch.slurm import REPO
     parser = build_parser("")
     add_training_args(parser)
-    args = parser.parse_known_args(read_recipe(str(REPO / PAPER_RECIPE)))[0]
+    args = parser.parse_known_args(read_study_recipe(str(REPO / PAPER_RECIPE)))[0]
     vocab = padded_vocab_size(PRESETS[PAPER_PRESET]["vocab_size"],
                               args.make_vocab_size_divisible_by, 1)
     return flops_per_token(args, vocab) * PAPER_TOKENS

@@ -238,7 +238,7 @@ def _budgets(fields: Optional[dict]) -> tuple[int, ...]:
     return tuple(sorted(tokens))
 
 
-def read_recipe(path: str) -> list[str]:
+def read_study_recipe(path: str) -> list[str]:
     return recipes.read_recipe(Path(path), PER_RUN_FLAGS, "the study sets for every run")
 
 
@@ -285,7 +285,7 @@ def build_study(fields: dict, base: Path) -> Study:
     overrides = [str(f) for f in fields.get("overrides") or ()]
     _refuse_per_run(overrides, "overrides")
     study = Study(recipe_path=recipe_path,
-                  recipe=tuple(read_recipe(recipe_path) + overrides), arms=arms,
+                  recipe=tuple(read_study_recipe(recipe_path) + overrides), arms=arms,
                   seeds=seeds, control=control, eval=EvalSettings(**evaluation),
                   probes=probes, factors=parse_factors(fields.get("factors") or {}),
                   budgets=_budgets(fields.get("budgets")), tune=fields.get("tune"))

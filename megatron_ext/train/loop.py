@@ -78,7 +78,8 @@ class PretrainResult:
 
 def pretrain(args: argparse.Namespace, model_provider: Callable, forward_step: Callable,
              datasets_provider: Callable) -> PretrainResult:
-    """Run a whole training job. ``args`` (the parsed flags) is read, never written.
+    """Run a whole training job. ``args`` (the parsed flags) is read, never written; after
+    the set-up the loop reads ``run``, the flags as this run applies them.
 
     With ``--exit-signal-handler``, an exit signal during start-up ends the job at the end
     of the current phase (checkpoint load, dataset building) with nothing saved; during
@@ -95,14 +96,14 @@ def pretrain(args: argparse.Namespace, model_provider: Callable, forward_step: C
     if reason:
         return _stopped(state, reason, "during start-up, before training (nothing new to save)")
     train_iter, valid_dataset = datasets_provider(
-        run, setup.tokenizer, samples_per_split(args, derived), state.consumed_train_samples)
+        run, setup.tokenizer, samples_per_split(run, derived), state.consumed_train_samples)
     reason = exits.signalled()
     if reason:
         return _stopped(state, reason, "while building the datasets (nothing new to save)")
 
-    own_run = bool(setup.resume_path and args.save) and (
-        os.path.realpath(os.path.dirname(setup.resume_path)) == os.path.realpath(args.save))
-    wandb_run_id = agree_wandb_run_id(args, setup.common["wandb_run_id"] if own_run else None)
+    own_run = bool(setup.resume_path and run.save) and (
+        os.path.realpath(os.path.dirname(setup.resume_path)) == os.path.realpath(run.save))
+    wandb_run_id = agree_wandb_run_id(run, setup.common["wandb_run_id"] if own_run else None)
     metrics = MetricsLogger(run, derived, setup.model, is_logging_rank(), state.iteration,
                             wandb_run_id)
     gathered = functools.partial(gathered_parameters, run, setup.ddp)
@@ -113,13 +114,13 @@ def pretrain(args: argparse.Namespace, model_provider: Callable, forward_step: C
                                 setup.code, wandb_run_id,
                                 last_saved=state.iteration if setup.resume_path else None,
                                 gathered=gathered)
-    norms = NormReporter(setup.model) if args.log_params_norm or args.log_layer_norms else None
+    norms = NormReporter(setup.model) if run.log_params_norm or run.log_layer_norms else None
     profiler = StepProfiler(run, torch.distributed.get_rank())
     _log_start(run, derived, setup.ddp, metrics.num_params)
     bar = tqdm(total=derived.train_iters, initial=state.iteration, desc="train", unit="it",
                disable=not (sys.stderr.isatty() and metrics.is_logging_rank))
     try:
-        loss, reason = _train(args, setup, forward_step, train_iter, exits, metrics, validator,
+        loss, reason = _train(setup, forward_step, train_iter, exits, metrics, validator,
                               checkpointer, norms, profiler, collector, bar)
     except NonFiniteLossError:  # every rank stops here together: a background save completes
         checkpointer.finish_pending()
@@ -134,7 +135,7 @@ def pretrain(args: argparse.Namespace, model_provider: Callable, forward_step: C
     return result
 
 
-def _train(args, setup, forward_step, train_iter, exits: ExitConditions,
+def _train(setup, forward_step, train_iter, exits: ExitConditions,
            metrics: MetricsLogger, validator: Validator, checkpointer: Checkpointer,
            norms: Optional[NormReporter], profiler: StepProfiler, collector: GarbageCollection,
            bar) -> tuple[Optional[float], Optional[str]]:
@@ -142,7 +143,7 @@ def _train(args, setup, forward_step, train_iter, exits: ExitConditions,
     final save; ``(the last update's loss, why it stopped early or None)``."""
     run, derived, state = setup.run, setup.derived, setup.state
     optimizer, scheduler, ddp = setup.optimizer, setup.scheduler, setup.ddp
-    guard = NonFiniteGuard(args.max_nonfinite_steps)
+    guard = NonFiniteGuard(run.max_nonfinite_steps)
     loss = reason = None
     if state.validation_pending:  # a signal stopped it before the checkpoint was saved
         reason = validator.validate(state)
@@ -154,7 +155,7 @@ def _train(args, setup, forward_step, train_iter, exits: ExitConditions,
         step = train_step(
             run, derived.num_microbatches, forward_step, train_iter, ddp, optimizer, scheduler,
             (lambda: norms.grad_norms(optimizer.get_loss_scale().item()))
-            if log_now and args.log_layer_norms else None)
+            if log_now and run.log_layer_norms else None)
         state.iteration += 1
         state.consumed_train_samples += derived.global_batch_size
         profiler.step_ended(state.iteration)
@@ -167,7 +168,7 @@ def _train(args, setup, forward_step, train_iter, exits: ExitConditions,
         metrics.step(state.iteration, step.loss, step.grad_norm,
                      scheduler.get_lr(optimizer.param_groups[0]), time.time() - step_start,
                      state.nonfinite_skipped,
-                     _diagnostics(args, norms, step.norms, step.num_zeros, optimizer, state,
+                     _diagnostics(run, norms, step.norms, step.num_zeros, optimizer, state,
                                   ddp) if log_now else None)
         if validator.should_validate(state.iteration):
             reason = validator.validate(state)

@@ -1,5 +1,6 @@
 """The fixed codes in plain Python, from a code's stored dict (FixedCode.to_dict): the
-independent computation the tests hold megatron_ext.codes.schemes, its kernels and its exports to."""
+independent computation the tests hold megatron_ext.codes.schemes, its kernels and its exports
+to."""
 
 from __future__ import annotations
 

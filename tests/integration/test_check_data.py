@@ -17,19 +17,16 @@ import torch
 from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
 from megatron.core.datasets.blended_megatron_dataset_config import BlendedMegatronDatasetConfig
 from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
-from megatron.core.datasets.indexed_dataset import IndexedDataset, IndexedDatasetBuilder
+from megatron.core.datasets.indexed_dataset import IndexedDataset
 
-from conftest import REPO, TINY_RUN
+from conftest import REPO
 from helpers.indexed_data import make_dataset, training_data
-from megatron_ext.datasets.indexed import (IndexCheckError, check_train_epochs, read_index,
-                                           split_problems, split_ranges, token_id_range,
-                                           train_epochs)
-from megatron_ext.datasets.gpt_datasets import build_train_valid, samples_per_split
+from megatron_ext.datasets.indexed import IndexCheckError, read_index, token_id_range
+from megatron_ext.datasets.split_checks import (check_train_epochs, split_problems, split_ranges,
+                                                train_epochs)
 from megatron_ext.datasets.tokenizer import NullTokenizer
-from megatron_ext.train.setup import check_flags
 from megatron_ext.runtime import errors
 from megatron_ext.runtime.errors import DataError
-from pretrain_fixedcode import parse_args
 from tools import check_data
 
 

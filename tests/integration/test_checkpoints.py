@@ -1,5 +1,6 @@
 """Saves at scale: the manifest and its verification, retention and its lock, a full disk, and
-asynchronous saves killed mid-write (megatron_ext/checkpoint/manifest.py, retention.py, saving.py)."""
+asynchronous saves killed mid-write (megatron_ext/checkpoint/manifest.py, retention.py,
+saving.py)."""
 
 from __future__ import annotations
 
@@ -172,9 +173,9 @@ def test_a_damaged_latest_save_is_refused_naming_the_file_and_the_newest_intact_
     data = bytearray(open(shard, "rb").read())
     data[len(data) // 2] ^= 0x40
     open(shard, "wb").write(bytes(data))
-    with pytest.raises(CheckpointError, match=f"damaged checkpoint: {shard}: checksum .* The newest "
-                                         f"intact save is iteration 1: load it with --load "
-                                         f"{save_dir} --ckpt-step 1"):
+    with pytest.raises(CheckpointError,
+                       match=f"damaged checkpoint: {shard}: checksum .* The newest intact save "
+                             f"is iteration 1: load it with --load {save_dir} --ckpt-step 1"):
         loading.load_common(save_dir)
     with pytest.raises(manifest.DamagedCheckpoint, match=shard):
         loading.check_save(save_dir)

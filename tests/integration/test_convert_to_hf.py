@@ -264,7 +264,8 @@ def test_a_saved_code_is_read_not_redrawn(ckpts, cpu_dist):
     train.code_seed += 1
     saved = schemes.FixedCode.from_dict(fixed_code)
     assert load_model(path, train, fixed_code).embedding.code == saved
-    assert build_code(train, train.padded_vocab_size) != saved  # what redrawing from the changed seed would give
+    # what redrawing from the changed seed would give:
+    assert build_code(train, train.padded_vocab_size) != saved
 
 
 @pytest.mark.integration

@@ -1,4 +1,5 @@
-"""The fast fixed-code forward (megatron_ext/codes/kernels.py, megatron_ext/codes/csrc) and its selection.
+"""The fast fixed-code forward (megatron_ext/codes/kernels.py, megatron_ext/codes/csrc) and its
+selection.
 
 Without a GPU: the kernel source compiles with nvcc for sm_90 against this torch's headers
 (nvcc is part of the CI image: its absence fails), the PyTorch path equals the reference

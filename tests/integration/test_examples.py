@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
-from megatron_ext.launch.slurm import read_recipe
+from megatron_ext.launch.slurm import read_job_recipe
 
 RECIPE = REPO / "examples" / "smollm2_1p7b" / "recipe.args"
 
@@ -17,7 +17,7 @@ RECIPE = REPO / "examples" / "smollm2_1p7b" / "recipe.args"
 @pytest.mark.parametrize("arm", ["learned", "binary", "gf2"])
 def test_recipe_parses_to_the_reference_shape(arm):
     from pretrain_fixedcode import parse_args
-    args = parse_args(read_recipe(RECIPE) + ["--input-interface", arm])
+    args = parse_args(read_job_recipe(RECIPE) + ["--input-interface", arm])
     assert (args.num_layers, args.hidden_size, args.ffn_hidden_size, args.num_attention_heads,
             args.seq_length) == (24, 2048, 8192, 32, 2048)
     assert args.untie_embeddings_and_output_weights and args.swiglu
@@ -49,7 +49,7 @@ def test_train_script_passes_the_recipe_and_the_arm(tmp_path):
     assert connections == "1"
     assert argv[:3] == ["--nproc-per-node", "4", str(REPO / "pretrain_fixedcode.py")]
     ckpt = str(run_dir / "gf2" / "checkpoints")
-    assert argv[3:] == read_recipe(RECIPE) + [
+    assert argv[3:] == read_job_recipe(RECIPE) + [
         "--input-interface", "gf2", "--save", ckpt, "--load", ckpt,
         "--tensorboard-dir", str(run_dir / "gf2" / "tensorboard"), "--exit-signal-handler"]
 

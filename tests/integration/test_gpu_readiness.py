@@ -330,8 +330,8 @@ def test_distributed_optimizer_saves_and_resumes_without_te_or_apex(cpu_dist, tm
     (inner,) = optimizer.chained_optimizers
     assert isinstance(inner, DistributedOptimizer)
     batch = random_batch(args)
-    train_step(args, derived.num_microbatches, pretrain_fixedcode.forward_step, itertools.repeat(batch),
-               ddp, optimizer, scheduler)
+    train_step(args, derived.num_microbatches, pretrain_fixedcode.forward_step,
+               itertools.repeat(batch), ddp, optimizer, scheduler)
     saving.save_checkpoint(args, derived, model, optimizer, scheduler,
                            TrainState(iteration=1), code)
 
@@ -425,7 +425,8 @@ def test_the_loss_is_all_reduced_once_per_step(cpu_dist, monkeypatch):
         return all_reduce(tensor, *a, group=group, **k)
 
     monkeypatch.setattr(torch.distributed, "all_reduce", counting)
-    step = train_step(args, 4, pretrain_fixedcode.forward_step, iter(batches), ddp, optimizer, scheduler)
+    step = train_step(args, 4, pretrain_fixedcode.forward_step, iter(batches), ddp, optimizer,
+                      scheduler)
     assert len(reduced) == 1 and reduced[0][1] == 4 * args.micro_batch_size * args.seq_length
     assert step.loss == pytest.approx((reduced[0][0] / reduced[0][1]).item())
 

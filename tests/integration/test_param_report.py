@@ -76,7 +76,7 @@ def test_input_rms_and_the_matching_code_scale():
 
 
 def test_show_code_prints_the_rows_of_the_configured_code(capsys):
-    from code_reference import py_row
+    from helpers.code_reference import py_row
     from megatron_ext.codes.schemes import FixedCode
     from tools.param_report import main
     flags = ["--input-interface", "random", "--code-tiling", "recode", "--code-bits", "12",

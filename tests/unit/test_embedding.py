@@ -12,7 +12,7 @@ from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-from megatron_ext.config.arguments import padded_vocab_size, parse_model_args
+from megatron_ext.config.arguments import parse_model_args
 from helpers.code_reference import py_values
 from megatron_ext.codes.schemes import SCHEMES, FixedCode
 from megatron_ext.codes.embedding import FixedCodeEmbedding

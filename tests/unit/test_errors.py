@@ -9,9 +9,9 @@ import re
 import pytest
 
 from conftest import REPO
-from megatron_ext.runtime.errors import (CheckpointError, ConversionError, DataError,
-                                         DeviceError, FixedcodeError, FlagError, LaunchError,
-                                         StudyError, exits_on_error, joined)
+from megatron_ext.runtime.errors import (CheckpointError, ConversionError, DataError, DeviceError,
+                                         FixedcodeError, FlagError, LaunchError, StudyError,
+                                         exits_on_error, joined)
 
 TYPED = [FlagError, DataError, CheckpointError, DeviceError, StudyError, ConversionError,
          LaunchError]

@@ -1,7 +1,8 @@
 """The project's structure, as the developers' guide states it: imports point one way (each
-folder of the package imports only the folders below it in LAYERS; tools import the package), no private name crosses a package, tools are
-command lines that import only the package and define only parsing and printing, and the
-README stays a front door. Read from the source text (ast), nothing is imported."""
+folder of the package imports only the folders below it in LAYERS; tools import the package), no
+private name crosses a package, tools are command lines that import only the package and define only
+parsing and printing, and the README stays a front door. Read from the source text (ast), nothing is
+imported."""
 
 from __future__ import annotations
 
