@@ -38,6 +38,7 @@ from megatron_ext.config.arguments import add_training_args, parse_model_args
 from megatron_ext.datasets.gpt_datasets import build_train_valid
 from megatron_ext.runtime.errors import exits_on_error
 from megatron_ext.runtime.initialize import destroy_distributed
+from megatron_ext.checkpoint.saved_args import fill_from_checkpoint
 from megatron_ext.checkpoint.saving import EXIT_SAVE_FAILED, SaveFailed
 from megatron_ext.train.step import NonFiniteLossError
 from megatron_ext.train.loop import PretrainResult, pretrain
@@ -87,7 +88,8 @@ def datasets_provider(args, tokenizer, num_samples, consumed_train_samples):
 
 
 def parse_args(argv=None):
-    return parse_model_args(argv, __doc__.splitlines()[0], add_training_args)
+    return parse_model_args(argv, __doc__.splitlines()[0], add_training_args,
+                            fill=fill_from_checkpoint)
 
 
 def main(argv=None) -> PretrainResult:

@@ -5,5 +5,7 @@ settled once at start-up, argparse types. Imports ``codes`` and ``runtime``.
 - ``recipes``: files of flags shared by the runs of an experiment;
 - ``derived``: ``Derived`` and ``Resolved``: values settled at start-up, never written into the
   flags;
+- ``schedule``: the learning-rate schedule and the batch ramp in samples, as Megatron-LM
+  counts them;
 - ``flag_types``: argparse types and choices of the command lines (imports nothing heavy).
 """

@@ -177,7 +177,19 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--min-lr", type=float, default=0.0,
                    help="learning rate at the end of the decay")
     g.add_argument("--lr-warmup-iters", type=int, default=0, help="linear warm-up steps")
+    g.add_argument("--lr-warmup-fraction", type=float, default=None,
+                   help="warm-up as a fraction of the decay length (--lr-decay-iters or "
+                        "--lr-decay-samples), instead of --lr-warmup-iters/--lr-warmup-samples")
+    g.add_argument("--lr-warmup-samples", type=int, default=0,
+                   help="--train-samples runs: linear warm-up over this many samples")
     g.add_argument("--lr-decay-iters", type=int, default=None, help="default --train-iters")
+    g.add_argument("--lr-decay-samples", type=int, default=None,
+                   help="--train-samples runs: decay over this many samples (default "
+                        "--train-samples)")
+    g.add_argument("--rampup-batch-size", nargs=3, type=int, default=None,
+                   metavar=("START", "INCREMENT", "SAMPLES"),
+                   help="--train-samples runs: grow the global batch from START by INCREMENT "
+                        "over SAMPLES samples up to --global-batch-size, as in Megatron-LM")
     g.add_argument("--lr-decay-style", choices=["constant", "linear", "cosine", "WSD"],
                    default="cosine",
                    help="decay after the warm-up (WSD: constant, then --lr-wsd-decay-iters of "
@@ -290,6 +302,21 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
                    help="resume from the latest checkpoint here (none yet: start fresh)")
     c.add_argument("--ckpt-step", type=int, default=None,
                    help="load this iteration of --load, not the latest")
+    c.add_argument("--use-checkpoint-args", action="store_true",
+                   help="take the model and input flags from the checkpoint in --load, as in "
+                        "Megatron-LM: the shape flags where not given here, the others "
+                        "(--swiglu, --normalization, --input-interface, --code-*, ...) always")
+    c.add_argument("--no-load-optim", action="store_true",
+                   help="on resume: load neither the optimizer state nor the learning-rate "
+                        "scheduler's (the schedule restarts from its step 0), as in "
+                        "Megatron-LM; the iteration and data position continue")
+    c.add_argument("--no-load-rng", action="store_true",
+                   help="on resume: do not load the random-number states (re-seeded from "
+                        "--seed)")
+    c.add_argument("--finetune", action="store_true",
+                   help="load only the model weights from --load: iteration 0, fresh "
+                        "optimizer, schedule and data order, as in Megatron-LM (a --save "
+                        "directory holding this run's own saves still resumes them fully)")
     c.add_argument("--override-opt_param-scheduler", "--override-opt-param-scheduler",
                    dest="override_opt_param_scheduler", action="store_true",
                    help="on resume: continue with the schedule these flags give (--lr, "
@@ -389,8 +416,10 @@ def build_parser(description: str) -> argparse.ArgumentParser:
 
 
 def parse_model_args(argv: Optional[Sequence[str]], description: str,
-                     extra=None) -> argparse.Namespace:
-    """Parse ``argv`` with the model flags (and ``extra(parser)`` groups), then validate."""
+                     extra=None, fill=None) -> argparse.Namespace:
+    """Parse ``argv`` with the model flags (and ``extra(parser)`` groups), then validate;
+    ``fill(args)``, before the validation, sets flags from elsewhere (the training entry
+    point's ``--use-checkpoint-args``)."""
     import sys
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(description)
@@ -398,5 +427,7 @@ def parse_model_args(argv: Optional[Sequence[str]], description: str,
         extra(parser)
     args = parser.parse_args(argv)
     apply_preset(args, argv)
+    if fill is not None:
+        fill(args)
     validate_model_args(args)
     return args

@@ -146,17 +146,20 @@ def _train(args, setup, forward_step, train_iter, exits: ExitConditions,
     loss = reason = None
     if state.validation_pending:  # a signal stopped it before the checkpoint was saved
         reason = validator.validate(state)
+    ramp = derived.batch_ramp()
     collector.start()
     while state.iteration < derived.train_iters and not reason:
         profiler.step_starts(state.iteration)
         step_start = time.time()
         log_now = metrics.is_log_iteration(state.iteration + 1)
+        batch_size = ramp.batch_size(state.consumed_train_samples)
         step = train_step(
-            run, derived.num_microbatches, forward_step, train_iter, ddp, optimizer, scheduler,
+            run, ramp.num_microbatches(state.consumed_train_samples), forward_step, train_iter,
+            ddp, optimizer, scheduler,
             (lambda: norms.grad_norms(optimizer.get_loss_scale().item()))
             if log_now and args.log_layer_norms else None)
         state.iteration += 1
-        state.consumed_train_samples += derived.global_batch_size
+        state.consumed_train_samples += batch_size
         profiler.step_ended(state.iteration)
         bar.update(1)
         state.nonfinite_skipped += step.skip in FAILURES
@@ -168,7 +171,8 @@ def _train(args, setup, forward_step, train_iter, exits: ExitConditions,
                      scheduler.get_lr(optimizer.param_groups[0]), time.time() - step_start,
                      state.nonfinite_skipped,
                      _diagnostics(args, norms, step.norms, step.num_zeros, optimizer, state,
-                                  ddp) if log_now else None)
+                                  ddp) if log_now else None,
+                     consumed_samples=state.consumed_train_samples, batch_size=batch_size)
         if validator.should_validate(state.iteration):
             reason = validator.validate(state)
         checkpointer.save(state)

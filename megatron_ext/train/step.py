@@ -11,6 +11,7 @@ import math
 from typing import Callable, Optional
 
 import torch
+from megatron.core import parallel_state
 from megatron.core.distributed import DistributedDataParallel
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
@@ -108,7 +109,9 @@ def train_step(args, num_microbatches: int, forward_step, train_iter, ddp, optim
     if not updated:  # only fp16's loss scaler declines a step
         return StepResult(loss, skip=OVERFLOW_AT_MIN_SCALE
                           if scale <= optimizer.config.min_loss_scale else OVERFLOW, norms=norms)
-    scheduler.step(increment=1)
+    # As Megatron-LM: the scheduler counts samples (config/schedule.py), this update's.
+    scheduler.step(increment=num_microbatches * args.micro_batch_size
+                   * parallel_state.get_data_parallel_world_size())
     return StepResult(loss, grad_norm, num_zeros, None, norms)
 
 
