@@ -7,5 +7,6 @@ settled once at start-up, argparse types. Imports ``codes`` and ``runtime``.
   flags;
 - ``schedule``: the learning-rate schedule and the batch ramp in samples, as Megatron-LM
   counts them;
+- ``megatron_defaults``: our defaults that differ from Megatron-LM's, said at start-up;
 - ``flag_types``: argparse types and choices of the command lines (imports nothing heavy).
 """

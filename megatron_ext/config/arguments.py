@@ -229,7 +229,22 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
     for split in ("train", "valid", "test"):
         d.add_argument(f"--{split}-data-path", nargs="+", default=None,
                        help=f"{split} split from its own prefixes (instead of --data-path/--split)")
+    d.add_argument("--data-args-path", default=None,
+                   help="a file holding --data-path's value (whitespace-separated [W1] P1 "
+                        "...), for blends too long for a command line, as in Megatron-LM")
+    d.add_argument("--per-split-data-args-path", default=None,
+                   help="a JSON file {\"train\": ..., \"valid\": ..., \"test\": ...} of "
+                        "--train/valid/test-data-path values (lists or whitespace-separated "
+                        "strings), as in Megatron-LM")
     d.add_argument("--mock-data", action="store_true", help="synthetic tokens, no files")
+    d.add_argument("--eod-mask-loss", action="store_true",
+                   help="no loss on end-of-document tokens (the dataset's loss mask)")
+    d.add_argument("--reset-position-ids", action="store_true",
+                   help="position ids restart after each end-of-document token")
+    d.add_argument("--reset-attention-mask", action="store_true",
+                   help="documents packed in one sequence do not attend to each other: an "
+                        "explicit mask, on local layers with --attention-backend auto or "
+                        "unfused/local (refused with flash and with Transformer Engine layers)")
     d.add_argument("--data-cache-path", default=None,
                    help="where Megatron's dataset index caches go (rank 0 builds them, the "
                         "others load them: a directory every node shares)")

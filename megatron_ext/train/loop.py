@@ -31,6 +31,7 @@ from tqdm import tqdm
 from ..checkpoint.layout import TrainState
 from ..checkpoint.saving import Checkpointer
 from ..config.derived import Derived
+from ..config.megatron_defaults import defaults_line
 from ..datasets.gpt_datasets import samples_per_split
 from ..metrics.logger import MetricsLogger
 from ..metrics.norms import NormReporter
@@ -193,6 +194,9 @@ def _log_start(run: argparse.Namespace, derived: Derived, ddp, num_params: int) 
         f"| {run.device} x {derived.world_size} (tp {run.tensor_model_parallel_size}, "
         f"pp {run.pipeline_model_parallel_size}, dp {derived.data_parallel_size}) "
         f"| {derived.num_microbatches} micro-batches per step")
+    line = defaults_line(run)
+    if line:
+        log(line)
     if run.overlap_grad_reduce:
         buckets = sum(len(buffer.buckets) for buffer in ddp.buffers)
         log(f"[fixedcode] gradient reduction overlaps the backward pass: {buckets} buckets")

@@ -29,7 +29,7 @@ from ..codes.schemes import FixedCode
 from ..config.derived import Derived, Resolved, derive, run_record
 from ..config.schedule import scheduler_steps
 from ..datasets.tokenizer import build_tokenizer
-from ..model.attention import local_core_attention
+from ..model.attention import document_mask_refusal, local_core_attention
 from ..model.provider import build_code
 from ..runtime.device_checks import check_cuda_connections, fp8_refusal
 from ..runtime.device_checks import transformer_engine_imports, transformer_engine_version
@@ -113,6 +113,12 @@ def resolve_layers(args: argparse.Namespace, device: str) -> tuple[str, bool]:
     elif args.attention_backend == "local":
         raise FlagError("--attention-backend local is Megatron-Core's attention of the "
                         "local layers: it needs --transformer-impl local, as in Megatron-LM")
+    if args.reset_attention_mask:
+        refusal = document_mask_refusal(impl, args.attention_backend, device,
+                                        args.masked_softmax_fusion,
+                                        args.pipeline_model_parallel_size)
+        if refusal:
+            raise FlagError(refusal)
     if sequence_parallel and args.tensor_model_parallel_size == 1:
         log("[fixedcode] warning: --sequence-parallel turned off: it splits activations over "
             "tensor-parallel ranks, and --tensor-model-parallel-size is 1 (as in Megatron-LM)")
