@@ -15,7 +15,7 @@ from typing import Optional, Sequence
 
 from ..codes.schemes import ARMS, TILINGS, check_options
 from ..runtime.errors import FlagError
-from .flag_types import TOKENIZER_TYPES
+from .flag_types import TRAINING_TOKENIZER_TYPES
 
 # Megatron-LM's --attention-backend values (megatron.core.transformer.enums.AttnBackend).
 ATTENTION_BACKENDS = ("auto", "flash", "fused", "unfused", "local")
@@ -38,6 +38,9 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--num-attention-heads", type=int, help="attention heads")
     g.add_argument("--num-query-groups", type=int, default=None,
                    help="grouped-query attention groups (default: no GQA)")
+    g.add_argument("--group-query-attention", action="store_true",
+                   help="Megatron-LM's switch for --num-query-groups, accepted; "
+                        "--num-query-groups alone turns grouped-query attention on too")
     g.add_argument("--seq-length", type=int, help="tokens per training sequence")
     g.add_argument("--max-position-embeddings", type=int, help="default --seq-length")
     g.add_argument("--position-embedding-type", choices=["rope", "none"], default="rope",
@@ -156,9 +159,13 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
                    help="full recompute: layers per chunk (uniform) or per stage (block)")
 
     t = parser.add_argument_group("tokenizer")
-    t.add_argument("--tokenizer-type", default="NullTokenizer", choices=TOKENIZER_TYPES,
+    t.add_argument("--tokenizer-type", default="NullTokenizer", choices=TRAINING_TOKENIZER_TYPES,
                    help="as in Megatron-LM (megatron_ext/datasets/tokenizer.py; default: NullTokenizer)")
     t.add_argument("--tokenizer-model", help="sentencepiece .model, tokenizer.json or HF folder")
+    t.add_argument("--vocab-file", default=None,
+                   help="GPT2BPETokenizer: the vocabulary (GPT-2's vocab.json)")
+    t.add_argument("--merge-file", default=None,
+                   help="GPT2BPETokenizer: the BPE merges (GPT-2's merges.txt)")
     t.add_argument("--vocab-size", type=int,
                    help="NullTokenizer: ids 0 .. V-1, and EOD V (V + 1 ids, as in Megatron-LM)")
 
@@ -177,6 +184,8 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--min-lr", type=float, default=0.0,
                    help="learning rate at the end of the decay")
     g.add_argument("--lr-warmup-iters", type=int, default=0, help="linear warm-up steps")
+    g.add_argument("--lr-warmup-init", type=float, default=0.0,
+                   help="learning rate at the start of the warm-up")
     g.add_argument("--lr-warmup-fraction", type=float, default=None,
                    help="warm-up as a fraction of the decay length (--lr-decay-iters or "
                         "--lr-decay-samples), instead of --lr-warmup-iters/--lr-warmup-samples")
@@ -196,9 +205,14 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
                         "decay)")
     g.add_argument("--lr-wsd-decay-iters", type=int, default=None,
                    help="WSD: length of the final decay phase")
+    g.add_argument("--lr-wsd-decay-samples", type=int, default=None,
+                   help="--train-samples runs: WSD's final decay in samples")
     g.add_argument("--lr-wsd-decay-style", choices=["linear", "cosine", "exponential",
                                                      "minus_sqrt"], default="linear",
                    help="WSD: shape of the final decay")
+    g.add_argument("--optimizer", choices=["adam"], default="adam",
+                   help="Adam with decoupled weight decay (Megatron-LM's adam; its others are "
+                        "not supported)")
     g.add_argument("--weight-decay", type=float, default=0.1, help="AdamW weight decay")
     g.add_argument("--adam-beta1", type=float, default=0.9, help="Adam beta1")
     g.add_argument("--adam-beta2", type=float, default=0.95, help="Adam beta2")
@@ -298,6 +312,8 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
                    help="profile up to and including this step")
     f.add_argument("--profile-ranks", type=int, nargs="+", default=[0], help="ranks to profile")
 
+    add_refused_args(parser)
+
     c = parser.add_argument_group("checkpointing and exit")
     c.add_argument("--save", default=None, help="checkpoint directory")
     c.add_argument("--save-interval", type=int, default=None,
@@ -313,6 +329,9 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
     c.add_argument("--keep-checkpoints-every", type=int, default=None, metavar="K",
                    help="with --keep-last-checkpoints: keep every save whose iteration is a "
                         "multiple of K for good (a study's curves)")
+    c.add_argument("--ckpt-format", choices=["torch_dist"], default="torch_dist",
+                   help="Megatron-Core dist_checkpointing (Megatron-LM's torch_dist), the only "
+                        "format")
     c.add_argument("--load", default=None,
                    help="resume from the latest checkpoint here (none yet: start fresh)")
     c.add_argument("--ckpt-step", type=int, default=None,
@@ -353,6 +372,41 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
                    help="save and exit when the iteration is a multiple of this")
 
 
+# Megatron-LM flags a recipe may carry that fixedcode does not take, with why; each is
+# refused by name (not argparse's "unrecognized arguments"). docs/training.md lists them.
+REFUSED_FLAGS = {
+    "--context-parallel-size": "context parallelism is not implemented (TP, PP, DP only)",
+    "--num-experts": "the backbone is dense: mixture-of-experts layers are not built",
+    "--start-weight-decay": "the weight decay is constant: give --weight-decay",
+    "--end-weight-decay": "the weight decay is constant: give --weight-decay",
+    "--weight-decay-incr-style": "the weight decay is constant: give --weight-decay",
+    "--check-for-nan-in-loss-and-grad": "non-finite steps are always checked and skipped on "
+                                        "every rank; --max-nonfinite-steps bounds them",
+    "--check-for-spiky-loss": "the rerun state machine is not part of fixedcode",
+    "--rerun-mode": "the rerun state machine is not part of fixedcode",
+    "--legacy-tokenizer": "the tokenizers have megatron.core's semantics (docs/data.md)",
+    "--vocab-extra-ids": "no tokens are added to the tokenizer's vocabulary",
+    "--use-flash-attn": "give --attention-backend flash",
+    "--kv-channels": "the head width is --hidden-size / --num-attention-heads",
+    "--dataloader-type": "the loader is fixedcode's resumable sampler (Megatron-LM's single)",
+}
+
+
+class Refused(argparse.Action):
+    """A Megatron-LM flag fixedcode does not take: an error naming it and why."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        raise FlagError(f"{option_string} (Megatron-LM's) is not supported: "
+                        f"{REFUSED_FLAGS[option_string]}")
+
+
+def add_refused_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("Megatron-LM flags refused (each says why)")
+    for flag, why in REFUSED_FLAGS.items():
+        g.add_argument(flag, action=Refused, nargs="*", default=argparse.SUPPRESS,
+                       help=f"refused: {why}")
+
+
 def apply_preset(args: argparse.Namespace, argv: Sequence[str]) -> None:
     """Fill shape flags from ``--preset`` unless given explicitly on the command line."""
     if not args.preset:
@@ -381,6 +435,8 @@ def validate_model_args(args: argparse.Namespace) -> None:
     if args.hidden_size % args.num_attention_heads:
         raise FlagError(f"--hidden-size {args.hidden_size} is not divisible by "
                         f"--num-attention-heads {args.num_attention_heads}")
+    if args.group_query_attention and args.num_query_groups is None:
+        raise FlagError("--group-query-attention needs --num-query-groups")
     if args.bf16 and args.fp16:
         raise FlagError("--bf16 and --fp16 are exclusive")
     validate_recompute_args(args)

@@ -24,6 +24,7 @@ def check_schedule_flags(args: argparse.Namespace) -> None:
     a batch ramp the schedule is in samples."""
     sample_flags = {"--lr-warmup-samples": args.lr_warmup_samples,
                     "--lr-decay-samples": args.lr_decay_samples,
+                    "--lr-wsd-decay-samples": args.lr_wsd_decay_samples,
                     "--rampup-batch-size": args.rampup_batch_size}
     given = [flag for flag, value in sample_flags.items() if value]
     if args.train_iters is not None and given:
@@ -39,6 +40,8 @@ def check_schedule_flags(args: argparse.Namespace) -> None:
         raise FlagError("give one of --lr-warmup-iters and --lr-warmup-samples")
     if args.lr_decay_iters is not None and args.lr_decay_samples is not None:
         raise FlagError("give one of --lr-decay-iters and --lr-decay-samples")
+    if args.lr_wsd_decay_iters is not None and args.lr_wsd_decay_samples is not None:
+        raise FlagError("give one of --lr-wsd-decay-iters and --lr-wsd-decay-samples")
     if args.rampup_batch_size:
         iteration_flags = [f for f, v in (("--lr-warmup-iters", args.lr_warmup_iters),
                                           ("--lr-decay-iters", args.lr_decay_iters),
@@ -79,8 +82,10 @@ def scheduler_steps(schedule: dict, train_samples: Optional[int], train_iters: i
         warmup = schedule["lr_warmup_fraction"] * decay
     else:
         warmup = schedule["lr_warmup_samples"] or schedule["lr_warmup_iters"] * batch
-    wsd = schedule["lr_wsd_decay_iters"]
-    return SchedulerSteps(warmup, decay, None if wsd is None else wsd * batch, wd_incr)
+    wsd = schedule["lr_wsd_decay_samples"]
+    if wsd is None and schedule["lr_wsd_decay_iters"] is not None:
+        wsd = schedule["lr_wsd_decay_iters"] * batch
+    return SchedulerSteps(warmup, decay, wsd, wd_incr)
 
 
 class BatchRamp:
@@ -97,9 +102,9 @@ class BatchRamp:
         if rampup is None:
             return
         start, increment, samples = rampup
-        if start < 1 or increment < 1 or samples < 0:
-            raise FlagError(f"--rampup-batch-size {start} {increment} {samples}: START and "
-                            f"INCREMENT must be positive, SAMPLES non-negative")
+        if min(start, increment, samples) < 1:
+            raise FlagError(f"--rampup-batch-size {start} {increment} {samples}: START, "
+                            f"INCREMENT and SAMPLES must be positive")
         diff = global_batch_size - start
         if diff < 0 or diff % increment:
             raise FlagError(f"--rampup-batch-size {start} {increment} {samples}: "

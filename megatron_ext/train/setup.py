@@ -44,7 +44,8 @@ def check_flags(args: argparse.Namespace, device: str) -> tuple:
     (:class:`~megatron_ext.config.derived.Derived`) and the flags settled for this machine
     (:class:`~megatron_ext.config.derived.Resolved`, with the flags' schedule), built once. ``args``
     is not written into."""
-    tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model, args.vocab_size)
+    tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model, args.vocab_size,
+                                args.vocab_file, args.merge_file)
     derived = derive(args, torch.distributed.get_world_size(), tokenizer.vocab_size)
     if args.log_layer_norms and args.use_distributed_optimizer:
         raise FlagError("--log-layer-norms reads whole gradients, which "
@@ -222,7 +223,7 @@ def build_model_and_optimizer(args, derived: Derived, model_provider: Callable,
     steps = scheduler_steps(vars(args), args.train_samples, derived.train_iters,
                             derived.global_batch_size)
     scheduler = OptimizerParamScheduler(
-        optimizer, init_lr=0.0, max_lr=args.lr, min_lr=args.min_lr,
+        optimizer, init_lr=args.lr_warmup_init, max_lr=args.lr, min_lr=args.min_lr,
         lr_warmup_steps=steps.warmup, lr_decay_steps=steps.decay,
         lr_decay_style=args.lr_decay_style,
         start_wd=args.weight_decay, end_wd=args.weight_decay,
