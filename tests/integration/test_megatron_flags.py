@@ -238,3 +238,21 @@ def test_the_readme_training_example_runs_as_written():
     assert command[:2] == [".venv/bin/python", "pretrain_fixedcode.py"]
     run = run_pretrain(command[2:] + ["--train-iters", "2"])  # the last --train-iters wins
     assert "training done: iteration 2" in run.stdout
+
+
+@pytest.mark.integration
+def test_a_checkpoint_whose_scheduler_counted_updates_resumes_its_schedule(
+        saved_at_3, full_resume, tmp_path):
+    """Before format 3 the scheduler counted updates, not samples: converted on resume."""
+    from megatron_ext.checkpoint import manifest
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(saved_at_3, ckpt)
+    (ckpt / "metrics.jsonl").unlink()
+    common_file = ckpt / "iter_0000003" / "common.pt"
+    saved = torch.load(common_file, weights_only=False)
+    assert saved["scheduler"]["num_steps"] == 12  # 3 updates of 4 samples
+    torch.save({**saved, "checkpoint_format": 2,
+                "scheduler": {**saved["scheduler"], "num_steps": 3}}, common_file)
+    manifest.write_manifest(str(ckpt / "iter_0000003"), {})
+    run = run_pretrain(BASE + ["--train-iters", "5", "--load", ckpt, "--save", ckpt])
+    assert step_lrs(run) == step_lrs(full_resume)
