@@ -231,6 +231,18 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
                    help="--manual-gc: collect every this many steps (0: not between steps)")
     g.add_argument("--no-manual-gc-eval", dest="manual_gc_eval", action="store_false",
                    help="--manual-gc: no collection around validation")
+    g.add_argument("--check-for-spiky-loss", action="store_true",
+                   help="flag a step whose loss is --spiky-loss-factor x the largest of the "
+                        "first --spiky-loss-samples steps', as Megatron-LM (without its "
+                        "rerun); logged, or acted on with --spiky-loss-action")
+    g.add_argument("--spiky-loss-factor", type=float, default=10.0,
+                   help="--check-for-spiky-loss: Megatron-LM's SPIKY_LOSS_FACTOR")
+    g.add_argument("--spiky-loss-samples", type=int, default=100,
+                   help="--check-for-spiky-loss: the first steps whose largest loss is the "
+                        "reference")
+    g.add_argument("--spiky-loss-action", choices=["log", "skip", "stop"], default="log",
+                   help="--check-for-spiky-loss: log the spike (Megatron-LM's fatal=False), "
+                        "skip its update, or skip it and save and stop")
     g.add_argument("--max-nonfinite-steps", type=int, default=10,
                    help="stop with an error after this many updates in a row skipped for a "
                         "non-finite loss, non-finite gradients, or an fp16 overflow at the "
@@ -382,7 +394,6 @@ REFUSED_FLAGS = {
     "--weight-decay-incr-style": "the weight decay is constant: give --weight-decay",
     "--check-for-nan-in-loss-and-grad": "non-finite steps are always checked and skipped on "
                                         "every rank; --max-nonfinite-steps bounds them",
-    "--check-for-spiky-loss": "the rerun state machine is not part of fixedcode",
     "--rerun-mode": "the rerun state machine is not part of fixedcode",
     "--legacy-tokenizer": "the tokenizers have megatron.core's semantics (docs/data.md)",
     "--vocab-extra-ids": "no tokens are added to the tokenizer's vocabulary",

@@ -42,6 +42,7 @@ from .exit_conditions import ExitConditions
 from .gc_policy import GarbageCollection
 from .profiling import StepProfiler
 from .setup import set_up
+from .spikes import SpikeDetector
 from .step import (FAILURES, OVERFLOW, NonFiniteGuard, NonFiniteLossError, gathered_parameters,
                    train_step)
 from .validation import Validator
@@ -144,6 +145,8 @@ def _train(args, setup, forward_step, train_iter, exits: ExitConditions,
     run, derived, state = setup.run, setup.derived, setup.state
     optimizer, scheduler, ddp = setup.optimizer, setup.scheduler, setup.ddp
     guard = NonFiniteGuard(args.max_nonfinite_steps)
+    spikes = (SpikeDetector(args.spiky_loss_factor, args.spiky_loss_samples)
+              if args.check_for_spiky_loss else None)
     loss = reason = None
     if state.validation_pending:  # a signal stopped it before the checkpoint was saved
         reason = validator.validate(state)
@@ -158,7 +161,7 @@ def _train(args, setup, forward_step, train_iter, exits: ExitConditions,
             run, ramp.num_microbatches(state.consumed_train_samples), forward_step, train_iter,
             ddp, optimizer, scheduler,
             (lambda: norms.grad_norms(optimizer.get_loss_scale().item()))
-            if log_now and args.log_layer_norms else None)
+            if log_now and args.log_layer_norms else None, spikes and spikes.check)
         state.iteration += 1
         state.consumed_train_samples += batch_size
         profiler.step_ended(state.iteration)
@@ -176,6 +179,11 @@ def _train(args, setup, forward_step, train_iter, exits: ExitConditions,
                      consumed_samples=state.consumed_train_samples, batch_size=batch_size)
         if validator.should_validate(state.iteration):
             reason = validator.validate(state)
+        if step.spike:
+            log(spikes.log_line(state.iteration, args.spiky_loss_action))
+            if args.spiky_loss_action == "stop":
+                reason = reason or (f"spiky loss at iteration {state.iteration} "
+                                    f"(--spiky-loss-action stop)")
         checkpointer.save(state)
         collector.after_step(state.iteration)
         if not reason and state.iteration < derived.train_iters:

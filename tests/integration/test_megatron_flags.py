@@ -256,3 +256,29 @@ def test_a_checkpoint_whose_scheduler_counted_updates_resumes_its_schedule(
     manifest.write_manifest(str(ckpt / "iter_0000003"), {})
     run = run_pretrain(BASE + ["--train-iters", "5", "--load", ckpt, "--save", ckpt])
     assert step_lrs(run) == step_lrs(full_resume)
+
+
+@pytest.mark.integration
+def test_spiky_losses_are_flagged_as_megatron_defines_them_and_acted_on(tmp_path):
+    spiky = TINY_RUN + ["--train-iters", "4", "--check-for-spiky-loss",
+                        "--spiky-loss-samples", "2"]
+    # No signal: at Megatron-LM's factor 10 nothing is a spike, and nothing changes.
+    reference = run_pretrain(spiky)
+    losses = step_losses(reference)
+    assert "spiky loss" not in reference.stdout
+    assert losses == step_losses(run_pretrain(TINY_RUN + ["--train-iters", "4"]))
+    # A known signal: a factor that puts iteration 3's loss at the threshold.
+    factor = ["--spiky-loss-factor", repr(losses[3] / max(losses[1], losses[2]) * (1 - 1e-9))]
+    logged = run_pretrain(spiky + factor)
+    assert "iteration 3: spiky loss" in logged.stdout and "update applied" in logged.stdout
+    assert step_losses(logged) == losses
+    skipped = run_pretrain(spiky + factor + ["--spiky-loss-action", "skip"])
+    assert "iteration 3: spiky loss" in skipped.stdout
+    assert step_losses(skipped)[3] == losses[3] and step_losses(skipped)[4] != losses[4]
+    ckpt = tmp_path / "ckpt"
+    stopped = run_pretrain(spiky + factor + ["--spiky-loss-action", "stop", "--save", ckpt])
+    assert "spiky loss at iteration 3 (--spiky-loss-action stop): exiting at iteration 3" \
+        in stopped.stdout
+    resumed = run_pretrain(TINY_RUN + ["--train-iters", "4", "--save", ckpt, "--load", ckpt])
+    # saved without the spiky update, past its batch: as the skipping run went on
+    assert step_losses(resumed)[4] == step_losses(skipped)[4]
