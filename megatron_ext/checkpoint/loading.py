@@ -136,7 +136,7 @@ def load_checkpoint(path: str, common: dict, model, optimizer, scheduler, *,
             # it counted updates: each was a full global batch then (no batch ramp)
             scheduler.num_steps *= common["args"]["global_batch_size"]
     if not load_rng:
-        log(f"[fixedcode] --no-load-rng: random-number states not loaded from {path}")
+        log(f"[fixedcode] random-number states not loaded from {path}: as --seed set them")
     elif same_world:
         _set_rng_state(state["rng_state"])
     else:

@@ -145,7 +145,10 @@ def resolve_checkpoint(args: argparse.Namespace, derived: Derived, resolved: Res
 
     A ``--save`` directory that holds a checkpoint is the run's own: it is resumed even when
     ``--load`` names another directory (a requeued branch continues, rather than starting
-    over from where it branched), and a run without ``--load`` refuses to overwrite it."""
+    over from where it branched), and a run without ``--load`` refuses to overwrite it.
+    ``--finetune``, ``--no-load-optim`` and ``--no-load-rng`` apply to ``--load``'s checkpoint
+    only (``resolved`` says whether they do): a run resuming its own saves resumes them
+    whole. Without the optimizer's state the schedule is the flags', from its step 0."""
     load = args.load
     saved = layout.latest_iteration(args.save) if args.save else None
     if args.finetune and saved is not None and \

@@ -75,7 +75,7 @@ def test_no_load_rng_resumes_everything_but_the_random_numbers(saved_at_3, full_
                                                                 tmp_path):
     run = resume(saved_at_3, tmp_path, "--no-load-rng")
     assert run.returncode == 0, run.stderr
-    assert "--no-load-rng: random-number states not loaded" in run.stdout
+    assert "random-number states not loaded from" in run.stdout
     assert step_lrs(run) == step_lrs(full_resume)  # the schedule resumed
     assert step_losses(run)[4] != step_losses(full_resume)[4]  # other dropout masks
 
