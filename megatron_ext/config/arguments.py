@@ -159,7 +159,8 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
                    help="full recompute: layers per chunk (uniform) or per stage (block)")
 
     t = parser.add_argument_group("tokenizer")
-    t.add_argument("--tokenizer-type", default="NullTokenizer", choices=TRAINING_TOKENIZER_TYPES,
+    t.add_argument("--tokenizer-type", default="NullTokenizer",
+                   choices=TRAINING_TOKENIZER_TYPES,
                    help="as in Megatron-LM (megatron_ext/datasets/tokenizer.py; default: NullTokenizer)")
     t.add_argument("--tokenizer-model", help="sentencepiece .model, tokenizer.json or HF folder")
     t.add_argument("--vocab-file", default=None,

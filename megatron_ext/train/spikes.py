@@ -38,7 +38,7 @@ class SpikeDetector:
             self.largest = max(self.largest, abs(loss))
             return None
         if abs(loss) >= self.largest * self.factor:
-            self.last = (f"spiky loss {loss:.4E}: at least {self.factor:g} x {self.largest:.4E}, the "
-                    f"largest of the first {self.samples} steps")
+            self.last = (f"spiky loss {loss:.4E}: at least {self.factor:g} x "
+                         f"{self.largest:.4E}, the largest of the first {self.samples} steps")
             return self.last
         return None

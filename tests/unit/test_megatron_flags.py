@@ -138,8 +138,9 @@ def test_gpt2_bpe_files_give_gpt2s_ids_and_size_the_model(cpu_dist, gpt2_files):
     assert ids["<|endoftext|>"] not in ours.tokenize(text)  # not matched in texts
     assert (ours.vocab_size, ours.eod) == (264, 263)
     null = TINY_RUN.index("--tokenizer-type")  # TINY_RUN's NullTokenizer and its size
-    args = parse_args(TINY_RUN[:null] + TINY_RUN[null + 4:] + ["--train-iters", "2", "--tokenizer-type", "GPT2BPETokenizer",
-                         "--vocab-file", vocab, "--merge-file", merges])
+    args = parse_args(TINY_RUN[:null] + TINY_RUN[null + 4:] + [
+        "--train-iters", "2", "--tokenizer-type", "GPT2BPETokenizer",
+        "--vocab-file", vocab, "--merge-file", merges])
     _, derived, _ = check_flags(args, "cpu")
     assert derived.padded_vocab_size == 384  # 264 padded to a multiple of 128
     with pytest.raises(FixedcodeError, match="needs --vocab-file and --merge-file"):
