@@ -38,6 +38,7 @@ from megatron_ext.config.arguments import add_training_args, parse_model_args
 from megatron_ext.datasets.gpt_datasets import build_train_valid
 from megatron_ext.runtime.errors import exits_on_error
 from megatron_ext.runtime.initialize import destroy_distributed
+from megatron_ext.checkpoint.saved_args import fill_from_checkpoint
 from megatron_ext.checkpoint.saving import EXIT_SAVE_FAILED, SaveFailed
 from megatron_ext.train.step import NonFiniteLossError
 from megatron_ext.train.loop import PretrainResult, pretrain
@@ -53,13 +54,16 @@ def model_provider(args, padded_vocab_size, pre_process=True, post_process=True,
 
 
 def get_batch(data_iterator, device: torch.device):
-    """The micro-batch this pipeline stage needs (middle stages need none), on ``device``."""
+    """The micro-batch this pipeline stage needs (middle stages need none), on ``device``:
+    tokens, labels, loss mask, position ids, and the attention mask (``--reset-attention-mask``;
+    else None: causal)."""
     if not (parallel_state.is_pipeline_first_stage() or parallel_state.is_pipeline_last_stage()):
-        return None, None, None, None
+        return None, None, None, None, None
     batch = next(data_iterator)
     move = (lambda t: t.to(device, non_blocking=True)) if device.type == "cuda" else (lambda t: t)
+    mask = batch.get("attention_mask")
     return (move(batch["tokens"]), move(batch["labels"]), move(batch["loss_mask"]),
-            move(batch["position_ids"]))
+            move(batch["position_ids"]), None if mask is None else move(mask))
 
 
 def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
@@ -74,9 +78,9 @@ def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
 
 def forward_step(data_iterator, model):
     """One micro-batch through ``model``; the batch goes to the device the model is on."""
-    tokens, labels, loss_mask, position_ids = get_batch(data_iterator,
-                                                        next(model.parameters()).device)
-    output = model(tokens, position_ids, None, labels=labels)
+    tokens, labels, loss_mask, position_ids, attention_mask = get_batch(
+        data_iterator, next(model.parameters()).device)
+    output = model(tokens, position_ids, attention_mask, labels=labels)
     return output, partial(loss_func, loss_mask)
 
 
@@ -87,7 +91,8 @@ def datasets_provider(args, tokenizer, num_samples, consumed_train_samples):
 
 
 def parse_args(argv=None):
-    return parse_model_args(argv, __doc__.splitlines()[0], add_training_args)
+    return parse_model_args(argv, __doc__.splitlines()[0], add_training_args,
+                            fill=fill_from_checkpoint)
 
 
 def main(argv=None) -> PretrainResult:

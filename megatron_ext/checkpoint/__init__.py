@@ -4,6 +4,7 @@ match, saving (sync or async), manifests and retention.
 - ``layout``: the ``iter_N`` naming, the marker, completed saves, the train state and provenance
   a save carries, its sharded state;
 - ``loading``: a save verified and loaded (model, optimizer, scheduler, random states);
+- ``saved_args``: ``--use-checkpoint-args``: the model flags read from the checkpoint;
 - ``compatibility``: what a resume must share with its checkpoint (model, schedule, layout);
 - ``torch_adam``: the fix that lets megatron-core 0.16.1 resume a distributed optimizer over
   torch's Adam;

@@ -40,18 +40,25 @@ def check_compatible(saved_args: dict, current: dict, path: str) -> None:
 # The learning-rate and weight-decay schedule, by argument, with its flag.
 SCHEDULE_FLAGS = {
     "lr": "--lr", "min_lr": "--min-lr", "lr_warmup_iters": "--lr-warmup-iters",
-    "lr_decay_iters": "--lr-decay-iters", "lr_decay_style": "--lr-decay-style",
-    "lr_wsd_decay_iters": "--lr-wsd-decay-iters", "lr_wsd_decay_style": "--lr-wsd-decay-style",
+    "lr_warmup_fraction": "--lr-warmup-fraction", "lr_warmup_samples": "--lr-warmup-samples",
+    "lr_decay_iters": "--lr-decay-iters", "lr_decay_samples": "--lr-decay-samples",
+    "lr_decay_style": "--lr-decay-style",
+    "lr_wsd_decay_iters": "--lr-wsd-decay-iters",
+    "lr_wsd_decay_samples": "--lr-wsd-decay-samples",
+    "lr_wsd_decay_style": "--lr-wsd-decay-style", "lr_warmup_init": "--lr-warmup-init",
     "weight_decay": "--weight-decay",
 }
+# Schedule flags added since the first checkpoints: their value in those checkpoints.
+ADDED_SCHEDULE_FLAGS = {"lr_warmup_samples": 0, "lr_warmup_init": 0.0}
 
 
 def _schedule(args: dict) -> dict:
     """The schedule the arguments define (decay length resolved, WSD values only for WSD)."""
-    schedule = {k: args.get(k) for k in SCHEDULE_FLAGS}
+    schedule = {k: args.get(k, ADDED_SCHEDULE_FLAGS.get(k)) for k in SCHEDULE_FLAGS}
     schedule["lr_decay_iters"] = schedule["lr_decay_iters"] or args.get("train_iters")
     if schedule["lr_decay_style"] != "WSD":
         schedule["lr_wsd_decay_iters"] = schedule["lr_wsd_decay_style"] = None
+        schedule["lr_wsd_decay_samples"] = None
     return schedule
 
 

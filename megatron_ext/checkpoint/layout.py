@@ -57,8 +57,10 @@ MARKER = "latest_checkpointed_iteration.txt"
 
 
 # The layout of the common objects. 1: before provenance was recorded; 2: provenance,
-# ``validation_pending`` and ``wandb_run_id``. A checkpoint of a newer format is refused.
-CHECKPOINT_FORMAT = 2
+# ``validation_pending`` and ``wandb_run_id``; 3: the scheduler counts samples, as
+# Megatron-LM's (before: updates). A checkpoint of a newer format is refused.
+CHECKPOINT_FORMAT = 3
+SCHEDULER_COUNTS_SAMPLES = 3
 
 
 def provenance() -> dict:
@@ -165,14 +167,16 @@ def saved_content_metadata(common: dict) -> dict:
 def sharded_state(model, optimizer, rng: Optional[dict], is_loading: bool,
                    metadata: dict, with_rng: bool = True) -> dict:
     """``model`` is the bare GPTModel (not its DDP wrapper); ``metadata`` the checkpoint's
-    content metadata."""
+    content metadata; ``optimizer`` None: the model's state alone (a load without the
+    optimizer: ``--no-load-optim``, ``--finetune``)."""
     # Transformer Engine layers and the distributed optimizer shard over this group.
     metadata = {**metadata,
                 "dp_cp_group": parallel_state.get_data_parallel_group(with_context_parallel=True)}
     model_sd = model.sharded_state_dict(metadata=metadata)
-    state = {"model": model_sd,
-             "optimizer": optimizer.sharded_state_dict(model_sd, is_loading=is_loading,
-                                                       metadata=metadata)}
+    state = {"model": model_sd}
+    if optimizer is not None:
+        state["optimizer"] = optimizer.sharded_state_dict(model_sd, is_loading=is_loading,
+                                                          metadata=metadata)
     if with_rng:
         world, rank = torch.distributed.get_world_size(), torch.distributed.get_rank()
         state["rng_state"] = ShardedObject("rng_state", rng, (world,), (rank,), replica_id=0)

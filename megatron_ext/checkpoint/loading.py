@@ -17,8 +17,8 @@ import megatron_ext
 from ..runtime.errors import CheckpointError
 from ..runtime.log import log
 from . import manifest, torch_adam
-from .layout import (CHECKPOINT_FORMAT, completed_iterations, checkpoint_path, existing_save,
-                     saved_content_metadata, sharded_state)
+from .layout import (CHECKPOINT_FORMAT, SCHEDULER_COUNTS_SAMPLES, completed_iterations,
+                     checkpoint_path, existing_save, saved_content_metadata, sharded_state)
 
 
 def verify_save(path: str) -> None:
@@ -103,24 +103,41 @@ def _set_rng_state(state: dict) -> None:
     tensor_parallel.get_cuda_rng_tracker().set_states(state["tracker"])
 
 
-def load_checkpoint(path: str, common: dict, model, optimizer, scheduler) -> None:
-    """Load model, optimizer, scheduler and RNG state from ``path`` (common objects given)."""
+def load_checkpoint(path: str, common: dict, model, optimizer, scheduler, *,
+                    load_optim: bool = True, load_rng: bool = True) -> None:
+    """Load model, optimizer, scheduler and RNG state from ``path`` (common objects given).
+    ``load_optim`` False (``--no-load-optim``, ``--finetune``): the model's weights only, as
+    Megatron-LM loads them: the optimizer and scheduler keep their fresh state, and under
+    ``--bf16``/``--fp16`` the optimizer's fp32 main weights are copied from the loaded model.
+    ``load_rng`` False (``--no-load-rng``): the random-number states stay as seeded."""
     world = torch.distributed.get_world_size()
-    torch_adam.init_state(optimizer)
+    if load_optim:
+        torch_adam.init_state(optimizer)
     same_world = common["args"].get("world_size") == world
     state = dist_checkpointing.load(
-        sharded_state(model, optimizer, None, is_loading=True,
-                       metadata=saved_content_metadata(common),
-                       with_rng=same_world), path)
+        sharded_state(model, optimizer if load_optim else None, None, is_loading=True,
+                      metadata=saved_content_metadata(common),
+                      with_rng=same_world and load_rng), path)
     model.load_state_dict(state["model"])
-    # megatron-core 0.16.1's load_parameter_state_from_dp_reshardable lacks its siblings'
-    # @torch.no_grad(): in fp32 the distributed optimizer's main parameters are views of the
-    # model's, and copying into them fails ("a view of a leaf Variable that requires grad").
-    with torch.no_grad():
-        optimizer.load_state_dict(state["optimizer"])
-    torch_adam.restore_steps(optimizer, state["optimizer"])
-    scheduler.load_state_dict(common["scheduler"])
-    if same_world:
+    if not load_optim:
+        optimizer.reload_model_params()
+        log(f"[fixedcode] {path}: model weights loaded; optimizer and learning-rate "
+            f"scheduler start fresh")
+    else:
+        # megatron-core 0.16.1's load_parameter_state_from_dp_reshardable lacks its siblings'
+        # @torch.no_grad(): in fp32 the distributed optimizer's main parameters are views of
+        # the model's, and copying into them fails ("a view of a leaf Variable that requires
+        # grad").
+        with torch.no_grad():
+            optimizer.load_state_dict(state["optimizer"])
+        torch_adam.restore_steps(optimizer, state["optimizer"])
+        scheduler.load_state_dict(common["scheduler"])
+        if common.get("checkpoint_format", 1) < SCHEDULER_COUNTS_SAMPLES:
+            # it counted updates: each was a full global batch then (no batch ramp)
+            scheduler.num_steps *= common["args"]["global_batch_size"]
+    if not load_rng:
+        log(f"[fixedcode] random-number states not loaded from {path}: as --seed set them")
+    elif same_world:
         _set_rng_state(state["rng_state"])
     else:
         log(f"[fixedcode] world size changed ({common['args'].get('world_size')} -> {world}): "

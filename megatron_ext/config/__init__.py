@@ -5,5 +5,8 @@ settled once at start-up, argparse types. Imports ``codes`` and ``runtime``.
 - ``recipes``: files of flags shared by the runs of an experiment;
 - ``derived``: ``Derived`` and ``Resolved``: values settled at start-up, never written into the
   flags;
+- ``schedule``: the learning-rate schedule and the batch ramp in samples, as Megatron-LM
+  counts them;
+- ``megatron_defaults``: our defaults that differ from Megatron-LM's, said at start-up;
 - ``flag_types``: argparse types and choices of the command lines (imports nothing heavy).
 """

@@ -16,7 +16,7 @@ from typing import Optional, Sequence
 from ..codes.limits import check_options
 from ..codes.schemes import ARMS, TILINGS
 from ..runtime.errors import FlagError
-from .flag_types import TOKENIZER_TYPES
+from .flag_types import TRAINING_TOKENIZER_TYPES
 
 # Megatron-LM's --attention-backend values (megatron.core.transformer.enums.AttnBackend).
 ATTENTION_BACKENDS = ("auto", "flash", "fused", "unfused", "local")
@@ -39,6 +39,9 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--num-attention-heads", type=int, help="attention heads")
     g.add_argument("--num-query-groups", type=int, default=None,
                    help="grouped-query attention groups (default: no GQA)")
+    g.add_argument("--group-query-attention", action="store_true",
+                   help="Megatron-LM's switch for --num-query-groups, accepted; "
+                        "--num-query-groups alone turns grouped-query attention on too")
     g.add_argument("--seq-length", type=int, help="tokens per training sequence")
     g.add_argument("--max-position-embeddings", type=int, help="default --seq-length")
     g.add_argument("--position-embedding-type", choices=["rope", "none"], default="rope",
@@ -157,10 +160,15 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
                    help="full recompute: layers per chunk (uniform) or per stage (block)")
 
     t = parser.add_argument_group("tokenizer")
-    t.add_argument("--tokenizer-type", default="NullTokenizer", choices=TOKENIZER_TYPES,
+    t.add_argument("--tokenizer-type", default="NullTokenizer",
+                   choices=TRAINING_TOKENIZER_TYPES,
                    help="as in Megatron-LM (megatron_ext/datasets/tokenizer.py; default: "
                         "NullTokenizer)")
     t.add_argument("--tokenizer-model", help="sentencepiece .model, tokenizer.json or HF folder")
+    t.add_argument("--vocab-file", default=None,
+                   help="GPT2BPETokenizer: the vocabulary (GPT-2's vocab.json)")
+    t.add_argument("--merge-file", default=None,
+                   help="GPT2BPETokenizer: the BPE merges (GPT-2's merges.txt)")
     t.add_argument("--vocab-size", type=int,
                    help="NullTokenizer: ids 0 .. V-1, and EOD V (V + 1 ids, as in Megatron-LM)")
 
@@ -179,16 +187,35 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--min-lr", type=float, default=0.0,
                    help="learning rate at the end of the decay")
     g.add_argument("--lr-warmup-iters", type=int, default=0, help="linear warm-up steps")
+    g.add_argument("--lr-warmup-init", type=float, default=0.0,
+                   help="learning rate at the start of the warm-up")
+    g.add_argument("--lr-warmup-fraction", type=float, default=None,
+                   help="warm-up as a fraction of the decay length (--lr-decay-iters or "
+                        "--lr-decay-samples), instead of --lr-warmup-iters/--lr-warmup-samples")
+    g.add_argument("--lr-warmup-samples", type=int, default=0,
+                   help="--train-samples runs: linear warm-up over this many samples")
     g.add_argument("--lr-decay-iters", type=int, default=None, help="default --train-iters")
+    g.add_argument("--lr-decay-samples", type=int, default=None,
+                   help="--train-samples runs: decay over this many samples (default "
+                        "--train-samples)")
+    g.add_argument("--rampup-batch-size", nargs=3, type=int, default=None,
+                   metavar=("START", "INCREMENT", "SAMPLES"),
+                   help="--train-samples runs: grow the global batch from START by INCREMENT "
+                        "over SAMPLES samples up to --global-batch-size, as in Megatron-LM")
     g.add_argument("--lr-decay-style", choices=["constant", "linear", "cosine", "WSD"],
                    default="cosine",
                    help="decay after the warm-up (WSD: constant, then --lr-wsd-decay-iters of "
                         "decay)")
     g.add_argument("--lr-wsd-decay-iters", type=int, default=None,
                    help="WSD: length of the final decay phase")
+    g.add_argument("--lr-wsd-decay-samples", type=int, default=None,
+                   help="--train-samples runs: WSD's final decay in samples")
     g.add_argument("--lr-wsd-decay-style", choices=["linear", "cosine", "exponential",
                                                      "minus_sqrt"], default="linear",
                    help="WSD: shape of the final decay")
+    g.add_argument("--optimizer", choices=["adam"], default="adam",
+                   help="Adam with decoupled weight decay (Megatron-LM's adam; its others are "
+                        "not supported)")
     g.add_argument("--weight-decay", type=float, default=0.1, help="AdamW weight decay")
     g.add_argument("--adam-beta1", type=float, default=0.9, help="Adam beta1")
     g.add_argument("--adam-beta2", type=float, default=0.95, help="Adam beta2")
@@ -207,6 +234,18 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
                    help="--manual-gc: collect every this many steps (0: not between steps)")
     g.add_argument("--no-manual-gc-eval", dest="manual_gc_eval", action="store_false",
                    help="--manual-gc: no collection around validation")
+    g.add_argument("--check-for-spiky-loss", action="store_true",
+                   help="flag a step whose loss is --spiky-loss-factor x the largest of the "
+                        "first --spiky-loss-samples steps', as Megatron-LM (without its "
+                        "rerun); logged, or acted on with --spiky-loss-action")
+    g.add_argument("--spiky-loss-factor", type=float, default=10.0,
+                   help="--check-for-spiky-loss: Megatron-LM's SPIKY_LOSS_FACTOR")
+    g.add_argument("--spiky-loss-samples", type=int, default=100,
+                   help="--check-for-spiky-loss: the first steps whose largest loss is the "
+                        "reference")
+    g.add_argument("--spiky-loss-action", choices=["log", "skip", "stop"], default="log",
+                   help="--check-for-spiky-loss: log the spike (Megatron-LM's fatal=False), "
+                        "skip its update, or skip it and save and stop")
     g.add_argument("--max-nonfinite-steps", type=int, default=10,
                    help="stop with an error after this many updates in a row skipped for a "
                         "non-finite loss, non-finite gradients, or an fp16 overflow at the "
@@ -219,7 +258,22 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
     for split in ("train", "valid", "test"):
         d.add_argument(f"--{split}-data-path", nargs="+", default=None,
                        help=f"{split} split from its own prefixes (instead of --data-path/--split)")
+    d.add_argument("--data-args-path", default=None,
+                   help="a file holding --data-path's value (whitespace-separated [W1] P1 "
+                        "...), for blends too long for a command line, as in Megatron-LM")
+    d.add_argument("--per-split-data-args-path", default=None,
+                   help="a JSON file {\"train\": ..., \"valid\": ..., \"test\": ...} of "
+                        "--train/valid/test-data-path values (lists or whitespace-separated "
+                        "strings), as in Megatron-LM")
     d.add_argument("--mock-data", action="store_true", help="synthetic tokens, no files")
+    d.add_argument("--eod-mask-loss", action="store_true",
+                   help="no loss on end-of-document tokens (the dataset's loss mask)")
+    d.add_argument("--reset-position-ids", action="store_true",
+                   help="position ids restart after each end-of-document token")
+    d.add_argument("--reset-attention-mask", action="store_true",
+                   help="documents packed in one sequence do not attend to each other: an "
+                        "explicit mask, on local layers with --attention-backend auto or "
+                        "unfused/local (refused with flash and with Transformer Engine layers)")
     d.add_argument("--data-cache-path", default=None,
                    help="where Megatron's dataset index caches go (rank 0 builds them, the "
                         "others load them: a directory every node shares)")
@@ -273,6 +327,8 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
                    help="profile up to and including this step")
     f.add_argument("--profile-ranks", type=int, nargs="+", default=[0], help="ranks to profile")
 
+    add_refused_args(parser)
+
     c = parser.add_argument_group("checkpointing and exit")
     c.add_argument("--save", default=None, help="checkpoint directory")
     c.add_argument("--save-interval", type=int, default=None,
@@ -288,10 +344,28 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
     c.add_argument("--keep-checkpoints-every", type=int, default=None, metavar="K",
                    help="with --keep-last-checkpoints: keep every save whose iteration is a "
                         "multiple of K for good (a study's curves)")
+    c.add_argument("--ckpt-format", choices=["torch_dist"], default="torch_dist",
+                   help="Megatron-Core dist_checkpointing (Megatron-LM's torch_dist), the only "
+                        "format")
     c.add_argument("--load", default=None,
                    help="resume from the latest checkpoint here (none yet: start fresh)")
     c.add_argument("--ckpt-step", type=int, default=None,
                    help="load this iteration of --load, not the latest")
+    c.add_argument("--use-checkpoint-args", action="store_true",
+                   help="take the model and input flags from the checkpoint in --load, as in "
+                        "Megatron-LM: the shape flags where not given here, the others "
+                        "(--swiglu, --normalization, --input-interface, --code-*, ...) always")
+    c.add_argument("--no-load-optim", action="store_true",
+                   help="on resume: load neither the optimizer state nor the learning-rate "
+                        "scheduler's (the schedule restarts from its step 0), as in "
+                        "Megatron-LM; the iteration and data position continue")
+    c.add_argument("--no-load-rng", action="store_true",
+                   help="on resume: do not load the random-number states (re-seeded from "
+                        "--seed)")
+    c.add_argument("--finetune", action="store_true",
+                   help="load only the model weights from --load: iteration 0, fresh "
+                        "optimizer, schedule and data order, as in Megatron-LM (a --save "
+                        "directory holding this run's own saves still resumes them fully)")
     c.add_argument("--override-opt_param-scheduler", "--override-opt-param-scheduler",
                    dest="override_opt_param_scheduler", action="store_true",
                    help="on resume: continue with the schedule these flags give (--lr, "
@@ -311,6 +385,40 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
                    help="save and exit after this many minutes of wall time")
     c.add_argument("--exit-interval", type=int, default=None,
                    help="save and exit when the iteration is a multiple of this")
+
+
+# Megatron-LM flags a recipe may carry that fixedcode does not take, with why; each is
+# refused by name (not argparse's "unrecognized arguments"). docs/training.md lists them.
+REFUSED_FLAGS = {
+    "--context-parallel-size": "context parallelism is not implemented (TP, PP, DP only)",
+    "--num-experts": "the backbone is dense: mixture-of-experts layers are not built",
+    "--start-weight-decay": "the weight decay is constant: give --weight-decay",
+    "--end-weight-decay": "the weight decay is constant: give --weight-decay",
+    "--weight-decay-incr-style": "the weight decay is constant: give --weight-decay",
+    "--check-for-nan-in-loss-and-grad": "non-finite steps are always checked and skipped on "
+                                        "every rank; --max-nonfinite-steps bounds them",
+    "--rerun-mode": "the rerun state machine is not part of fixedcode",
+    "--legacy-tokenizer": "the tokenizers have megatron.core's semantics (docs/data.md)",
+    "--vocab-extra-ids": "no tokens are added to the tokenizer's vocabulary",
+    "--use-flash-attn": "give --attention-backend flash",
+    "--kv-channels": "the head width is --hidden-size / --num-attention-heads",
+    "--dataloader-type": "the loader is fixedcode's resumable sampler (Megatron-LM's single)",
+}
+
+
+class Refused(argparse.Action):
+    """A Megatron-LM flag fixedcode does not take: an error naming it and why."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        raise FlagError(f"{option_string} (Megatron-LM's) is not supported: "
+                        f"{REFUSED_FLAGS[option_string]}")
+
+
+def add_refused_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("Megatron-LM flags refused (each says why)")
+    for flag, why in REFUSED_FLAGS.items():
+        g.add_argument(flag, action=Refused, nargs="*", default=argparse.SUPPRESS,
+                       help=f"refused: {why}")
 
 
 def apply_preset(args: argparse.Namespace, argv: Sequence[str]) -> None:
@@ -341,6 +449,8 @@ def validate_model_args(args: argparse.Namespace) -> None:
     if args.hidden_size % args.num_attention_heads:
         raise FlagError(f"--hidden-size {args.hidden_size} is not divisible by "
                         f"--num-attention-heads {args.num_attention_heads}")
+    if args.group_query_attention and args.num_query_groups is None:
+        raise FlagError("--group-query-attention needs --num-query-groups")
     if args.bf16 and args.fp16:
         raise FlagError("--bf16 and --fp16 are exclusive")
     validate_recompute_args(args)
@@ -391,8 +501,10 @@ def build_parser(description: str) -> argparse.ArgumentParser:
 
 
 def parse_model_args(argv: Optional[Sequence[str]], description: str,
-                     extra=None) -> argparse.Namespace:
-    """Parse ``argv`` with the model flags (and ``extra(parser)`` groups), then validate."""
+                     extra=None, fill=None) -> argparse.Namespace:
+    """Parse ``argv`` with the model flags (and ``extra(parser)`` groups), then validate;
+    ``fill(args)``, before the validation, sets flags from elsewhere (the training entry
+    point's ``--use-checkpoint-args``)."""
     import sys
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(description)
@@ -400,5 +512,7 @@ def parse_model_args(argv: Optional[Sequence[str]], description: str,
         extra(parser)
     args = parser.parse_args(argv)
     apply_preset(args, argv)
+    if fill is not None:
+        fill(args)
     validate_model_args(args)
     return args

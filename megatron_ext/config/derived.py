@@ -6,8 +6,10 @@ command line):
   vocabulary;
 * :class:`Resolved` (built by ``train.setup.check_flags`` and ``train.setup.resolve_checkpoint``):
   flags whose value this machine or the checkpoint settles: ``--device auto``, the default
-  ``--transformer-impl``, ``--sequence-parallel`` at TP=1, and the learning-rate schedule a
-  resumed run keeps (``--use-checkpoint-opt_param-scheduler``).
+  ``--transformer-impl``, ``--sequence-parallel`` at TP=1, the learning-rate schedule a
+  resumed run keeps (``--use-checkpoint-opt_param-scheduler``), and whether ``--finetune``,
+  ``--no-load-optim`` and ``--no-load-rng`` apply (to ``--load``'s checkpoint, not the run's
+  own saves).
 
 Both are frozen and passed explicitly. What reads the flags as the run applies them (the
 model provider, the loop's parts) gets :meth:`Resolved.applied_to`, a copy; checkpoints and
@@ -22,8 +24,11 @@ import argparse
 import dataclasses
 import math
 
+from typing import Optional
+
 from ..runtime.errors import FlagError
 from .arguments import padded_vocab_size
+from .schedule import BatchRamp, check_schedule_flags, ramped_train_iters
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,13 +36,26 @@ class Derived:
     world_size: int
     data_parallel_size: int
     global_batch_size: int  # --global-batch-size, else micro-batch x data-parallel size
-    num_microbatches: int  # per step and data-parallel rank
-    train_iters: int  # --train-iters, else --train-samples over the global batch
+    num_microbatches: int  # per step and data-parallel rank, at the full global batch
+    train_iters: int  # --train-iters, else --train-samples over the global batch (or ramp)
     padded_vocab_size: int
+    rampup_batch_size: Optional[tuple] = None  # --rampup-batch-size, as given
+
+    def batch_ramp(self) -> BatchRamp:
+        """Each update's global batch size (constant without ``--rampup-batch-size``)."""
+        return BatchRamp(self.global_batch_size,
+                         self.global_batch_size // self.num_microbatches,
+                         self.rampup_batch_size and list(self.rampup_batch_size))
 
     @property
     def train_samples(self) -> int:
-        return self.train_iters * self.global_batch_size
+        """The samples the ``train_iters`` updates consume."""
+        if self.rampup_batch_size is None:
+            return self.train_iters * self.global_batch_size
+        ramp, consumed = self.batch_ramp(), 0
+        for _ in range(self.train_iters):
+            consumed += ramp.batch_size(consumed)
+        return consumed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,13 +65,20 @@ class Resolved:
     sequence_parallel: bool  # --sequence-parallel: off at TP=1
     schedule: dict  # the learning-rate schedule flags (checkpointing.SCHEDULE_FLAGS): the
     # flags', or the checkpoint's with --use-checkpoint-opt_param-scheduler
+    # --finetune, --no-load-optim, --no-load-rng: they apply to the checkpoint of --load, not
+    # when the run resumes its own --save (a requeued fine-tuning continues)
+    finetune: bool = False
+    no_load_optim: bool = False
+    no_load_rng: bool = False
 
     def applied_to(self, args: argparse.Namespace) -> argparse.Namespace:
         """A copy of ``args`` with the resolved values under the flags' names: the flags as
         the run applies them. ``args`` itself is left as parsed."""
         return argparse.Namespace(**{
             **vars(args), "device": self.device, "transformer_impl": self.transformer_impl,
-            "sequence_parallel": self.sequence_parallel, **self.schedule})
+            "sequence_parallel": self.sequence_parallel, **self.schedule,
+            "finetune": self.finetune, "no_load_optim": self.no_load_optim,
+            "no_load_rng": self.no_load_rng})
 
 
 def derive(args: argparse.Namespace, world: int, vocab_size: int) -> Derived:
@@ -70,14 +95,18 @@ def derive(args: argparse.Namespace, world: int, vocab_size: int) -> Derived:
                         f"{data_parallel}")
     if (args.train_iters is None) == (args.train_samples is None):
         raise FlagError("give exactly one of --train-iters and --train-samples")
+    check_schedule_flags(args)
+    rampup = tuple(args.rampup_batch_size) if args.rampup_batch_size else None
+    ramp = BatchRamp(global_batch, per_step, rampup and list(rampup))  # checks the ramp
     train_iters = args.train_iters
     if train_iters is None:
-        train_iters = math.ceil(args.train_samples / global_batch)
+        train_iters = (ramped_train_iters(ramp, args.train_samples) if rampup
+                       else math.ceil(args.train_samples / global_batch))
     return Derived(world_size=world, data_parallel_size=data_parallel,
                    global_batch_size=global_batch, num_microbatches=global_batch // per_step,
                    train_iters=train_iters, padded_vocab_size=padded_vocab_size(
                        vocab_size, args.make_vocab_size_divisible_by,
-                       args.tensor_model_parallel_size))
+                       args.tensor_model_parallel_size), rampup_batch_size=rampup)
 
 
 def run_record(args: argparse.Namespace, derived: Derived) -> dict:

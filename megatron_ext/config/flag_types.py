@@ -9,6 +9,9 @@ import argparse
 # --tokenizer-type's choices (megatron_ext/datasets/tokenizer.py builds each).
 TOKENIZER_TYPES = ("GPTSentencePieceTokenizer", "SentencePieceTokenizer", "HuggingFaceTokenizer",
                    "NullTokenizer")
+# Training also reads GPT-2 BPE files (--vocab-file, --merge-file), for data that
+# Megatron-LM's tools/preprocess_data.py tokenized with them.
+TRAINING_TOKENIZER_TYPES = TOKENIZER_TYPES + ("GPT2BPETokenizer",)
 
 
 def positive_int(text: str) -> int:

@@ -12,6 +12,7 @@ they must be there, built ahead of time by tools/build_data_cache.py through
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from typing import Iterator
 
@@ -45,6 +46,41 @@ def _blend(flag: str, paths):
     return blend
 
 
+def _data_args_file(flag: str, path: str) -> str:
+    if not os.path.isfile(path):
+        raise DataError(f"{flag} {path} does not exist")
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+def data_paths(args: argparse.Namespace) -> tuple[tuple, list[tuple]]:
+    """``((flag, paths), [(flag, paths) per split])``: the values of ``--data-path`` and
+    ``--train/valid/test-data-path``, or those read from ``--data-args-path`` and
+    ``--per-split-data-args-path`` (Megatron-LM's formats), each with the flag it came from."""
+    blend = ("--data-path", args.data_path)
+    if args.data_args_path:
+        if args.data_path:
+            raise FlagError("give one of --data-path and --data-args-path")
+        blend = (f"--data-args-path {args.data_args_path}",
+                 _data_args_file("--data-args-path", args.data_args_path).split())
+    splits = ("train", "valid", "test")
+    per_split = [(f"--{s}-data-path", getattr(args, f"{s}_data_path")) for s in splits]
+    if args.per_split_data_args_path:
+        flag = "--per-split-data-args-path"
+        if any(paths for _, paths in per_split):
+            raise FlagError(f"give one of --train/valid/test-data-path and {flag}")
+        try:
+            values = json.loads(_data_args_file(flag, args.per_split_data_args_path))
+            per_split = [(f"{flag} {args.per_split_data_args_path} [{s!r}]",
+                          values[s].split() if isinstance(values[s], str) else values[s])
+                         for s in splits]
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
+            raise DataError(f"{flag} {args.per_split_data_args_path}: expected a JSON object "
+                            f"with train, valid and test keys, each a list of [weight] "
+                            f"prefix or a whitespace-separated string ({e!r})") from None
+    return blend, per_split
+
+
 def samples_per_split(args: argparse.Namespace, derived: Derived) -> list[int]:
     """The sequences a run draws from the train, valid and test split: every validation reads
     the same first ``--eval-iters`` global batches; the test split is not read."""
@@ -55,9 +91,9 @@ def build_datasets(args: argparse.Namespace, tokenizer, num_samples: list[int]):
     """``((train, valid, test), cache records)``: GPT datasets of at least ``num_samples``
     sequences each, and what ``--data-cache-path`` gave them (cache.CacheRecord each,
     as rank 0 saw it; None without a cache path or with --mock-data)."""
-    per_split = [_blend(f"--{s}-data-path", getattr(args, f"{s}_data_path"))
-                 for s in ("train", "valid", "test")]
-    blend = None if args.mock_data else _blend("--data-path", args.data_path)
+    paths, per_split_paths = data_paths(args)
+    per_split = [_blend(flag, split) for flag, split in per_split_paths]
+    blend = None if args.mock_data else _blend(*paths)
     if any(per_split) and (blend or args.mock_data):
         raise FlagError("give either --data-path (with --split), --train-data-path/"
                         "--valid-data-path/--test-data-path, or --mock-data")
@@ -81,10 +117,10 @@ def build_datasets(args: argparse.Namespace, tokenizer, num_samples: list[int]):
         split=None if any(per_split) else args.split,
         path_to_cache=args.data_cache_path,
         tokenizer=tokenizer,
-        reset_position_ids=False,
-        reset_attention_mask=False,
-        eod_mask_loss=False,
-        create_attention_mask=False,
+        reset_position_ids=args.reset_position_ids,
+        reset_attention_mask=args.reset_attention_mask,
+        eod_mask_loss=args.eod_mask_loss,
+        create_attention_mask=args.reset_attention_mask,
     )
     # A split asked for no samples is not built: Megatron-Core counts epochs for ever over an
     # empty one (the test split of a small dataset), even to draw none from it.

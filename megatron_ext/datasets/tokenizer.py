@@ -20,6 +20,9 @@ Each exposes what Megatron-Core's GPT datasets and our tools use: ``vocab_size``
   have no EOD), EOD is the first of ``<|endoftext|>``, ``</s>``, ``<eos>``, ``<|end_of_text|>``
   it defines.
 
+* ``GPT2BPETokenizer`` (training): GPT-2's ``vocab.json`` and ``merges.txt`` (``--vocab-file``,
+  ``--merge-file``), byte-level BPE as Megatron-LM's; EOD is ``<|endoftext|>``.
+
 Loading imports only sentencepiece or tokenizers, not transformers (start-up of the data tools).
 ``unique_identifiers`` is what Megatron's dataset index caches are keyed by.
 """
@@ -30,7 +33,7 @@ import json
 import os
 from typing import List, Optional
 
-from ..config.flag_types import TOKENIZER_TYPES
+from ..config.flag_types import TOKENIZER_TYPES, TRAINING_TOKENIZER_TYPES
 from ..runtime.errors import DataError, FlagError
 
 SENTENCEPIECE_TYPES = ("GPTSentencePieceTokenizer", "SentencePieceTokenizer")
@@ -130,14 +133,54 @@ class HuggingFaceTokenizer:
         return self.tok.decode([int(i) for i in ids], skip_special_tokens=False)
 
 
+class GPT2BPETokenizer:
+    """GPT-2's byte-level BPE from ``--vocab-file`` (vocab.json) and ``--merge-file``
+    (merges.txt), as Megatron-LM's GPT2BPETokenizer: GPT-2's pre-tokenization, no special
+    token matched in texts, EOD ``<|endoftext|>``, the vocabulary ``vocab.json``'s."""
+
+    def __init__(self, vocab_file: Optional[str], merge_file: Optional[str]):
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+        for flag, path in (("--vocab-file", vocab_file), ("--merge-file", merge_file)):
+            if not path:
+                raise FlagError("--tokenizer-type GPT2BPETokenizer needs --vocab-file and "
+                                "--merge-file")
+            if not os.path.isfile(path):
+                raise DataError(f"{flag} {path} does not exist")
+        try:
+            self.tok = Tokenizer(models.BPE.from_file(vocab_file, merge_file))
+        except Exception as e:  # noqa: BLE001 - tokenizers raises its own Exception
+            raise DataError(f"--vocab-file {vocab_file} / --merge-file {merge_file}: not a "
+                            f"GPT-2 BPE pair ({e})") from None
+        self.tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        self.tok.decoder = decoders.ByteLevel()
+        self.vocab_size = self.tok.get_vocab_size()
+        self.eod = self.tok.token_to_id("<|endoftext|>")
+        if self.eod is None:
+            raise DataError(f"--vocab-file {vocab_file} has no <|endoftext|> (EOD)")
+        self.unique_identifiers = {"class": "GPT2BPETokenizer",
+                                   "vocab": os.path.abspath(vocab_file),
+                                   "merges": os.path.abspath(merge_file)}
+
+    def tokenize(self, text: str) -> List[int]:
+        return self.tok.encode(text, add_special_tokens=False).ids
+
+    def detokenize(self, ids) -> str:
+        return self.tok.decode([int(i) for i in ids], skip_special_tokens=False)
+
+
 def build_tokenizer(tokenizer_type: str, tokenizer_model: Optional[str] = None,
-                    vocab_size: Optional[int] = None):
-    """The tokenizer named by ``--tokenizer-type`` (and ``--tokenizer-model``/``--vocab-size``)."""
+                    vocab_size: Optional[int] = None, vocab_file: Optional[str] = None,
+                    merge_file: Optional[str] = None):
+    """The tokenizer named by ``--tokenizer-type`` (and ``--tokenizer-model``/``--vocab-size``,
+    or ``--vocab-file``/``--merge-file``)."""
     if tokenizer_type == "NullTokenizer":
         return NullTokenizer(vocab_size)
+    if tokenizer_type == "GPT2BPETokenizer":
+        return GPT2BPETokenizer(vocab_file, merge_file)
     if tokenizer_type not in TOKENIZER_TYPES:
         raise FlagError(f"unknown --tokenizer-type {tokenizer_type} (choose from "
-                        f"{', '.join(TOKENIZER_TYPES)})")
+                        f"{', '.join(TRAINING_TOKENIZER_TYPES)})")
     if not tokenizer_model:
         raise FlagError(f"--tokenizer-type {tokenizer_type} needs --tokenizer-model")
     if not os.path.exists(tokenizer_model):

@@ -95,16 +95,17 @@ class MetricsLogger:
             if args.wandb_project:
                 self.sinks.append(sinks.WandbSink(args, run_record(args, derived),
                                                          wandb_run_id))
+        self.consumed_samples = resumed_iteration * derived.global_batch_size
         self._reset()
 
     def _reset(self) -> None:
-        self.losses, self.times, self.norms = [], [], []
+        self.losses, self.times, self.norms, self.batch_sizes = [], [], [], []
 
     def _write(self, kind: str, iteration: int, scalars: dict) -> None:
         scalars = {k: v for k, v in scalars.items() if v is not None}
         where = {"iteration": iteration,
-                 "consumed_samples": iteration * self.derived.global_batch_size,
-                 "tokens": iteration * self.derived.global_batch_size * self.args.seq_length,
+                 "consumed_samples": self.consumed_samples,
+                 "tokens": self.consumed_samples * self.args.seq_length,
                  "time": time.time()}
         for sink in self.sinks:
             sink.write(kind, iteration, scalars, where)
@@ -113,9 +114,16 @@ class MetricsLogger:
         return iteration % self.args.log_interval == 0 or iteration == self.derived.train_iters
 
     def step(self, iteration: int, loss: Optional[float], grad_norm: Optional[float], lr: float,
-             step_time: float, skipped_total: int, diagnostics: Optional[dict] = None) -> None:
+             step_time: float, skipped_total: int, diagnostics: Optional[dict] = None, *,
+             consumed_samples: Optional[int] = None, batch_size: Optional[int] = None) -> None:
         """Record one step; at a log iteration, log the interval's means and
-        ``diagnostics`` (scalars measured at this step: norms, zeros in the gradient)."""
+        ``diagnostics`` (scalars measured at this step: norms, zeros in the gradient).
+        ``consumed_samples`` after it and its ``batch_size`` (default: full global batches;
+        they differ under ``--rampup-batch-size``, and the line then shows the batch)."""
+        batch_size = batch_size or self.derived.global_batch_size
+        self.consumed_samples = (iteration * self.derived.global_batch_size
+                                 if consumed_samples is None else consumed_samples)
+        self.batch_sizes.append(batch_size)
         if loss is not None and math.isfinite(loss):
             self.losses.append(loss)
         if grad_norm is not None:
@@ -125,7 +133,7 @@ class MetricsLogger:
             return
         a, d = self.args, self.derived
         step_time = sum(self.times) / len(self.times)
-        tokens_per_s = d.global_batch_size * a.seq_length / step_time
+        tokens_per_s = sum(self.batch_sizes) / len(self.batch_sizes) * a.seq_length / step_time
         loss = sum(self.losses) / len(self.losses) if self.losses else None
         grad_norm = sum(self.norms) / len(self.norms) if self.norms else None
         mem, reserved = memory_gib(a.device), reserved_gib(a.device)
@@ -134,8 +142,10 @@ class MetricsLogger:
         mfu_fp8 = flops_per_device / self.fp8_peak if self.fp8_peak else None
         diagnostics = diagnostics or {}
         parts = [f"iteration {iteration:>8}/{d.train_iters}",
-                 f"consumed samples {iteration * d.global_batch_size:>10}",
-                 f"lm loss: {float('nan') if loss is None else loss:.6E}", f"lr: {lr:.3E}"]
+                 f"consumed samples {self.consumed_samples:>10}"]
+        if d.rampup_batch_size:
+            parts.append(f"global batch size: {batch_size:>5}")
+        parts += [f"lm loss: {float('nan') if loss is None else loss:.6E}", f"lr: {lr:.3E}"]
         if "loss-scale" in diagnostics:
             parts.append(f"loss scale: {diagnostics['loss-scale']:.1f}")
         if grad_norm is not None:

@@ -118,3 +118,25 @@ class SDPAttention(MegatronModule):
                 enable_gqa=self.heads != self.groups)
         sq, b = query.shape[:2]
         return context.permute(2, 0, 1, 3).reshape(sq, b, -1)
+
+
+def document_mask_refusal(transformer_impl: str, backend: str, device: str,
+                          masked_softmax_fusion: bool, pipeline_size: int) -> Optional[str]:
+    """Why ``--reset-attention-mask`` (an explicit ``[b, 1, s, s]`` mask, documents packed in
+    one sequence kept apart) cannot run with these layers, or None. It runs on local layers
+    with SDPA (``auto``: on a GPU the memory-efficient or cuDNN kernel, which take a mask) or
+    with Megatron-Core's ``DotProductAttention`` (``unfused``/``local``; on a GPU with
+    ``--no-masked-softmax-fusion``: the fused causal softmax ignores the mask)."""
+    if transformer_impl != "local":
+        return ("--reset-attention-mask needs --transformer-impl local: Transformer Engine's "
+                "layers are built for a causal mask and are not given this one")
+    if backend == "flash":
+        return ("--reset-attention-mask: --attention-backend flash runs the flash kernel, "
+                "which takes no mask; use auto (SDPA picks a kernel that does) or unfused")
+    if backend in ("unfused", "local") and device == "cuda" and masked_softmax_fusion:
+        return ("--reset-attention-mask with --attention-backend unfused on a GPU needs "
+                "--no-masked-softmax-fusion: the fused causal softmax ignores the mask")
+    if pipeline_size > 2:
+        return ("--reset-attention-mask with more than 2 pipeline stages: the middle stages "
+                "read no batch, so they would not have the mask")
+    return None

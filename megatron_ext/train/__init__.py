@@ -4,6 +4,7 @@
   optimizer built (one ``TrainingSetup``);
 - ``loop``: ``pretrain``, the loop itself, with its teardown in one place;
 - ``step``: one training step, and the guard over non-finite ones;
+- ``spikes``: ``--check-for-spiky-loss``, a loss far above the first ones;
 - ``validation``: when and how the loop validates;
 - ``exit_conditions``: when a run stops early;
 - ``gc_policy``: the one garbage-collection policy (``--manual-gc``);

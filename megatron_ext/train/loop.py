@@ -31,6 +31,7 @@ from tqdm import tqdm
 from ..checkpoint.layout import TrainState
 from ..checkpoint.saving import Checkpointer
 from ..config.derived import Derived
+from ..config.megatron_defaults import defaults_line
 from ..datasets.gpt_datasets import samples_per_split
 from ..metrics.logger import MetricsLogger
 from ..metrics.norms import NormReporter
@@ -41,6 +42,7 @@ from .exit_conditions import ExitConditions
 from .gc_policy import GarbageCollection
 from .profiling import StepProfiler
 from .setup import set_up
+from .spikes import SpikeDetector
 from .step import (FAILURES, OVERFLOW, NonFiniteGuard, NonFiniteLossError, gathered_parameters,
                    train_step)
 from .validation import Validator
@@ -144,20 +146,25 @@ def _train(setup, forward_step, train_iter, exits: ExitConditions,
     run, derived, state = setup.run, setup.derived, setup.state
     optimizer, scheduler, ddp = setup.optimizer, setup.scheduler, setup.ddp
     guard = NonFiniteGuard(run.max_nonfinite_steps)
+    spikes = (SpikeDetector(run.spiky_loss_factor, run.spiky_loss_samples)
+              if run.check_for_spiky_loss else None)
     loss = reason = None
     if state.validation_pending:  # a signal stopped it before the checkpoint was saved
         reason = validator.validate(state)
+    ramp = derived.batch_ramp()
     collector.start()
     while state.iteration < derived.train_iters and not reason:
         profiler.step_starts(state.iteration)
         step_start = time.time()
         log_now = metrics.is_log_iteration(state.iteration + 1)
+        batch_size = ramp.batch_size(state.consumed_train_samples)
         step = train_step(
-            run, derived.num_microbatches, forward_step, train_iter, ddp, optimizer, scheduler,
+            run, ramp.num_microbatches(state.consumed_train_samples), forward_step, train_iter,
+            ddp, optimizer, scheduler,
             (lambda: norms.grad_norms(optimizer.get_loss_scale().item()))
-            if log_now and run.log_layer_norms else None)
+            if log_now and run.log_layer_norms else None, spikes and spikes.check)
         state.iteration += 1
-        state.consumed_train_samples += derived.global_batch_size
+        state.consumed_train_samples += batch_size
         profiler.step_ended(state.iteration)
         bar.update(1)
         state.nonfinite_skipped += step.skip in FAILURES
@@ -169,9 +176,15 @@ def _train(setup, forward_step, train_iter, exits: ExitConditions,
                      scheduler.get_lr(optimizer.param_groups[0]), time.time() - step_start,
                      state.nonfinite_skipped,
                      _diagnostics(run, norms, step.norms, step.num_zeros, optimizer, state,
-                                  ddp) if log_now else None)
+                                  ddp) if log_now else None,
+                     consumed_samples=state.consumed_train_samples, batch_size=batch_size)
         if validator.should_validate(state.iteration):
             reason = validator.validate(state)
+        if step.spike:
+            log(spikes.log_line(state.iteration, run.spiky_loss_action))
+            if run.spiky_loss_action == "stop":
+                reason = reason or (f"spiky loss at iteration {state.iteration} "
+                                    f"(--spiky-loss-action stop)")
         checkpointer.save(state)
         collector.after_step(state.iteration)
         if not reason and state.iteration < derived.train_iters:
@@ -190,6 +203,9 @@ def _log_start(run: argparse.Namespace, derived: Derived, ddp, num_params: int) 
         f"| {run.device} x {derived.world_size} (tp {run.tensor_model_parallel_size}, "
         f"pp {run.pipeline_model_parallel_size}, dp {derived.data_parallel_size}) "
         f"| {derived.num_microbatches} micro-batches per step")
+    line = defaults_line(run)
+    if line:
+        log(line)
     if run.overlap_grad_reduce:
         buckets = sum(len(buffer.buckets) for buffer in ddp.buffers)
         log(f"[fixedcode] gradient reduction overlaps the backward pass: {buckets} buckets")

@@ -27,8 +27,9 @@ from ..checkpoint.layout import TrainState
 from ..codes.limits import require_vocab_fits
 from ..codes.schemes import FixedCode
 from ..config.derived import Derived, Resolved, derive, run_record
+from ..config.schedule import scheduler_steps
 from ..datasets.tokenizer import build_tokenizer
-from ..model.attention import local_core_attention
+from ..model.attention import document_mask_refusal, local_core_attention
 from ..model.provider import build_code
 from ..runtime.device_checks import check_cuda_connections, fp8_refusal
 from ..runtime.device_checks import transformer_engine_imports, transformer_engine_version
@@ -43,7 +44,8 @@ def check_flags(args: argparse.Namespace, device: str) -> tuple:
     (:class:`~megatron_ext.config.derived.Derived`) and the flags settled for this machine
     (:class:`~megatron_ext.config.derived.Resolved`, with the flags' schedule), built once. ``args``
     is not written into."""
-    tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model, args.vocab_size)
+    tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model, args.vocab_size,
+                                args.vocab_file, args.merge_file)
     derived = derive(args, torch.distributed.get_world_size(), tokenizer.vocab_size)
     if args.log_layer_norms and args.use_distributed_optimizer:
         raise FlagError("--log-layer-norms reads whole gradients, which "
@@ -56,7 +58,12 @@ def check_flags(args: argparse.Namespace, device: str) -> tuple:
                         "drop the flag (the default layout resumes) or pip install '.[gpu]'")
     transformer_impl, sequence_parallel = resolve_layers(args, device)
     resolved = Resolved(device, transformer_impl, sequence_parallel,
-                        {k: getattr(args, k) for k in compatibility.SCHEDULE_FLAGS})
+                        {k: getattr(args, k) for k in compatibility.SCHEDULE_FLAGS},
+                        args.finetune, args.no_load_optim, args.no_load_rng)
+    for flag in ("finetune", "no_load_optim", "no_load_rng"):
+        if getattr(args, flag) and not args.load:
+            raise FlagError(f"--{flag.replace('_', '-')} needs --load (the checkpoint it "
+                            f"reads)")
     if args.ddp_bucket_size is not None and not args.overlap_grad_reduce:
         raise FlagError("--ddp-bucket-size applies with --overlap-grad-reduce only")
     if args.overlap_param_gather and not (args.use_distributed_optimizer
@@ -107,6 +114,12 @@ def resolve_layers(args: argparse.Namespace, device: str) -> tuple[str, bool]:
     elif args.attention_backend == "local":
         raise FlagError("--attention-backend local is Megatron-Core's attention of the "
                         "local layers: it needs --transformer-impl local, as in Megatron-LM")
+    if args.reset_attention_mask:
+        refusal = document_mask_refusal(impl, args.attention_backend, device,
+                                        args.masked_softmax_fusion,
+                                        args.pipeline_model_parallel_size)
+        if refusal:
+            raise FlagError(refusal)
     if sequence_parallel and args.tensor_model_parallel_size == 1:
         log("[fixedcode] warning: --sequence-parallel turned off: it splits activations over "
             "tensor-parallel ranks, and --tensor-model-parallel-size is 1 (as in Megatron-LM)")
@@ -132,9 +145,17 @@ def resolve_checkpoint(args: argparse.Namespace, derived: Derived, resolved: Res
 
     A ``--save`` directory that holds a checkpoint is the run's own: it is resumed even when
     ``--load`` names another directory (a requeued branch continues, rather than starting
-    over from where it branched), and a run without ``--load`` refuses to overwrite it."""
+    over from where it branched), and a run without ``--load`` refuses to overwrite it.
+    ``--finetune``, ``--no-load-optim`` and ``--no-load-rng`` apply to ``--load``'s checkpoint
+    only (``resolved`` says whether they do): a run resuming its own saves resumes them
+    whole. Without the optimizer's state the schedule is the flags', from its step 0."""
     load = args.load
     saved = layout.latest_iteration(args.save) if args.save else None
+    if args.finetune and saved is not None and \
+            os.path.realpath(load) == os.path.realpath(args.save):
+        raise FlagError(f"--finetune from --load {load} into the same --save: a --save "
+                        f"directory that holds checkpoints is resumed as the run's own; "
+                        f"save the fine-tuning to another directory")
     if saved is not None and not (load and os.path.realpath(load) == os.path.realpath(args.save)):
         if not load:
             raise FlagError(f"--save {args.save} already holds checkpoints (latest: "
@@ -144,14 +165,19 @@ def resolve_checkpoint(args: argparse.Namespace, derived: Derived, resolved: Res
             f"from --load {load}")
         load = args.save
     step = args.ckpt_step if load == args.load else None
+    if load != args.load:  # the run's own saves: resumed whole
+        resolved = dataclasses.replace(resolved, finetune=False, no_load_optim=False,
+                                       no_load_rng=False)
     path = common = None
     if load and (step is not None or layout.latest_iteration(load) is not None):
         path, common = loading.load_common(load, step)
         compatibility.check_compatible(common["args"], run_record(resolved.applied_to(args),
                                                                   derived), path)
-        compatibility.check_optimizer_resharding(common, args, path)
         saved = common["fixed_code"]
         code = None if saved is None else FixedCode.from_dict(saved)
+        if resolved.finetune or resolved.no_load_optim:  # the flags' schedule, from step 0
+            return path, common, code, resolved
+        compatibility.check_optimizer_resharding(common, args, path)
         changes, schedule = compatibility.reconcile_schedule(common["args"], args,
                                                              derived.train_iters, path)
         resolved = dataclasses.replace(resolved, schedule=schedule)
@@ -197,14 +223,15 @@ def build_model_and_optimizer(args, derived: Derived, model_provider: Callable,
                         params_dtype=model.config.params_dtype,
                         use_distributed_optimizer=args.use_distributed_optimizer),
         [ddp])
+    steps = scheduler_steps(vars(args), args.train_samples, derived.train_iters,
+                            derived.global_batch_size)
     scheduler = OptimizerParamScheduler(
-        optimizer, init_lr=0.0, max_lr=args.lr, min_lr=args.min_lr,
-        lr_warmup_steps=args.lr_warmup_iters,
-        lr_decay_steps=args.lr_decay_iters or derived.train_iters,
+        optimizer, init_lr=args.lr_warmup_init, max_lr=args.lr, min_lr=args.min_lr,
+        lr_warmup_steps=steps.warmup, lr_decay_steps=steps.decay,
         lr_decay_style=args.lr_decay_style,
         start_wd=args.weight_decay, end_wd=args.weight_decay,
-        wd_incr_steps=derived.train_iters, wd_incr_style="constant",
-        wsd_decay_steps=args.lr_wsd_decay_iters, lr_wsd_decay_style=args.lr_wsd_decay_style,
+        wd_incr_steps=steps.wd_incr, wd_incr_style="constant",
+        wsd_decay_steps=steps.wsd_decay, lr_wsd_decay_style=args.lr_wsd_decay_style,
         # The schedule was settled on resume (compatibility.reconcile_schedule): the
         # scheduler takes its own values, which are the flags' or the checkpoint's.
         use_checkpoint_opt_param_scheduler=False, override_opt_param_scheduler=True)
@@ -245,9 +272,14 @@ def set_up(args: argparse.Namespace, device: str, model_provider: Callable) -> T
                                                                  code)
     state = TrainState()
     if resume_path:
-        loading.load_checkpoint(resume_path, common, model, optimizer, scheduler)
-        state = TrainState.from_common(common)
-        log(f"[fixedcode] resumed from {resume_path} at iteration {state.iteration}")
+        loading.load_checkpoint(resume_path, common, model, optimizer, scheduler,
+                                load_optim=not (run.finetune or run.no_load_optim),
+                                load_rng=not (run.finetune or run.no_load_rng))
+        if run.finetune:  # as Megatron-LM: iteration 0, consumed samples 0
+            log(f"[fixedcode] --finetune: model weights from {resume_path}, iteration 0")
+        else:
+            state = TrainState.from_common(common)
+            log(f"[fixedcode] resumed from {resume_path} at iteration {state.iteration}")
     elif args.load:
         log(f"[fixedcode] no checkpoint in {args.load} yet: starting from scratch")
     return TrainingSetup(run, derived, tokenizer, model, ddp, optimizer, scheduler, code, state,

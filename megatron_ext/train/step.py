@@ -11,6 +11,7 @@ import math
 from typing import Callable, Optional
 
 import torch
+from megatron.core import parallel_state
 from megatron.core.distributed import DistributedDataParallel
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
@@ -41,6 +42,7 @@ NONFINITE_GRADS = "non-finite gradients with a finite loss"
 OVERFLOW_AT_MIN_SCALE = "fp16 gradients overflow at the minimum loss scale"
 OVERFLOW = "fp16 gradients overflow; loss scale lowered"
 FAILURES = (NONFINITE_LOSS, NONFINITE_GRADS, OVERFLOW_AT_MIN_SCALE)
+SPIKY_LOSS = "spiky loss"  # --check-for-spiky-loss with --spiky-loss-action skip or stop
 
 
 @dataclasses.dataclass
@@ -50,6 +52,7 @@ class StepResult:
     num_zeros: Optional[float] = None
     skip: Optional[str] = None  # why the update was skipped (NONFINITE_LOSS, ...), or None
     norms: dict = dataclasses.field(default_factory=dict)  # grad_norms() of train_step
+    spike: bool = False  # the loss is a spike (--check-for-spiky-loss), on every rank
 
 
 class NonFiniteGuard:
@@ -63,7 +66,7 @@ class NonFiniteGuard:
         self.in_a_row = 0
 
     def record(self, iteration: int, skip: Optional[str]) -> None:
-        if skip == OVERFLOW:
+        if skip in (OVERFLOW, SPIKY_LOSS):  # neither a failure nor the end of a row
             return
         if skip is None:
             self.in_a_row = 0
@@ -79,9 +82,13 @@ class NonFiniteGuard:
 
 
 def train_step(args, num_microbatches: int, forward_step, train_iter, ddp, optimizer, scheduler,
-               grad_norms: Optional[Callable[[], dict]] = None) -> StepResult:
+               grad_norms: Optional[Callable[[], dict]] = None,
+               spike: Optional[Callable[[Optional[float]], Optional[str]]] = None
+               ) -> StepResult:
     """One global batch; ``StepResult.norms`` is ``grad_norms()`` measured between the
-    backward pass and the update.
+    backward pass and the update; ``spike(loss)`` (``SpikeDetector.check``): whether the
+    loss is a spike, agreed over the ranks with the non-finite checks; with
+    ``--spiky-loss-action skip`` or ``stop`` its update is skipped.
 
     A non-finite loss, or a NaN/infinite gradient with a finite loss, skips the update on
     every rank (agreed in one all-reduce). Megatron-LM instead raises at once on the rank
@@ -97,19 +104,23 @@ def train_step(args, num_microbatches: int, forward_step, train_iter, ddp, optim
         micro_batch_size=args.micro_batch_size, forward_only=False)
     loss = reduce_losses(losses)
     norms = grad_norms() if grad_norms else {}
-    bad_loss, bad_grads = max_over_ranks(
-        [loss is not None and not math.isfinite(loss), not args.fp16 and _nonfinite_grads(ddp)],
-        args.device)
+    bad_loss, bad_grads, spiky = max_over_ranks(
+        [loss is not None and not math.isfinite(loss), not args.fp16 and _nonfinite_grads(ddp),
+         spike is not None and spike(loss) is not None], args.device)
     if bad_loss or bad_grads:
         return StepResult(loss, skip=NONFINITE_LOSS if bad_loss else NONFINITE_GRADS,
                           norms=norms)
+    if spiky and args.spiky_loss_action != "log":
+        return StepResult(loss, skip=SPIKY_LOSS, norms=norms, spike=True)
     scale = optimizer.get_loss_scale().item() if args.fp16 else None
     updated, grad_norm, num_zeros = optimizer.step()
     if not updated:  # only fp16's loss scaler declines a step
         return StepResult(loss, skip=OVERFLOW_AT_MIN_SCALE
                           if scale <= optimizer.config.min_loss_scale else OVERFLOW, norms=norms)
-    scheduler.step(increment=1)
-    return StepResult(loss, grad_norm, num_zeros, None, norms)
+    # As Megatron-LM: the scheduler counts samples (config/schedule.py), this update's.
+    scheduler.step(increment=num_microbatches * args.micro_batch_size
+                   * parallel_state.get_data_parallel_world_size())
+    return StepResult(loss, grad_norm, num_zeros, None, norms, bool(spiky))
 
 
 @contextlib.contextmanager

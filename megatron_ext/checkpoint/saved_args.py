@@ -1,0 +1,53 @@
+"""Megatron-LM's ``--use-checkpoint-args`` (``load_args_from_checkpoint`` in its
+``megatron/training/checkpointing.py``): the model and input flags of a run taken from the
+checkpoint in ``--load`` (``--ckpt-step``, else its latest), before the flags are validated.
+As there, the shape flags are filled only where the command line leaves them unset
+(:data:`UNSET_ONLY`) and the others always (:data:`ALWAYS`); the fixed code's flags are ours.
+Part of parsing, as ``--preset`` is: the result is the run's flags. Reads the checkpoint's
+common objects only (the resume verifies and loads the save later)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from megatron.core import dist_checkpointing
+
+from ..runtime.errors import FlagError
+from ..runtime.log import log
+from .layout import existing_save, latest_iteration
+
+# Taken from the checkpoint where the command line does not give them (Megatron-LM's
+# ``_set_arg(name)``).
+UNSET_ONLY = ("num_layers", "hidden_size", "ffn_hidden_size", "seq_length",
+              "num_attention_heads", "max_position_embeddings")
+# Always taken from the checkpoint (Megatron-LM's ``force=True``), and the fixed code's flags.
+ALWAYS = ("num_query_groups", "position_embedding_type", "rotary_base", "disable_bias_linear",
+          "swiglu", "untie_embeddings_and_output_weights", "normalization", "attention_dropout",
+          "hidden_dropout", "input_interface", "code_bits", "code_values", "code_scale",
+          "code_tiling", "code_seed")
+
+
+def fill_from_checkpoint(args: argparse.Namespace) -> None:
+    """With ``--use-checkpoint-args``, set the flags of :data:`UNSET_ONLY` and :data:`ALWAYS`
+    from the checkpoint in ``--load``, each one logged; without a checkpoint there, the flags
+    stay as given (as in Megatron-LM), and the log says so."""
+    if not args.use_checkpoint_args:
+        return
+    if not args.load:
+        raise FlagError("--use-checkpoint-args needs --load (the checkpoint to read)")
+    if args.ckpt_step is None and (not os.path.isdir(args.load)
+                                   or latest_iteration(args.load) is None):
+        log(f"[fixedcode] --use-checkpoint-args: no checkpoint in --load {args.load}, using "
+            f"the flags as given")
+        return
+    path, _ = existing_save(args.load, args.ckpt_step)
+    saved = dist_checkpointing.load_common_state_dict(path)["args"]
+    taken = []
+    for name in UNSET_ONLY + ALWAYS:
+        if name in saved and (name in ALWAYS or getattr(args, name) is None):
+            if getattr(args, name) != saved[name]:
+                taken.append(f"--{name.replace('_', '-')} {saved[name]}")
+            setattr(args, name, saved[name])
+    log(f"[fixedcode] --use-checkpoint-args: from {path}: "
+        + (", ".join(taken) if taken else "the flags as given already"))

@@ -1,0 +1,54 @@
+"""The defaults of ours that differ from Megatron-LM core_v0.16.1's (its
+``megatron/training/arguments.py``, with ``TransformerConfig`` and ``training_config.py``
+where its parser takes them from): the paper's recipe, kept, and said once at start-up
+(:func:`defaults_line`) for a user whose scripts rely on Megatron-LM's. docs/training.md
+tables them; a test checks the table and ours against the parser. No torch."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Optional
+
+# dest: (ours, Megatron-LM's, what Megatron-LM's means)
+DIFFERING_DEFAULTS = {
+    "position_embedding_type": ("rope", "learned_absolute", "a learned position table"),
+    "swiglu": (True, False, "a GELU MLP"),
+    "disable_bias_linear": (True, False, "biases in the linear layers"),
+    "untie_embeddings_and_output_weights": (True, False, "the head tied to the input table"),
+    "normalization": ("RMSNorm", "LayerNorm", "LayerNorm"),
+    "hidden_dropout": (0.0, 0.1, "dropout 0.1 on the residual stream"),
+    "attention_dropout": (0.0, 0.1, "dropout 0.1 on the attention probabilities"),
+    "weight_decay": (0.1, 0.01, "weight decay 0.01"),
+    "adam_beta2": (0.95, 0.999, "Adam beta2 0.999"),
+    "lr_decay_style": ("cosine", "linear", "linear decay"),
+    "eval_iters": (10, 100, "100 batches per validation"),
+    "eval_interval": (1000, None, "no validation during training"),
+    "lr": (3e-4, None, "required"),
+    "micro_batch_size": (1, None, "required"),
+    "split": ("969,30,1", None, "required with --data-path"),
+    "tokenizer_type": ("NullTokenizer", None, "required"),
+}
+
+
+def flag_text(dest: str, value) -> str:
+    """``--swiglu``/``--no-swiglu`` for a switch, ``--lr 0.0003`` for a value."""
+    flag = "--" + dest.replace("_", "-")
+    if isinstance(value, bool):
+        return flag if value else "--no-" + flag[2:]
+    return f"{flag} {value}"
+
+
+def defaults_in_force(args: argparse.Namespace) -> list[str]:
+    """Each differing default that ``args`` still holds: ``"--lr 0.0003 (Megatron-LM:
+    required)"``."""
+    return [f"{flag_text(dest, ours)} (Megatron-LM: {meaning})"
+            for dest, (ours, _, meaning) in DIFFERING_DEFAULTS.items()
+            if getattr(args, dest, None) == ours]
+
+
+def defaults_line(args: argparse.Namespace) -> Optional[str]:
+    """The start-up log line of :func:`defaults_in_force`, or None when none is in force."""
+    in_force = defaults_in_force(args)
+    if not in_force:
+        return None
+    return "[fixedcode] defaults that differ from Megatron-LM's, in force: " + ", ".join(in_force)

@@ -1,0 +1,163 @@
+"""Megatron-LM's flags without a training: the batch ramp against Megatron-Core's, the
+refusals of flags that do not go together (each naming them), and our defaults that differ
+from Megatron-LM's against the parser and docs/training.md."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from megatron.core.num_microbatches_calculator import RampupBatchsizeNumMicroBatchesCalculator
+
+from conftest import REPO, TINY_RUN
+from megatron_ext.config.megatron_defaults import DIFFERING_DEFAULTS, defaults_in_force, flag_text
+from megatron_ext.config.schedule import BatchRamp, ramped_train_iters
+from megatron_ext.model.attention import document_mask_refusal
+from megatron_ext.runtime.errors import FixedcodeError
+from megatron_ext.train.setup import check_flags, resolve_checkpoint
+from pretrain_fixedcode import parse_args
+
+
+@pytest.mark.parametrize("start,increment,samples,global_batch", [
+    (4, 4, 8, 8), (8, 8, 1000, 64), (16, 16, 333, 128), (8, 24, 100, 80)])
+def test_the_batch_ramp_is_megatron_cores(start, increment, samples, global_batch):
+    core = RampupBatchsizeNumMicroBatchesCalculator(
+        global_batch, 2, 2, False, 0, start, increment, samples)
+    ramp = BatchRamp(global_batch, 4, [start, increment, samples])
+    consumed = iterations = 0
+    while consumed <= samples + 3 * global_batch:
+        core.update(consumed, consistency_check=True)
+        assert ramp.batch_size(consumed) == core.get_current_global_batch_size(), consumed
+        assert ramp.num_microbatches(consumed) == core.get()
+        consumed += ramp.batch_size(consumed)
+        iterations += 1
+    # Megatron-LM's update_train_iters: the ramp's updates, then whole full batches
+    total = consumed + 5 * global_batch + 3
+    assert ramped_train_iters(ramp, total) == iterations + 5
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--train-iters", "4", "--lr-warmup-samples", "8"],
+     "--lr-warmup-samples count samples: use them with --train-samples, not --train-iters"),
+    (["--train-iters", "4", "--rampup-batch-size", "2", "2", "8"],
+     "--rampup-batch-size count samples: use them with --train-samples"),
+    (["--train-iters", "4", "--lr-warmup-fraction", "0.1", "--lr-warmup-iters", "1"],
+     "give one of --lr-warmup-fraction, --lr-warmup-iters and --lr-warmup-samples"),
+    (["--train-iters", "4", "--lr-warmup-fraction", "1.5"],
+     "--lr-warmup-fraction 1.5 is outside [0, 1]"),
+    (["--train-samples", "16", "--lr-decay-iters", "4", "--lr-decay-samples", "16"],
+     "give one of --lr-decay-iters and --lr-decay-samples"),
+    (["--train-samples", "16", "--rampup-batch-size", "2", "2", "8", "--lr-warmup-iters", "1"],
+     "--lr-warmup-iters: under --rampup-batch-size an iteration has no fixed size"),
+    (["--train-samples", "16", "--rampup-batch-size", "2", "3", "8"],
+     "--global-batch-size 4 - START must be a non-negative multiple of INCREMENT"),
+    (["--train-samples", "16", "--rampup-batch-size", "1", "1", "8"],
+     "--rampup-batch-size START 1 is not a multiple of --micro-batch-size x data-parallel "
+     "size 2"),
+    (["--train-iters", "2", "--finetune"], "--finetune needs --load"),
+    (["--train-iters", "2", "--no-load-optim"], "--no-load-optim needs --load"),
+    (["--train-iters", "2", "--no-load-rng"], "--no-load-rng needs --load"),
+    (["--train-iters", "2", "--reset-attention-mask", "--attention-backend", "flash"],
+     "--attention-backend flash runs the flash kernel, which takes no mask"),
+    (["--train-iters", "2", "--data-args-path", "/nonexistent/blend.txt"],
+     "--data-args-path /nonexistent/blend.txt does not exist"),
+])
+def test_flags_that_do_not_go_together_are_named(cpu_dist, flags, message):
+    from megatron_ext.datasets.gpt_datasets import data_paths
+    with pytest.raises(FixedcodeError, match=re.escape(message)):
+        args = parse_args(TINY_RUN + flags)
+        resolve_checkpoint(args, *check_flags(args, "cpu")[1:])
+        data_paths(args)
+
+
+def test_use_checkpoint_args_needs_load():
+    with pytest.raises(FixedcodeError, match="--use-checkpoint-args needs --load"):
+        parse_args(TINY_RUN + ["--train-iters", "2", "--use-checkpoint-args"])
+
+
+def test_finetuning_into_the_checkpoints_own_directory_is_refused(cpu_dist, tmp_path):
+    (tmp_path / "iter_0000004").mkdir()
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("4")
+    args = parse_args(TINY_RUN + ["--train-iters", "2", "--finetune", "--load", str(tmp_path),
+                                  "--save", str(tmp_path)])
+    with pytest.raises(FixedcodeError, match="save the fine-tuning to another directory"):
+        resolve_checkpoint(args, *check_flags(args, "cpu")[1:])
+
+
+def test_document_masks_are_refused_where_the_attention_would_ignore_them():
+    assert document_mask_refusal("local", "auto", "cuda", True, 1) is None
+    assert document_mask_refusal("local", "unfused", "cpu", True, 2) is None
+    assert document_mask_refusal("local", "unfused", "cuda", False, 1) is None
+    assert "Transformer Engine" in document_mask_refusal("transformer_engine", "auto", "cuda",
+                                                         True, 1)
+    assert "--no-masked-softmax-fusion" in document_mask_refusal("local", "unfused", "cuda",
+                                                                 True, 1)
+    assert "middle stages" in document_mask_refusal("local", "auto", "cpu", True, 4)
+
+
+def test_the_differing_defaults_are_the_parsers_and_the_docs_table_lists_them():
+    args = parse_args(TINY_RUN[:-4] + ["--train-iters", "2"])  # without --eval-iters etc.
+    parsed = vars(parse_args(["--num-layers", "1", "--hidden-size", "8",
+                              "--num-attention-heads", "1", "--seq-length", "8"]))
+    table = (REPO / "docs" / "training.md").read_text(encoding="utf-8")
+    for dest, (ours, megatron, _) in DIFFERING_DEFAULTS.items():
+        assert parsed[dest] == ours != megatron, dest
+        assert f"| `{flag_text(dest, ours)}` |" in table, dest
+    assert "--lr 0.003" not in " ".join(defaults_in_force(args))  # TINY_RUN's own --lr
+    assert "--adam-beta2 0.95 (Megatron-LM: Adam beta2 0.999)" in defaults_in_force(args)
+
+
+@pytest.fixture
+def gpt2_files(tmp_path):
+    """A tiny GPT-2 BPE pair: the 256 byte symbols, a few merges, <|endoftext|> last."""
+    import json
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+    symbols = list(bytes_to_unicode().values())
+    merges = [("t", "h"), ("th", "e"), ("Ġ", "the"), ("i", "n"), ("Ġ", "c"), ("Ġc", "a"),
+              ("Ġca", "t")]
+    vocab = {s: i for i, s in enumerate(symbols + ["".join(m) for m in merges]
+                                        + ["<|endoftext|>"])}
+    (tmp_path / "vocab.json").write_text(json.dumps(vocab))
+    (tmp_path / "merges.txt").write_text("#version: 0.2\n" + "".join(f"{a} {b}\n"
+                                                                     for a, b in merges))
+    return tmp_path / "vocab.json", tmp_path / "merges.txt"
+
+
+def test_gpt2_bpe_files_give_gpt2s_ids_and_size_the_model(cpu_dist, gpt2_files):
+    import json
+    from megatron_ext.datasets.tokenizer import build_tokenizer
+    vocab, merges = map(str, gpt2_files)
+    ours = build_tokenizer("GPT2BPETokenizer", vocab_file=vocab, merge_file=merges)
+    ids = json.loads(gpt2_files[0].read_text())
+    # GPT-2's pre-tokenization ("the", " cat", " in", " the", " hat"), then the merges in
+    # rank order: " hat" has none, " in" only "in"
+    expected = ["the", "Ġcat", "Ġ", "in", "Ġthe", "Ġ", "h", "a", "t"]
+    assert ours.tokenize("the cat in the hat") == [ids[t] for t in expected]
+    text = "the cat in the hat, then 42 cats!\n  The end. <|endoftext|>"
+    assert ours.detokenize(ours.tokenize(text)) == text
+    assert ids["<|endoftext|>"] not in ours.tokenize(text)  # not matched in texts
+    assert (ours.vocab_size, ours.eod) == (264, 263)
+    null = TINY_RUN.index("--tokenizer-type")  # TINY_RUN's NullTokenizer and its size
+    args = parse_args(TINY_RUN[:null] + TINY_RUN[null + 4:] + [
+        "--train-iters", "2", "--tokenizer-type", "GPT2BPETokenizer",
+        "--vocab-file", vocab, "--merge-file", merges])
+    _, derived, _ = check_flags(args, "cpu")
+    assert derived.padded_vocab_size == 384  # 264 padded to a multiple of 128
+    with pytest.raises(FixedcodeError, match="needs --vocab-file and --merge-file"):
+        build_tokenizer("GPT2BPETokenizer", vocab_file=vocab)
+
+
+def test_docs_training_lists_every_flag_accepted_and_refused():
+    from megatron_ext.config.arguments import REFUSED_FLAGS, add_training_args, build_parser
+    parser = build_parser("")
+    add_training_args(parser)
+    table = (REPO / "docs" / "training.md").read_text(encoding="utf-8")
+    for action in parser._actions:
+        flag = action.option_strings[0]  # Megatron-LM's spelling where there are several
+        if flag != "-h":
+            assert f"`{flag}" in table, flag
+    for flag, why in REFUSED_FLAGS.items():
+        assert f"| `{flag}` | {why} |" in table
+    with pytest.raises(FixedcodeError, match=re.escape(
+            "--context-parallel-size (Megatron-LM's) is not supported: context parallelism")):
+        parse_args(TINY_RUN + ["--train-iters", "2", "--context-parallel-size", "2"])
