@@ -226,8 +226,13 @@ def test_a_study_trains_evaluates_and_reports(tiny_study):
     assert diff["piqa"]["by_item"]["n"] == len(PIQA)
     text = (study_dir / "STUDY.md").read_text()
     assert "## Final metrics: iteration 3 (384 tokens)" in text
-    # learned vs binary: valid loss by seed, piqa by seed and by seed-then-item
-    assert "The report shows 3 difference intervals" in text
+    # learned vs binary: valid loss by seed, piqa by seed and by seed and item: one family
+    assert "Family of comparisons: the 3 difference intervals above" in text
+    rows = re.findall(r"^\| binary − control \| (.+?) \| (by seed(?: and item)?) \| "
+                      r"([\d.e+-]+) \| ([\d.e+-]+) \|$", text, flags=re.M)
+    assert len(rows) == 3
+    p_values = [float(p) for *_, p, _ in rows]
+    assert [float(h) for *_, h in rows] == pytest.approx(holm(p_values), rel=1e-2)
     assert summary["pairwise"] == []
     assert "| binary | `--input-interface binary` |" in text
     assert re.search(r"\| binary \| 2 \| 0 \| \d\.\d{4} ± \d\.\d{4} \|", text)
