@@ -141,6 +141,34 @@ def test_a_held_out_set_that_the_recipe_trains_on_is_refused(recipe, data):
                          REPO)
 
 
+def test_a_rebuilt_copy_of_the_training_prefix_is_refused_by_content(recipe, tmp_path):
+    """The held-out set is checked against the training data by its documents' tokens: a
+    copy of the training prefix under another path passes the check of paths but not this
+    one (named with both files and the count); other documents pass; allow_train_text
+    overrides it."""
+    from helpers.indexed_data import make_dataset
+    from megatron_ext.study.evaluation import check_held_out_content
+    train = make_dataset(tmp_path / "train_text_document", [40, 50, 60])
+    copy = make_dataset(tmp_path / "copy_text_document", [40, 50, 60])
+    other = make_dataset(tmp_path / "other_text_document", [40, 50, 60], first_id=7)
+    recipe.write_text(recipe.read_text().replace("--mock-data", f"--data-path {train}"))
+
+    def study(held_out, **eval_fields):
+        return spec.build_study({"recipe": str(recipe), "arms": ["learned"], "seeds": [1],
+                                 "eval": {"data_path": held_out, "tokens": 64,
+                                          **eval_fields}}, REPO)
+    with pytest.raises(DataError, match=r"\[eval\] data_path \S+copy_text_document: 2 of its "
+                       r"2 held-out documents are training documents of \S+train_text_document "
+                       r"\(the same tokens; compared with all of it\)"):
+        check_held_out_content(study(copy))
+    said = []
+    check_held_out_content(study(other), said.append)
+    assert said == [f"[held-out] [eval] 2 documents: none among the training documents of "
+                    f"{train} (all of it)"]
+    check_held_out_content(study(copy, allow_train_text=True), said.append)
+    assert len(said) == 1
+
+
 def test_probe_differences_pair_every_two_arms_by_seed():
     from megatron_ext.study.probing import PAIRED, differences
     def arm(values):  # {seed: value of every metric at layers 0 and 1}
