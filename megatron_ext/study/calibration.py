@@ -265,7 +265,8 @@ KINDS = {"fp": "false_positive", "share": "share", "reference": "coverage_not_as
 
 def run(trials: int, seed: int = 0, checks=None) -> dict:
     """Every scenario (or those whose check is in ``checks``) at ``trials`` trials. Returns
-    ``{"trials", "rows": [{"check", "scenario", "interval", "kind", "rate", "trials", "low", "high", "within"}]}``; ``kind`` is ``coverage``,
+    ``{"trials", "rows": [{"check", "scenario", "interval", "kind", "rate", "trials",
+    "low", "high", "within"}]}``; ``kind`` is ``coverage``,
     ``false_positive``, or ``share`` and ``coverage_not_asserted`` (reported, not asserted:
     a rate with no nominal value, or an interval the reports no longer print)."""
     rows = []

@@ -7,10 +7,11 @@ Compute is each checkpoint's training FLOPs as the training log's MFU counts the
 (:func:`megatron_ext.study.evaluation.training_compute`). The fit's rules (at least 5
 levels to extrapolate, parameters at a bound flagged, the gap also fitted directly) are
 :mod:`.fit`'s. The paper's compute is its recipe's (``examples/smollm2_1p7b/recipe.args``,
-the SmolLM2 vocabulary) FLOPs per token times :data:`PAPER_TOKENS`. Figures: ``loss_vs_flops.png`` (per arm, one line per level
-with its 95% band across seeds, the fit dashed), ``gap_vs_flops.png`` (arm − control
-paired by seed at every evaluated checkpoint, 95% t interval) and, with downstream tasks,
-``downstream_vs_flops.png`` (each task's metric and its gap, the same way; no fit).
+the SmolLM2 vocabulary) FLOPs per token times :data:`PAPER_TOKENS`. Figures:
+``loss_vs_flops.png`` (per arm, one line per level with its 95% band across seeds, the fit
+dashed), ``gap_vs_flops.png`` (arm − control paired by seed at every evaluated checkpoint,
+95% t interval) and, with downstream tasks, ``downstream_vs_flops.png`` (each task's metric
+and its gap, the same way; no fit).
 """
 
 from __future__ import annotations
