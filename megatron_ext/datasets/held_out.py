@@ -6,12 +6,15 @@ documents in order, end-of-document tokens included), cut into consecutive windo
 ``seq_length + 1`` tokens that overlap by one (the label of a window's last position).
 :func:`cut_documents` cuts each token's document number the same way (the probes split by
 document), and :func:`tokens_sha256` fingerprints the windows (in study.json and
-probes.json: the same hash is the same tokens).
+probes.json: the same hash is the same tokens). :func:`shared_documents` checks a held-out
+set against a training dataset by content: the held-out documents whose tokens are a
+training document's (a copy or a rebuild of the training prefix, under any path).
 """
 
 from __future__ import annotations
 
 import hashlib
+from typing import Iterable
 
 import numpy as np
 
@@ -71,3 +74,39 @@ def cut_documents(documents, count: int, seq_length: int, source: str, knob: str
 def tokens_sha256(windows: np.ndarray) -> str:
     """The held-out tokens' fingerprint: sha256 of the windows as little-endian int64."""
     return hashlib.sha256(np.ascontiguousarray(windows, dtype="<i8").tobytes()).hexdigest()
+
+
+# How far into a training dataset :func:`shared_documents` reads (tokens): the held-out set
+# is compared with the training documents up to there, and the result says so.
+SCAN_TOKENS = 1 << 30
+
+
+def document_sha256(document) -> str:
+    """One document's fingerprint: sha256 of its token ids as little-endian int64."""
+    return hashlib.sha256(np.ascontiguousarray(document, dtype="<i8").tobytes()).hexdigest()
+
+
+def shared_documents(held_out: Iterable, count: int, training: Iterable,
+                     scan_tokens: int = SCAN_TOKENS) -> dict:
+    """``{"held_out", "shared", "scanned_tokens", "complete"}``: how many of the held-out
+    documents covering the first ``count`` tokens (``held_out``: token arrays in order)
+    are, token for token, a document among the first ``scan_tokens`` tokens of
+    ``training`` (token arrays), how many tokens of it were read, and whether that was all
+    of it."""
+    wanted, have = set(), 0
+    for document in held_out:
+        if have > count:
+            break
+        wanted.add(document_sha256(document))
+        have += len(document)
+    shared, scanned, complete = set(), 0, True
+    for document in training:
+        if scanned >= scan_tokens:
+            complete = False
+            break
+        digest = document_sha256(document)
+        if digest in wanted:
+            shared.add(digest)
+        scanned += len(document)
+    return {"held_out": len(wanted), "shared": len(shared), "scanned_tokens": scanned,
+            "complete": complete}

@@ -33,7 +33,7 @@ def mean_interval(interval: Optional[dict], digits: int = 4) -> str:
 
 def signed_range(interval: Optional[dict], digits: int = 4) -> str:
     """``+mean [+low, +high]`` of a difference's interval, or "—"; an interval conditional
-    on one run (``"conditional"``, :func:`megatron_ext.study.stats.hierarchical_bootstrap`)
+    on one seed (``"conditional"``, :func:`megatron_ext.study.stats.crossed_interval`)
     says so."""
     if interval is None:
         return MISSING
@@ -41,7 +41,7 @@ def signed_range(interval: Optional[dict], digits: int = 4) -> str:
         return f"{interval['mean']:+.{digits}f} (1 seed: no interval)"
     text = (f"{interval['mean']:+.{digits}f} [{interval['low']:+.{digits}f}, "
             f"{interval['high']:+.{digits}f}]")
-    return text + " (1 seed: conditional on that run)" if interval.get("conditional") else text
+    return text + " (1 seed: conditional on this seed)" if interval.get("conditional") else text
 
 
 def pyplot():

@@ -30,6 +30,7 @@ import numpy as np
 from ..checkpoint.layout import completed_iterations, iteration_name
 from ..checkpoint.retention import SaveDeleted, reading
 from ..datasets.held_out import held_out_tokens, tokens_sha256
+from ..runtime.errors import DataError
 from ..runtime.files import write_json
 
 from .spec import EvalSettings, Study, run_dir
@@ -145,13 +146,48 @@ def _settings_json(settings: EvalSettings) -> dict:
     return json.loads(json.dumps(fields))
 
 
+def check_held_out_content(study: Study, progress=print) -> None:
+    """Refuse a held-out set (``[eval]``, ``[probes]`` ``data_path``) whose documents are,
+    token for token, documents of a dataset the runs train on (a copy or a rebuild of the
+    training prefix passes the study's check of paths), naming both and the count, unless
+    its section sets ``allow_train_text``. Training datasets not built yet are skipped."""
+    from ..config import recipes
+    from ..datasets.held_out import indexed_documents, shared_documents
+    from ..launch.slurm import REPO as RUNS_START_IN
+    trained = sorted({str((RUNS_START_IN / p).resolve()) for _, cell in study.cells()
+                      for arm in cell.arms
+                      for p in recipes.training_prefixes([*cell.recipe, *arm.flags])})
+    for what, settings in (("eval", study.eval), ("probes", study.probes)):
+        if settings is None or not settings.data_path or settings.allow_train_text:
+            continue
+        for prefix in trained:
+            if not Path(prefix + ".idx").exists() or not Path(settings.data_path + ".idx"
+                                                             ).exists():
+                continue
+            found = shared_documents(indexed_documents(settings.data_path), settings.tokens,
+                                     indexed_documents(prefix))
+            scope = ("all of it" if found["complete"] else
+                     f"its first {found['scanned_tokens']:,} tokens")
+            if found["shared"]:
+                raise DataError(
+                    f"[{what}] data_path {settings.data_path}: {found['shared']} of its "
+                    f"{found['held_out']} held-out documents are training documents of "
+                    f"{prefix} (the same tokens; compared with {scope}): it would score "
+                    f"training text. Build the held-out set from documents the training "
+                    f"blend never reads, or set allow_train_text = true in [{what}]")
+            progress(f"[held-out] [{what}] {found['held_out']} documents: none among the "
+                     f"training documents of {prefix} ({scope})")
+
+
 def evaluate_study(study: Study, study_dir: Path, progress=print) -> dict:
     """Evaluate what is not cached yet; ``{"evaluated": n, "cached": m}``. A cached record
     made before records carried the training compute gets it added (the model is loaded,
-    nothing is evaluated again)."""
+    nothing is evaluated again). The held-out sets are first checked against the training
+    data by content (:func:`check_held_out_content`)."""
     from ..hf.megatron_checkpoint import load_model, read_checkpoint
     from ..runtime.initialize import initialize_distributed
     counts = {"evaluated": 0, "cached": 0}
+    check_held_out_content(study, progress)
     todo, older = [], []
     for arm, seed in study.runs():
         run = run_dir(study_dir, arm, seed)

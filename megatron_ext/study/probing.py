@@ -24,7 +24,7 @@ from ..metrics.reporting import mean_interval, signed_range
 from ..runtime.files import write_json
 
 from .spec import Study, run_dir
-from .stats import paired_difference, t_interval
+from .stats import holm, paired_difference, t_interval
 
 METRICS = (("id_bits", "id bits"), ("id_bits_control", "id control"),
            ("id_bits_selectivity", "id sel."), ("id_bits_unseen", "id unseen"),
@@ -165,18 +165,25 @@ def markdown(study: Study, summary: dict, final: int) -> str:
               "", trivial_note(reasons), "", "![probes per layer](probes.png)", ""]
     pairs = differences(summary)
     if pairs:
-        count = sum(len(p["layers"]) for p in pairs) * len(PAIRED)
+        members = [row[m] for pair in pairs for row in pair["layers"] for m, _ in PAIRED]
+        adjusted = iter(holm([None if d is None else d["p"] for d in members]))
         lines += ["### Probes: differences between arms, paired by seed", "",
                   f"b − a per layer (trained models): mean and 95% t interval of the per-seed "
-                  f"differences. {count} comparisons ({len(pairs)} pairs of arms × layers × "
-                  f"{len(PAIRED)} metrics), not adjusted for multiplicity: about 1 in 20 "
-                  f"excludes 0 by chance alone.", "",
+                  f"differences, unadjusted, and beside each its Holm-adjusted p-value over "
+                  f"the family of all {len(members)} ({len(pairs)} pairs of arms × layers × "
+                  f"{len(PAIRED)} metrics): a difference is significant after adjustment "
+                  f"when its Holm p < 0.05.", "",
                   "| b − a | layer | " + " | ".join(t for _, t in PAIRED) + " |",
                   "|---|---|" + "---:|" * len(PAIRED)]
         for pair in pairs:
             for row in pair["layers"]:
-                lines.append(f"| {pair['b']} − {pair['a']} | {row['layer']} | " + " | ".join(
-                    signed_range(row[m], 3) for m, _ in PAIRED) + " |")
+                cells = []
+                for m, _ in PAIRED:
+                    p_holm = next(adjusted)
+                    cells.append(signed_range(row[m], 3) + ("" if p_holm is None else
+                                                            f" (Holm p {p_holm:.2g})"))
+                lines.append(f"| {pair['b']} − {pair['a']} | {row['layer']} | "
+                             + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines)
 

@@ -4,9 +4,11 @@ records (their ``metrics.jsonl`` and the cached checkpoint evaluations) every ti
 Per arm and evaluated iteration: the mean across seeds with a 95% Student-t interval
 (unavailable with one seed). At the final iteration (the last one every run has evaluated):
 each arm against the control and every other two arms, paired by seed (t interval of the
-per-seed differences), and for downstream tasks also a hierarchical bootstrap over the seeds
-and then the items (with one seed: conditional on that run, and labelled so). The report
-names how many comparisons it makes. Every row carries the tokens seen and the steps
+per-seed differences: the primary interval), and for downstream tasks also the crossed
+seeds x items interval (:func:`.stats.crossed_interval`: the task's population of items;
+with one seed conditional on that seed, and labelled so in the table). The differences form
+one family, named with its size, and each carries its Holm-adjusted p-value beside the
+unadjusted one. Every row carries the tokens seen and the steps
 skipped. With ``[probes]``, the probes of the final checkpoints per layer
 (:mod:`.probing`). Each arm has one colour in every figure
 (:func:`megatron_ext.metrics.reporting.colours`).
@@ -32,7 +34,7 @@ from ..runtime.files import write_text
 
 from .evaluation import label, metric_names, metric_value, read_cached
 from .spec import Study, run_dir
-from .stats import hierarchical_bootstrap, paired_difference, t_interval
+from .stats import crossed_interval, holm, paired_difference, t_interval
 
 
 def collect(study: Study, study_dir: Path) -> dict:
@@ -128,7 +130,7 @@ def _difference(seeds: dict, control: dict, final: int, names: list[str]) -> dic
         row[name] = {"by_seed": paired_difference(_final_by_seed(seeds, final, name),
                                                   _final_by_seed(control, final, name))}
         if name != "valid_loss" and shared:
-            row[name]["by_item"] = hierarchical_bootstrap(
+            row[name]["by_item"] = crossed_interval(
                 _items_by_seed(seeds, shared, final, name),
                 _items_by_seed(control, shared, final, name))
     return row
@@ -143,13 +145,6 @@ def _items_by_seed(seeds: dict, shared: list, final: int, name: str) -> np.ndarr
     return np.array([seeds[s]["evals"][final]["tasks"][name]["items"] for s in shared])
 
 
-def comparisons(study: Study, summary: dict) -> int:
-    """How many differences the report shows: pairs of arms x metrics x intervals."""
-    pairs = len(summary["differences"]) + len(summary["pairwise"])
-    names = metric_names(study)
-    return pairs * (len(names) + len([n for n in names if n != "valid_loss"]))
-
-
 def header(study: Study, title: str, hashes: list[str], generated: dict) -> list[str]:
     """The report's title, provenance, recipe, seeds, held-out set, tasks and arms."""
     lines = [f"# Study `{title}`", "",
@@ -157,9 +152,10 @@ def header(study: Study, title: str, hashes: list[str], generated: dict) -> list
              f"({generated['machine']}; fixedcode {generated['fixedcode']}, megatron-core "
              f"{generated['megatron_core']}) from the runs' metrics files and checkpoint "
              f"evaluations. Intervals are 95%: Student-t over seeds; paired by seed between "
-             f"arms; for tasks also a hierarchical bootstrap over seeds, then items (with "
-             f"one seed it is conditional on that run: an interval for those two trained "
-             f"models, not for the arms).", "",
+             f"arms (the primary interval); for tasks also one over seeds and items crossed "
+             f"(the task's population of items; with one seed it is conditional on that "
+             f"seed: an interval for those two trained models, not for the arms). Their "
+             f"coverage is measured by simulation: `tools/calibrate.py`.", "",
              f"- Recipe: `{shown_path(study.recipe_path)}`: `{' '.join(study.recipe)}`",
              f"- Seeds: {', '.join(map(str, study.seeds))} (`--seed`); control: "
              f"`{study.control}`"]
@@ -207,9 +203,42 @@ def final_sections(study: Study, summary: dict, depth: int = 2) -> list[str]:
         lines += ["", f"{h} Between the other arms: b − a", ""]
         lines += _difference_table(names, [(f"{p['b']} − {p['a']}", p)
                                            for p in summary["pairwise"]], "b − a")
-    lines += ["", f"The report shows {comparisons(study, summary)} difference intervals "
-                  f"(pairs of arms × metrics × by seed / by item), each at 95% and not "
-                  f"adjusted for multiplicity: about 1 in 20 excludes 0 by chance alone.", ""]
+    lines += [""] + family_table(summary) + [""]
+    return lines
+
+
+def family(summary: dict) -> list[tuple[str, str, str, dict]]:
+    """The report's differences as one family: ``[(pair, metric, interval kind,
+    interval)]`` in table order, each with its unadjusted ``p``."""
+    rows = [(f"{arm} − control", row) for arm, row in summary["differences"].items()]
+    rows += [(f"{p['b']} − {p['a']}", p) for p in summary["pairwise"]]
+    out = []
+    for pair, row in rows:
+        for name, intervals in row.items():
+            if name in ("a", "b"):
+                continue
+            for kind in ("by_seed", "by_item"):
+                if intervals.get(kind) is not None:
+                    out.append((pair, name, kind, intervals[kind]))
+    return out
+
+
+def family_table(summary: dict) -> list[str]:
+    """Each difference's unadjusted and Holm-adjusted p-value over the family of every
+    difference the report shows (pairs of arms x metrics x intervals)."""
+    members = family(summary)
+    adjusted = holm([interval["p"] for *_, interval in members])
+    lines = [f"Family of comparisons: the {len(members)} difference intervals above (pairs "
+             f"of arms × metrics × by seed / by seed and item). Each interval is 95% "
+             f"unadjusted; the Holm-adjusted p-values keep the chance of any false "
+             f"difference in the family at 5% (a difference is significant after adjustment "
+             f"when its Holm p < 0.05).", "",
+             "| difference | metric | interval | p | Holm p (family of "
+             f"{len(members)}) |", "|---|---|---|---:|---:|"]
+    for (pair, name, kind, interval), p_holm in zip(members, adjusted):
+        lines.append(f"| {pair} | {label(name)} | "
+                     f"{'by seed' if kind == 'by_seed' else 'by seed and item'} | "
+                     f"{number(interval['p'], '.3g')} | {number(p_holm, '.3g')} |")
     return lines
 
 
@@ -238,7 +267,7 @@ def markdown(study: Study, title: str, summary: dict, generated: dict) -> str:
 def _difference_table(names: list[str], rows: list, title: str) -> list[str]:
     tasks = [n for n in names if n != "valid_loss"]
     lines = ["| " + title + " | " + " | ".join(f"Δ {label(n)} (by seed)" for n in names)
-             + "".join(f" | Δ {label(n)} (by seed, then item)" for n in tasks) + " |",
+             + "".join(f" | Δ {label(n)} (by seed and item)" for n in tasks) + " |",
              "|---|" + "---:|" * (len(names) + len(tasks))]
     for name, row in rows:
         cells = [signed_range(row[n]["by_seed"]) for n in names]

@@ -4,12 +4,14 @@ against training compute over every level, and the saturating power-law fit of e
 ``STUDY.md`` after every level's tables.
 
 Compute is each checkpoint's training FLOPs as the training log's MFU counts them
-(:func:`megatron_ext.study.evaluation.training_compute`). The paper's compute is its
-recipe's (``examples/smollm2_1p7b/recipe.args``, the SmolLM2 vocabulary) FLOPs per token
-times :data:`PAPER_TOKENS`. Figures: ``loss_vs_flops.png`` (per arm, one line per level
-with its 95% band across seeds, the fit dashed), ``gap_vs_flops.png`` (arm − control
-paired by seed at every evaluated checkpoint, 95% t interval) and, with downstream tasks,
-``downstream_vs_flops.png`` (each task's metric and its gap, the same way; no fit).
+(:func:`megatron_ext.study.evaluation.training_compute`). The fit's rules (at least 5
+levels to extrapolate, parameters at a bound flagged, the gap also fitted directly) are
+:mod:`.fit`'s. The paper's compute is its recipe's (``examples/smollm2_1p7b/recipe.args``,
+the SmolLM2 vocabulary) FLOPs per token times :data:`PAPER_TOKENS`. Figures:
+``loss_vs_flops.png`` (per arm, one line per level with its 95% band across seeds, the fit
+dashed), ``gap_vs_flops.png`` (arm − control paired by seed at every evaluated checkpoint,
+95% t interval) and, with downstream tasks, ``downstream_vs_flops.png`` (each task's metric
+and its gap, the same way; no fit).
 """
 
 from __future__ import annotations
@@ -97,7 +99,7 @@ def analyse(study: Study, runs: dict, summaries: dict, target: float) -> dict:
               "task_gaps": {task: gaps(study, runs, task) for task in study.eval.tasks},
               "fits": None, "refused": None}
     try:
-        result["fits"] = fit.bootstrap_fits(points, study.control, target)
+        result["fits"] = fit.fit_arms(points, study.control, target)
     except ValueError as e:
         result["refused"] = str(e)
     if points:
@@ -136,30 +138,52 @@ def markdown(study: Study, result: dict) -> list[str]:
     if fits is None:
         return lines + [f"No fit: {result['refused']}.", ""]
     target, orders = result["target_flops"], result["orders_of_magnitude"]
-    first = next(iter(fits.values()))
-    lines += [f"Least squares (scipy, E in [0, min L], α in [0, 3]) to each level's final "
-              f"mean loss; 95% intervals from {first['draws']} bootstrap draws of the seeds "
-              f"within each level (paired across arms). C₀ = "
-              f"{first['fit']['reference']:.3g} FLOPs.",
-              "",
-              f"**Warning: the value at the paper's compute ({target:.3g} FLOPs, 1.7B "
-              f"parameters × {fit_tokens()} tokens) is an extrapolation over {orders:.1f} "
-              f"orders of magnitude beyond the largest level fitted.** It assumes the same "
-              f"power law holds the whole way (same data, recipe and schedule shape); it "
-              f"is a hypothesis to test, not a result.", "",
-              f"| arm | α | E | A | loss at {target:.3g} FLOPs | gap to {study.control} "
+    arms = fits["arms"]
+    first = next(iter(arms.values()))
+    lines += [f"Weighted least squares (scipy, E in [0, min L], α in [0, {fit.ALPHA_MAX:g}]) "
+              f"to each level's final mean loss over {fits['levels']} compute levels; 95% "
+              f"t intervals ({fits['dof']} degrees of freedom) from the seeds' spread within "
+              f"each level, pooled over the levels and paired across arms, through the "
+              f"fit's linearisation. C₀ = {first['fit']['reference']:.3g} FLOPs. A parameter "
+              f"that ended at a bound is flagged and gets no interval.", ""]
+    if not fits["extrapolated"]:
+        lines += [f"**No extrapolation to the paper's compute and no intervals: "
+                  f"{fits['why_not']}.** The fit below describes the levels only.", ""]
+    else:
+        lines += [f"**Warning: the value at the paper's compute ({target:.3g} FLOPs, 1.7B "
+                  f"parameters × {fit_tokens()} tokens) is an extrapolation over {orders:.1f} "
+                  f"orders of magnitude beyond the largest level fitted.** It assumes the "
+                  f"same law holds the whole way (same data, recipe and schedule shape); it "
+                  f"is a hypothesis to test, not a result.", ""]
+    lines += [f"| arm | α | E | A | loss at {target:.3g} FLOPs | gap to {study.control} "
               f"there | residuals (per level, by compute) |",
               "|---|---:|---:|---:|---:|---:|---|"]
     for arm in study.arms:
-        f = fits[arm.name]
-        gap = f.get("gap_at_target")
-        lines.append(f"| {arm.name} | {_range(f['alpha'], '.3f')} | {_range(f['E'], '.3f')} | "
-                     f"{f['fit']['A']:.3f} | {_range(f['at_target'], '.3f')} | "
-                     f"{'—' if gap is None else _range(gap, '+.3f')} | "
+        f = arms[arm.name]
+        bounds = f["fit"]["at_bound"]
+        lines.append(f"| {arm.name} | {_parameter(f['alpha'], bounds.get('alpha'), '.3f')} | "
+                     f"{_parameter(f['E'], bounds.get('E'), '.3f')} | "
+                     f"{f['fit']['A']:.3f}{' (**at its bound: A = 0**)' if 'A' in bounds else ''}"
+                     f" | {_extrapolated(f['at_target'], bounds, '.3f')} | "
+                     + ("—" if arm.name == study.control else
+                        _extrapolated(f['gap_at_target'], bounds, '+.3f')) + " | "
                      + ", ".join(f"{r:+.4f}" for r in f["fit"]["residuals"]) + " |")
-    if len(points) == fit.MIN_POINTS:
+    if fits["levels"] == fit.MIN_POINTS:
         lines += ["", f"With {fit.MIN_POINTS} levels the fit passes through every point "
                       f"(3 parameters): residuals of 0 say nothing about the law's shape."]
+    lines += ["", f"The gap fitted directly, g(C) = g₀ + g₁·log₁₀(C/C₀) (2 parameters, "
+                  f"paired by seed), and a sensitivity fit with every arm's α fixed at "
+                  f"{study.control}'s ({arms[study.control]['fit']['alpha']:.3f}: the anchor; "
+                  f"E and A refitted, the interval holds α fixed):", "",
+              f"| arm − {study.control} | g₁ (per decade of compute) | gap at {target:.3g} "
+              f"FLOPs (direct fit) | gap there (α fixed at {study.control}'s) | direct "
+              f"fit's residuals |", "|---|---:|---:|---:|---|"]
+    for arm, g in fits["gaps"].items():
+        fixed = fits["fixed_alpha"]["arms"][arm]["gap_at_target"]
+        lines.append(f"| {arm} | {_range(g['slope'], '+.4f')} | "
+                     f"{_extrapolated(g['at_target'], {}, '+.3f')} | "
+                     f"{_extrapolated(fixed, {}, '+.3f')} | "
+                     + ", ".join(f"{r:+.4f}" for r in g["fit"]["residuals"]) + " |")
     return lines + [""]
 
 
@@ -169,9 +193,25 @@ def fit_tokens() -> str:
 
 def _range(interval: dict, spec: str) -> str:
     if interval["low"] is None:
-        return f"{format(interval['value'], spec)} (1 seed: no interval)"
+        return f"{format(interval['value'], spec)} (no interval)"
     return (f"{format(interval['value'], spec)} [{format(interval['low'], spec)}, "
             f"{format(interval['high'], spec)}]")
+
+
+def _parameter(interval: dict, bound, spec: str) -> str:
+    """A parameter's value and interval, or its value flagged at its bound."""
+    if bound:
+        return f"{format(interval['value'], spec)} (**at its bound: {bound}**, no interval)"
+    return _range(interval, spec)
+
+
+def _extrapolated(interval, bounds: dict, spec: str) -> str:
+    if interval is None:
+        return "— (not extrapolated)"
+    if bounds:
+        return (f"{format(interval['value'], spec)} (no interval: "
+                f"{', '.join(bounds.values())})")
+    return _range(interval, spec)
 
 
 def _metric_lines(ax, study: Study, summaries: dict, name: str, colour: dict,
@@ -228,7 +268,7 @@ def plot(study: Study, runs_summaries: dict, result: dict, study_dir: Path) -> N
         compute = [p["compute"] for p in result["points"].values()]
         grid = np.geomspace(min(compute), max(compute), 50)
         for arm in study.arms:
-            f = result["fits"][arm.name]["fit"]
+            f = result["fits"]["arms"][arm.name]["fit"]
             ax.plot(grid, fit.power_law(grid, f["E"], f["A"], f["alpha"], f["reference"]),
                     "--", color=colour[arm.name], lw=1.5)
     _flops_axes(ax, "held-out loss")

@@ -2,20 +2,22 @@
 confounds size with how well that rate suits it, so a study may sweep a factor and compare
 each arm at its own best level of it. For every combination of the other factors' levels (a
 *group*, e.g. ``d64`` or ``d64/budget_81920``), each arm's chosen level is the one with the
-lowest mean final held-out loss over seeds; the scaling section (:mod:`.scaling`) then
-reads the groups as its levels, each arm's runs taken from its chosen cell (differences
-still paired by seed).
+lowest mean final held-out loss over the *selection seeds*; the scaling section
+(:mod:`.scaling`) then reads the groups as its levels, each arm's runs of the other seeds
+(the *reported seeds*) taken from its chosen cell (differences still paired by seed).
 
-The choice is made on the same held-out tokens the point is then reported on, so the chosen
-loss is slightly optimistic (selection over the levels); a choice at the edge of the grid
-(its first or last level, as listed) says the optimum may lie outside it. The report says
-both. A group is left out until every one of its cells is evaluated at the same final
-iteration.
+The seeds are split (:func:`split_seeds`: the first half, rounded down, chooses; the rest
+report), so a reported loss is never the one its level was chosen on: a choice made on
+the reported runs themselves picks the level whose runs were lucky (the winner's curse:
+the chosen loss biased low, most for an arm flat in the factor), which no interval over
+those runs accounts for. With one seed the split is impossible: that seed chooses and
+reports, and the table says the loss is biased low. A choice at the edge of the grid (its
+first or last level, as listed) says the optimum may lie outside it. A group is left out
+until every one of its cells is evaluated at the same final iteration. The calibration
+suite (:mod:`.calibration`) measures both ways of choosing.
 """
 
 from __future__ import annotations
-
-from typing import Optional
 
 from ..metrics.reporting import number
 
@@ -35,17 +37,38 @@ def group_of(study: Study, folder: str) -> tuple[str, str]:
     return "/".join(parts[:index] + parts[index + 1:]), parts[index]
 
 
-def _final_loss(summary: dict, arm: str) -> Optional[float]:
-    final = summary["arms"][arm]["final"]
-    return None if not final or "valid_loss" not in final else final["valid_loss"]["mean"]
+def split_seeds(seeds: list) -> tuple[list, list]:
+    """``(selection, reported)``: the first half of the sorted seeds (rounded down, at least
+    one) choose the level, the others are reported; one seed does both."""
+    seeds = sorted(seeds)
+    if len(seeds) < 2:
+        return seeds, seeds
+    half = len(seeds) // 2
+    return seeds[:half], seeds[half:]
+
+
+def best_level(losses: dict, seeds: list):
+    """The level (``losses``: ``{level: {seed: loss}}``, in order; ties to the first) with
+    the lowest mean loss over ``seeds``; a level missing a loss ranks last."""
+    def mean(level) -> float:
+        values = [losses[level].get(s) for s in seeds]
+        return float("inf") if None in values else sum(values) / len(values)
+    return min(losses, key=mean)
+
+
+def _final_losses(runs: dict, summary: dict) -> dict:
+    """``{seed: final held-out loss}`` of one arm's runs in one cell."""
+    final = summary["final_iteration"]
+    return {seed: run["evals"][final].get("valid_loss") for seed, run in runs.items()}
 
 
 def choose(study: Study, runs: dict, summaries: dict) -> tuple[dict, dict, dict]:
-    """``(runs, summaries, choices)`` by group: each arm's runs and summary taken from the
-    cell of its chosen level (``runs``, ``summaries``: per cell folder, as
-    :func:`.report.collect` and :func:`.report.summarise` give them); ``choices``:
-    ``{group: {arm: {"level", "losses": {level: mean final loss}, "edge"}}}``, or
-    ``{group: None}`` for a group not yet evaluated alike in all its cells."""
+    """``(runs, summaries, choices)`` by group: each arm's runs of the reported seeds and its
+    summary taken from the cell of its chosen level (``runs``, ``summaries``: per cell
+    folder, as :func:`.report.collect` and :func:`.report.summarise` give them);
+    ``choices``: ``{group: {arm: {"level", "losses": {level: mean final loss over the
+    selection seeds}, "edge", "selection", "reported"}}}``, or ``{group: None}`` for a
+    group not yet evaluated alike in all its cells."""
     levels = tuned_levels(study)
     groups: dict = {}
     for folder in summaries:
@@ -61,11 +84,18 @@ def choose(study: Study, runs: dict, summaries: dict) -> tuple[dict, dict, dict]
         choices[group], arms = {}, {}
         tuned_runs[group] = {}
         for arm in study.arms:
-            losses = {lv: _final_loss(summaries[folders[lv]], arm.name) for lv in levels}
-            best = min(levels, key=lambda lv: (losses[lv] is None, losses[lv] or 0.0))
-            choices[group][arm.name] = {"level": best, "losses": losses,
-                                        "edge": best in (levels[0], levels[-1])}
-            tuned_runs[group][arm.name] = runs[folders[best]][arm.name]
+            losses = {lv: _final_losses(runs[folders[lv]][arm.name], summaries[folders[lv]])
+                      for lv in levels}
+            seeds = sorted(set.intersection(*(set(v) for v in losses.values())))
+            selection, reported = split_seeds(seeds)
+            best = best_level(losses, selection)
+            means = {lv: (None if None in (v := [losses[lv][s] for s in selection])
+                          else sum(v) / len(v)) for lv in levels}
+            choices[group][arm.name] = {"level": best, "losses": means,
+                                        "edge": best in (levels[0], levels[-1]),
+                                        "selection": selection, "reported": reported}
+            tuned_runs[group][arm.name] = {s: runs[folders[best]][arm.name][s]
+                                           for s in reported}
             arms[arm.name] = summaries[folders[best]]["arms"][arm.name]
         tuned_summaries[group] = {"final_iteration": cells[0]["final_iteration"],
                                   "final_tokens": cells[0]["final_tokens"], "arms": arms}
@@ -78,12 +108,14 @@ def markdown(study: Study, choices: dict) -> list[str]:
     levels = tuned_levels(study)
     lines = [f"## Tuned factor `{study.tune}`: each arm at its best level", "",
              f"For each group of the other factors' levels, each arm's `{study.tune}` is the "
-             f"level with the lowest mean final held-out loss over seeds; the section below "
-             f"compares the arms there, paired by seed. The choice is made on the same "
-             f"held-out tokens, so the chosen losses are slightly optimistic.", "",
+             f"level with the lowest mean final held-out loss over the selection seeds (the "
+             f"losses below); the section below compares the arms there on the other seeds "
+             f"(the reported seeds), paired by seed, so no reported loss is the one its "
+             f"level was chosen on.", "",
              "| group | arm | " + " | ".join(f"`{lv}`" for lv in levels) + " |",
              "|---|---|" + "---:|" * len(levels)]
     warnings = []
+    same_runs = set()
     for group, arms in choices.items():
         if arms is None:
             lines.append(f"| {group} | (not every cell evaluated at the same iteration yet) |"
@@ -93,9 +125,19 @@ def markdown(study: Study, choices: dict) -> list[str]:
             cells = [f"**{number(loss, '.4f')}**" if lv == choice["level"]
                      else number(loss, ".4f") for lv, loss in choice["losses"].items()]
             lines.append(f"| {group} | {arm} | " + " | ".join(cells) + " |")
+            if choice["selection"] == choice["reported"]:
+                same_runs.add(f"`{arm}` at `{group}`")
             if choice["edge"]:
                 warnings.append(f"`{arm}` at `{group}`: its best `{study.tune}` "
                                 f"(`{choice['level']}`) is at the edge of the grid")
+    split = next((c for arms in choices.values() if arms for c in arms.values()), None)
+    if split is not None:
+        lines += ["", f"Selection seeds: {', '.join(map(str, split['selection']))}; reported "
+                      f"seeds: {', '.join(map(str, split['reported']))}."]
+    if same_runs:
+        lines += ["", "**One seed: chosen and reported on the same run** (biased low by the "
+                      "selection over the levels, the winner's curse): " + ", ".join(
+                          sorted(same_runs)) + "."]
     if warnings:
         lines += ["", "**Warning: the optimum may lie outside the grid** (widen it, levels "
                       "listed in order): " + "; ".join(warnings) + "."]

@@ -220,19 +220,24 @@ def test_downstream_metrics_and_their_gaps_are_reported_against_flops(recipe, tm
     assert (tmp_path / "S" / "downstream_vs_flops.png").read_bytes().startswith(b"\x89PNG")
 
 
-def test_the_report_fits_each_arm_and_warns_about_the_extrapolation(fabricated):
+def test_three_levels_are_fitted_but_not_extrapolated(fabricated):
+    """3 levels, 3 parameters: the law passes through every point, so it is described
+    (parameters, residuals) but neither extrapolated nor given intervals, and the table
+    says why (the bootstrap intervals it printed before were the miscalibrated ones)."""
     study, study_dir, summary = fabricated
     fits = summary["scaling"]["fits"]
-    # 3 levels, 3 parameters: an exact fit of learned's mean losses (seed offsets average 0)
-    assert fits["learned"]["alpha"]["value"] == pytest.approx(ALPHA, abs=0.01)
-    assert fits["learned"]["E"]["value"] == pytest.approx(E + 0.002, abs=0.01)
-    low, high = fits["learned"]["alpha"]["low"], fits["learned"]["alpha"]["high"]
-    assert low < high
-    orders = np.log10(summary["scaling"]["target_flops"] / FLOPS["d128"])
+    learned = fits["arms"]["learned"]
+    # an exact fit of learned's mean losses (seed offsets average 0)
+    assert learned["alpha"]["value"] == pytest.approx(ALPHA, abs=0.01)
+    assert learned["E"]["value"] == pytest.approx(E + 0.002, abs=0.01)
+    assert learned["alpha"]["low"] is None and learned["at_target"] is None
+    assert not fits["extrapolated"] and fits["levels"] == 3
     text = (study_dir / "STUDY.md").read_text()
-    assert f"extrapolation over {orders:.1f} orders of magnitude" in text
+    assert ("**No extrapolation to the paper's compute and no intervals: 3 compute levels: "
+            "an extrapolation needs at least 5") in text
     assert "residuals of 0 say nothing about the law's shape" in text
-    assert re.search(r"\| binary \| [\d.]+ \[[\d.]+, [\d.]+\] \|", text)
+    assert re.search(r"\| binary \| [\d.]+ \(no interval\) \|", text)
+    assert "orders of magnitude beyond" not in text
 
 
 # binary − learned at each arm's own best learning rate, per size: 0 at d128 (no signal).
@@ -283,6 +288,10 @@ def test_a_tuned_factor_compares_each_arm_at_its_own_best_level(recipe, tmp_path
     assert "## Tuned factor `lr`: each arm at its best level" in text
     assert "`binary` at `d64`: its best `lr` (`hi`) is at the edge of the grid" in text
     assert "`learned` at `d64`" not in text
+    # seed 1 chooses, seeds 2 and 3 are reported
+    assert "Selection seeds: 1; reported seeds: 2, 3." in text
+    assert summary["tuned"]["d64"]["binary"]["reported"] == [2, 3]
+    assert [s for _, d in scaling_gaps["d64"] for s in d["seeds"]] == [2, 3, 2, 3]
     assert "| binary − learned (by seed) |" in text
     assert re.search(r"^\| d64 \| 1e\+12 \| .* \| \+0\.2000 \[\+0\.2000, \+0\.2000\] \|$", text,
                      flags=re.M)
@@ -324,27 +333,67 @@ def test_the_fit_refuses_fewer_than_three_compute_values():
         fit.fit_power_law([1e15, 1e15, 1e16], [3.0, 3.1, 2.5], "arm binary")
 
 
-def test_bootstrap_intervals_cover_the_true_exponent():
-    """Seeds scatter each level's loss; the 95% bootstrap interval of α contains the truth,
-    and the gap at the target is the difference of the two fits there."""
-    rng = np.random.default_rng(1)
+def five_levels(noise: float, gap=lambda c: 0.0, seeds=(1, 2, 3, 4), seed: int = 1,
+                binary=(2.1, 2.5)) -> dict:
+    rng = np.random.default_rng(seed)
     compute = {f"l{i}": c for i, c in enumerate(np.geomspace(1e14, 1e18, 5))}
-    points = {lv: {"compute": c, "loss": {
-        "learned": {s: float(fit.power_law(c, 2.0, 2.0, 0.4, 1e14) + rng.normal(0, 0.01))
-                    for s in (1, 2, 3, 4)},
-        "binary": {s: float(fit.power_law(c, 2.1, 2.5, 0.4, 1e14) + rng.normal(0, 0.01))
-                   for s in (1, 2, 3, 4)}}} for lv, c in compute.items()}
-    fits = fit.bootstrap_fits(points, "learned", 1e21, iterations=200)
-    for arm in ("learned", "binary"):
-        assert fits[arm]["alpha"]["low"] <= 0.4 <= fits[arm]["alpha"]["high"], fits[arm]
-    gap = fits["binary"]["gap_at_target"]["value"]
-    assert gap == pytest.approx(fit.predict(fits["binary"]["fit"], 1e21)
-                                - fit.predict(fits["learned"]["fit"], 1e21))
-    assert "gap_at_target" not in fits["learned"]
-    one_seed = {lv: {**p, "loss": {a: {1: v[1]} for a, v in p["loss"].items()}}
-                for lv, p in points.items()}
-    alone = fit.bootstrap_fits(one_seed, "learned", 1e21)["binary"]
-    assert alone["draws"] == 0 and alone["alpha"]["low"] is None is alone["gap_at_target"]["high"]
+    return {lv: {"compute": c, "loss": {
+        "learned": {s: float(fit.power_law(c, 2.0, 2.0, 0.4, 1e14) + rng.normal(0, noise))
+                    for s in seeds},
+        "binary": {s: float(fit.power_law(c, *binary, 0.4, 1e14) + gap(c)
+                            + rng.normal(0, noise)) for s in seeds}}}
+            for lv, c in compute.items()}
+
+
+def test_five_levels_extrapolate_with_intervals_that_hold_the_truth():
+    """Seeds scatter each level's loss; the 95% intervals of α and of the loss at the target
+    hold the truth, and the gap there is the difference of the two fits."""
+    fits = fit.fit_arms(five_levels(0.01), "learned", 1e21)
+    assert fits["extrapolated"] and fits["dof"] == 5 * 3
+    for arm, e in (("learned", 2.0), ("binary", 2.1)):
+        f = fits["arms"][arm]
+        assert f["alpha"]["low"] <= 0.4 <= f["alpha"]["high"], f
+        truth = fit.power_law(1e21, e, 2.0 if arm == "learned" else 2.5, 0.4, 1e14)
+        assert f["at_target"]["low"] <= truth <= f["at_target"]["high"], f
+    gap = fits["arms"]["binary"]["gap_at_target"]["value"]
+    assert gap == pytest.approx(fit.predict(fits["arms"]["binary"]["fit"], 1e21)
+                                - fit.predict(fits["arms"]["learned"]["fit"], 1e21))
+    assert "gap_at_target" not in fits["arms"]["learned"]
+    one_seed = fit.fit_arms(five_levels(0.01, seeds=(1,)), "learned", 1e21)
+    assert not one_seed["extrapolated"] and "one seed per level" in one_seed["why_not"]
+    assert one_seed["arms"]["binary"]["alpha"]["low"] is None
+
+
+def test_the_gap_fitted_directly_recovers_a_known_trend():
+    """binary = learned's law + a gap of 0.2 shrinking by 0.03 per decade of compute: the
+    direct fit's slope and extrapolated gap are the known ones; with both arms on laws of
+    one α, the α-fixed sensitivity's interval holds the true gap at the target."""
+    trend = lambda c: 0.2 - 0.03 * np.log10(c / 1e14)  # noqa: E731
+    gaps = fit.fit_arms(five_levels(0.0, trend, binary=(2.0, 2.0)), "learned", 1e21)["gaps"]
+    assert gaps["binary"]["slope"]["value"] == pytest.approx(-0.03)
+    assert gaps["binary"]["at_target"]["value"] == pytest.approx(trend(1e21))
+    fits = fit.fit_arms(five_levels(0.01), "learned", 1e21)
+    fixed = fits["fixed_alpha"]["arms"]["binary"]["gap_at_target"]
+    truth = fit.power_law(1e21, 2.1, 2.5, 0.4, 1e14) - fit.power_law(1e21, 2.0, 2.0, 0.4, 1e14)
+    assert fixed["low"] <= truth <= fixed["high"], fixed
+
+
+def test_a_parameter_at_its_bound_is_flagged_never_a_zero_width_interval(recipe, tmp_path):
+    """Losses on a law whose floor lies below 0 (E = −0.3): E ends at its bound 0, the
+    report flags it beside the value and prints no interval for it."""
+    points = {f"l{i}": {"compute": c, "loss": {arm: {s: float(3.0 * (c / 1e14) ** -0.1 - 0.3
+                                                              + 0.001 * s) for s in (1, 2, 3)}
+                                              for arm in ("learned", "binary")}}
+              for i, c in enumerate(np.geomspace(1e14, 1e18, 5))}
+    fits = fit.fit_arms(points, "learned", 1e21)
+    learned = fits["arms"]["learned"]
+    assert learned["fit"]["at_bound"] == {"E": "E = 0"}
+    assert learned["E"]["low"] is None and learned["at_target"]["low"] is None
+    study = build(recipe, {"size": SIZES})
+    text = "\n".join(scaling.markdown(study, {"points": {}, "fits": fits, "target_flops": 1e21,
+                                              "orders_of_magnitude": 3.0, "task_gaps": {}}))
+    assert "(**at its bound: E = 0**, no interval)" in text
+    assert "[0.000, 0.000]" not in text
 
 
 def test_the_papers_compute_is_its_recipes_flops_per_token_times_its_tokens():

@@ -17,7 +17,7 @@ from conftest import STUDY_PIQA, study_trains_in_process
 from helpers.recipes import TINY_RECIPE
 from megatron_ext.launch.slurm import REPO
 from megatron_ext.study import spec
-from megatron_ext.study.stats import hierarchical_bootstrap, paired_difference, t_interval
+from megatron_ext.study.stats import crossed_interval, holm, paired_difference, t_interval
 from megatron_ext.runtime.errors import DataError, FlagError, StudyError
 from tools import study
 
@@ -48,43 +48,41 @@ def test_paired_difference_uses_the_shared_seeds():
     assert paired_difference({1: 1.0}, {2: 1.0}) is None
 
 
-def test_the_hierarchical_bootstrap_separates_an_arm_better_on_every_item():
+def test_the_crossed_interval_separates_an_arm_better_on_every_item():
     arm, control = [[1.0] * 30 + [1.0] * 10] * 2, [[0.0] * 30 + [1.0] * 10] * 2
-    got = hierarchical_bootstrap(arm, control, iterations=2000)
+    got = crossed_interval(arm, control)
     assert got["mean"] == pytest.approx(0.75) and not got["conditional"]
-    assert 0.5 < got["low"] <= 0.75 <= got["high"] <= 1.0
-    same = hierarchical_bootstrap(control, control, iterations=200)
-    assert (same["low"], same["mean"], same["high"]) == (0.0, 0.0, 0.0)
-    assert hierarchical_bootstrap(arm[:1], control[:1], iterations=200)["conditional"]
+    # no seed spread: the items' part alone, t(39 dof) x sqrt(var(items' differences) / 40)
+    half = 2.0226909200367604 * math.sqrt(np.var([1.0] * 30 + [0.0] * 10, ddof=1) / 40)
+    assert got["half_width"] == pytest.approx(half)
+    assert got["p"] < 1e-6
+    same = crossed_interval(control, control)
+    assert (same["low"], same["mean"], same["high"], same["p"]) == (0.0, 0.0, 0.0, 1.0)
+    alone = crossed_interval(arm[:1], control[:1])
+    assert alone["conditional"] and alone["half_width"] == pytest.approx(
+        2.0226909200367604 * math.sqrt(np.var([1.0] * 30 + [0.0] * 10, ddof=1) / 40))
     with pytest.raises(ValueError, match="one shape"):
-        hierarchical_bootstrap([[1.0, 0.0]], [[1.0]])
+        crossed_interval([[1.0, 0.0]], [[1.0]])
 
 
-def _no_effect_trial(rng, seeds: int, items: int, seed_spread: float):
-    """Per-item 0/1 scores of two arms with no true difference: the same item difficulties,
-    each run (arm, seed) shifted by its own seed effect (``seed_spread`` on the logit)."""
-    p = rng.beta(2, 2, items)
-    logit = np.log(p / (1 - p))
-    runs = [logit[None] + rng.normal(0, seed_spread, (seeds, 1)) for _ in range(2)]
-    return [(rng.random((seeds, items)) < 1 / (1 + np.exp(-x))).astype(float) for x in runs]
-
-
-def test_the_hierarchical_bootstrap_covers_no_effect_despite_the_seed_spread():
-    """No true effect, 3 seeds, a seed spread (0.12 on the logit: about 3 points of
-    accuracy between runs): the 95% interval holds 0 in 92-98% of 240 trials. Resampling
-    the items alone (the previous interval: items averaged over seeds) does not."""
+def test_the_crossed_interval_counts_the_items_noise_once():
+    """Seeds differ by a constant per seed and items add noise within each run: the
+    interval is the by-seed t interval (the items' part is 0 when every item moves alike),
+    not wider as a bootstrap of seeds then items would make it."""
     rng = np.random.default_rng(0)
-    covered = items_only = 0
-    trials = 240
-    for _ in range(trials):
-        arm, control = _no_effect_trial(rng, 3, 400, 0.12)
-        got = hierarchical_bootstrap(arm, control, iterations=400, seed=int(rng.integers(1 << 30)))
-        covered += got["low"] <= 0 <= got["high"]
-        flat = hierarchical_bootstrap(arm.mean(0, keepdims=True), control.mean(0, keepdims=True),
-                                      iterations=400, seed=1)
-        items_only += flat["low"] <= 0 <= flat["high"]
-    assert 0.92 <= covered / trials <= 0.98, covered / trials
-    assert items_only / trials < 0.9, items_only / trials
+    noise = rng.normal(0, 1, (3, 200))
+    arm = noise + np.array([[0.1], [0.3], [0.2]])
+    got = crossed_interval(arm, np.zeros_like(arm))
+    by_seed = t_interval(arm.mean(1))
+    assert got["half_width"] == pytest.approx(by_seed["half_width"], rel=0.05)
+    assert got["half_width"] >= by_seed["half_width"]
+
+
+def test_holm_adjusts_a_family_step_down():
+    # sorted 0.01, 0.03, 0.04 of 3: 0.03, max(0.03, 0.06), max(0.06, 0.04)
+    assert holm([0.01, 0.04, None, 0.03]) == pytest.approx([0.03, 0.06, None, 0.06])
+    assert holm([0.5, 0.9]) == [1.0, 1.0]
+    assert holm([]) == []
 
 
 # ---------------------------------------------------------------------- study definitions
@@ -141,6 +139,34 @@ def test_a_held_out_set_that_the_recipe_trains_on_is_refused(recipe, data):
     with pytest.raises(DataError, match="probes data_path"):
         spec.build_study({**fields, "eval": {}, "probes": {"data_path": "data/x_text_document"}},
                          REPO)
+
+
+def test_a_rebuilt_copy_of_the_training_prefix_is_refused_by_content(recipe, tmp_path):
+    """The held-out set is checked against the training data by its documents' tokens: a
+    copy of the training prefix under another path passes the check of paths but not this
+    one (named with both files and the count); other documents pass; allow_train_text
+    overrides it."""
+    from helpers.indexed_data import make_dataset
+    from megatron_ext.study.evaluation import check_held_out_content
+    train = make_dataset(tmp_path / "train_text_document", [40, 50, 60])
+    copy = make_dataset(tmp_path / "copy_text_document", [40, 50, 60])
+    other = make_dataset(tmp_path / "other_text_document", [40, 50, 60], first_id=7)
+    recipe.write_text(recipe.read_text().replace("--mock-data", f"--data-path {train}"))
+
+    def study(held_out, **eval_fields):
+        return spec.build_study({"recipe": str(recipe), "arms": ["learned"], "seeds": [1],
+                                 "eval": {"data_path": held_out, "tokens": 64,
+                                          **eval_fields}}, REPO)
+    with pytest.raises(DataError, match=r"\[eval\] data_path \S+copy_text_document: 2 of its "
+                       r"2 held-out documents are training documents of \S+train_text_document "
+                       r"\(the same tokens; compared with all of it\)"):
+        check_held_out_content(study(copy))
+    said = []
+    check_held_out_content(study(other), said.append)
+    assert said == [f"[held-out] [eval] 2 documents: none among the training documents of "
+                    f"{train} (all of it)"]
+    check_held_out_content(study(copy, allow_train_text=True), said.append)
+    assert len(said) == 1
 
 
 def test_probe_differences_pair_every_two_arms_by_seed():
@@ -228,8 +254,13 @@ def test_a_study_trains_evaluates_and_reports(tiny_study):
     assert diff["piqa"]["by_item"]["n"] == len(PIQA)
     text = (study_dir / "STUDY.md").read_text()
     assert "## Final metrics: iteration 3 (384 tokens)" in text
-    # learned vs binary: valid loss by seed, piqa by seed and by seed-then-item
-    assert "The report shows 3 difference intervals" in text
+    # learned vs binary: valid loss by seed, piqa by seed and by seed and item: one family
+    assert "Family of comparisons: the 3 difference intervals above" in text
+    rows = re.findall(r"^\| binary − control \| (.+?) \| (by seed(?: and item)?) \| "
+                      r"([\d.e+-]+) \| ([\d.e+-]+) \|$", text, flags=re.M)
+    assert len(rows) == 3
+    p_values = [float(p) for *_, p, _ in rows]
+    assert [float(h) for *_, h in rows] == pytest.approx(holm(p_values), rel=1e-2)
     assert summary["pairwise"] == []
     assert "| binary | `--input-interface binary` |" in text
     assert re.search(r"\| binary \| 2 \| 0 \| \d\.\d{4} ± \d\.\d{4} \|", text)

@@ -1,0 +1,304 @@
+"""The calibration suite: every interval a study report prints, simulated from a known truth
+across the scenarios that break intervals (seed spread small and large, 2/3/5 seeds, up to
+10,000 items, seed effects shared by the arms, flat and sharp learning-rate curves), with
+its measured coverage (95% intervals) or false-positive rate (a null effect). Pure numpy;
+``tools/calibrate.py`` runs it and writes ``calibration.json`` and ``calibration.md``.
+
+Each row is one interval in one scenario: the share of trials whose interval holds the
+truth (or, for ``false_positive`` rows, excludes the null's 0), and the band it must lie in:
+0.95 (0.05) ± :func:`tolerance`, max(0.02, 3 binomial standard errors of the trial count),
+so a full run (2,000 trials) asserts 0.93–0.97 and a quick one a wider band it states.
+One-seed intervals are conditional on that seed and stay out.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import numpy as np
+
+from . import fit
+from .stats import crossed_interval, holm, paired_difference, t_interval
+
+NOMINAL = 0.95
+_NODES, _NODE_WEIGHTS = np.polynomial.hermite_e.hermegauss(20)
+_NODE_WEIGHTS = _NODE_WEIGHTS / _NODE_WEIGHTS.sum()
+
+
+def tolerance(trials: int) -> float:
+    """The band's half width around the nominal rate for ``trials`` trials."""
+    return max(0.02, 3 * math.sqrt(NOMINAL * (1 - NOMINAL) / trials))
+
+
+def _covers(interval: dict, truth: float) -> bool:
+    return interval["low"] <= truth <= interval["high"]
+
+
+# ----------------------------------------------------------------------------- t by seed
+
+def t_by_seed(rng, trials: int, seeds: int, spread: float, shared: float,
+              skewed: bool) -> dict:
+    """A final loss per arm and seed, the arms sharing a part ``shared`` of each seed's
+    effect; the paired t interval of arm − control against the true gap (0.1)."""
+    hits = 0
+    for _ in range(trials):
+        effect = rng.standard_normal((seeds, 3))
+        if skewed:  # centred log-normal seed effects
+            effect = (np.exp(effect) - math.exp(0.5)) / math.sqrt((math.e - 1) * math.e)
+        common = math.sqrt(shared) * effect[:, 0]
+        control = 3.0 + spread * (common + math.sqrt(1 - shared) * effect[:, 1])
+        arm = 3.1 + spread * (common + math.sqrt(1 - shared) * effect[:, 2])
+        hits += _covers(paired_difference(dict(enumerate(arm)), dict(enumerate(control))), 0.1)
+    return {"by seed (t)": hits / trials}
+
+
+# ------------------------------------------------------------------------------ downstream
+
+def _sigmoid(x):
+    return 1 / (1 + np.exp(-x))
+
+
+def _expected(logit: np.ndarray, spread: float) -> np.ndarray:
+    """An item's expected score over a run's seed effect ``N(0, spread²)`` on the logit."""
+    return (_sigmoid(logit[..., None] + spread * _NODES) * _NODE_WEIGHTS).sum(-1)
+
+
+def downstream(rng, trials: int, seeds: int, items: int, spread: float, shared: float,
+               interaction: float, effect: float) -> dict:
+    """0/1 item scores: each item a difficulty on the logit (N(0, 1)), the arms' per-item
+    deviations (``interaction``), each run (arm, seed) shifted by its seed effect
+    (``spread``, a part ``shared`` by the arms of a seed), the arm better by ``effect``. The
+    items are a fresh sample of the task's population each trial. The by-seed interval's
+    truth is the expected difference on these items over seeds; the crossed interval's is
+    the difference on the population (0 with no effect, by symmetry; else from 200,000
+    items)."""
+    population = 0.0
+    if effect:
+        big = np.random.default_rng(12345)
+        b, a, c = (big.normal(0, s, 200_000) for s in (1.0, interaction, interaction))
+        population = float((_expected(b + a + effect, spread) - _expected(b + c, spread)).mean())
+    by_seed = crossed = 0
+    for _ in range(trials):
+        b = rng.normal(0, 1.0, items)
+        a, c = rng.normal(0, interaction, (2, items))
+        common = rng.standard_normal((seeds, 1))
+        shift = [spread * (math.sqrt(shared) * common + math.sqrt(1 - shared)
+                           * rng.standard_normal((seeds, 1))) for _ in range(2)]
+        arm = (rng.random((seeds, items)) < _sigmoid(b + a + effect + shift[0])).astype(float)
+        control = (rng.random((seeds, items)) < _sigmoid(b + c + shift[1])).astype(float)
+        fixed = float((_expected(b + a + effect, spread) - _expected(b + c, spread)).mean())
+        by_seed += _covers(paired_difference(dict(enumerate(arm.mean(1))),
+                                             dict(enumerate(control.mean(1)))), fixed)
+        crossed += _covers(crossed_interval(arm, control), population)
+    return {"by seed (t)": by_seed / trials, "by seed and item (crossed)": crossed / trials}
+
+
+# ------------------------------------------------------------------------------------- fit
+
+LAW = {"learned": (2.0, 2.0, 0.3), "binary": (2.1, 2.4, 0.3)}   # E, A, alpha (C0 = 1e14)
+TARGET = 1e21
+
+
+def scaling_fit(rng, trials: int, seeds: int, levels: int, noise: float,
+                shared: float) -> dict:
+    """Both arms follow :data:`LAW` (the same α, so the fixed-α sensitivity is also true)
+    over ``levels`` compute values across 4 decades; each run's final loss scattered by
+    ``noise``, a part ``shared`` by the arms of a seed. Coverage of every interval the fit
+    prints, over the trials where the arm's fit ended inside its bounds (the share at a
+    bound is its own row: those print no interval)."""
+    compute = np.geomspace(1e14, 1e18, levels)
+    truth = {arm: fit.power_law(TARGET, *law, 1e14) for arm, law in LAW.items()}
+    hits: dict = {}
+    counted: dict = {}
+    at_bound = 0
+
+    def score(name: str, interval, value: float) -> None:
+        if interval is None or interval["low"] is None:
+            return
+        counted[name] = counted.get(name, 0) + 1
+        hits[name] = hits.get(name, 0) + _covers(interval, value)
+
+    for _ in range(trials):
+        points = {}
+        for i, c in enumerate(compute):
+            common = rng.standard_normal(seeds)
+            points[f"l{i}"] = {"compute": float(c), "loss": {
+                arm: {s: float(fit.power_law(c, *law, 1e14) + noise * (
+                    math.sqrt(shared) * common[s] + math.sqrt(1 - shared)
+                    * rng.standard_normal())) for s in range(seeds)}
+                for arm, law in LAW.items()}}
+        got = fit.fit_arms(points, "learned", TARGET)
+        at_bound += bool(got["arms"]["learned"]["fit"]["at_bound"]
+                         or got["arms"]["binary"]["fit"]["at_bound"])
+        for arm, (e, _, alpha) in LAW.items():
+            entry = got["arms"][arm]
+            score("α (per arm)", entry["alpha"], alpha)
+            score("E (per arm)", entry["E"], e)
+            score("loss at target (per arm)", entry["at_target"], truth[arm])
+        gap = truth["binary"] - truth["learned"]
+        score("gap at target (per-arm laws)", got["arms"]["binary"]["gap_at_target"], gap)
+        score("gap at target (α fixed at control's)",
+              got["fixed_alpha"]["arms"]["binary"]["gap_at_target"], gap)
+    out = {name: hits[name] / counted[name] for name in hits}
+    out["fits at a bound (share, no interval)"] = ("share", at_bound / trials)
+    return out
+
+
+def direct_gap(rng, trials: int, seeds: int, levels: int, noise: float) -> dict:
+    """The gap follows ``g₀ + g₁·log₁₀(C/C₀)`` (0.2 shrinking by 0.03 a decade) under a
+    learned arm on :data:`LAW`: coverage of the direct gap fit's slope and value at the
+    target."""
+    compute = np.geomspace(1e14, 1e18, levels)
+    hit_slope = hit_target = 0
+    slope, g0 = -0.03, 0.2
+    truth = g0 + slope * math.log10(TARGET / 1e14)
+    for _ in range(trials):
+        points = {}
+        for i, c in enumerate(compute):
+            base = fit.power_law(c, *LAW["learned"], 1e14)
+            gap = g0 + slope * math.log10(c / 1e14)
+            points[f"l{i}"] = {"compute": float(c), "loss": {
+                "learned": {s: float(base + noise * rng.standard_normal()) for s in range(seeds)},
+                "binary": {s: float(base + gap + noise * rng.standard_normal())
+                           for s in range(seeds)}}}
+        got = fit.fit_arms(points, "learned", TARGET)["gaps"]["binary"]
+        hit_slope += _covers(got["slope"], slope)
+        hit_target += _covers(got["at_target"], truth)
+    return {"gap slope (direct fit)": hit_slope / trials,
+            "gap at target (direct fit)": hit_target / trials}
+
+
+# ---------------------------------------------------------------------------- tuned factor
+
+def tuned(rng, trials: int, seeds: int, sizes: int, noise: float, flat: float,
+          sharp: float) -> dict:
+    """At every size both arms' best loss is the same, at the same of 4 learning rates; the
+    arm's loss is flat in the rate (``flat`` per grid step squared), the control's sharp
+    (``sharp``); each run's loss scattered by ``noise``. The truth of the tuned gap is the
+    true difference at the levels chosen. Coverage of its paired t interval when the
+    choice is made on the reported runs themselves and when it is made on the selection
+    seeds and reported on the others (:func:`.tuning.split_seeds`); and the family of sizes:
+    the share of trials where any size's interval misses its truth, unadjusted (reported)
+    and Holm-adjusted (a false-positive rate)."""
+    from .tuning import best_level, split_seeds
+    grid = np.arange(4)
+    curve = {"arm": flat * (grid - 1) ** 2, "control": sharp * (grid - 1) ** 2}
+    selection, reported = split_seeds(list(range(seeds)))
+    hits = {"same": 0, "split": 0}
+    family = {"same": 0, "split": 0, "split Holm": 0}
+    for _ in range(trials):
+        p_values: dict = {"same": [], "split": []}
+        for _ in range(sizes):
+            loss = {name: c[:, None] + noise * rng.standard_normal((len(grid), seeds))
+                    for name, c in curve.items()}     # [levels, seeds]
+            for key, (chooses, reports) in (("same", (list(range(seeds)),) * 2),
+                                             ("split", (selection, reported))):
+                level = {name: best_level({lv: dict(enumerate(y[lv])) for lv in grid}, chooses)
+                         for name, y in loss.items()}
+                truth = curve["arm"][level["arm"]] - curve["control"][level["control"]]
+                d = (loss["arm"][level["arm"], reports]
+                     - loss["control"][level["control"], reports])
+                hits[key] += _covers(t_interval(d), truth)
+                p_values[key].append(t_interval(d - truth)["p"])
+        family["same"] += min(p_values["same"]) < 0.05
+        family["split"] += min(p_values["split"]) < 0.05
+        family["split Holm"] += min(holm(p_values["split"])) < 0.05
+    per_size = trials * sizes
+    return {"tuned gap, chosen on the reported seeds (no longer printed)":
+                ("reference", hits["same"] / per_size),
+            "tuned gap, chosen on the selection seeds": hits["split"] / per_size,
+            f"any of {sizes} sizes misses, chosen on the reported seeds":
+                ("share", family["same"] / trials),
+            f"any of {sizes} sizes misses, selection seeds, unadjusted":
+                ("share", family["split"] / trials),
+            f"any of {sizes} sizes misses, selection seeds, Holm":
+                ("fp", family["split Holm"] / trials)}
+
+
+# ------------------------------------------------------------------------------- scenarios
+
+# reported, not asserted: the crossed interval is conservative where the arms' difference
+# varies from item to item more than anything else varies (its two parts' t quantiles add in
+# quadrature)
+ITEMS_DOMINATE = "the arms' per-item deviations dominate (sd 1.5 logit; 3 seeds, 400 items)"
+
+SCENARIOS: list[tuple[str, str, Callable, dict]] = [
+    ("t by seed", "2 seeds", t_by_seed, dict(seeds=2, spread=0.02, shared=0.0, skewed=False)),
+    ("t by seed", "3 seeds, skewed seed effects", t_by_seed,
+     dict(seeds=3, spread=0.02, shared=0.0, skewed=True)),
+    ("t by seed", "5 seeds, shared seed effects (0.8)", t_by_seed,
+     dict(seeds=5, spread=0.02, shared=0.8, skewed=False)),
+    ("downstream", "item noise dominates (3 seeds, 400 items, no seed spread)", downstream,
+     dict(seeds=3, items=400, spread=0.0, shared=0.0, interaction=0.5, effect=0.0)),
+    ("downstream", "HellaSwag-like (3 seeds, 10,000 items, seed sd ≈ 0.6 pp)", downstream,
+     dict(seeds=3, items=10_000, spread=0.025, shared=0.0, interaction=0.3, effect=0.0)),
+    ("downstream", "2 seeds, 10,000 items, seed sd ≈ 0.6 pp", downstream,
+     dict(seeds=2, items=10_000, spread=0.025, shared=0.0, interaction=0.3, effect=0.0)),
+    ("downstream", "2 seeds, 1,000 items, seed sd ≈ 2.5 pp", downstream,
+     dict(seeds=2, items=1000, spread=0.1, shared=0.0, interaction=0.3, effect=0.0)),
+    ("downstream", "large seed spread (3 seeds, seed sd ≈ 7 pp)", downstream,
+     dict(seeds=3, items=1000, spread=0.3, shared=0.0, interaction=0.3, effect=0.0)),
+    ("downstream", "5 seeds, 1,000 items, seed sd ≈ 2.5 pp", downstream,
+     dict(seeds=5, items=1000, spread=0.1, shared=0.0, interaction=0.3, effect=0.0)),
+    ("downstream", ITEMS_DOMINATE, downstream,
+     dict(seeds=3, items=400, spread=0.0, shared=0.0, interaction=1.5, effect=0.0)),
+    ("downstream", "shared seed effects (0.8), known effect (+0.2 logit)", downstream,
+     dict(seeds=3, items=1000, spread=0.2, shared=0.8, interaction=0.3, effect=0.2)),
+    ("fit", "5 levels, 3 seeds, noise 0.01", scaling_fit,
+     dict(seeds=3, levels=5, noise=0.01, shared=0.0)),
+    ("fit", "5 levels, 2 seeds, noise 0.02, shared seed effects (0.5)", scaling_fit,
+     dict(seeds=2, levels=5, noise=0.02, shared=0.5)),
+    ("fit", "7 levels, 5 seeds, noise 0.01", scaling_fit,
+     dict(seeds=5, levels=7, noise=0.01, shared=0.0)),
+    ("fit", "direct gap, 5 levels, 3 seeds, noise 0.02", direct_gap,
+     dict(seeds=3, levels=5, noise=0.02)),
+    ("tuned", "3 sizes x 4 rates, 3 seeds, arm flat, control sharp", tuned,
+     dict(seeds=3, sizes=3, noise=0.02, flat=0.0, sharp=0.05)),
+    ("tuned", "3 sizes x 4 rates, 5 seeds, arm flat, control sharp", tuned,
+     dict(seeds=5, sizes=3, noise=0.02, flat=0.0, sharp=0.05)),
+]
+
+
+KINDS = {"fp": "false_positive", "share": "share", "reference": "coverage_not_asserted"}
+
+
+def run(trials: int, seed: int = 0, checks=None) -> dict:
+    """Every scenario (or those whose check is in ``checks``) at ``trials`` trials. Returns
+    ``{"trials", "rows": [{"check", "scenario", "interval", "kind", "rate", "trials",
+    "low", "high", "within"}]}``; ``kind`` is ``coverage``,
+    ``false_positive``, or ``share`` and ``coverage_not_asserted`` (reported, not asserted:
+    a rate with no nominal value, or an interval the reports no longer print)."""
+    rows = []
+    for index, (check, scenario, simulate, params) in enumerate(SCENARIOS):
+        if checks and check not in checks:
+            continue
+        rng = np.random.default_rng([seed, index])
+        for interval, value in simulate(rng, trials, **params).items():
+            kind, rate = (("coverage", value) if not isinstance(value, tuple) else
+                          (KINDS[value[0]], value[1]))
+            if scenario == ITEMS_DOMINATE and kind == "coverage":
+                kind = "coverage_not_asserted"
+            asserted = kind in ("coverage", "false_positive")
+            centre = NOMINAL if kind == "coverage" else 1 - NOMINAL
+            band = tolerance(trials)
+            rows.append({"check": check, "scenario": scenario, "interval": interval,
+                         "kind": kind, "rate": rate, "trials": trials,
+                         "low": centre - band if asserted else None,
+                         "high": centre + band if asserted else None,
+                         "within": bool(centre - band <= rate <= centre + band) if asserted
+                         else None})
+    return {"trials": trials, "seed": seed, "rows": rows}
+
+
+def markdown(result: dict) -> list[str]:
+    """The calibration table."""
+    lines = ["| check | scenario | interval | measures | rate | trials | band | within |",
+             "|---|---|---|---|---:|---:|---|---|"]
+    for r in result["rows"]:
+        band = "—" if r["low"] is None else f"{r['low']:.3f}–{r['high']:.3f}"
+        within = {True: "yes", False: "**no**", None: "(reported)"}[r["within"]]
+        lines.append(f"| {r['check']} | {r['scenario']} | {r['interval']} | "
+                     f"{r['kind'].replace('_', ' ')} | {r['rate']:.3f} | {r['trials']} | "
+                     f"{band} | {within} |")
+    return lines
