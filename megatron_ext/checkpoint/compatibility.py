@@ -18,12 +18,13 @@ MODEL_DEFINING_ARGS = (
     "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
     "padded_vocab_size", "normalization", "swiglu", "disable_bias_linear",
     "untie_embeddings_and_output_weights", "position_embedding_type", "input_interface",
-    "code_bits", "code_values", "code_scale", "code_tiling",
+    "code_bits", "code_values", "code_scale", "code_tiling", "input_table_rank", "code_projection",
 )
 
 
-# Model-defining arguments added since the first checkpoints: their value in those checkpoints.
-ADDED_ARGS = {"code_tiling": "repeat"}
+# Model arguments added since the first checkpoints: their value in those checkpoints.
+ADDED_ARGS = {"code_tiling": "repeat", "input_table_rank": None, "code_projection": False,
+              "embedding_init_method_std": None}
 
 
 def check_compatible(saved_args: dict, current: dict, path: str) -> None:
@@ -42,13 +43,16 @@ SCHEDULE_FLAGS = {
     "lr": "--lr", "min_lr": "--min-lr", "lr_warmup_iters": "--lr-warmup-iters",
     "lr_decay_iters": "--lr-decay-iters", "lr_decay_style": "--lr-decay-style",
     "lr_wsd_decay_iters": "--lr-wsd-decay-iters", "lr_wsd_decay_style": "--lr-wsd-decay-style",
-    "weight_decay": "--weight-decay",
+    "weight_decay": "--weight-decay", "input_table_lr_mult": "--input-table-lr-mult",
+    "input_table_weight_decay": "--input-table-weight-decay",
 }
+# Schedule flags added since the first checkpoints: their value in those checkpoints.
+ADDED_SCHEDULE_FLAGS = {"input_table_lr_mult": 1.0, "input_table_weight_decay": None}
 
 
 def _schedule(args: dict) -> dict:
     """The schedule the arguments define (decay length resolved, WSD values only for WSD)."""
-    schedule = {k: args.get(k) for k in SCHEDULE_FLAGS}
+    schedule = {k: args.get(k, ADDED_SCHEDULE_FLAGS.get(k)) for k in SCHEDULE_FLAGS}
     schedule["lr_decay_iters"] = schedule["lr_decay_iters"] or args.get("train_iters")
     if schedule["lr_decay_style"] != "WSD":
         schedule["lr_wsd_decay_iters"] = schedule["lr_wsd_decay_style"] = None

@@ -26,8 +26,8 @@ def test_reference_shape_counts():
     assert counts["gf2"]["total"] == 1_711_376_384
     assert counts["learned"]["total"] == 1_812_039_680
     assert counts["learned"]["total"] - counts["binary"]["total"] == 100_663_296
-    assert counts["binary"]["input_table"] == 0
-    assert counts["learned"]["input_table"] == 100_663_296
+    assert counts["binary"]["input"] == 0
+    assert counts["learned"]["input"] == 100_663_296
     assert counts["binary"]["head"] == 100_663_296
 
 
@@ -41,7 +41,7 @@ def test_small_shape_matches_independent_formula():
     padded = 1024  # 1000 rounded up to a multiple of 128
     # Per layer: QKV + output projection, SwiGLU (two up + one down), two RMSNorm weights.
     backbone = L * (4 * d * d + 3 * d * ffn + 2 * d) + d
-    assert counts["binary"] == {"input_table": 0, "backbone": backbone, "head": padded * d,
+    assert counts["binary"] == {"input": 0, "backbone": backbone, "head": padded * d,
                                 "total": backbone + padded * d}
     assert counts["learned"]["total"] == backbone + 2 * padded * d
 
