@@ -111,15 +111,39 @@ def test_the_code_projection_starts_as_the_tiling(cpu_dist, scheme, dtype):
     assert not torch.equal(mapped(ids), tiled(ids))
 
 
-def optimizer_groups(cpu_dist, *flags):
-    """``{parameter name: (max_lr, min_lr, weight decay)}`` of the run's optimizer."""
+def built_for_training(*flags):
+    """``(model, ddp, optimizer)`` as a run of ``flags`` builds them."""
     from megatron_ext.train.setup import build_model_and_optimizer
     args = parse_args(TINY_RUN + ["--train-iters", "2", "--min-lr", "1e-4", *flags])
     _, derived, resolved = check_flags(args, "cpu")
     _, _, code, resolved = resolve_checkpoint(args, derived, resolved)
-    model, ddp, optimizer, scheduler = build_model_and_optimizer(
+    model, ddp, optimizer, _ = build_model_and_optimizer(
         resolved.applied_to(args), derived, lambda *a, **k: model_provider(*a, on_cpu=True, **k),
         code)
+    return model, ddp, optimizer
+
+
+@pytest.mark.parametrize("flags, fixed", [
+    (["--input-interface", "frozen"], ["embedding.word_embeddings.weight"]),
+    (["--input-interface", "binary", "--code-projection"], []),
+    (["--input-interface", "factorized", "--input-table-rank", "4"], [])])
+def test_no_gradient_or_optimizer_state_is_allocated_for_what_is_fixed(cpu_dist, flags, fixed):
+    """DDP gives a gradient buffer (``main_grad``) and the optimizer a slot to every trained
+    parameter, and to none of the fixed table."""
+    model, _, optimizer = built_for_training(*flags)
+    optimized = {id(p) for g in optimizer.param_groups for p in g["params"]}
+    names = [n for n, _ in model.named_parameters()]
+    assert all(name in names for name in fixed)
+    for name, param in model.named_parameters():
+        trained = name not in fixed
+        assert (param.requires_grad, hasattr(param, "main_grad"), id(param) in optimized) == \
+            (trained, trained, trained), name
+        assert param.grad is None
+
+
+def optimizer_groups(cpu_dist, *flags):
+    """``{parameter name: (max_lr, min_lr, weight decay)}`` of the run's optimizer."""
+    model, _, optimizer = built_for_training(*flags)
     names = {id(p): n for n, p in model.named_parameters()}
     return {names[id(p)]: (g["max_lr"], g["min_lr"], g["weight_decay"])
             for g in optimizer.param_groups for p in g["params"]}
