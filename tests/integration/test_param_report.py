@@ -76,7 +76,7 @@ def test_input_rms_and_the_matching_code_scale():
 
 
 def test_show_code_prints_the_rows_of_the_configured_code(capsys):
-    from code_reference import py_row
+    from helpers.code_reference import py_row
     from megatron_ext.codes.schemes import FixedCode
     from tools.param_report import main
     flags = ["--input-interface", "random", "--code-tiling", "recode", "--code-bits", "12",
@@ -106,3 +106,17 @@ def test_a_padded_vocabulary_too_large_for_the_code_is_an_error_line(extra):
             "error: vocabulary of 1200 tokens (the tokenizer's 1000, padded by "
             "--make-vocab-size-divisible-by) does not fit a 10-bit code")):
         main(flags + extra)
+
+
+def test_reference_shape_counts_of_the_trainable_input_arms():
+    """The issue's figures at the paper's shape: the map 16 x 2048, rank r V x r + r x h."""
+    import json
+    counts = json.loads(run_report(
+        "--preset", "smollm2-1.7b", "--json", "--arms", "binary", "frozen",
+        "map:binary@--code-projection", "r16:factorized@--input-table-rank=16",
+        "r512:factorized@--input-table-rank=512"))
+    assert counts["frozen"]["input"] == 0 and counts["map"]["input"] == 32_768
+    assert counts["r16"]["input"] == 49152 * 16 + 16 * 2048
+    assert counts["r512"]["input"] == 49152 * 512 + 512 * 2048
+    for arm in counts:
+        assert counts[arm]["total"] - counts[arm]["input"] == counts["binary"]["total"], arm
