@@ -142,3 +142,32 @@ def test_the_input_table_lr_mult_0_freezes_it_and_1_is_the_recipe(tmp_path, cpu_
                        start.embedding.word_embeddings.weight)
     assert not torch.equal(end.output_layer.weight, start.output_layer.weight)
     assert (saved.input_table_lr_mult, saved.input_table_weight_decay) == (0.0, None)
+
+
+def test_a_tiny_study_across_the_new_arms_reports_the_capacity_axis_and_probes(
+        tiny_study, tmp_path, capsys):
+    """tools/study.py end to end over the arms of issue 31 (trained in this process, 3 steps,
+    2 seeds), on tiny_study's tokenizer, recipe and held-out text: each run evaluated and
+    probed, and the gap to the learned table against trainable input parameters reported."""
+    from conftest import study_trains_in_process
+    from tools import study
+    root = tiny_study["root"]
+    (tmp_path / "study.toml").write_text(
+        f'recipe = "{root / "recipe.args"}"\n'
+        'arms = ["learned", "frozen", "map:binary@--code-projection", '
+        '"r4:factorized@--input-table-rank=4"]\nseeds = [1, 2]\n'
+        f'[eval]\ndata_path = "{root / "heldout"}"\ntokens = 640\n'
+        '[probes]\ntokens = 640\nsample = 384\ntop_k = 8\n')
+    with study_trains_in_process():
+        summary = study.main(["run", str(tmp_path / "runs"), "--study",
+                              str(tmp_path / "study.toml")])
+    points = {p["arm"]: p for p in summary["input_capacity"]}
+    vocab, width = 512, 64  # the recipe's padded vocabulary and --hidden-size
+    assert {arm: p["input_parameters"] for arm, p in points.items()} == {
+        "frozen": 0, "map": 16 * width, "r4": vocab * 4 + 4 * width, "learned": vocab * width}
+    for arm in ("frozen", "map", "r4"):
+        assert points[arm]["gap"]["seeds"] == [1, 2], arm
+    assert set(summary["probes"]) == {"learned", "frozen", "map", "r4"}
+    text = (tmp_path / "runs" / "STUDY.md").read_text()
+    assert "## Gap against trainable input parameters" in text
+    assert "a random lookup of the id, never trained" in text  # the frozen arm's layer 0
