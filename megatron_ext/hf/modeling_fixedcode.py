@@ -69,8 +69,18 @@ class FixedCodeInput(nn.Module):
         self.hidden_size = config.hidden_size
         self.vocab_size = config.vocab_size
         self.register_buffer("dtype_anchor", torch.empty(0), persistent=False)
-        self.projection = (nn.Linear(self.num_bits, self.hidden_size, bias=False)
-                           if config.code_projection else None)
+        self.projection = None
+        if config.code_projection:
+            # Initialised as training initialises it, the tiling (position j reads bit j mod
+            # n), and marked so that Hugging Face's initialisation leaves it so.
+            self.projection = nn.Linear(self.num_bits, self.hidden_size, bias=False)
+            weight = self.projection.weight
+            if weight.device.type != "meta":
+                with torch.no_grad():
+                    weight.zero_()
+                    rows = torch.arange(self.hidden_size, device=weight.device)
+                    weight[rows, rows % self.num_bits] = 1.0
+            self.projection._is_hf_initialized = True
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if not bool(((input_ids >= 0) & (input_ids < self.vocab_size)).all()):

@@ -210,3 +210,19 @@ def test_param_report_refuses_an_arm_spec_that_training_refuses(cpu_dist):
         count_arms(args, ["factorized@--input-table-rank=128"])
     with pytest.raises(FixedcodeError, match=re.escape("--arms binary@--no-such-flag")):
         count_arms(args, ["binary@--no-such-flag"])
+
+
+def test_a_fresh_hugging_face_model_with_a_code_projection_starts_as_the_tiling():
+    """What the probes' random initialisation of an exported map arm builds."""
+    from megatron_ext.hf.configuration_fixedcode import FixedCodeLlamaConfig
+    from megatron_ext.hf.modeling_fixedcode import FixedCodeLlamaForCausalLM
+    code = FixedCode.create("binary", num_bits=10)
+    config = FixedCodeLlamaConfig(fixed_code=code.to_dict(), code_projection=True,
+                                  hidden_size=H, intermediate_size=128, num_hidden_layers=1,
+                                  num_attention_heads=4, num_key_value_heads=4, vocab_size=V,
+                                  tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = FixedCodeLlamaForCausalLM(config)
+    assert torch.equal(model.model.embed_tokens.projection.weight, tiling_matrix(10, H))
+    ids = torch.arange(V).view(1, -1)
+    assert torch.equal(model.model.embed_tokens(ids), code.encode(ids, H))
