@@ -128,7 +128,8 @@ class FixedCodeEmbedding(MegatronModule):
             code = fixed_code_forward(self.code, ids, self.code_table, self.code_lookup,
                                       self.code_width, weight.dtype, self.impl)
             embeddings = self.projection(code).to(dtype)
-        if self.training and self.projection is None and self.config.recompute_granularity == "full":
+        full_recompute = self.config.recompute_granularity == "full"
+        if self.training and self.projection is None and full_recompute:
             # Recomputed layers run inside an autograd Function, which passes gradients to
             # the layers' parameters only when one of its inputs requires grad.
             embeddings.requires_grad_(True)

@@ -3,5 +3,6 @@
 (``launch``), every checkpoint evaluated once with its training FLOPs (``evaluation``), the
 final ones probed with ``[probes]`` (``probing``), compared across seeds with intervals
 (``stats``), against the arms' trainable input parameters (``capacity``), across levels
-against compute with a power-law fit (``scaling``, ``fit``), each arm at its best level of a tuned factor such as the learning rate (``tuning``), and
-reported (``report``). ``tools/study.py`` is the command line."""
+against compute with a power-law fit (``scaling``, ``fit``), each arm at its best level of a
+tuned factor such as the learning rate (``tuning``), and reported (``report``).
+``tools/study.py`` is the command line."""

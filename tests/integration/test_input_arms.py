@@ -96,7 +96,8 @@ def test_the_frozen_table_and_the_code_are_bit_identical_after_training(arm_runs
      "--input-table-rank: checkpoint 8, now 16"),
     ("factorized", ["--input-interface", "learned"],
      "--input-interface: checkpoint 'factorized', now 'learned'"),
-    ("binary_map", ["--input-interface", "binary"], "--code-projection: checkpoint True, now False"),
+    ("binary_map", ["--input-interface", "binary"],
+     "--code-projection: checkpoint True, now False"),
     ("frozen", ["--input-interface", "learned"],
      "--input-interface: checkpoint 'frozen', now 'learned'"),
 ])
