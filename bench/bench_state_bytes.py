@@ -16,8 +16,7 @@ from __future__ import annotations
 import argparse
 
 from megatron_ext.config.arguments import parse_model_args
-from megatron_ext.codes.schemes import ARMS
-from megatron_ext.model.param_count import count_arms
+from megatron_ext.model.param_count import ARMS_WITHOUT_FLAGS, count_arms
 
 WEIGHT_BYTES, ADAM_BYTES = 2, 12
 
@@ -28,7 +27,7 @@ def main() -> None:
                         help="bytes per gradient element: 4 fp32 (default), 2 bf16")
     args, model_argv = parser.parse_known_args()
     model_args = parse_model_args(model_argv or ["--preset", "smollm2-1.7b"], "state bytes")
-    counts = count_arms(model_args, ARMS)
+    counts = count_arms(model_args, ARMS_WITHOUT_FLAGS)
 
     per_param = {"weights (bf16)": WEIGHT_BYTES,
                  f"gradients ({'fp32' if args.grad_bytes == 4 else 'bf16'})": args.grad_bytes,

@@ -1,4 +1,4 @@
-"""Trainable parameters per part (input table, backbone, head, total) for each arm, the input's
+"""Trainable parameters per part (input, backbone, head, total) for each arm, the input's
 RMS at initialisation, and the rows of a fixed code.
 
 Counted by megatron_ext/model/param_count.py from real instantiated Megatron-Core modules (on the
@@ -11,6 +11,8 @@ Usage::
     python tools/param_report.py --preset smollm2-1.7b
     python tools/param_report.py --num-layers 2 --hidden-size 64 --num-attention-heads 4 \\
         --seq-length 128 --vocab-size 1000 --arms binary learned
+    python tools/param_report.py --preset smollm2-1.7b --arms learned frozen binary \
+        map:binary@--code-projection r16:factorized@--input-table-rank=16
     python tools/param_report.py --preset smollm2-1.7b --input-interface random \\
         --code-tiling recode --show-code 4      # the first 4 rows of that code
 """
@@ -23,15 +25,20 @@ from typing import Optional, Sequence
 
 from megatron_ext.config.arguments import parse_model_args
 from megatron_ext.codes.schemes import ARMS
-from megatron_ext.model.param_count import code_rows, count_arms, format_table, input_rms
+from megatron_ext.model.param_count import (ARMS_WITHOUT_FLAGS, code_rows, count_arms,
+                                           format_table, input_rms)
 from megatron_ext.runtime.errors import exits_on_error
 
 
 def main(argv: Optional[Sequence[str]] = None) -> dict:
     with exits_on_error():
         def extra(parser):
-            parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS),
-                                help="the arms to count (default: all)")
+            parser.add_argument("--arms", nargs="+", default=list(ARMS_WITHOUT_FLAGS),
+                                metavar="[NAME:]ARM[@--flag=value...]",
+                                help="the arms to count, as a study names them: one of "
+                                     f"{', '.join(ARMS)}, with model flags of its own "
+                                     "(default: every arm that needs none, i.e. all but "
+                                     "factorized)")
             parser.add_argument("--json", action="store_true",
                                 help="print the parameter counts as JSON instead of a table")
             parser.add_argument("--show-code", type=int, metavar="ROWS",

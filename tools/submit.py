@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from megatron_ext.codes.schemes import ARMS, PAPER_ARMS
+from megatron_ext.study.spec import parse_arm
 from megatron_ext.launch.slurm import (CACHE_JOB, Job, add_job_args, cache_job_script,
                                        check_cache_recipe, job_options, job_script,
                                        read_job_recipe, run_flags, write_and_submit)
@@ -35,8 +36,10 @@ def parse_args(argv: Optional[Sequence[str]]) -> tuple[argparse.Namespace, Job]:
     p.add_argument("--run-dir", required=True, type=Path,
                    help="per arm: RUN_DIR/ARM/{checkpoints,tensorboard,slurm-ID.log,job.sbatch}")
     p.add_argument("--arms", default=",".join(PAPER_ARMS),
-                   help="comma-separated subset of %s (default: %s)" % (",".join(ARMS),
-                                                                      ",".join(PAPER_ARMS)))
+                   help="comma-separated arms of %s (default: %s), each with flags of its own "
+                        "as a study names them: [NAME:]ARM[@--flag=value...], e.g. "
+                        "r32:factorized@--input-table-rank=32 (NAME names its folder)"
+                        % (",".join(ARMS), ",".join(PAPER_ARMS)))
     add_job_args(p)
     c = p.add_argument_group("dataset index caches built ahead (--build-cache)")
     c.add_argument("--build-cache", action="store_true",
@@ -53,17 +56,19 @@ def parse_args(argv: Optional[Sequence[str]]) -> tuple[argparse.Namespace, Job]:
     p.add_argument("--dry-run", action="store_true",
                    help="print the generated scripts; write and submit nothing")
     args = p.parse_args(argv)
-    arms = [a for a in args.arms.split(",") if a]
-    unknown = sorted(set(arms) - set(ARMS))
-    if unknown or not arms:
-        p.error(f"--arms: unknown arm(s) {unknown or arms}; choose from {', '.join(ARMS)}")
+    specs = [a for a in args.arms.split(",") if a]
+    unknown = sorted({a for a in specs if a.partition(":")[2 if ":" in a else 0]
+                      .split("@")[0] not in ARMS})
+    if unknown or not specs:
+        p.error(f"--arms: unknown arm(s) {unknown or specs}; choose from {', '.join(ARMS)}")
     return args, job_options(p, args, args.run_dir.resolve())
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
     with exits_on_error():
         args, job = parse_args(argv)
-        run_dir, arms = args.run_dir.resolve(), [a for a in args.arms.split(",") if a]
+        run_dir = args.run_dir.resolve()
+        arms = [parse_arm(spec, ARMS) for spec in args.arms.split(",") if spec]
         recipe = read_job_recipe(args.recipe)
         cache_job = own = None
         if args.build_cache:
@@ -80,16 +85,16 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                 cache_job = write_and_submit(cache_dir, script)
                 print(f"{CACHE_JOB}: job {cache_job}, log {cache_dir / f'slurm-{cache_job}.log'}")
         for arm in arms:
-            arm_dir = run_dir / arm
-            flags = run_flags(recipe, arm_dir, ["--input-interface", arm] + (own or []))
-            script = job_script(job, f"{run_dir.name}-{arm}", arm_dir, flags, run_dir)
+            arm_dir = run_dir / arm.name
+            flags = run_flags(recipe, arm_dir, arm.training_flags() + (own or []))
+            script = job_script(job, f"{run_dir.name}-{arm.name}", arm_dir, flags, run_dir)
             if args.dry_run:
                 after = (f"# submitted with: sbatch --dependency=afterok:{cache_job} "
                          f"{arm_dir / 'job.sbatch'}\n" if cache_job else "")
-                print(f"# ===== {arm}: {arm_dir / 'job.sbatch'} =====\n{after}{script}")
+                print(f"# ===== {arm.name}: {arm_dir / 'job.sbatch'} =====\n{after}{script}")
                 continue
             job_id = write_and_submit(arm_dir, script, cache_job)
-            print(f"{arm}: job {job_id}" + (f" (after job {cache_job})" if cache_job else "")
+            print(f"{arm.name}: job {job_id}" + (f" (after job {cache_job})" if cache_job else "")
                   + f", log {arm_dir / f'slurm-{job_id}.log'}")
 
 

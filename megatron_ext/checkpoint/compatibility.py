@@ -18,12 +18,13 @@ MODEL_DEFINING_ARGS = (
     "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
     "padded_vocab_size", "normalization", "swiglu", "disable_bias_linear",
     "untie_embeddings_and_output_weights", "position_embedding_type", "input_interface",
-    "code_bits", "code_values", "code_scale", "code_tiling",
+    "code_bits", "code_values", "code_scale", "code_tiling", "input_table_rank", "code_projection",
 )
 
 
-# Model-defining arguments added since the first checkpoints: their value in those checkpoints.
-ADDED_ARGS = {"code_tiling": "repeat"}
+# Model arguments added since the first checkpoints: their value in those checkpoints.
+ADDED_ARGS = {"code_tiling": "repeat", "input_table_rank": None, "code_projection": False,
+              "embedding_init_method_std": None}
 
 
 def check_compatible(saved_args: dict, current: dict, path: str) -> None:
@@ -46,10 +47,12 @@ SCHEDULE_FLAGS = {
     "lr_wsd_decay_iters": "--lr-wsd-decay-iters",
     "lr_wsd_decay_samples": "--lr-wsd-decay-samples",
     "lr_wsd_decay_style": "--lr-wsd-decay-style", "lr_warmup_init": "--lr-warmup-init",
-    "weight_decay": "--weight-decay",
+    "weight_decay": "--weight-decay", "input_table_lr_mult": "--input-table-lr-mult",
+    "input_table_weight_decay": "--input-table-weight-decay",
 }
 # Schedule flags added since the first checkpoints: their value in those checkpoints.
-ADDED_SCHEDULE_FLAGS = {"lr_warmup_samples": 0, "lr_warmup_init": 0.0}
+ADDED_SCHEDULE_FLAGS = {"lr_warmup_samples": 0, "lr_warmup_init": 0.0, "input_table_lr_mult": 1.0,
+                        "input_table_weight_decay": None}
 
 
 def _schedule(args: dict) -> dict:

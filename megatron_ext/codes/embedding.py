@@ -5,6 +5,12 @@ tiled to the hidden size, in the model's dtype, with zero trainable parameters. 
 parallelism every rank computes the same code locally: no communication. Under sequence
 parallelism each rank computes only its own slice of the sequence, exactly the slice
 Megatron's ``scatter_to_sequence_parallel_region`` would have given it.
+
+With ``projection`` (``--code-projection``) the n-bit code ``c(t)`` is mapped to the width by a
+trainable linear map (``projection.weight``, h x n) instead of tiled; it starts as the tiling
+matrix (:func:`tiling_matrix`), so the first step's input is the fixed arm's, bit for bit.
+Under sequence parallelism each rank's gradient of the map is its slice's: the map is marked
+``sequence_parallel``, which Megatron's ``finalize_model_grads`` sums over tensor-parallel ranks.
 """
 
 from __future__ import annotations
@@ -23,9 +29,17 @@ from .kernels import fixed_code_forward, lookup_tables
 from .schemes import FixedCode
 
 
+def tiling_matrix(num_bits: int, hidden_size: int) -> Tensor:
+    """``[h, n]`` 0/1: row j has its one at column ``j mod n`` (the ``repeat`` tiling)."""
+    matrix = torch.zeros(hidden_size, num_bits)
+    matrix[torch.arange(hidden_size), torch.arange(hidden_size) % num_bits] = 1.0
+    return matrix
+
+
 class FixedCodeEmbedding(MegatronModule):
-    """Same constructor and forward signature as ``LanguageModelEmbedding``, plus ``code``
-    and ``impl`` (``auto``, ``torch`` or ``cuda``: see :mod:`megatron_ext.codes.kernels`).
+    """Same constructor and forward signature as ``LanguageModelEmbedding``, plus ``code``,
+    ``impl`` (``auto``, ``torch`` or ``cuda``: see :mod:`megatron_ext.codes.kernels`) and
+    ``projection`` (a trainable map from the n-bit code, ``repeat`` tiling only).
 
     Only ``position_embedding_type`` ``'rope'`` or ``'none'`` and no token types: a learned
     position table would reintroduce trainable input parameters.
@@ -43,6 +57,7 @@ class FixedCodeEmbedding(MegatronModule):
         *,
         code: FixedCode,
         impl: str = "auto",
+        projection: bool = False,
     ):
         super().__init__(config=config)
         if position_embedding_type == 'learned_absolute':
@@ -53,6 +68,9 @@ class FixedCodeEmbedding(MegatronModule):
             raise ValueError("a fixed-code input supports no token types (num_tokentypes=0)")
         code.check_vocab(vocab_size)
         code.check_width(config.hidden_size)
+        if projection and code.tiling != "repeat":
+            raise ValueError("a code projection maps the n-bit code in place of the tiling: "
+                             f"use the repeat tiling, not {code.tiling}")
         self.code = code
         self.impl = impl  # see megatron_ext.codes.kernels.IMPLS
         self.vocab_size = vocab_size
@@ -65,8 +83,17 @@ class FixedCodeEmbedding(MegatronModule):
         # store. `code_table` is empty for codes without a per-id table.
         table = code.table if code.table is not None else torch.zeros(0, dtype=torch.int64)
         self.register_buffer("code_table", table.clone(), persistent=False)
-        self.register_buffer("code_lookup", lookup_tables(code, config.hidden_size),
+        # With a projection, the code is computed at width n (the repeat tiling's block 0).
+        self.code_width = code.num_bits if projection else config.hidden_size
+        self.register_buffer("code_lookup", lookup_tables(code, self.code_width),
                              persistent=False)
+        self.projection = None
+        if projection:
+            self.projection = torch.nn.Linear(code.num_bits, config.hidden_size, bias=False,
+                                              dtype=config.params_dtype)
+            with torch.no_grad():
+                self.projection.weight.copy_(tiling_matrix(code.num_bits, config.hidden_size))
+            self.projection.weight.sequence_parallel = config.sequence_parallel
 
     def _check_ids(self, input_ids: Tensor) -> None:
         in_range = ((input_ids >= 0) & (input_ids < self.vocab_size)).all()
@@ -93,9 +120,16 @@ class FixedCodeEmbedding(MegatronModule):
             local = ids.shape[0] // tp_size
             ids = ids[self.tp_group.rank() * local:(self.tp_group.rank() + 1) * local]
         dtype = torch.float32 if self.config.fp32_residual_connection else self.config.params_dtype
-        embeddings = fixed_code_forward(self.code, ids, self.code_table, self.code_lookup,
-                                        self.config.hidden_size, dtype, self.impl)
-        if self.training and self.config.recompute_granularity == "full":
+        if self.projection is None:
+            embeddings = fixed_code_forward(self.code, ids, self.code_table, self.code_lookup,
+                                            self.config.hidden_size, dtype, self.impl)
+        else:
+            weight = self.projection.weight
+            code = fixed_code_forward(self.code, ids, self.code_table, self.code_lookup,
+                                      self.code_width, weight.dtype, self.impl)
+            embeddings = self.projection(code).to(dtype)
+        full_recompute = self.config.recompute_granularity == "full"
+        if self.training and self.projection is None and full_recompute:
             # Recomputed layers run inside an autograd Function, which passes gradients to
             # the layers' parameters only when one of its inputs requires grad.
             embeddings.requires_grad_(True)

@@ -14,7 +14,7 @@ import math
 from typing import Optional, Sequence
 
 from ..codes.limits import check_options
-from ..codes.schemes import ARMS, TILINGS
+from ..codes.schemes import ARMS, SCHEMES, TILINGS
 from ..runtime.errors import FlagError
 from .flag_types import TRAINING_TOKENIZER_TYPES
 
@@ -109,9 +109,22 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
 
     c = parser.add_argument_group("fixed-code input")
     c.add_argument("--input-interface", choices=ARMS, default="learned",
-                   help="learned table (control), or a fixed code (docs/codes.md): binary code of "
-                        "the id, GF(2) affine code, binary code of a seeded permutation of the "
-                        "ids, or a seeded random code")
+                   help="learned table (control); frozen: Megatron's initial table, never "
+                        "trained; factorized: a learned table of rank --input-table-rank; or a "
+                        "fixed code (docs/codes.md): binary code of the id, GF(2) affine code, "
+                        "binary code of a seeded permutation of the ids, or a seeded random "
+                        "code")
+    c.add_argument("--input-table-rank", type=int, default=None,
+                   help="factorized: the rank r of the input table, a V x r table times an "
+                        "r x h map (ALBERT's factorised embedding), r <= --hidden-size and <= "
+                        "the padded vocabulary")
+    c.add_argument("--embedding-init-method-std", type=float, default=None,
+                   help="standard deviation of the input table's initialisation (learned, "
+                        "frozen, factorized; default --init-method-std), as in Megatron-LM")
+    c.add_argument("--code-projection", action="store_true",
+                   help="a fixed code: a trainable n x h linear map from the n-bit code to the "
+                        "width, instead of tiling it (initialised to the tiling: the first "
+                        "step's input is the fixed arm's)")
     c.add_argument("--code-bits", type=int, default=16,
                    help="bits n of the code, 1..62 (vocab <= 2^n; the last copy is truncated "
                         "when n does not divide --hidden-size)")
@@ -217,6 +230,13 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
                    help="Adam with decoupled weight decay (Megatron-LM's adam; its others are "
                         "not supported)")
     g.add_argument("--weight-decay", type=float, default=0.1, help="AdamW weight decay")
+    g.add_argument("--input-table-lr-mult", type=float, default=1.0,
+                   help="learned, factorized: the input table's learning rate is the "
+                        "schedule's times this (0 freezes it; the head and backbone keep the "
+                        "schedule's)")
+    g.add_argument("--input-table-weight-decay", type=float, default=None,
+                   help="learned, factorized: the input table's AdamW weight decay (default "
+                        "--weight-decay)")
     g.add_argument("--adam-beta1", type=float, default=0.9, help="Adam beta1")
     g.add_argument("--adam-beta2", type=float, default=0.95, help="Adam beta2")
     g.add_argument("--adam-eps", type=float, default=1e-8, help="Adam epsilon")
@@ -454,18 +474,58 @@ def validate_model_args(args: argparse.Namespace) -> None:
     if args.bf16 and args.fp16:
         raise FlagError("--bf16 and --fp16 are exclusive")
     validate_recompute_args(args)
-    if args.input_interface != "learned":
-        if not args.untie_embeddings_and_output_weights:
-            raise FlagError(
-               f"--input-interface {args.input_interface} has no input table to tie to "
-               f"the output head; drop --no-untie-embeddings-and-output-weights")
+    validate_input_args(args)
+
+
+def validate_input_args(args: argparse.Namespace) -> None:
+    """Refuse the input flags that do not fit the arm ``--input-interface``, naming them."""
+    arm = args.input_interface
+    if arm != "learned" and not args.untie_embeddings_and_output_weights:
+        raise FlagError(
+            f"--input-interface {arm} has no input table to tie to the output head"
+            + (" (tied, the head would train it)" if arm == "frozen" else
+               " (V x r times r x h is no V x h head)" if arm == "factorized" else "")
+            + "; drop --no-untie-embeddings-and-output-weights")
+    if arm in SCHEMES:
         try:
             check_options(args.code_bits, args.code_scale, args.hidden_size)
         except ValueError as e:
             raise FlagError(str(e)) from None
-    elif args.code_tiling != "repeat":
-        raise FlagError(f"--code-tiling {args.code_tiling} needs a fixed-code "
-                        f"--input-interface, not learned")
+        if args.code_projection and args.code_tiling != "repeat":
+            raise FlagError(f"--code-projection maps the n-bit code to the width in place of "
+                            f"the tiling: drop --code-tiling {args.code_tiling}")
+        if args.embedding_init_method_std is not None:
+            raise FlagError(f"--embedding-init-method-std: --input-interface {arm} has no "
+                            f"input table")
+    else:
+        if args.code_tiling != "repeat":
+            raise FlagError(f"--code-tiling {args.code_tiling} needs a fixed-code "
+                            f"--input-interface, not {arm}")
+        if args.code_projection:
+            raise FlagError(f"--code-projection maps a fixed code to the width: it needs a "
+                            f"fixed-code --input-interface ({', '.join(SCHEMES)}), not {arm}")
+    if arm == "factorized":
+        rank = args.input_table_rank
+        if rank is None:
+            raise FlagError("--input-interface factorized needs --input-table-rank")
+        if not 1 <= rank <= args.hidden_size:
+            raise FlagError(f"--input-table-rank {rank} is outside [1, --hidden-size "
+                            f"{args.hidden_size}]: above the width, a factorised table holds "
+                            f"nothing a full one does not")
+    elif args.input_table_rank is not None:
+        raise FlagError(f"--input-table-rank applies to --input-interface factorized only, "
+                        f"not {arm}")
+    if args.embedding_init_method_std is not None and args.embedding_init_method_std <= 0:
+        raise FlagError(f"--embedding-init-method-std {args.embedding_init_method_std} must "
+                        f"be positive")
+
+
+def check_rank_fits_vocab(args: argparse.Namespace, padded_vocab: int) -> None:
+    """Refuse a factorized rank above the padded vocabulary (known once the tokenizer is)."""
+    if args.input_interface == "factorized" and args.input_table_rank > padded_vocab:
+        raise FlagError(f"--input-table-rank {args.input_table_rank} is above the padded "
+                        f"vocabulary of {padded_vocab} tokens: a table of V rows has rank "
+                        f"at most V")
 
 
 def validate_recompute_args(args: argparse.Namespace) -> None:

@@ -7,6 +7,8 @@ docs/codes.md): ``scheme`` (binary, gf2, permuted, random), ``num_bits`` n, ``va
 recode), ``table`` (permuted, random: the code input of each id, else null), ``recode_A`` and
 ``recode_b`` (recode: R = ⌈hidden/n⌉ maps, R×n×n and R×n, else null). Configs exported before
 tilings and tables existed lack the last four keys: they mean repeat and null.
+``code_projection``: the n-bit code is mapped to the width by the trained linear map
+``model.embed_tokens.projection.weight`` (h x n) instead of tiled (repeat tiling only).
 """
 
 from huggingface_hub.dataclasses import strict
@@ -22,6 +24,7 @@ class FixedCodeLlamaConfig(LlamaConfig):
     model_type = "fixedcode_llama"
 
     fixed_code: dict | None = None
+    code_projection: bool = False
 
     def validate_architecture(self):
         super().validate_architecture()
@@ -53,5 +56,8 @@ class FixedCodeLlamaConfig(LlamaConfig):
         if code.get("table") is not None and len(code["table"]) != self.vocab_size:
             raise ValueError(f"config.json: fixed_code table has {len(code['table'])} entries, "
                              f"vocab_size is {self.vocab_size}")
+        if self.code_projection and tiling != "repeat":
+            raise ValueError(f"config.json: code_projection maps the n-bit code in place of "
+                             f"the tiling, so it needs the repeat tiling, not {tiling}")
         if self.tie_word_embeddings:
             raise ValueError("config.json: a fixed-code input has no table to tie lm_head to")

@@ -1,14 +1,21 @@
 """Megatron GPTModel weights and training args -> a Hugging Face Llama, or fixed-code Llama.
 
-The learned arm becomes a stock ``LlamaForCausalLM``; the fixed-code arms (every scheme and
-tiling) become :class:`~megatron_ext.hf.modeling_fixedcode.FixedCodeLlamaForCausalLM`
-(``trust_remote_code``) with the code in ``config.json`` and no input table. Weight mapping, from
-the TP=1 local-spec state dict (L layers, h hidden, f FFN, q heads, g query groups, d = h/q):
+The table arms become a stock ``LlamaForCausalLM``: the learned and frozen tables as they are,
+the factorised one as its product ``T·P`` (V x h, computed in fp64); the fixed-code arms
+(every scheme and tiling) become
+:class:`~megatron_ext.hf.modeling_fixedcode.FixedCodeLlamaForCausalLM` (``trust_remote_code``)
+with the code in ``config.json`` and no input table (with ``--code-projection``, the map as
+``model.embed_tokens.projection.weight``). Weight mapping, from the TP=1 local-spec
+state dict (L layers, h hidden, f FFN, q heads, g query groups, d = h/q):
 
 ===============================================  =============================================
 Megatron                                         Hugging Face Llama
 ===============================================  =============================================
-embedding.word_embeddings.weight [V, h]          model.embed_tokens.weight (learned arm only)
+embedding.word_embeddings.weight [V, h]          model.embed_tokens.weight (learned, frozen)
+embedding.word_embeddings.table.weight [V, r]    model.embed_tokens.weight = table @ projection.T
+  and .projection [h, r]                           (factorized)
+embedding.projection.weight [h, n]               model.embed_tokens.projection.weight (a code's
+                                                   --code-projection)
 decoder.layers.i.input_layernorm.weight          model.layers.i.input_layernorm.weight
 decoder.layers.i.self_attention.linear_qkv       q_proj / k_proj / v_proj: viewed as
   .weight [g·(q/g+2)·d, h]                         [g, q/g+2, d, h]; per group q/g query heads,
@@ -36,7 +43,7 @@ from typing import Optional
 import torch
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
-from ..codes.schemes import ARMS
+from ..codes.schemes import ARMS, SCHEMES
 from ..runtime.errors import CheckpointError, ConversionError
 from .configuration_fixedcode import FixedCodeLlamaConfig
 from .modeling_fixedcode import FixedCodeLlamaForCausalLM
@@ -59,7 +66,7 @@ def check_mappable(args: argparse.Namespace, fixed_code: Optional[dict], source:
     reasons = []
     if args.input_interface not in ARMS:
         reasons.append(f"--input-interface {args.input_interface}: not one of {ARMS}")
-    elif args.input_interface != "learned" and not fixed_code:
+    elif args.input_interface in SCHEMES and not fixed_code:
         reasons.append(f"a {args.input_interface} checkpoint without its saved fixed_code: "
                        f"the code is unknown")
     if args.normalization != "RMSNorm":
@@ -80,16 +87,22 @@ def hf_state_dict(state: dict, args: argparse.Namespace, dtype: torch.dtype) -> 
     """The HF Llama state dict of a TP=1 Megatron GPTModel state dict (see the module table)."""
     state = {k: v for k, v in state.items() if not k.endswith("._extra_state")}
 
-    def take(key):
+    def take(key, as_dtype=dtype):
         if key not in state:
             raise ConversionError(f"the checkpoint has no weight {key}")
-        return state.pop(key).detach().to(dtype)
+        return state.pop(key).detach().to(as_dtype)
 
     h, q = args.hidden_size, args.num_attention_heads
     g, d = args.num_query_groups or q, args.hidden_size // args.num_attention_heads
     out = {}
-    if args.input_interface == "learned":
+    if args.input_interface in ("learned", "frozen"):
         out["model.embed_tokens.weight"] = take("embedding.word_embeddings.weight")
+    elif args.input_interface == "factorized":
+        table = take("embedding.word_embeddings.table.weight", torch.float64)
+        projection = take("embedding.word_embeddings.projection", torch.float64)
+        out["model.embed_tokens.weight"] = (table @ projection.t()).to(dtype)
+    elif args.code_projection:
+        out["model.embed_tokens.projection.weight"] = take("embedding.projection.weight")
     for i in range(args.num_layers):
         m, o = f"decoder.layers.{i}.", f"model.layers.{i}."
         out[o + "input_layernorm.weight"] = take(m + "input_layernorm.weight")
@@ -135,10 +148,11 @@ def hf_config(args: argparse.Namespace, fixed_code: Optional[dict], dtype: torch
         pad_token_id=None,
         dtype=dtype,
     )
-    if args.input_interface == "learned":
+    if args.input_interface not in SCHEMES:
         return LlamaConfig(tie_word_embeddings=not args.untie_embeddings_and_output_weights,
                            architectures=["LlamaForCausalLM"], **shape)
-    return FixedCodeLlamaConfig(fixed_code=fixed_code, tie_word_embeddings=False,
+    return FixedCodeLlamaConfig(fixed_code=fixed_code, code_projection=args.code_projection,
+                                tie_word_embeddings=False,
                                 architectures=["FixedCodeLlamaForCausalLM"], **shape)
 
 

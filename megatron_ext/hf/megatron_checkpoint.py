@@ -15,6 +15,7 @@ from typing import Optional
 from megatron.core import dist_checkpointing
 from megatron.core.models.gpt import GPTModel
 
+from ..checkpoint.compatibility import ADDED_ARGS
 from ..checkpoint.loading import load_common
 from ..codes.schemes import FixedCode
 from ..model.provider import model_provider
@@ -24,12 +25,13 @@ from ..runtime.errors import CheckpointError
 def read_checkpoint(load: str, iteration: Optional[int] = None
                     ) -> tuple[str, argparse.Namespace, Optional[dict], int]:
     """``(path, training args, fixed_code or None, iteration)`` of ``load``'s checkpoint
-    (default: the latest completed save)."""
+    (default: the latest completed save); model arguments added since an older checkpoint was
+    written take the value they had then (compatibility.ADDED_ARGS)."""
     path, common = load_common(load, iteration)
     if not isinstance(common.get("args"), dict):
         raise CheckpointError(f"{path} holds no training args (common state 'args')")
-    return path, argparse.Namespace(**common["args"]), common.get("fixed_code"), \
-        common.get("iteration")
+    args = argparse.Namespace(**{**ADDED_ARGS, **common["args"]})
+    return path, args, common.get("fixed_code"), common.get("iteration")
 
 
 def load_model(path: str, args: argparse.Namespace, fixed_code: Optional[dict]) -> GPTModel:

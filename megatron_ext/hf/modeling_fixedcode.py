@@ -2,7 +2,8 @@
 
 ``FixedCodeLlamaForCausalLM`` is transformers' ``LlamaForCausalLM`` whose ``embed_tokens``
 table is replaced by :class:`FixedCodeInput`, which computes the code of each token id from
-``config.fixed_code`` in every forward: no parameters and no table in the weights. Copied
+``config.fixed_code`` in every forward: no parameters and no table in the weights (with
+``config.code_projection``, the n-bit code times the trained map ``projection``). Copied
 next to the weights (``trust_remote_code``), so it imports nothing from megatron_ext;
 :func:`tiled_code` equals ``megatron_ext.codes.schemes.FixedCode.encode`` (a test checks it).
 """
@@ -68,6 +69,18 @@ class FixedCodeInput(nn.Module):
         self.hidden_size = config.hidden_size
         self.vocab_size = config.vocab_size
         self.register_buffer("dtype_anchor", torch.empty(0), persistent=False)
+        self.projection = None
+        if config.code_projection:
+            # Initialised as training initialises it, the tiling (position j reads bit j mod
+            # n), and marked so that Hugging Face's initialisation leaves it so.
+            self.projection = nn.Linear(self.num_bits, self.hidden_size, bias=False)
+            weight = self.projection.weight
+            if weight.device.type != "meta":
+                with torch.no_grad():
+                    weight.zero_()
+                    rows = torch.arange(self.hidden_size, device=weight.device)
+                    weight[rows, rows % self.num_bits] = 1.0
+            self.projection._is_hf_initialized = True
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if not bool(((input_ids >= 0) & (input_ids < self.vocab_size)).all()):
@@ -76,8 +89,12 @@ class FixedCodeInput(nn.Module):
         if device not in self.on_device:
             self.on_device[device] = {k: torch.tensor(v, dtype=torch.int64, device=device)
                                       for k, v in self.parts.items()}
-        return tiled_code(input_ids, self.num_bits, self.hidden_size, self.values, self.scale,
-                          self.dtype_anchor.dtype, **self.on_device[device])
+        if self.projection is None:
+            return tiled_code(input_ids, self.num_bits, self.hidden_size, self.values,
+                              self.scale, self.dtype_anchor.dtype, **self.on_device[device])
+        code = tiled_code(input_ids, self.num_bits, self.num_bits, self.values, self.scale,
+                          self.projection.weight.dtype, **self.on_device[device])
+        return self.projection(code)
 
 
 class FixedCodeLlamaForCausalLM(LlamaForCausalLM):

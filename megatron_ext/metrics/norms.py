@@ -27,8 +27,13 @@ from .logger import parameters_counted_once
 
 INPUT_TABLE = "input-table"
 OUTPUT_LAYER = "output-layer"
-GROUP_OF_PARAMETER_NAME = {"embedding.word_embeddings.weight": INPUT_TABLE,
-                           "output_layer.weight": OUTPUT_LAYER}
+def parameter_group(name: str):
+    """The watched group of a parameter outside the layers, by name, or None: every input
+    parameter (the learned or frozen table, a factorised table's two factors, a code's map)
+    is the input's."""
+    if name.startswith("embedding."):
+        return INPUT_TABLE
+    return OUTPUT_LAYER if name == "output_layer.weight" else None
 
 
 def layer_group(layer_number: int) -> str:
@@ -61,8 +66,8 @@ class NormReporter:
             if group in self.groups:
                 group_of.update((id(p), self.groups.index(group)) for p in layer.parameters())
         for name, p in model.named_parameters():
-            if name in GROUP_OF_PARAMETER_NAME:
-                group_of[id(p)] = self.groups.index(GROUP_OF_PARAMETER_NAME[name])
+            if parameter_group(name) is not None:
+                group_of[id(p)] = self.groups.index(parameter_group(name))
         self.params = [p for _, p in parameters_counted_once(model)]
         self.device = self.params[0].device
         watched = [(i, group_of[id(p)]) for i, p in enumerate(self.params) if id(p) in group_of]

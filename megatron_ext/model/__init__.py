@@ -2,6 +2,7 @@
 count of each arm.
 
 - ``provider``: the model provider (every arm) and its layer specs;
+- ``input_tables``: the frozen and the factorised input tables;
 - ``attention``: SDPA core attention of the local layers;
 - ``norm_layers``: torch's norms for the local layers, sequence-parallel ready;
 - ``residual``: the residual add that keeps an fp32 stream;

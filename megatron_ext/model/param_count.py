@@ -1,37 +1,44 @@
-"""Trainable parameters per part (input table, backbone, head, total) of each arm and each
+"""Trainable parameters per part (input, backbone, head, total) of each arm and each
 arm's input RMS at initialisation, for a model shape given by the model flags, and the first
 rows of a fixed code (tools/param_report.py prints them; bench/bench_state_bytes.py sizes a
 run's state with them).
 
 Counted from real instantiated Megatron-Core modules (on the meta device: no memory is
-allocated), never from a formula. The learned table starts at N(0, --init-method-std), RMS ≈
-that std; a fixed code's RMS is computed over the whole vocabulary.
+allocated), never from a formula. The input's trainable parameters (``input``: the learned or
+factorised table, a fixed code's projection; the frozen table and the codes have none) are
+their own column. The learned and frozen tables start at N(0, --embedding-init-method-std,
+default --init-method-std), RMS ≈ that std, and so does the factorised table's product; a
+fixed code's RMS is computed over the whole vocabulary.
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 from typing import Sequence
 
 import torch
 
 from ..codes.kernels import fixed_code_forward, lookup_tables
 from ..codes.limits import require_vocab_fits
-from ..codes.schemes import FixedCode
-from ..config.arguments import padded_vocab_size
+from ..codes.schemes import ARMS, SCHEMES, FixedCode
+from ..config.arguments import (build_parser, check_rank_fits_vocab, padded_vocab_size,
+                                validate_input_args)
 from ..runtime.errors import FlagError
 from ..runtime.initialize import destroy_distributed, initialize_distributed
 from .provider import build_code, model_provider
 
 
+# The arms that need no flag of their own (factorized needs --input-table-rank).
+ARMS_WITHOUT_FLAGS = tuple(arm for arm in ARMS if arm != "factorized")
+
+
 def count_parameters(model: torch.nn.Module) -> dict:
     """Trainable parameters of a GPTModel by part."""
-    parts = {"input_table": 0, "backbone": 0, "head": 0}
+    parts = {"input": 0, "backbone": 0, "head": 0}
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
-        part = ("input_table" if name.startswith("embedding.")
+        part = ("input" if name.startswith("embedding.")
                 else "head" if name.startswith("output_layer.") else "backbone")
         parts[part] += p.numel()
     parts["total"] = sum(parts.values())
@@ -39,25 +46,45 @@ def count_parameters(model: torch.nn.Module) -> dict:
 
 
 def arm_args(args: argparse.Namespace, arm: str) -> argparse.Namespace:
-    """``args`` for one arm."""
-    out = copy.copy(args)
-    out.input_interface = arm
+    """``args`` for one arm: ``[NAME:]INTERFACE[@--flag=value...]`` (as a study writes an arm,
+    e.g. ``r32:factorized@--input-table-rank=32`` or ``binary@--code-projection``): the
+    interface and the model flags it names over ``args``; refused as training refuses them."""
+    interface, *flags = arm.partition(":")[2 if ":" in arm else 0].split("@")
+    tokens = ["--input-interface", interface] + [t for f in flags for t in f.split("=", 1)]
+    parser = build_parser("one arm")
+    parser.set_defaults(**vars(args))  # what the spec does not name stays as args has it
+    try:
+        out = parser.parse_args(tokens)
+    except SystemExit:
+        raise FlagError(f"--arms {arm}: not INTERFACE[@--flag=value...] of model flags "
+                        f"(the error above)") from None
+    validate_input_args(out)
     return out
+
+
+def arm_name(arm: str) -> str:
+    """The row name of an arm spec: its ``NAME:``, else the spec."""
+    return arm.partition(":")[0] if ":" in arm else arm
 
 
 def padded_vocab(args: argparse.Namespace, arms: Sequence[str], tp: int = 1) -> int:
     """The vocabulary as training pads it at TP size ``tp``; refused, as training refuses
-    it, when a fixed-code arm of ``arms`` cannot code every id of it."""
+    it, when a fixed-code arm of ``arms`` cannot code every id of it or a factorized arm's
+    rank exceeds it."""
     if args.vocab_size is None:
         raise FlagError("--vocab-size is required (or use --preset)")
     padded = padded_vocab_size(args.vocab_size, args.make_vocab_size_divisible_by, tp)
-    if any(arm != "learned" for arm in arms):
-        require_vocab_fits(padded, args.code_bits, args.vocab_size)
+    for arm in arms:
+        one = arm_args(args, arm)
+        if one.input_interface in SCHEMES:
+            require_vocab_fits(padded, one.code_bits, one.vocab_size)
+        check_rank_fits_vocab(one, padded)
     return padded
 
 
 def count_arms(args: argparse.Namespace, arms: Sequence[str]) -> dict:
-    """``{arm: {part: count}}`` for a model shape given by ``args``."""
+    """``{arm name: {part: count}}`` for a model shape given by ``args`` (arms as
+    :func:`arm_args` reads them)."""
     counts, vocab = {}, padded_vocab(args, arms)
     started = not torch.distributed.is_initialized()  # else the caller's, left running
     if started:
@@ -66,7 +93,7 @@ def count_arms(args: argparse.Namespace, arms: Sequence[str]) -> dict:
         for arm in arms:
             with torch.device("meta"):
                 model = model_provider(arm_args(args, arm), vocab, on_cpu=True)
-            counts[arm] = count_parameters(model)
+            counts[arm_name(arm)] = count_parameters(model)
     finally:
         if started:
             destroy_distributed()
@@ -86,27 +113,31 @@ def code_rms(code: FixedCode, vocab_size: int, hidden_size: int) -> float:
 
 
 def input_rms(args: argparse.Namespace, arms: Sequence[str]) -> dict:
-    """``{arm: (input RMS at step 0, --code-scale matching the learned RMS or None)}``."""
-    std, vocab = args.init_method_std, padded_vocab(args, arms)
+    """``{arm name: (input RMS at step 0, --code-scale matching the learned RMS or None)}``."""
+    vocab = padded_vocab(args, arms)
     rms = {}
     for arm in arms:
-        if arm == "learned":
-            rms[arm] = (std, None)
+        one = arm_args(args, arm)
+        std = one.embedding_init_method_std or one.init_method_std
+        if one.input_interface not in SCHEMES:
+            rms[arm_name(arm)] = (std, None)
             continue
-        value = code_rms(build_code(arm_args(args, arm), vocab), vocab, args.hidden_size)
-        rms[arm] = (value, args.code_scale * std / value)  # the RMS scales with --code-scale
+        # with --code-projection the first step's input is the tiled code's
+        value = code_rms(build_code(one, vocab), vocab, one.hidden_size)
+        rms[arm_name(arm)] = (value, one.code_scale * std / value)  # RMS scales with the scale
     return rms
 
 
 def format_table(counts: dict, rms: dict, std: float) -> str:
     """The table tools/param_report.py prints: ``counts`` of :func:`count_arms`, ``rms`` of
     :func:`input_rms`, ``std`` the --init-method-std."""
-    parts = ("input_table", "backbone", "head", "total")
-    lines = [f"{'arm':<9}" + "".join(f"{p:>16}" for p in parts) + f"{'input RMS':>12}"
+    parts = ("input", "backbone", "head", "total")
+    width = max(10, *(len(arm) + 1 for arm in counts))
+    lines = [f"{'arm':<{width}}" + "".join(f"{p:>16}" for p in parts) + f"{'input RMS':>12}"
              + f"{'matching --code-scale':>23}"]
     for arm, c in counts.items():
         value, matching = rms[arm]
-        lines.append(f"{arm:<9}" + "".join(f"{c[p]:>16,}" for p in parts)
+        lines.append(f"{arm:<{width}}" + "".join(f"{c[p]:>16,}" for p in parts)
                      + (f"{'~' + format(value, '.4g'):>12}{'-':>23}" if matching is None
                         else f"{value:>12.4g}{matching:>23.4g}"))
     if "learned" in counts:
@@ -114,17 +145,19 @@ def format_table(counts: dict, rms: dict, std: float) -> str:
             if arm != "learned":
                 diff = counts["learned"]["total"] - counts[arm]["total"]
                 lines.append(f"learned - {arm}: {diff:,} parameters")
-    lines.append(f"input RMS at step 0: the learned table starts at N(0, --init-method-std "
-                 f"{std:g});\na fixed code's is over all ids and positions, at --code-scale as "
-                 f"given (pm1: RMS = scale)")
+    lines.append(f"input: the input's trainable parameters (the frozen table and the codes: "
+                 f"none; --code-projection: n x h)\ninput RMS at step 0: the tables start at "
+                 f"N(0, {std:g}) (the factorised one's product too);\na fixed code's is over "
+                 f"all ids and positions, at --code-scale as given (pm1: RMS = scale)")
     return "\n".join(lines)
 
 
 def code_rows(args: argparse.Namespace, rows: int) -> str:
     """The first ``rows`` ids of the code the flags define: id, code input x(t), and the row's
     bits (position 0 first, one group per block of n positions)."""
-    if args.input_interface == "learned":
-        raise FlagError("--show-code needs a fixed-code --input-interface")
+    if args.input_interface not in SCHEMES:
+        raise FlagError(f"--show-code needs a fixed-code --input-interface, not "
+                        f"{args.input_interface}")
     vocab = padded_vocab(args, [args.input_interface], args.tensor_model_parallel_size)
     code = build_code(args, vocab)
     low, high = code.bit_values()

@@ -1,9 +1,12 @@
-"""The model provider: a Megatron-Core GPTModel whose input is a ``learned`` table or a fixed code.
+"""The model provider: a Megatron-Core GPTModel whose input is a table (``learned``, ``frozen``,
+``factorized``) or a fixed code.
 
 Shaped like Megatron-LM's ``model_provider`` in pretrain_gpt.py. Every arm is built the same
 way: GPTModel with its standard input table, which a fixed-code arm then replaces by
-:class:`FixedCodeEmbedding`. Building the table first keeps the random-number stream, and so
-the backbone's initial weights, identical across arms for the same ``--seed``.
+:class:`FixedCodeEmbedding` (with ``--code-projection``, a trainable map from the code), the
+frozen arm stops training, and the factorized arm replaces by a table of rank r
+(:mod:`megatron_ext.model.input_tables`). Building the table first keeps the random-number
+stream, and so the backbone's initial weights, identical across arms for the same ``--seed``.
 """
 
 from __future__ import annotations
@@ -29,20 +32,21 @@ from megatron.core.transformer.transformer_block import (
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from ..codes.embedding import FixedCodeEmbedding
-from ..codes.schemes import FixedCode
+from ..codes.schemes import SCHEMES, FixedCode
 from ..runtime.device_checks import transformer_engine_imports
 from ..runtime.errors import DeviceError
 from .attention import local_core_attention
+from .input_tables import factorize, freeze
 from .norm_layers import TorchNorm
 from .residual import fp32_bias_dropout_add
 
 
 def build_code(args: argparse.Namespace, padded_vocab_size: int) -> Optional[FixedCode]:
     """A new fixed code drawn from the flags (``--input-interface``, ``--code-*``,
-    ``--code-seed``); ``None`` for the learned arm. A saved model's code is never redrawn:
+    ``--code-seed``); ``None`` for the table arms. A saved model's code is never redrawn:
     training resumes with the checkpoint's (:func:`megatron_ext.train.setup.resolve_checkpoint`)
     and passes it to :func:`model_provider`, as the exporters do."""
-    if args.input_interface == "learned":
+    if args.input_interface not in SCHEMES:
         return None
     return FixedCode.create(args.input_interface, num_bits=args.code_bits,
                             values=args.code_values, scale=args.code_scale, seed=args.code_seed,
@@ -105,6 +109,7 @@ def transformer_config_from_args(args: argparse.Namespace, on_cpu: bool) -> Tran
         activation_func=F.silu if args.swiglu else F.gelu,
         add_bias_linear=not args.disable_bias_linear,
         init_method_std=args.init_method_std,
+        embedding_init_method_std=args.embedding_init_method_std,
         hidden_dropout=args.hidden_dropout,
         attention_dropout=args.attention_dropout,
         bf16=args.bf16,
@@ -200,8 +205,11 @@ def model_provider(args: argparse.Namespace, padded_vocab_size: int, pre_process
         position_embedding_type=args.position_embedding_type,
         rotary_base=args.rotary_base,
     )
-    # The one difference between the arms: a fixed-code arm's input is the code, not a table.
-    if code is not None and pre_process:
+    # The one difference between the arms: a fixed-code arm's input is the code, not a table;
+    # the frozen and factorized arms' is another table.
+    if not pre_process:
+        return model
+    if code is not None:
         model.embedding = FixedCodeEmbedding(
             config=config,
             vocab_size=padded_vocab_size,
@@ -209,5 +217,10 @@ def model_provider(args: argparse.Namespace, padded_vocab_size: int, pre_process
             position_embedding_type=args.position_embedding_type,
             code=code,
             impl=args.fixed_code_impl,
+            projection=args.code_projection,
         )
+    elif args.input_interface == "frozen":
+        freeze(model)
+    elif args.input_interface == "factorized":
+        factorize(model, config, padded_vocab_size, args.input_table_rank)
     return model

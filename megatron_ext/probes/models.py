@@ -36,7 +36,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 class ModelInfo:
     name: str
     source: str        # the folder (and iteration)
-    arm: str           # learned or the code's scheme (binary, gf2, permuted, random)
+    arm: str           # a checkpoint's --input-interface; an export's: learned or the scheme
     code: Optional[dict]  # {"scheme", "tiling", "num_bits"} of a fixed code; None: learned
     num_layers: int
     hidden_size: int
@@ -140,10 +140,16 @@ def _code_summary(code: Optional[dict]) -> Optional[dict]:
                                   "num_bits": int(code["num_bits"])}
 
 
-def input_note(code: Optional[dict]) -> str:
-    """What layer 0 (the input to the first layer) is, for the table's † note."""
+TABLE_NOTES = {"learned": "the input table: a learned lookup of the id",
+               "frozen": "the input table: a random lookup of the id, never trained",
+               "factorized": "the input table: a learned lookup of the id, of low rank"}
+
+
+def input_note(code: Optional[dict], arm: str = "learned") -> str:
+    """What layer 0 (the input to the first layer) is, for the table's † note (``arm``: a
+    checkpoint's --input-interface; an export's table arms all read ``learned``)."""
     if code is None:
-        return "the input table: a learned lookup of the id"
+        return TABLE_NOTES.get(arm, TABLE_NOTES["learned"])
     recoded = code["tiling"] == "recode"
     if code["scheme"] == "binary" and not recoded:
         return "the code: the id's bits repeated, exactly linear in them (trivially decodable)"

@@ -225,7 +225,7 @@ def run_probes(models: Sequence[ModelInfo], windows: np.ndarray, documents: np.n
             entry[init] = [{**probe_layer(model, states, layer, targets, split,
                                           settings.ridge), "layer": layer}
                            for layer in range(info.num_layers + 1)]
-            entry[init][0]["note"] = input_note(info.code)
+            entry[init][0]["note"] = input_note(info.code, info.arm)
             if cka and len(models) > 1:
                 kept[(info.name, init)] = states[:, split.score.to(device)].cpu()
             del states, model

@@ -125,7 +125,7 @@ def training_compute(train_args, iteration: int, model) -> dict:
     counts = count_parameters(model)
     return {"flops": tokens * flops_per_token(train_args, train_args.padded_vocab_size),
             "parameters": {"total": counts["total"],
-                           "non_embedding": counts["total"] - counts["input_table"]}}
+                           "non_embedding": counts["total"] - counts["input"]}}
 
 
 def read_cached(run: Path, iteration: int, settings: EvalSettings) -> Optional[dict]:

@@ -9,7 +9,8 @@ seeds x items interval (:func:`.stats.crossed_interval`: the task's population o
 with one seed conditional on that seed, and labelled so in the table). The differences form
 one family, named with its size, and each carries its Holm-adjusted p-value beside the
 unadjusted one. Every row carries the tokens seen and the steps
-skipped. With ``[probes]``, the probes of the final checkpoints per layer
+skipped. When the arms differ in trainable input parameters, the gap against that count
+(:mod:`.capacity`). With ``[probes]``, the probes of the final checkpoints per layer
 (:mod:`.probing`). Each arm has one colour in every figure
 (:func:`megatron_ext.metrics.reporting.colours`).
 """
@@ -32,6 +33,7 @@ from ..metrics.reporting import (colours, mean_interval, number, pyplot, save_fi
 from ..metrics.sinks import summarise_run
 from ..runtime.files import write_text
 
+from . import capacity
 from .evaluation import label, metric_names, metric_value, read_cached
 from .spec import Study, run_dir
 from .stats import crossed_interval, holm, paired_difference, t_interval
@@ -384,6 +386,11 @@ def _write_cell(study: Study, study_dir: Path, title: str, runs: dict, generated
         if summary["differences"]:
             _plot_differences(study, summary, names, study_dir / "differences.png")
     text = markdown(study, title, summary, generated)
+    summary["input_capacity"] = capacity.points(study, summary)
+    if summary["input_capacity"]:
+        capacity.plot(study, summary["input_capacity"], study_dir / "input_capacity.png")
+        text += "\n" + "\n".join(capacity.markdown(study, summary["input_capacity"],
+                                                   summary["final_iteration"]))
     if study.probes and summary["final_iteration"] is not None:
         from . import probing
         summary["probes"] = probing.summarise(study, study_dir, summary["final_iteration"])

@@ -18,14 +18,16 @@ import torch
 from megatron.core import parallel_state
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 from megatron.core.distributed import finalize_model_grads
-from megatron.core.optimizer import OptimizerConfig, distrib_optimizer, get_megatron_optimizer
-from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+from megatron.core.optimizer import (OptimizerConfig, ParamKey, distrib_optimizer,
+                                     get_megatron_optimizer, get_standard_config_overrides)
+from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler, ParamGroupOverride
 from megatron.core.transformer.module import Float16Module
 
 from ..checkpoint import compatibility, layout, loading
 from ..checkpoint.layout import TrainState
 from ..codes.limits import require_vocab_fits
-from ..codes.schemes import FixedCode
+from ..codes.schemes import SCHEMES, FixedCode
+from ..config.arguments import check_rank_fits_vocab
 from ..config.derived import Derived, Resolved, derive, run_record
 from ..config.schedule import scheduler_steps
 from ..datasets.tokenizer import build_tokenizer
@@ -84,9 +86,49 @@ def check_flags(args: argparse.Namespace, device: str) -> tuple:
     if args.keep_checkpoints_every and not args.keep_last_checkpoints:
         raise FlagError("--keep-checkpoints-every applies with --keep-last-checkpoints "
                         "only (without it every save is kept)")
-    if args.input_interface != "learned":
+    if args.input_interface in SCHEMES:
         require_vocab_fits(derived.padded_vocab_size, args.code_bits, tokenizer.vocab_size)
+    check_rank_fits_vocab(args, derived.padded_vocab_size)
+    check_input_table_optimizer_flags(args)
     return tokenizer, derived, resolved
+
+
+def check_input_table_optimizer_flags(args: argparse.Namespace) -> None:
+    """The input table's own learning-rate multiplier and weight decay: a trained table's
+    (learned, factorized), its own (not tied to the head), not below 0."""
+    custom = [flag for flag, value, default in (
+        ("--input-table-lr-mult", args.input_table_lr_mult, 1.0),
+        ("--input-table-weight-decay", args.input_table_weight_decay, None)) if value != default]
+    for flag, value in (("--input-table-lr-mult", args.input_table_lr_mult),
+                        ("--input-table-weight-decay", args.input_table_weight_decay)):
+        if value is not None and value < 0:
+            raise FlagError(f"{flag} {value} is below 0")
+    if custom and args.input_interface not in ("learned", "factorized"):
+        raise FlagError(f"{', '.join(custom)}: --input-interface {args.input_interface} has no "
+                        f"trained input table (learned and factorized have)")
+    if custom and not args.untie_embeddings_and_output_weights:
+        raise FlagError(f"{', '.join(custom)}: the input table is tied to the output head, "
+                        f"which keeps the recipe's; drop --no-untie-embeddings-and-output-weights")
+
+
+def input_table_overrides(args: argparse.Namespace) -> Optional[dict]:
+    """Megatron-Core's optimizer overrides for the input table's parameters (``embedding.*``):
+    its peak and final learning rates times ``--input-table-lr-mult``, its weight decay
+    ``--input-table-weight-decay``; None (Megatron's default groups) when both are the
+    recipe's. Megatron's standard override stays: no weight decay on biases and 1-D weights."""
+    if args.input_table_lr_mult == 1.0 and args.input_table_weight_decay is None:
+        return None
+    overrides = get_standard_config_overrides(OptimizerConfig(lr=args.lr, min_lr=args.min_lr))
+    table = {}
+    if args.input_table_lr_mult != 1.0:
+        table.update(max_lr=args.lr * args.input_table_lr_mult,
+                     min_lr=args.min_lr * args.input_table_lr_mult)
+    if args.input_table_weight_decay is not None:
+        table.update(start_wd=args.input_table_weight_decay,
+                     end_wd=args.input_table_weight_decay)
+    # named as the optimizer sees them: inside the DDP (and Float16Module) wrappers
+    overrides[ParamKey(name=("embedding.*", "*.embedding.*"))] = ParamGroupOverride(**table)
+    return overrides
 
 
 def resolve_layers(args: argparse.Namespace, device: str) -> tuple[str, bool]:
@@ -222,7 +264,7 @@ def build_model_and_optimizer(args, derived: Derived, model_provider: Callable,
                         log_num_zeros_in_grad=args.log_num_zeros_in_grad,
                         params_dtype=model.config.params_dtype,
                         use_distributed_optimizer=args.use_distributed_optimizer),
-        [ddp])
+        [ddp], config_overrides=input_table_overrides(args))
     steps = scheduler_steps(vars(args), args.train_samples, derived.train_iters,
                             derived.global_batch_size)
     scheduler = OptimizerParamScheduler(

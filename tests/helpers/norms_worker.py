@@ -36,7 +36,9 @@ NUM_LAYERS = 4
 VARIANTS = {"learned": ["--input-interface", "learned"],
             "learned-tied": ["--input-interface", "learned",
                              "--no-untie-embeddings-and-output-weights"],
-            "binary": ["--input-interface", "binary"]}
+            "binary": ["--input-interface", "binary"],
+            "factorized": ["--input-interface", "factorized", "--input-table-rank", "8"],
+            "binary-map": ["--input-interface", "binary", "--code-projection"]}
 LAYOUTS = {"tp2": (2, 1), "pp2": (1, 2)}  # (tensor, pipeline) parallel sizes
 
 

@@ -23,7 +23,7 @@ from megatron_ext.runtime.initialize import initialize_distributed
 from megatron_ext.model.provider import model_provider
 
 # name -> input flags: every scheme; random also with the recode tiling and a truncated last
-# block (13 bits at width 64).
+# block (13 bits at width 64); the frozen and factorised tables and a code's map.
 ARMS = {
     "learned": ["--input-interface", "learned"],
     "binary": ["--input-interface", "binary"],
@@ -31,6 +31,9 @@ ARMS = {
     "permuted": ["--input-interface", "permuted"],
     "random_recode_13bit": ["--input-interface", "random", "--code-tiling", "recode",
                             "--code-bits", "13"],
+    "frozen": ["--input-interface", "frozen"],
+    "factorized_r8": ["--input-interface", "factorized", "--input-table-rank", "8"],
+    "binary_map": ["--input-interface", "binary", "--code-projection"],
 }
 VOCAB = 500
 

@@ -175,3 +175,44 @@ def test_the_learning_rate_preset_tunes_the_rate_at_every_size():
     for folder, cell in cells.items():
         rate = parse_args([*cell.recipe, "--input-interface", "binary", "--seed", "1"]).lr
         assert rate == float(folder.split("/")[1].removeprefix("lr")), folder
+
+
+def test_the_capacity_presets_define_the_arms_of_issue_31():
+    """examples/cpu_capacity/study.toml (the CPU preset) and the paper-shape capacity and
+    input-table studies: every arm's flags are accepted by the training parser, and at the
+    paper's shape each arm trains the input parameters of a hand count."""
+    from megatron_ext.model.param_count import count_arms
+    from megatron_ext.study import spec
+    from pretrain_fixedcode import parse_args
+
+    def arms(path):
+        study = spec.build_study(spec.read_study_file(str(path)), path.parent)
+        assert study.seeds == (1, 2, 3) and study.control == "learned"
+        return study, {a.name: parse_args([*study.recipe, *a.training_flags(), "--seed", "1"])
+                       for a in study.arms}
+
+    _, cpu = arms(REPO / "examples/cpu_capacity/study.toml")
+    assert {name: (a.input_interface, a.input_table_rank, a.code_projection)
+            for name, a in cpu.items()} == {
+        "learned": ("learned", None, False), "binary": ("binary", None, False),
+        "frozen": ("frozen", None, False), "map": ("binary", None, True),
+        "r8": ("factorized", 8, False), "r32": ("factorized", 32, False),
+        "r128": ("factorized", 128, False)}
+    _, paper = arms(RECIPE.with_name("study_capacity.toml"))
+    V, h = 49152, 2048
+    assert [(name, a.input_interface) for name, a in paper.items()] == [
+        ("learned", "learned"), ("binary", "binary"), ("frozen", "frozen"),
+        ("map", "binary"), *((f"r{r}", "factorized") for r in (16, 64, 256, 512))]
+    # counted here: the arms test_param_report.py does not count at this shape
+    expected = {"map": 16 * h, "r64": V * 64 + 64 * h, "r256": V * 256 + 256 * h}
+    counted = {}
+    for name in expected:
+        args = paper[name]
+        args.vocab_size = V  # the recipe's tokenizer has 49,152 tokens (a multiple of 128)
+        args.transformer_impl = "local"  # counted on CPU: the same parameters as TE's
+        counted[name] = count_arms(args, [args.input_interface])[args.input_interface]["input"]
+    assert counted == expected
+    _, table = arms(RECIPE.with_name("study_input_table.toml"))
+    assert {name: (a.input_table_lr_mult, a.input_table_weight_decay)
+            for name, a in table.items() if a.input_interface == "learned"} == {
+        "learned": (1.0, None), "lr0.5": (0.5, None), "lr2": (2.0, None), "wd0": (1.0, 0.0)}

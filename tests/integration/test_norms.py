@@ -21,10 +21,10 @@ from helpers.norms_worker import LAYOUTS, VARIANTS, batch, build, norms_after_ba
 
 WORKER = REPO / "tests" / "helpers" / "norms_worker.py"
 # The watched layers of a 4-layer model by their 0-based index in decoder.layers (one
-# process), and the watched parameters by name.
+# process), and the watched parameters by name (every input parameter is the input's: a
+# table, a factorised table's factors, a code's map).
 LAYER_GROUPS = {0: "layer-01", 1: "layer-02", 3: "layer-04"}
-NAMED_GROUPS = {"embedding.word_embeddings.weight": "input-table",
-                "output_layer.weight": "output-layer"}
+NAMED_GROUPS = {"output_layer.weight": "output-layer"}
 
 
 def torch_group_norms(model, tensor_of) -> dict[str, float]:
@@ -32,7 +32,8 @@ def torch_group_norms(model, tensor_of) -> dict[str, float]:
     squares = defaultdict(float)
     for name, p in model.named_parameters():
         layer = re.match(r"decoder\.layers\.(\d+)\.", name)
-        group = LAYER_GROUPS.get(int(layer[1])) if layer else NAMED_GROUPS.get(name)
+        group = LAYER_GROUPS.get(int(layer[1])) if layer else \
+            "input-table" if name.startswith("embedding.") else NAMED_GROUPS.get(name)
         if group:
             squares[group] += tensor_of(p).double().square().sum().item()
     return {group: math.sqrt(s) for group, s in squares.items()}
@@ -62,7 +63,8 @@ def test_few_layers_report_each_layer_once(cpu_dist, num_layers):
 
 
 @pytest.mark.parametrize("variant, absent", [("learned", None), ("learned-tied", "output-layer"),
-                                             ("binary", "input-table")])
+                                             ("binary", "input-table"), ("factorized", None),
+                                             ("binary-map", None)])
 def test_param_norms_equal_torch(cpu_dist, variant, absent):
     """A tied table is the input table; a fixed-code input has none: absent, not 0."""
     _, model = build(variant)
@@ -75,7 +77,7 @@ def test_param_norms_equal_torch(cpu_dist, variant, absent):
     assert reporter.params_norm() == pytest.approx(math.sqrt(everything), rel=1e-6)
 
 
-@pytest.mark.parametrize("variant", ["learned", "binary"])
+@pytest.mark.parametrize("variant", ["learned", "binary", "factorized", "binary-map"])
 def test_grad_norms_equal_torch(cpu_dist, variant):
     """Megatron DDP's ``main_grad`` when there is one (``.grad`` is then None), else ``.grad``:
     the same gradients either way."""

@@ -26,8 +26,8 @@ def test_reference_shape_counts():
     assert counts["gf2"]["total"] == 1_711_376_384
     assert counts["learned"]["total"] == 1_812_039_680
     assert counts["learned"]["total"] - counts["binary"]["total"] == 100_663_296
-    assert counts["binary"]["input_table"] == 0
-    assert counts["learned"]["input_table"] == 100_663_296
+    assert counts["binary"]["input"] == 0
+    assert counts["learned"]["input"] == 100_663_296
     assert counts["binary"]["head"] == 100_663_296
 
 
@@ -41,7 +41,7 @@ def test_small_shape_matches_independent_formula():
     padded = 1024  # 1000 rounded up to a multiple of 128
     # Per layer: QKV + output projection, SwiGLU (two up + one down), two RMSNorm weights.
     backbone = L * (4 * d * d + 3 * d * ffn + 2 * d) + d
-    assert counts["binary"] == {"input_table": 0, "backbone": backbone, "head": padded * d,
+    assert counts["binary"] == {"input": 0, "backbone": backbone, "head": padded * d,
                                 "total": backbone + padded * d}
     assert counts["learned"]["total"] == backbone + 2 * padded * d
 
@@ -106,3 +106,17 @@ def test_a_padded_vocabulary_too_large_for_the_code_is_an_error_line(extra):
             "error: vocabulary of 1200 tokens (the tokenizer's 1000, padded by "
             "--make-vocab-size-divisible-by) does not fit a 10-bit code")):
         main(flags + extra)
+
+
+def test_reference_shape_counts_of_the_trainable_input_arms():
+    """The issue's figures at the paper's shape: the map 16 x 2048, rank r V x r + r x h."""
+    import json
+    counts = json.loads(run_report(
+        "--preset", "smollm2-1.7b", "--json", "--arms", "binary", "frozen",
+        "map:binary@--code-projection", "r16:factorized@--input-table-rank=16",
+        "r512:factorized@--input-table-rank=512"))
+    assert counts["frozen"]["input"] == 0 and counts["map"]["input"] == 32_768
+    assert counts["r16"]["input"] == 49152 * 16 + 16 * 2048
+    assert counts["r512"]["input"] == 49152 * 512 + 512 * 2048
+    for arm in counts:
+        assert counts[arm]["total"] - counts[arm]["input"] == counts["binary"]["total"], arm

@@ -71,6 +71,25 @@ def test_dry_run_prints_one_valid_cpu_script_per_arm(tmp_path):
     assert not run_dir.exists(), "--dry-run must not write anything"
 
 
+def test_an_arm_with_flags_of_its_own_is_submitted_under_its_name(tmp_path):
+    """The arms of issue 31 as a study names them: a folder per name, the arm's own flags."""
+    run_dir = tmp_path / "run"
+    scripts = dry_run_scripts("--recipe", str(RECIPE), "--run-dir", str(run_dir), *CPU_JOB,
+                              "--arms", "frozen,r32:factorized@--input-table-rank=32,"
+                                        "map:binary@--code-projection")
+    assert sorted(scripts) == ["frozen", "map", "r32"]
+    for name, lines in (("frozen", ["--input-interface frozen"]),
+                        ("r32", ["--input-interface factorized", "--input-table-rank 32"]),
+                        ("map", ["--input-interface binary", "--code-projection"])):
+        ckpt = run_dir / name / "checkpoints"
+        for line in lines + [f"--save {ckpt}", f"--load {ckpt}"]:
+            assert line in scripts[name].splitlines() or \
+                f"    {line}" in scripts[name].splitlines(), (name, line)
+    refused = submit("--dry-run", "--recipe", str(RECIPE), "--run-dir", str(run_dir),
+                     "--arms", "learned,tabled")
+    assert refused.returncode == 2 and "unknown arm(s) ['tabled']" in refused.stderr
+
+
 def test_gpu_container_script_requests_gpus_and_runs_in_the_image(tmp_path):
     scripts = dry_run_scripts("--recipe", str(RECIPE), "--run-dir", str(tmp_path),
                               "--arms", "gf2", "--nodes", "4", "--time", "04:00:00",
