@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test clean
+.PHONY: install demo test clean gpu-wheels
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -23,6 +23,13 @@ demo: $(STAMP)
 # (xdist_group "processes"), so they never oversubscribe two cores. The 25 slowest are printed.
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 --dist loadgroup --durations=25 $(PYTEST_ARGS)
+
+# The cp312 wheels bench/gpu_check.sh installs on a bare GPU image (bench/gpu_wheels.txt),
+# into .whl/ (git-ignored); run where pip can reach the index, then carry .whl/ to the GPU.
+gpu-wheels:
+	$(PY) -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
+	    --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+	    --platform manylinux2014_x86_64 -d .whl -r bench/gpu_wheels.txt
 
 clean:
 	rm -rf $(VENV) demo

@@ -1,108 +1,133 @@
 #!/usr/bin/env bash
-# The GPU check in one script, sized for a short slot (one H100/H200; 10 minutes per command,
-# about 15 in all with the machine's start), from the repository root:
+# The GPU check in one script, sized for one short slot (one H100/H200, 15 minutes with the
+# machine's start, 10 per command) with room for a rerun, from the repository root:
 #   bash bench/gpu_check.sh
-# Steps run in this order, never-run things first, already-passed ones last:
-#   te_bf16_fp8      Transformer Engine layers (when TE imports) at the 1.7B shape, bf16 then
-#                    FP8 (hybrid, delayed), same seed and data: throughput of each, FP8's loss
-#                    within 1% of bf16's at every iteration, TE's chosen attention backend;
-#   local_attention  the GPU-only SDPA tests (pinned kernels, bf16 parity with the unfused
-#                    path), then local layers at the 1.7B shape, SDPA (--attention-backend
-#                    auto) on the binary and the learned arm: throughput, the fixed/learned ratio, a 2-step
-#                    profile of the binary run by kernel category; then (verdict local_unfused)
-#                    the unfused attention on the binary arm beside them;
-#   recipe_flags     the recipe's GPU-only flags at DP=1 (TE layers when TE imports,
-#                    --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather,
-#                    FP8 with TE), saving; then resume and convert (tools/convert_to_hf.py
-#                    --validate);
-#   kernel, kernel_in_training, fp16, input_layer   passed on the first GPU run (H200,
-#                    bench/RESULTS.md): the fused fixed-code kernel's parity and its use in
-#                    training, 20 fp16 iterations under the loss scaler, the input layer alone.
-# GPU_CHECK_STEPS="local_attention recipe_flags" runs only those (names as above);
-# GPU_CHECK_SKIP_PASSED=1 drops the last four. Throughput: micro-batch GPU_CHECK_MICRO_BATCH
-# (default 4, the recipe's range is 4-8) of 2048 tokens, no accumulation, 14 iterations: the
-# first 4 dropped, iterations 5-12 counted (total tokens over their total time; 13-14 are
-# the profiled ones), per GPU, with model TFLOP/s, MFU (dense bf16 peak; FP8 runs also
-# against the FP8 peak) and peak allocated/reserved memory.
+# On a bare image (torch, Triton, numpy, transformers; no megatron-core, nothing fetchable) it
+# first installs the wheels carried in .whl/ (filled here by `make gpu-wheels`, the list in
+# bench/gpu_wheels.txt) with pip --no-index into a scratch target, puts that and the checkout
+# on PYTHONPATH (tools/ and bench/ scripts import megatron_ext), and stops at once when an
+# import fails. Steps, most valuable first, each with a time limit; the limits sum to 420 s:
+#   install          the carried wheels, then the imports the steps need;
+#   throughput       local layers at the 1.7B shape, SDPA, the binary arm, the recipe's
+#                    levers that need no TE (fused AdamW, fused cross-entropy, fused SwiGLU):
+#                    a row with gradient accumulation (GPU_CHECK_ACCUMULATION micro-batches
+#                    per step, default 8, as the recipe) and a row without, the second
+#                    profiled for 2 steps (GPU kernel time by category);
+#   sdpa_parity      the GPU-only SDPA tests (pinned kernels, bf16 parity with the unfused path);
+#   recipe_flags     the recipe's GPU flags at DP=1 (local layers, --use-distributed-optimizer
+#                    --overlap-grad-reduce --overlap-param-gather), saving; then resume and
+#                    convert (tools/convert_to_hf.py --validate).
+# Asked for by name only (GPU_CHECK_STEPS), not in the 420 s: learned (the learned arm's
+# accumulation row), local_unfused (the unfused attention's row), te_bf16_fp8 (Transformer
+# Engine bf16 then FP8, when TE imports), and the steps that passed on the first GPU run
+# (bench/RESULTS.md): kernel, kernel_in_training, fp16, input_layer.
+# GPU_CHECK_STEPS="throughput recipe_flags" runs only those (names as above, any order given;
+# they run in the order above). Throughput: micro-batch GPU_CHECK_MICRO_BATCH (default 4) of
+# 2048 tokens; with accumulation 6 steps, 3-6 counted; without, 14 steps, 5-12 counted (13-14
+# profiled): total tokens over their total time, per GPU, with model TFLOP/s, MFU (dense bf16
+# peak) and peak allocated/reserved memory.
 # Verdicts: a step passes when its commands exit 0 and no log holds a Traceback. Each verdict
-# and table row is appended to summary.md as soon as it is known, so a killed run keeps what
-# ran. Budget: GPU_CHECK_BUDGET_S (default 540 s); a step that would start with less than 30 s
-# left is recorded as skipped. Logs, metrics and summary.md go to $OUT/gpu_check when OUT is
-# set, else /tmp/fixedcode_gpu_check (emptied first). GPU_CHECK_DRY_RUN=1 prints the plan
-# (every command, in order) without running anything: it works on a CPU machine.
+# and table row lands in summary.md as soon as it is known, so a killed run keeps what ran.
+# Budget: GPU_CHECK_BUDGET_S (default 420 s); a step that would start with less than 30 s left
+# is recorded as skipped. What comes back: $OUT/gpu_check/ holds summary.md, logs.md (the
+# last lines of every step's log) and the throughput runs' metrics files, nothing else;
+# logs, checkpoints, the export and the traces stay in GPU_CHECK_WORK (default
+# /tmp/fixedcode_gpu_check, emptied first). Without OUT, summary.md is in GPU_CHECK_WORK.
+# GPU_CHECK_DRY_RUN=1 prints the plan (every command, its limit, their sum) and runs nothing.
+# GPU_CHECK_REHEARSAL=1 runs every step's real command on CPU at a tiny shape (the install
+# from GPU_CHECK_WHEELS; tests/integration/test_gpu_check.py does, from a clean copy), so the
+# plumbing is never first tried on the GPU. PYTHON (default python3) runs everything.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
+REPO=$PWD
 
-PY=${PYTHON:-python}
-RESULTS=${OUT:+$OUT/gpu_check}
-RESULTS=${RESULTS:-${TMPDIR:-/tmp}/fixedcode_gpu_check}
-rm -rf "$RESULTS"  # a rerun must not resume the previous run's checkpoints
-mkdir -p "$RESULTS"
-SUMMARY=$RESULTS/summary.md
+PY=${PYTHON:-python3}
+DRY=${GPU_CHECK_DRY_RUN:-0}
+REHEARSAL=${GPU_CHECK_REHEARSAL:-0}
+WORK=${GPU_CHECK_WORK:-${TMPDIR:-/tmp}/fixedcode_gpu_check}
+BACK=${OUT:+$OUT/gpu_check}  # what comes back (at most 8 small files)
+rm -rf "$WORK"  # a rerun must not resume the previous run's checkpoints
+mkdir -p "$WORK"
+if [[ -n $BACK ]]; then rm -rf "$BACK"; mkdir -p "$BACK"; fi
+SUMMARY=$WORK/summary.md
+WHEELS=${GPU_CHECK_WHEELS:-$REPO/.whl}
+SITE=$WORK/site  # the carried wheels' install target
+export PYTHONPATH="$REPO:$SITE${PYTHONPATH:+:$PYTHONPATH}"
 export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}  # one arch: the fastest build
 export CUDA_DEVICE_MAX_CONNECTIONS=1
 export PYTHONUNBUFFERED=1
 START=$SECONDS
-BUDGET=${GPU_CHECK_BUDGET_S:-540}
-DRY=${GPU_CHECK_DRY_RUN:-0}
-NEW_STEPS="te_bf16_fp8 local_attention recipe_flags"
-PASSED_STEPS="kernel kernel_in_training fp16 input_layer"
-if [[ ${GPU_CHECK_SKIP_PASSED:-0} == 1 ]]; then PASSED_STEPS=""; fi
-STEPS=${GPU_CHECK_STEPS:-$NEW_STEPS $PASSED_STEPS}
+BUDGET=${GPU_CHECK_BUDGET_S:-420}
+PLANNED=0  # the sum of the limits of the commands planned (dry run) or started
+STEPS=${GPU_CHECK_STEPS:-install throughput sdpa_parity recipe_flags}
 wanted() { [[ " $STEPS " == *" $1 "* ]]; }
 
 if [[ -n ${GPU_CHECK_HAVE_TE:-} ]]; then
     HAVE_TE=$GPU_CHECK_HAVE_TE  # for a dry run's plan
-elif "$PY" -c "import transformer_engine" 2>/dev/null; then HAVE_TE=1; else HAVE_TE=0; fi
+elif ((!REHEARSAL)) && "$PY" -c "import transformer_engine" 2>/dev/null; then HAVE_TE=1
+else HAVE_TE=0; fi
 MICRO=${GPU_CHECK_MICRO_BATCH:-4}
-SKIP=4 UNTIL=12 ITERS=14
-COMMON=(--mock-data --tokenizer-type NullTokenizer --vocab-size 49151 --lr 3e-4
-        --lr-warmup-iters 2 --log-interval 1 --eval-iters 0 --num-workers 2 --bf16)
-SMALL=(pretrain_fixedcode.py "${COMMON[@]}" --num-layers 4 --hidden-size 1024
-       --ffn-hidden-size 4096 --num-attention-heads 16 --seq-length 1024
-       --micro-batch-size 2 --global-batch-size 8)
-BIG=(pretrain_fixedcode.py "${COMMON[@]}" --preset smollm2-1.7b --seq-length 2048
-     --micro-batch-size "$MICRO" --global-batch-size "$MICRO" --train-iters "$ITERS")
-if ((HAVE_TE)); then
-    RECIPE_GPU_FLAGS=(--transformer-impl transformer_engine --fp8-format hybrid)
+ACCUMULATION=${GPU_CHECK_ACCUMULATION:-8}
+SKIP=4 UNTIL=12 ITERS=14              # without accumulation: 5-12 counted, 13-14 profiled
+ACC_SKIP=2 ACC_UNTIL=6 ACC_ITERS=6    # with accumulation: 3-6 counted
+if ((REHEARSAL)); then  # CPU, the tests' tiny model: the same commands, seconds each
+    MODEL=(--num-layers 2 --hidden-size 64 --num-attention-heads 4 --ffn-hidden-size 128
+           --seq-length 32 --vocab-size 511 --device cpu)
+    SHAPE=("${MODEL[@]}")
+    MICRO=2 WORKERS=0 TOKENS="2 x 32"
 else
-    RECIPE_GPU_FLAGS=(--transformer-impl local)
+    MODEL=(--preset smollm2-1.7b --seq-length 2048 --vocab-size 49151)
+    SHAPE=(--num-layers 4 --hidden-size 1024 --ffn-hidden-size 4096 --num-attention-heads 16
+           --seq-length 1024 --vocab-size 49151)
+    WORKERS=2 TOKENS="$MICRO x 2048"
 fi
-RECIPE_GPU_FLAGS+=(--use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather)
-CKPT=$RESULTS/checkpoints
+COMMON=(--mock-data --tokenizer-type NullTokenizer --lr 3e-4 --lr-warmup-iters 2
+        --log-interval 1 --eval-iters 0 --num-workers "$WORKERS" --bf16)
+SMALL=(pretrain_fixedcode.py "${COMMON[@]}" "${SHAPE[@]}" --micro-batch-size 2
+       --global-batch-size 8)
+BIG=(pretrain_fixedcode.py "${COMMON[@]}" "${MODEL[@]}" --micro-batch-size "$MICRO")
+NO_ACCUMULATION=(--global-batch-size "$MICRO" --train-iters "$ITERS")
+WITH_ACCUMULATION=(--global-batch-size "$((MICRO * ACCUMULATION))" --train-iters "$ACC_ITERS")
+RECIPE_GPU_FLAGS=(--transformer-impl local --use-distributed-optimizer --overlap-grad-reduce
+                  --overlap-param-gather)
+CKPT=$WORK/checkpoints
 
 # run NAME LIMIT_S COMMAND...: run with a time limit (cut to what is left of the budget),
-# output in $RESULTS/NAME.log. Status: the command's, 124 timed out, 125 budget spent, and 1
+# output in $WORK/NAME.log. Status: the command's, 124 timed out, 125 budget spent, and 1
 # when the log holds a Traceback whatever the status.
 run() {
     local name=$1 limit=$2
     shift 2
     local left=$((BUDGET - (SECONDS - START)))
     if ((left < 30)); then
-        echo "budget spent before this step" >"$RESULTS/$name.log"
+        echo "budget spent before this step" >"$WORK/$name.log"
         return 125
     fi
     ((limit > left)) && limit=$left
+    PLANNED=$((PLANNED + limit))
     echo "== $name (limit ${limit}s): $*"
     if ((DRY)); then
         return 0
     fi
-    timeout --signal=TERM --kill-after=15 "$limit" "$@" >"$RESULTS/$name.log" 2>&1
+    RAN+=("$name")
+    timeout --signal=TERM --kill-after=15 "$limit" "$@" >"$WORK/$name.log" 2>&1
     local status=$?
-    if ((status == 0)) && grep -q "Traceback" "$RESULTS/$name.log"; then
+    ((status == 124 || status == 137)) && echo "error: timed out after ${limit} s" >>"$WORK/$name.log"
+    if ((status == 0)) && grep -q "Traceback" "$WORK/$name.log"; then
         return 1
     fi
     return $status
 }
+RAN=()
 
 # detail NAME [PATTERN]: a line of NAME.log fit for a table cell: the last one matching
 # PATTERN, else the last error line (an exception, "error:"), else the last line.
 detail() {
     local line
-    line=$(grep -E "${2:-^$}" "$RESULTS/$1.log" 2>/dev/null | tail -n 1)
-    [[ -z $line ]] && line=$(grep -E "Error|error:|Killed" "$RESULTS/$1.log" 2>/dev/null \
+    line=$(grep -E "${2:-^$}" "$WORK/$1.log" 2>/dev/null | tail -n 1)
+    [[ -z $line ]] && line=$(grep -E "Error|error:|Killed" "$WORK/$1.log" 2>/dev/null \
                              | grep -v "Warning" | tail -n 1)
-    [[ -z $line ]] && line=$(tail -n 1 "$RESULTS/$1.log" 2>/dev/null)
+    [[ -z $line ]] && line=$(tail -n 1 "$WORK/$1.log" 2>/dev/null)
     tr '|' '/' <<<"${line:-no output}" | cut -c1-200
 }
 
@@ -116,14 +141,32 @@ report() {
     return "${PIPESTATUS[0]}"
 }
 
+# tests_passed NAME: the pytest run NAME.log had no failure, error or (on a GPU) skip.
+tests_passed() {
+    ((DRY)) && return 0
+    if ((REHEARSAL)); then
+        ! grep -qE "[0-9]+ (failed|error)" "$WORK/$1.log"
+    else
+        ! grep -qE "[0-9]+ (failed|skipped|error)" "$WORK/$1.log"
+    fi
+}
+
 # summary.md = the machine, the steps' verdicts, then the tables; rewritten (atomically)
-# whenever a verdict or a row is added.
+# whenever a verdict or a row is added, and copied back with the trimmed logs.
 refresh() {
-    cat "$RESULTS/head.md" "$RESULTS/steps.md" "$RESULTS/sections.md" >"$SUMMARY.tmp" 2>/dev/null
+    cat "$WORK/head.md" "$WORK/steps.md" "$WORK/sections.md" >"$SUMMARY.tmp" 2>/dev/null
     mv "$SUMMARY.tmp" "$SUMMARY"
+    [[ -z $BACK ]] && return 0
+    cp "$SUMMARY" "$BACK/summary.md"
+    local name
+    for name in "${RAN[@]}"; do
+        printf '## %s\n\n```\n' "$name"
+        tail -n 25 "$WORK/$name.log" 2>/dev/null | cut -c1-300
+        printf '```\n\n'
+    done >"$BACK/logs.md"
 }
 # add TEXT...: lines for the tables part of summary.md.
-add() { printf '%s\n' "$@" >>"$RESULTS/sections.md"; refresh; }
+add() { printf '%s\n' "$@" >>"$WORK/sections.md"; refresh; }
 # mark: a step starts (its clock). verdict STEP PASS|FAIL|SKIP DETAIL: the step's line on
 # stdout and its row in summary.md, at once (DRY in a dry run).
 mark() { T0=$SECONDS; }
@@ -131,15 +174,20 @@ verdict() {
     local v=$2
     ((DRY)) && [[ $v == PASS ]] && v=DRY
     printf '[gpu_check] %-4s %-18s %s (%s s)\n' "$v" "$1" "$3" "$((SECONDS - T0))"
-    printf '| %s | %s | %s | %s |\n' "$1" "$v" "$3" "$((SECONDS - T0))" >>"$RESULTS/steps.md"
+    printf '| %s | %s | %s | %s |\n' "$1" "$v" "$3" "$((SECONDS - T0))" >>"$WORK/steps.md"
     refresh
 }
 # table TITLE [HEADER]: open a table (its rows are added as they are measured).
 table() { add "" "### $1" "" ${2:+"$2"}; }
 SPEED_HEADER="| run | tokens/s per GPU | TFLOP/s per GPU | MFU (bf16 peak) | MFU (FP8 peak) | peak allocated GiB | peak reserved GiB | iterations |
 |---|---:|---:|---:|---:|---:|---:|---:|"
-# speed NAME: the throughput row of run NAME, appended to summary.md.
-speed() { add "$(report speed "$1" "$RESULTS/$1.jsonl" --skip $SKIP --until $UNTIL)"; }
+# speed NAME SKIP UNTIL: the throughput row of run NAME, appended to summary.md; its metrics
+# file comes back.
+speed() {
+    add "$(report speed "$1" "$WORK/$1.jsonl" --skip "$2" --until "$3")"
+    if [[ -n $BACK ]] && ((!DRY)); then cp "$WORK/$1.jsonl" "$BACK/" 2>/dev/null; fi
+    return 0
+}
 
 {
     echo "# gpu_check $(date -u +%Y-%m-%dT%H:%M:%SZ), commit $(git rev-parse --short HEAD 2>/dev/null)"
@@ -147,109 +195,108 @@ speed() { add "$(report speed "$1" "$RESULTS/$1.jsonl" --skip $SKIP --until $UNT
     echo '```'
     if ((DRY)); then
         echo "dry run: nothing executed"
+    elif ((REHEARSAL)); then
+        echo "rehearsal on CPU ($(nproc) cores), tiny shape: the plumbing, not GPU figures"
     else
         nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-        "$PY" -c "import torch; print('torch', torch.__version__, 'CUDA', torch.version.cuda)"
-        "$PY" -c "import transformer_engine as te; print('Transformer Engine', te.__version__)" \
-            2>/dev/null || echo "Transformer Engine: not importable"
-        "$PY" -W ignore -c "import megatron.core.tensor_parallel.layers as l; \
-print('gradient accumulation fusion (apex):', l._grad_accum_fusion_available)"
     fi
     echo '```'
     echo
     echo "Budget ${BUDGET} s; steps: $STEPS"
     echo
-} >"$RESULTS/head.md"
-printf '| step | verdict | detail | s |\n|---|---|---|---:|\n' >"$RESULTS/steps.md"
-: >"$RESULTS/sections.md"
+} >"$WORK/head.md"
+printf '| step | verdict | detail | s |\n|---|---|---|---:|\n' >"$WORK/steps.md"
+: >"$WORK/sections.md"
 refresh
 cat "$SUMMARY"
 
-# 1. Transformer Engine layers: bf16, then FP8, at the 1.7B shape.
-if wanted te_bf16_fp8; then
+# 1. The carried wheels, then the imports every step needs: a failure stops the check here.
+IMPORTS="${GPU_CHECK_IMPORTS:-} torch megatron.core transformers psutil megatron_ext"
+SHOW_IMPORTS="import importlib, sys; [print(n, getattr(m, '__version__', ''), m.__file__) for n \
+in sys.argv[1:] for m in [importlib.import_module(n)]]; import torch; print('torch CUDA', \
+torch.version.cuda, 'available', torch.cuda.is_available())"
+if wanted install; then
     mark
-    if ((!HAVE_TE)); then
-        verdict te_bf16_fp8 SKIP "Transformer Engine not importable"
-    else
-        table "Transformer Engine layers, 1.7B shape, $MICRO x 2048 tokens per step" \
-            "$SPEED_HEADER"
-        # NVTE_DEBUG: TE logs the attention backend it selects.
-        TE_RUN=(env NVTE_DEBUG=1 NVTE_DEBUG_LEVEL=1 "$PY" "${BIG[@]}"
-                --transformer-impl transformer_engine --input-interface binary)
-        run te_binary_bf16 170 "${TE_RUN[@]}" --metrics-file "$RESULTS/te_binary_bf16.jsonl"
-        BF16=$?
-        ((BF16 == 0)) && speed te_binary_bf16
-        run te_binary_fp8 170 "${TE_RUN[@]}" --fp8-format hybrid \
-            --metrics-file "$RESULTS/te_binary_fp8.jsonl"
-        FP8=$?
-        ((FP8 == 0)) && speed te_binary_fp8
-        backend=$(detail te_binary_bf16 "[Ss]elected backend|backend = ")
-        if ((BF16 == 0 && FP8 == 0)) && line=$(report compare "$RESULTS/te_binary_bf16.jsonl" \
-                "$RESULTS/te_binary_fp8.jsonl"); then
-            verdict te_bf16_fp8 PASS "$line; attention: $backend"
-        else
-            verdict te_bf16_fp8 FAIL "${line:-bf16: $(detail te_binary_bf16) / FP8: $(detail te_binary_fp8)}"
-        fi
-    fi
-fi
-
-# 2. Local layers: SDPA on the fixed and the learned input, then the unfused attention (its
-#    own verdict: the s x s scores of 4 sequences may not fit where SDPA's do).
-if wanted local_attention; then
-    mark
-    table "Local layers, 1.7B shape, $MICRO x 2048 tokens per step" "$SPEED_HEADER"
-    LOCAL_RUN=("$PY" "${BIG[@]}" --transformer-impl local)
+    wheels=()
+    for wheel in "$WHEELS"/*.whl; do [[ -e $wheel ]] && wheels+=("$wheel"); done
+    ((DRY)) && ((!${#wheels[@]})) && wheels=("$WHEELS/*.whl")
     ok=1
-    # The pinned SDPA kernels run and equal the unfused attention in bf16 (GPU-only tests).
-    run sdpa_parity 90 "$PY" -m pytest -q -p no:cacheprovider tests/integration/test_attention.py -k gpu \
-        && { ((DRY)) || ! grep -qE "[0-9]+ (failed|skipped|error)" "$RESULTS/sdpa_parity.log"; } \
-        || ok=0
-    run local_sdpa_binary 170 "${LOCAL_RUN[@]}" --input-interface binary \
-        --metrics-file "$RESULTS/local_sdpa_binary.jsonl" --profile --use-pytorch-profiler \
-        --profile-step-start $UNTIL --profile-step-end $ITERS \
-        --tensorboard-dir "$RESULTS/profile" && speed local_sdpa_binary || ok=0
-    run local_sdpa_learned 150 "${LOCAL_RUN[@]}" --input-interface learned \
-        --metrics-file "$RESULTS/local_sdpa_learned.jsonl" && speed local_sdpa_learned || ok=0
-    if ((ok)) && ratio=$(report ratio "$RESULTS/local_sdpa_learned.jsonl" \
-            "$RESULTS/local_sdpa_binary.jsonl" --skip $SKIP --until $UNTIL); then
-        add "" "SDPA runs: $ratio"
-        verdict local_attention PASS "$ratio"
-    else
-        verdict local_attention FAIL "parity: $(detail sdpa_parity "passed|failed") / binary: $(detail local_sdpa_binary) / learned: $(detail local_sdpa_learned)"
+    if ((${#wheels[@]})); then
+        run install_wheels 15 "$PY" -m pip install --no-index --no-deps --no-compile \
+            --disable-pip-version-check -q --target "$SITE" "${wheels[@]}" || ok=0
     fi
-    mark
-    if run local_unfused_binary 150 "${LOCAL_RUN[@]}" --input-interface binary \
-            --attention-backend unfused --metrics-file "$RESULTS/local_unfused_binary.jsonl"
-    then
-        speed local_unfused_binary
-        verdict local_unfused PASS "row in the table"
+    # shellcheck disable=SC2086  # one module name per word
+    if ((ok)) && run imports 25 "$PY" -c "$SHOW_IMPORTS" $IMPORTS; then
+        verdict install PASS "${#wheels[@]} wheels; $(detail imports "^megatron.core ")"
     else
-        verdict local_unfused FAIL "$(detail local_unfused_binary)"
+        verdict install FAIL "$(detail "$( ((ok)) && echo imports || echo install_wheels)")"
+        echo "[gpu_check] stopped: an import the steps need fails (the install step's log" \
+             "is in logs.md)"
+        exit 1
     fi
-    table "Profile of local_sdpa_binary, iterations $((UNTIL + 1))-$ITERS, GPU kernels"
-    if ((DRY)); then add "(dry run)"; else add "$("$PY" bench/gpu_check_report.py profile \
-        "$RESULTS/profile" 2>&1 | tail -n 12)"; fi
 fi
 
-# 3. The recipe's GPU-only flags at DP=1: train 3 of 6 iterations and save, resume to 6,
+# 2. Throughput of local layers at the 1.7B shape, with and without gradient accumulation.
+LOCAL_RUN=("$PY" "${BIG[@]}" --transformer-impl local --input-interface binary)
+if wanted throughput; then
+    mark
+    table "Local layers, SDPA, binary arm, $TOKENS tokens per micro-batch" "$SPEED_HEADER"
+    ok=1
+    if run binary_accum$ACCUMULATION 130 "${LOCAL_RUN[@]}" "${WITH_ACCUMULATION[@]}" \
+            --metrics-file "$WORK/binary_accum$ACCUMULATION.jsonl"; then
+        speed binary_accum$ACCUMULATION $ACC_SKIP $ACC_UNTIL
+    else
+        ok=0
+    fi
+    if run binary_no_accum 100 "${LOCAL_RUN[@]}" "${NO_ACCUMULATION[@]}" \
+            --metrics-file "$WORK/binary_no_accum.jsonl" --profile --use-pytorch-profiler \
+            --profile-step-start $UNTIL --profile-step-end $ITERS \
+            --tensorboard-dir "$WORK/profile"; then
+        speed binary_no_accum $SKIP $UNTIL
+    else
+        ok=0
+    fi
+    add "" "binary_accum$ACCUMULATION: $ACCUMULATION micro-batches per step, steps $((ACC_SKIP + 1))-$ACC_UNTIL counted; binary_no_accum: one, steps $((SKIP + 1))-$UNTIL counted."
+    if ((ok)); then
+        verdict throughput PASS "$(detail binary_accum$ACCUMULATION "micro-batches per step")"
+    else
+        verdict throughput FAIL "accumulation: $(detail binary_accum$ACCUMULATION) / none: $(detail binary_no_accum)"
+    fi
+    table "Profile of binary_no_accum, iterations $((UNTIL + 1))-$ITERS, kernels"
+    if ((DRY)); then add "(dry run)"; else add "$("$PY" bench/gpu_check_report.py profile \
+        "$WORK/profile" 2>&1 | tail -n 12)"; fi
+fi
+
+# 3. The pinned SDPA kernels run and equal the unfused attention in bf16 (GPU-only tests).
+if wanted sdpa_parity; then
+    mark
+    if run sdpa_parity 30 "$PY" -m pytest -q -p no:cacheprovider \
+            tests/integration/test_attention.py -k gpu && tests_passed sdpa_parity; then
+        verdict sdpa_parity PASS "$(detail sdpa_parity "passed|skipped")"
+    else
+        verdict sdpa_parity FAIL "$(detail sdpa_parity "passed|failed")"
+    fi
+fi
+
+# 4. The recipe's GPU-only flags at DP=1: train 3 of 6 iterations and save, resume to 6,
 #    convert the checkpoint and validate the conversion.
 if wanted recipe_flags; then
     mark
     RECIPE_RUN=("$PY" "${SMALL[@]}" "${RECIPE_GPU_FLAGS[@]}" --input-interface binary
                 --train-iters 6 --save "$CKPT" --load "$CKPT" --save-interval 3
-                --metrics-file "$RESULTS/recipe_flags.jsonl")
-    if run recipe_flags 120 "${RECIPE_RUN[@]}" --exit-interval 3; then
+                --metrics-file "$WORK/recipe_flags.jsonl")
+    if run recipe_flags 50 "${RECIPE_RUN[@]}" --exit-interval 3; then
         verdict recipe_flags PASS "${RECIPE_GPU_FLAGS[*]}: $(detail recipe_flags "saved checkpoint")"
         mark
-        if run resume 120 "${RECIPE_RUN[@]}" && line=$(report final "$RESULTS/recipe_flags.jsonl")
+        if run resume 40 "${RECIPE_RUN[@]}" && line=$(report final "$WORK/recipe_flags.jsonl")
         then
             verdict resume PASS "from iteration 3: $line"
         else
             verdict resume FAIL "$(detail resume)"
         fi
         mark
-        if run convert 120 "$PY" tools/convert_to_hf.py --load "$CKPT" \
-                --output "$RESULTS/hf" --validate; then
+        if run convert 30 "$PY" tools/convert_to_hf.py --load "$CKPT" \
+                --output "$WORK/hf" --validate; then
             verdict convert PASS "$(detail convert "validate: max")"
         else
             verdict convert FAIL "$(detail convert)"
@@ -261,14 +308,72 @@ if wanted recipe_flags; then
     fi
 fi
 
-# 4. Passed on the first GPU run: the kernel, its use in training, fp16, the input layer.
+# 5. Asked for by name: the learned arm's and the unfused attention's rows.
+if wanted learned; then
+    mark
+    table "Local layers, learned arm, $TOKENS tokens per micro-batch" "$SPEED_HEADER"
+    if run learned_accum$ACCUMULATION 130 "$PY" "${BIG[@]}" --transformer-impl local \
+            --input-interface learned "${WITH_ACCUMULATION[@]}" \
+            --metrics-file "$WORK/learned_accum$ACCUMULATION.jsonl"; then
+        speed learned_accum$ACCUMULATION $ACC_SKIP $ACC_UNTIL
+        line="row in the table"
+        if [[ -f $WORK/binary_accum$ACCUMULATION.jsonl ]] && line=$(report ratio \
+                "$WORK/learned_accum$ACCUMULATION.jsonl" "$WORK/binary_accum$ACCUMULATION.jsonl" \
+                --skip $ACC_SKIP --until $ACC_UNTIL); then
+            add "" "binary_accum$ACCUMULATION against learned_accum$ACCUMULATION: $line"
+        fi
+        verdict learned PASS "$line"
+    else
+        verdict learned FAIL "$(detail learned_accum$ACCUMULATION)"
+    fi
+fi
+if wanted local_unfused; then
+    mark
+    table "Local layers, unfused attention, binary arm" "$SPEED_HEADER"
+    if run binary_unfused 130 "${LOCAL_RUN[@]}" "${WITH_ACCUMULATION[@]}" \
+            --attention-backend unfused --metrics-file "$WORK/binary_unfused.jsonl"; then
+        speed binary_unfused $ACC_SKIP $ACC_UNTIL
+        verdict local_unfused PASS "row in the table"
+    else
+        verdict local_unfused FAIL "$(detail binary_unfused)"
+    fi
+fi
+
+# 6. Transformer Engine layers: bf16, then FP8, at the 1.7B shape (when TE imports).
+if wanted te_bf16_fp8; then
+    mark
+    if ((!HAVE_TE)); then
+        verdict te_bf16_fp8 SKIP "Transformer Engine not importable"
+    else
+        table "Transformer Engine layers, binary arm, $TOKENS tokens per micro-batch" \
+            "$SPEED_HEADER"
+        # NVTE_DEBUG: TE logs the attention backend it selects.
+        TE_RUN=(env NVTE_DEBUG=1 NVTE_DEBUG_LEVEL=1 "$PY" "${BIG[@]}" "${NO_ACCUMULATION[@]}"
+                --transformer-impl transformer_engine --input-interface binary)
+        run te_binary_bf16 170 "${TE_RUN[@]}" --metrics-file "$WORK/te_binary_bf16.jsonl"
+        BF16=$?
+        ((BF16 == 0)) && speed te_binary_bf16 $SKIP $UNTIL
+        run te_binary_fp8 170 "${TE_RUN[@]}" --fp8-format hybrid \
+            --metrics-file "$WORK/te_binary_fp8.jsonl"
+        FP8=$?
+        ((FP8 == 0)) && speed te_binary_fp8 $SKIP $UNTIL
+        backend=$(detail te_binary_bf16 "[Ss]elected backend|backend = ")
+        if ((BF16 == 0 && FP8 == 0)) && line=$(report compare "$WORK/te_binary_bf16.jsonl" \
+                "$WORK/te_binary_fp8.jsonl"); then
+            verdict te_bf16_fp8 PASS "$line; attention: $backend"
+        else
+            verdict te_bf16_fp8 FAIL "${line:-bf16: $(detail te_binary_bf16) / FP8: $(detail te_binary_fp8)}"
+        fi
+    fi
+fi
+
+# 7. Passed on the first GPU run: the kernel, its use in training, fp16, the input layer.
 if wanted kernel; then
     mark
     if run build 240 "$PY" -m megatron_ext.codes.cuda_extension \
-            && run parity 120 "$PY" -m pytest -q -p no:cacheprovider tests/integration/test_cuda_kernel.py \
-                -k equals_reference_on_gpu \
-            && { ((DRY)) || ! grep -qE "[0-9]+ (failed|skipped|error)" "$RESULTS/parity.log"; }
-    then
+            && run parity 120 "$PY" -m pytest -q -p no:cacheprovider \
+                tests/integration/test_cuda_kernel.py -k equals_reference_on_gpu \
+            && tests_passed parity; then
         verdict kernel PASS "$(detail parity passed)"
     else
         verdict kernel FAIL "$(detail parity) / build: $(detail build)"
@@ -277,8 +382,8 @@ fi
 if wanted kernel_in_training; then
     mark
     if run kernel_in_training 120 "$PY" "${SMALL[@]}" --input-interface gf2 --train-iters 10 \
-            --fixed-code-impl cuda --metrics-file "$RESULTS/kernel_in_training.jsonl" \
-            && line=$(report final "$RESULTS/kernel_in_training.jsonl"); then
+            --fixed-code-impl cuda --metrics-file "$WORK/kernel_in_training.jsonl" \
+            && line=$(report final "$WORK/kernel_in_training.jsonl"); then
         verdict kernel_in_training PASS "$line"
     else
         verdict kernel_in_training FAIL "$(detail kernel_in_training)"
@@ -287,7 +392,7 @@ fi
 if wanted fp16; then
     mark
     if run fp16 120 "$PY" "${SMALL[@]/--bf16/--fp16}" --input-interface binary --train-iters 20 \
-            --metrics-file "$RESULTS/fp16.jsonl" && line=$(report fp16 "$RESULTS/fp16.jsonl"); then
+            --metrics-file "$WORK/fp16.jsonl" && line=$(report fp16 "$WORK/fp16.jsonl"); then
         verdict fp16 PASS "$line"
     else
         verdict fp16 FAIL "${line:-$(detail fp16)}"
@@ -298,12 +403,12 @@ if wanted input_layer; then
     table "Input layer (bench/bench_embedding.py)"
     run input_layer 150 "$PY" bench/bench_embedding.py --tokens 8192 --reps 10
     status=$?
-    add "$(grep -E "^(#|\|)" "$RESULTS/input_layer.log" 2>/dev/null)"
-    rows=$(grep -c "^| 8192 " "$RESULTS/input_layer.log" 2>/dev/null)
+    add "$(grep -E "^(#|\|)" "$WORK/input_layer.log" 2>/dev/null)"
+    rows=$(grep -c "^| 8192 " "$WORK/input_layer.log" 2>/dev/null)
     verdict input_layer "$( ((status == 0)) && echo PASS || echo FAIL)" "${rows:-0} rows measured"
 fi
 
+((DRY)) && echo "limits sum: ${PLANNED} s (budget ${BUDGET} s)"
 add "" "done in $((SECONDS - START)) s"
 echo
 cat "$SUMMARY"
-echo "logs: $RESULTS"

@@ -116,6 +116,9 @@ def main(argv=None) -> int:
     a = parser.parse_args(argv)
     if a.kind == "profile":
         summary = profile_summary(a.paths[0])
+        if not summary:
+            print(f"no GPU kernel in the traces of {a.paths[0]} (a CPU run)")
+            return 0
         total = sum(ms for _, ms in summary)
         print("| kernel category | ms | share |")
         print("|---|---:|---:|")

@@ -102,6 +102,14 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
                    action="store_false",
                    help="unfused attention softmax in the local layers (default: fused where "
                         "apex's softmax kernels import)")
+    g.add_argument("--cross-entropy-loss-fusion", action=argparse.BooleanOptionalAction,
+                   default=None,
+                   help="Megatron-Core's fused cross-entropy of the output logits (default: "
+                        "on on a GPU under --bf16; off on CPU, where its torch.compile'd "
+                        "kernels compile slowly; native needs --bf16)")
+    g.add_argument("--cross-entropy-fusion-impl", choices=["native", "te"], default="native",
+                   help="--cross-entropy-loss-fusion: Megatron-Core's own (native) or "
+                        "Transformer Engine's (te: TE must import)")
     g.add_argument("--no-gradient-accumulation-fusion", dest="gradient_accumulation_fusion",
                    action="store_false",
                    help="weight gradients not accumulated in the GEMM (default: fused on a "
@@ -158,6 +166,10 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--overlap-param-gather", action="store_true",
                    help="--use-distributed-optimizer: gather the updated parameters bucket by "
                         "bucket during the next forward pass (needs --overlap-grad-reduce)")
+    p.add_argument("--torch-adam-fused", choices=["auto", "on", "off"], default="auto",
+                   help="where neither Transformer Engine nor Apex supplies a FusedAdam, "
+                        "megatron-core's optimizer is torch's AdamW: run its fused kernel "
+                        "(auto: on a GPU; on: also on CPU; off: torch's for-each update)")
     p.add_argument("--ddp-bucket-size", type=int, default=None,
                    help="parameters per gradient bucket (default max(40M, 1M x DP size))")
 

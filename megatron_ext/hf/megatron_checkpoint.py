@@ -46,6 +46,7 @@ def load_model(path: str, args: argparse.Namespace, fixed_code: Optional[dict]) 
     # Execution choices, absent from older checkpoints: no parameter depends on them, and
     # one backend for every model a process loads (GPTModel pins TE's variables to it).
     args.attention_backend, args.fp32_residual_connection = "auto", False
+    args.cross_entropy_loss_fusion, args.cross_entropy_fusion_impl = False, "native"
     # the saved code, never a redrawn one
     model = model_provider(args, args.padded_vocab_size, on_cpu=True,
                            code=None if fixed_code is None else FixedCode.from_dict(fixed_code))

@@ -34,7 +34,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 from ..codes.embedding import FixedCodeEmbedding
 from ..codes.schemes import SCHEMES, FixedCode
 from ..runtime.device_checks import transformer_engine_imports
-from ..runtime.errors import DeviceError
+from ..runtime.errors import DeviceError, FlagError
 from .attention import local_core_attention
 from .input_tables import factorize, freeze
 from .norm_layers import TorchNorm
@@ -58,6 +58,14 @@ def params_dtype(args: argparse.Namespace) -> torch.dtype:
     return torch.bfloat16 if args.bf16 else torch.float16 if args.fp16 else torch.float32
 
 
+def pipeline_dtype(args: argparse.Namespace) -> torch.dtype:
+    """The dtype of the activations pipeline stages send each other: the residual stream's.
+    Under ``--fp32-residual-connection`` a stage sends fp32 whatever the parameters' dtype
+    (megatron-core 0.16.1 sizes the receive buffers from ``pipeline_dtype`` alone: a bf16
+    buffer receives half the bytes sent, and gloo aborts)."""
+    return torch.float32 if args.fp32_residual_connection else params_dtype(args)
+
+
 def fused_softmax_available() -> bool:
     """Whether the fused attention-softmax kernels (apex's extensions) import: megatron-core
     imports them only inside the forward pass, so a fusion switched on without them fails
@@ -76,10 +84,14 @@ def fusions(args: argparse.Namespace, on_cpu: bool) -> dict:
     from TE) and serves local layers as well; the weight-gradient accumulation in the GEMM
     of Megatron's own linears (the local layers' and the output layer, even under TE) is
     apex's extension; the fused softmax serves the local layers' unfused attention (TE's
-    attention and SDPA are fused anyway)."""
+    attention and SDPA are fused anyway); the fused cross-entropy is
+    :func:`cross_entropy_fusion`'s."""
+    cross_entropy = dict(cross_entropy_loss_fusion=cross_entropy_fusion(args, on_cpu),
+                         cross_entropy_fusion_impl=args.cross_entropy_fusion_impl)
     if on_cpu:
         return dict(bias_activation_fusion=False, apply_rope_fusion=False,
-                    gradient_accumulation_fusion=False, masked_softmax_fusion=False)
+                    gradient_accumulation_fusion=False, masked_softmax_fusion=False,
+                    **cross_entropy)
     from megatron.core.models.common.embeddings import rope_utils
     from megatron.core.tensor_parallel.layers import _grad_accum_fusion_available
     return dict(bias_activation_fusion=args.bias_swiglu_fusion and args.swiglu,
@@ -87,7 +99,31 @@ def fusions(args: argparse.Namespace, on_cpu: bool) -> dict:
                                    and rope_utils.fused_apply_rotary_pos_emb is not None),
                 gradient_accumulation_fusion=(args.gradient_accumulation_fusion
                                               and _grad_accum_fusion_available),
-                masked_softmax_fusion=args.masked_softmax_fusion and fused_softmax_available())
+                masked_softmax_fusion=args.masked_softmax_fusion and fused_softmax_available(),
+                **cross_entropy)
+
+
+def cross_entropy_fusion(args: argparse.Namespace, on_cpu: bool) -> bool:
+    """``--cross-entropy-loss-fusion``: by default on a GPU under ``--bf16`` (Megatron-Core's
+    native fused cross-entropy is torch.compile'd, which a GPU image runs through Triton),
+    off on CPU unless asked. The native implementation returns the logits' gradient in bf16
+    whatever their dtype (megatron-core 0.16.1, ``fusions/fused_cross_entropy.py``): equal to
+    the unfused loss under --bf16, a rounding of every gradient otherwise, so it is refused
+    without --bf16. TE's implementation is refused where TE does not import (megatron-core
+    would fall back to the unfused loss in silence)."""
+    native = args.cross_entropy_fusion_impl == "native"
+    if args.cross_entropy_loss_fusion is None:
+        return not on_cpu and (args.bf16 or not native)
+    if not args.cross_entropy_loss_fusion:
+        return False
+    if native and not args.bf16:
+        raise FlagError("--cross-entropy-loss-fusion with --cross-entropy-fusion-impl native "
+                        "needs --bf16: megatron-core 0.16.1's native fused cross-entropy "
+                        "rounds the logits' gradient to bf16")
+    if not native and not transformer_engine_imports():
+        raise DeviceError("--cross-entropy-fusion-impl te needs Transformer Engine, which "
+                          "does not import; use --cross-entropy-fusion-impl native")
+    return True
 
 
 def transformer_config_from_args(args: argparse.Namespace, on_cpu: bool) -> TransformerConfig:
@@ -115,7 +151,7 @@ def transformer_config_from_args(args: argparse.Namespace, on_cpu: bool) -> Tran
         bf16=args.bf16,
         fp16=args.fp16,
         params_dtype=dtype,
-        pipeline_dtype=dtype,
+        pipeline_dtype=pipeline_dtype(args),
         tensor_model_parallel_size=args.tensor_model_parallel_size,
         pipeline_model_parallel_size=args.pipeline_model_parallel_size,
         sequence_parallel=args.sequence_parallel,

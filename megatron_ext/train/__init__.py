@@ -3,6 +3,7 @@
 - ``setup``: the flags checked, the layers settled, the checkpoint resolved, the model and
   optimizer built (one ``TrainingSetup``);
 - ``loop``: ``pretrain``, the loop itself, with its teardown in one place;
+- ``fused_adam``: torch's fused AdamW where neither TE nor Apex supplies a FusedAdam;
 - ``step``: one training step, and the guard over non-finite ones;
 - ``spikes``: ``--check-for-spiky-loss``, a loss far above the first ones;
 - ``validation``: when and how the loop validates;

@@ -37,6 +37,7 @@ from ..runtime.device_checks import check_cuda_connections, fp8_refusal
 from ..runtime.device_checks import transformer_engine_imports, transformer_engine_version
 from ..runtime.errors import DeviceError, FlagError
 from ..runtime.log import log
+from .fused_adam import fuse_torch_adam, torch_adam_fused
 from .profiling import validate_profile_args
 
 
@@ -75,6 +76,7 @@ def check_flags(args: argparse.Namespace, device: str) -> tuple:
     if args.manual_gc_interval < 0:
         raise FlagError(f"--manual-gc-interval {args.manual_gc_interval} is negative")
     validate_profile_args(resolved.applied_to(args))
+    torch_adam_fused(args, device)  # refuses what cannot apply
     if args.ckpt_step is not None and not args.load:
         raise FlagError("--ckpt-step needs --load")
     for flag in ("save_interval", "async_save", "keep_last_checkpoints"):
@@ -148,6 +150,13 @@ def resolve_layers(args: argparse.Namespace, device: str) -> tuple[str, bool]:
     elif impl == "transformer_engine" and device == "cpu":
         raise FlagError("--transformer-impl transformer_engine needs a GPU (Transformer "
                         "Engine's layers run on CUDA only); use --transformer-impl local")
+    if impl == "transformer_engine" and args.fp32_residual_connection:
+        raise FlagError(
+            "--fp32-residual-connection with --transformer-impl transformer_engine"
+            + (" (the default on a GPU where TE imports)" if args.transformer_impl is None
+               else "") + ": TE's fused norm + linear takes the layer's dtype and would "
+            "receive the fp32 stream; use --transformer-impl local, or drop "
+            "--fp32-residual-connection")
     if args.fp8_format and impl != "transformer_engine":
         raise FlagError("--fp8-format needs --transformer-impl transformer_engine "
                         "(Transformer Engine layers, on a GPU)")
@@ -265,6 +274,8 @@ def build_model_and_optimizer(args, derived: Derived, model_provider: Callable,
                         params_dtype=model.config.params_dtype,
                         use_distributed_optimizer=args.use_distributed_optimizer),
         [ddp], config_overrides=input_table_overrides(args))
+    if torch_adam_fused(args, args.device) and fuse_torch_adam(optimizer):
+        log("[fixedcode] optimizer: torch's AdamW with its fused kernel (--torch-adam-fused)")
     steps = scheduler_steps(vars(args), args.train_samples, derived.train_iters,
                             derived.global_batch_size)
     scheduler = OptimizerParamScheduler(
@@ -317,6 +328,8 @@ def set_up(args: argparse.Namespace, device: str, model_provider: Callable) -> T
         loading.load_checkpoint(resume_path, common, model, optimizer, scheduler,
                                 load_optim=not (run.finetune or run.no_load_optim),
                                 load_rng=not (run.finetune or run.no_load_rng))
+        if torch_adam_fused(run, device):
+            fuse_torch_adam(optimizer)  # the loaded parameter groups are the saved ones
         if run.finetune:  # as Megatron-LM: iteration 0, consumed samples 0
             log(f"[fixedcode] --finetune: model weights from {resume_path}, iteration 0")
         else:

@@ -1,21 +1,30 @@
-"""bench/gpu_check.sh's logic on CPU: its plan (the order of the steps, the throughput runs'
-shape, the budget), its verdicts (exit status and Traceback) and the summary a killed run
-keeps; and bench/gpu_check_report.py's figures from metrics files and a profiler trace."""
+"""bench/gpu_check.sh on CPU: its plan (the order of the steps, the throughput runs' shape,
+limits that fit one short slot), its verdicts (exit status and Traceback) and the summary a
+killed run keeps; a rehearsal of every step's real command at a tiny shape from a clean copy
+of the tree (the install from a wheel built here), with what comes back; and
+bench/gpu_check_report.py's figures from metrics files and a profiler trace."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import importlib.util
 import json
 import os
 import re
+import shutil
 import stat
 import subprocess
+import sys
+import zipfile
 
 import pytest
 
 from conftest import REPO
 
 SCRIPT = REPO / "bench" / "gpu_check.sh"
+# One short slot: 15 minutes of device time with the machine's start, a rerun included.
+SLOT_LIMITS_S = 420
 
 
 @pytest.fixture(scope="module")
@@ -29,9 +38,11 @@ def report():
 
 
 def gpu_check(tmp_path, python: str = "python", **env) -> tuple[str, str]:
-    """(stdout, summary.md) of a run of the script with OUT=tmp_path."""
+    """(stdout, summary.md) of a run of the script with OUT=tmp_path (its work folder in
+    tmp_path/work)."""
     out = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "OUT": str(tmp_path), "PYTHON": python,
+                              "GPU_CHECK_WORK": str(tmp_path / "work"),
                               "GPU_CHECK_HAVE_TE": "0", **env})
     assert out.returncode == 0, out.stderr
     return out.stdout, (tmp_path / "gpu_check" / "summary.md").read_text()
@@ -41,32 +52,50 @@ def planned(stdout: str) -> list[str]:
     return re.findall(r"^== (\S+) \(limit", stdout, flags=re.M)
 
 
-def test_the_plan_puts_never_run_steps_first_and_measures_steady_state(tmp_path):
-    stdout, summary = gpu_check(tmp_path, GPU_CHECK_DRY_RUN="1", GPU_CHECK_HAVE_TE="1")
-    assert planned(stdout) == [
-        "te_binary_bf16", "te_binary_fp8", "sdpa_parity", "local_sdpa_binary", "local_sdpa_learned",
-        "local_unfused_binary", "recipe_flags", "resume", "convert", "build", "parity",
-        "kernel_in_training", "fp16", "input_layer"]
+def test_the_plan_fits_one_slot_most_valuable_first(tmp_path):
+    stdout, summary = gpu_check(tmp_path, GPU_CHECK_DRY_RUN="1")
+    assert planned(stdout) == ["install_wheels", "imports", "binary_accum8", "binary_no_accum",
+                               "sdpa_parity", "recipe_flags", "resume", "convert"]
+    limits = [int(x) for x in re.findall(r"^== \S+ \(limit (\d+)s\)", stdout, flags=re.M)]
+    assert f"limits sum: {sum(limits)} s (budget {SLOT_LIMITS_S} s)" in stdout
+    assert sum(limits) <= SLOT_LIMITS_S
+    assert "pip install --no-index --no-deps" in stdout and "python -c" in stdout
     big = [line for line in stdout.splitlines() if "--preset smollm2-1.7b" in line]
-    assert len(big) == 5
-    for line in big:
-        assert "--micro-batch-size 4 --global-batch-size 4 --train-iters 14" in line
-    assert "--fp8-format hybrid" in big[1] and "--attention-backend unfused" in big[4]
-    assert "--profile-step-start 12 --profile-step-end 14" in big[2]  # after the counted 5-12
-    assert "Budget 540 s" in summary and summary.index("| te_bf16_fp8 | DRY") \
-        < summary.index("| input_layer | DRY")
+    assert len(big) == 2 and all("--transformer-impl local" in line for line in big)
+    assert "--micro-batch-size 4 --transformer-impl local --input-interface binary " \
+           "--global-batch-size 32 --train-iters 6" in big[0]  # 8 micro-batches of 4
+    assert "--global-batch-size 4 --train-iters 14" in big[1]
+    assert "--profile-step-start 12 --profile-step-end 14" in big[1]  # after the counted 5-12
+    assert f"Budget {SLOT_LIMITS_S} s" in summary and summary.index("| install | DRY") \
+        < summary.index("| throughput | DRY") < summary.index("| convert | DRY")
 
-    stdout, summary = gpu_check(tmp_path, GPU_CHECK_DRY_RUN="1", GPU_CHECK_SKIP_PASSED="1")
-    assert planned(stdout) == ["sdpa_parity", "local_sdpa_binary", "local_sdpa_learned",
-                               "local_unfused_binary", "recipe_flags", "resume", "convert"]
+    stdout, summary = gpu_check(tmp_path, GPU_CHECK_DRY_RUN="1", GPU_CHECK_HAVE_TE="1",
+                                GPU_CHECK_STEPS="input_layer te_bf16_fp8 learned kernel")
+    assert planned(stdout) == ["learned_accum8", "te_binary_bf16", "te_binary_fp8", "build",
+                               "parity", "input_layer"]  # the script's order, not the list's
+    stdout, summary = gpu_check(tmp_path, GPU_CHECK_DRY_RUN="1", GPU_CHECK_STEPS="te_bf16_fp8")
     assert "| te_bf16_fp8 | SKIP | Transformer Engine not importable" in summary
 
 
 def test_a_spent_budget_runs_nothing(tmp_path):
     stdout, summary = gpu_check(tmp_path, GPU_CHECK_DRY_RUN="1", GPU_CHECK_BUDGET_S="20",
-                                GPU_CHECK_STEPS="local_attention fp16")
+                                GPU_CHECK_STEPS="throughput fp16")
     assert planned(stdout) == []
-    assert "| local_attention | FAIL |" in summary and "| fp16 | FAIL |" in summary
+    assert "| throughput | FAIL |" in summary and "| fp16 | FAIL |" in summary
+
+
+def test_a_failed_import_stops_the_check_at_once(tmp_path):
+    out = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable,
+                              "GPU_CHECK_WORK": str(tmp_path / "work"),
+                              "GPU_CHECK_WHEELS": str(tmp_path / "none"),
+                              "GPU_CHECK_IMPORTS": "no_such_module_here"})
+    assert out.returncode == 1
+    assert "[gpu_check] stopped: an import the steps need fails" in out.stdout
+    summary = (tmp_path / "gpu_check" / "summary.md").read_text()
+    assert "| install | FAIL | ModuleNotFoundError: No module named 'no_such_module_here'" \
+        in summary
+    assert "| throughput |" not in summary and "== binary_accum8" not in out.stdout
 
 
 @pytest.mark.parametrize("output,status,verdict,detail", [
@@ -90,6 +119,72 @@ def test_exit_status_and_tracebacks_decide_a_verdict(tmp_path, output, status, v
     row = next(line for line in summary.splitlines() if line.startswith("| kernel_in_training"))
     assert row.split(" | ")[1] == verdict
     assert detail in row
+
+
+def build_wheel(folder, name: str, version: str) -> None:
+    """A pure-Python wheel of one module ``name`` (``__version__ = version``), written here
+    as pip's format has it (no index, no build backend)."""
+    info = f"{name}-{version}.dist-info"
+    files = {f"{name}/__init__.py": f'__version__ = "{version}"\n',
+             f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+             f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test_gpu_check\n"
+                              "Root-Is-Purelib: true\nTag: py3-none-any\n"}
+    record = []
+    for path, text in files.items():
+        digest = hashlib.sha256(text.encode()).digest()
+        record.append(f"{path},sha256={base64.urlsafe_b64encode(digest).rstrip(b'=').decode()},"
+                      f"{len(text.encode())}")
+    files[f"{info}/RECORD"] = "\n".join(record + [f"{info}/RECORD,,"]) + "\n"
+    folder.mkdir()
+    with zipfile.ZipFile(folder / f"{name}-{version}-py3-none-any.whl", "w") as wheel:
+        for path, text in files.items():
+            wheel.writestr(path, text)
+
+
+def test_the_rehearsal_runs_every_step_from_a_clean_copy(tmp_path):
+    """GPU_CHECK_REHEARSAL=1 from a copy of the tracked tree: the carried wheel installed with
+    pip --no-index into the scratch target and imported from there, megatron_ext from the
+    copy (PYTHONPATH), every step's command run at the tiny shape on CPU and passing, the
+    throughput rows measured; what comes back is summary.md, the trimmed logs and the two
+    throughput runs' metrics, while checkpoints and the export stay in the work folder."""
+    tree = tmp_path / "tree"
+    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO,
+                            capture_output=True, text=True, check=True).stdout.splitlines()
+    for name in listed:
+        if (REPO / name).is_file():
+            (tree / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, tree / name)
+    build_wheel(tmp_path / "wheels", "fixedcode_rehearsal_wheel", "1.0")
+    out, work = tmp_path / "out", tmp_path / "work"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    run = subprocess.run(["bash", str(tree / "bench" / "gpu_check.sh")], capture_output=True,
+                         text=True, timeout=300, env={
+                             **env, "OUT": str(out), "GPU_CHECK_WORK": str(work),
+                             "GPU_CHECK_REHEARSAL": "1", "PYTHON": sys.executable,
+                             "GPU_CHECK_WHEELS": str(tmp_path / "wheels"),
+                             "GPU_CHECK_IMPORTS": "fixedcode_rehearsal_wheel"})
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    summary = (out / "gpu_check" / "summary.md").read_text()
+    assert "rehearsal on CPU" in summary
+    verdicts = dict(re.findall(r"^\| (\w+) \| (PASS|FAIL|SKIP) \|", summary, flags=re.M))
+    assert verdicts == dict.fromkeys(["install", "throughput", "sdpa_parity", "recipe_flags",
+                                      "resume", "convert"], "PASS"), summary
+    rows = {m[0]: m[1:] for m in re.findall(
+        r"^\| (binary_\w+) \| ([\d,]+) \| .* \| (\d+) \|$", summary, flags=re.M)}
+    assert set(rows) == {"binary_accum8", "binary_no_accum"}
+    assert rows["binary_accum8"][1] == "4" and rows["binary_no_accum"][1] == "8"
+    assert all(int(tokens.replace(",", "")) > 0 for tokens, _ in rows.values())
+    logs = (out / "gpu_check" / "logs.md").read_text()
+    assert f"fixedcode_rehearsal_wheel 1.0 {work}/site/fixedcode_rehearsal_wheel" in logs
+    assert f"{tree}/megatron_ext/__init__.py" in logs
+    assert "| 8 micro-batches per step" in logs
+
+    back = [p for p in out.rglob("*") if p.is_file()]
+    assert sorted(p.name for p in back) == ["binary_accum8.jsonl", "binary_no_accum.jsonl",
+                                            "logs.md", "summary.md"]
+    assert len(back) <= 8 and all(p.stat().st_size <= 16 * 2**20 for p in back)
+    assert all(len(p.relative_to(out).parts) <= 3 for p in back)  # two folders deep at most
+    assert (work / "checkpoints" / "iter_0000006").is_dir() and (work / "hf").is_dir()
 
 
 def records(path, steps):

@@ -138,6 +138,7 @@ def test_a_nan_gradient_with_a_finite_loss_is_never_applied(cpu_dist, tmp_path):
         path, saved_args, code, _ = read_checkpoint(str(ckpt), iteration)
         if iteration == 3:  # as saved before these flags existed: loads all the same
             del saved_args.attention_backend, saved_args.fp32_residual_connection
+            del saved_args.cross_entropy_loss_fusion, saved_args.cross_entropy_fusion_impl
         weights[iteration] = dict(load_model(path, saved_args, code).named_parameters())
         assert all(torch.isfinite(w).all() for w in weights[iteration].values())
     assert all(torch.equal(weights[3][k], weights[4][k]) for k in weights[3])  # skipped
@@ -188,6 +189,19 @@ def test_layer_flags_that_cannot_run_are_clear_errors(te_imports, device, flags,
     te_imports(False)
     with pytest.raises(FixedcodeError, match=re.escape(message)):
         resolve_layers(gpu_args(*flags), device)
+
+
+def test_te_layers_refuse_the_fp32_residual_stream(te_imports):
+    """TE's fused norm + linear would receive the fp32 stream of --fp32-residual-connection
+    (a dtype assert on the GPU): refused at start-up naming both flags, whether TE's layers
+    are asked for or the GPU's default; local layers take the flag."""
+    te_imports(True)
+    for flags in (["--transformer-impl", "transformer_engine"], []):
+        with pytest.raises(FlagError, match="--fp32-residual-connection with "
+                                            "--transformer-impl transformer_engine"):
+            resolve_layers(gpu_args("--bf16", "--fp32-residual-connection", *flags), "cuda")
+    assert resolve_layers(gpu_args("--bf16", "--fp32-residual-connection",
+                                   "--transformer-impl", "local"), "cuda")[0] == "local"
 
 
 def test_sequence_parallel_is_turned_off_at_tp1_and_kept_at_tp2(te_imports, capsys):

@@ -3,7 +3,8 @@ and all-gather): over 10 training steps of every arm, TP=2 with sequence paralle
 the losses of TP=1 (the fixed-code input computes only its rank's slice of the sequence),
 and the distributed optimizer at DP=2 those of DDP at DP=2; it also saves and resumes
 exactly, also with its parameters gathered during the forward pass
-(``--overlap-param-gather``). Both layers' attention is the default, SDPA, so TP=2 also
+(``--overlap-param-gather``). Two pipeline stages under --bf16 --fp32-residual-connection
+continue a PP=1 checkpoint with PP=1's losses. Both layers' attention is the default, SDPA, so TP=2 also
 checks it against TP=1."""
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import pytest
 
 from conftest import REPO, _free_port
 from megatron_ext.metrics.sinks import read_metrics
-from helpers.parallel_worker import ARMS, LAYOUTS, STEPS
+from helpers.parallel_worker import ARMS, FP32_RESIDUAL_SAVED, LAYOUTS, STEPS
 
 WORKER = REPO / "tests" / "helpers" / "parallel_worker.py"
 
@@ -75,3 +76,19 @@ def test_overlapped_parameter_gather_gives_the_same_run(runs):
         assert overlapped[it] == pytest.approx(dist[it], abs=1e-6), it
     norms = [r["params-norm"] for r in read_metrics(str(root / "overlap-resumed.jsonl"))]
     assert len(norms) == STEPS - 5 and all(n > 0 for n in norms)
+
+
+def test_pipeline_stages_send_the_fp32_residual_stream(runs):
+    """Under --bf16 --fp32-residual-connection a stage sends its fp32 stream: the receive
+    buffers are fp32 too (they were bf16, half the bytes sent, and gloo aborted). From the
+    same checkpoint, two stages continue with the losses of one (bf16 layers either way:
+    the same GEMMs on the same micro-batches, the gradients summed in fp32)."""
+    root, stdout = runs
+    assert stdout.count("(tp 1, pp 2, dp 1)") == 1
+    assert f"ckpt-fp32-residual/iter_{FP32_RESIDUAL_SAVED:07d} at iteration" in stdout
+    pp1, pp2 = (losses(root, name) for name in ("fp32-residual-pp1", "fp32-residual-pp2"))
+    assert sorted(pp1) == list(range(1, STEPS + 1))
+    assert sorted(pp2) == list(range(FP32_RESIDUAL_SAVED + 1, STEPS + 1))
+    assert pp1[STEPS] < pp1[1]
+    for it in pp2:
+        assert pp2[it] == pytest.approx(pp1[it], abs=2e-3), it

@@ -191,33 +191,43 @@ def test_fp8_flags_reach_the_transformer_config(recipe):
 def test_fused_kernels_on_gpus_as_in_megatron_lm(monkeypatch):
     """GPUs get Megatron-LM's fused SwiGLU, TE's fused RoPE (where TE imports), fused
     weight-gradient accumulation (where apex's extension imports) and the fused attention
-    softmax (where its kernels import), for TE and local layers alike; --no-...-fusion
-    turns each off; CPU runs use none."""
+    softmax (where its kernels import), for TE and local layers alike, and the native fused
+    cross-entropy under --bf16; --no-...-fusion turns each off; CPU runs use none unless
+    asked."""
     from megatron.core.models.common.embeddings import rope_utils
     from megatron.core.tensor_parallel import layers
     from megatron_ext.model import provider
     te = ("--transformer-impl", "transformer_engine")
     local = ("--transformer-impl", "local")
-    assert not any(fusions(small_args("binary", *te), on_cpu=True).values())
+    unfused_loss = dict(cross_entropy_loss_fusion=False, cross_entropy_fusion_impl="native")
+    for flags in ((), ("--bf16",)):
+        assert fusions(small_args("binary", *te, *flags), on_cpu=True) == dict(
+            bias_activation_fusion=False, apply_rope_fusion=False,
+            gradient_accumulation_fusion=False, masked_softmax_fusion=False, **unfused_loss)
+    assert fusions(small_args("binary", "--bf16", "--cross-entropy-loss-fusion"),
+                   on_cpu=True)["cross_entropy_loss_fusion"]
+    assert fusions(small_args("binary", "--bf16"), on_cpu=False)["cross_entropy_loss_fusion"]
+    assert not fusions(small_args("binary", "--bf16", "--no-cross-entropy-loss-fusion"),
+                       on_cpu=False)["cross_entropy_loss_fusion"]
     monkeypatch.setattr(layers, "_grad_accum_fusion_available", True)
     monkeypatch.setattr(rope_utils, "fused_apply_rotary_pos_emb", lambda *a, **k: None)
     monkeypatch.setattr(provider, "fused_softmax_available", lambda: True)
     for layer_flags in (te, local):
         assert fusions(small_args("binary", *layer_flags), on_cpu=False) == dict(
             bias_activation_fusion=True, apply_rope_fusion=True,
-            gradient_accumulation_fusion=True, masked_softmax_fusion=True)
+            gradient_accumulation_fusion=True, masked_softmax_fusion=True, **unfused_loss)
     assert fusions(small_args("binary", *local, "--no-bias-swiglu-fusion", "--no-rope-fusion",
                               "--no-gradient-accumulation-fusion", "--no-masked-softmax-fusion"),
                    on_cpu=False) == dict(
         bias_activation_fusion=False, apply_rope_fusion=False, gradient_accumulation_fusion=False,
-        masked_softmax_fusion=False)
+        masked_softmax_fusion=False, **unfused_loss)
     assert not fusions(small_args("binary", "--no-swiglu"), on_cpu=False)["bias_activation_fusion"]
     monkeypatch.setattr(layers, "_grad_accum_fusion_available", False)
     monkeypatch.setattr(rope_utils, "fused_apply_rotary_pos_emb", None)
     monkeypatch.setattr(provider, "fused_softmax_available", lambda: False)
     assert fusions(small_args("binary", *local), on_cpu=False) == dict(
         bias_activation_fusion=True, apply_rope_fusion=False, gradient_accumulation_fusion=False,
-        masked_softmax_fusion=False)
+        masked_softmax_fusion=False, **unfused_loss)
 
 
 def test_backbone_init_is_identical_across_arms(cpu_dist):
