@@ -166,7 +166,7 @@ def _train(args, setup, forward_step, train_iter, exits: ExitConditions,
             loss = step.loss
         metrics.step(state.iteration, step.loss, step.grad_norm,
                      scheduler.get_lr(optimizer.param_groups[0]), time.time() - step_start,
-                     state.nonfinite_skipped,
+                     step.skip is not None, state.nonfinite_skipped,
                      _diagnostics(args, norms, step.norms, step.num_zeros, optimizer, state,
                                   ddp) if log_now else None)
         if validator.should_validate(state.iteration):

@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from conftest import TIMING
+from helpers.megatron_log import training_lines
 from megatron_ext.codes.schemes import PAPER_ARMS
 from megatron_ext.checkpoint.saving import EXIT_SAVE_FAILED
 
@@ -245,13 +246,12 @@ def submit_tiny_binary_job(run_dir: Path, env, recipe: Path = RECIPE, max_restar
     return job_id, Path(log)
 
 
-ITERATION = re.compile(r"iteration\s+(\d+)/\s*\d+.*?lm loss: (\S+)")
 FINAL = re.compile(r"final train loss (\S+)")
 RUN_START = re.compile(r"^\[slurm\] job \d+ on \S+, SLURM_RESTART_COUNT=(\d+),", re.M)
 
 
 def losses(text: str) -> dict:
-    return {int(it): loss for it, loss in ITERATION.findall(text)}
+    return {int(m["iteration"]): m["lm_loss"] for m in training_lines(text)}
 
 
 def runs(log: Path) -> list[str]:
@@ -405,14 +405,14 @@ def preemption_scenario(slurm_env, root: Path) -> None:
     assert min(losses(parts[2])) == stopped + 1 and max(losses(parts[2])) == EVAL_AT, parts[2]
     assert f"received SIGUSR1: validation at iteration {EVAL_AT} stopped; the resumed run " \
            f"validates first" in parts[2], parts[2]
-    assert f"validation at iteration {EVAL_AT} |" not in parts[2], parts[2]
+    assert f"validation loss at iteration {EVAL_AT} |" not in parts[2], parts[2]
     assert f"[fixedcode] saved checkpoint {ckpt}/iter_{EVAL_AT:07d}" in parts[2], parts[2]
     # 3: validated EVAL_AT first, then trained on; the signal came during the save at
     # SAVE_AT, which completed before the run stopped there.
     assert f"[fixedcode] resumed from {ckpt}/iter_{EVAL_AT:07d} at iteration {EVAL_AT}" \
         in parts[3], parts[3]
-    assert parts[3].index(f"validation at iteration {EVAL_AT} |") \
-        < re.search(rf"^iteration\s+{EVAL_AT + 1}/", parts[3], flags=re.M).start(), parts[3]
+    assert parts[3].index(f"validation loss at iteration {EVAL_AT} |") \
+        < parts[3].index(f" iteration {EVAL_AT + 1:8d}/"), parts[3]
     assert max(losses(parts[3])) == SAVE_AT, parts[3]
     assert parts[3].index(f"[fixedcode] saved checkpoint {ckpt}/iter_{SAVE_AT:07d}") \
         < parts[3].index(f"[fixedcode] received SIGUSR1: exiting at iteration {SAVE_AT}"), \

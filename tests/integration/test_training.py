@@ -15,6 +15,7 @@ import time
 import pytest
 
 from conftest import PP2_RUN, PRETRAIN, TIMING, TINY_RUN, run_pretrain, step_losses, valid_losses
+from helpers.megatron_log import training_lines, validation_lines
 from helpers.signals import signal_run
 from megatron_ext.checkpoint.compatibility import reconcile_schedule
 from megatron_ext.config.derived import derive
@@ -35,6 +36,30 @@ def test_a_few_steps_lower_the_loss(tmp_path, arm):
     first, last = losses[1], losses[30]
     assert last < first - 0.5, f"{arm}: loss {first} -> {last}"
     assert f"[fixedcode] training done: iteration 30 | final train loss {last:.6f}" in run.stdout
+
+
+@pytest.mark.integration
+def test_the_log_reads_as_megatron_lms():
+    """A run's stdout, read by the regular expressions written from Megatron-LM's source:
+    a line per iteration and per validation, with the metrics file's values."""
+    run = run_pretrain(TINY_RUN + ["--train-iters", "3", "--eval-iters", "1",
+                                   "--eval-interval", "2"])
+    train = {r["iteration"]: r for r in run.metrics if r["kind"] == "train"}
+    valid = {r["iteration"]: r for r in run.metrics if r["kind"] == "valid"}
+    lines = training_lines(run.stdout)
+    assert [int(m["iteration"]) for m in lines] == sorted(train) == [1, 2, 3]
+    for m in lines:
+        record = train[int(m["iteration"])]
+        assert int(m["train_iters"]) == 3 and int(m["global_batch_size"]) == 4
+        assert int(m["consumed_samples"]) == record["consumed_samples"]
+        assert float(m["lm_loss"]) == pytest.approx(record["lm loss"], rel=1e-6)
+        assert float(m["learning_rate"]) == pytest.approx(record["learning-rate"], rel=1e-6)
+        assert (int(m["skipped"]), int(m["nan"])) == (0, 0)
+    checks = validation_lines(run.stdout)
+    assert [int(m["iteration"]) for m in checks] == sorted(valid) == [2, 3]
+    for m in checks:
+        assert float(m["lm_loss"]) == pytest.approx(
+            valid[int(m["iteration"])]["lm loss validation"], rel=1e-6)
 
 
 @pytest.mark.integration
@@ -273,9 +298,9 @@ def test_exit_signal_during_validation_saves_and_the_resumed_run_validates_first
     assert rc == 0, out[-2000:]
     assert "received SIGUSR1: validation at iteration 3 stopped; the resumed run validates " \
            "first" in out
-    assert (ckpt / MARKER).read_text() == "3" and "validation at iteration 3 |" not in out
+    assert (ckpt / MARKER).read_text() == "3" and "validation loss at iteration 3 |" not in out
     resumed = run_pretrain(run)
-    assert resumed.stdout.index("validation at iteration 3 |") \
+    assert resumed.stdout.index("validation loss at iteration 3 |") \
         < resumed.stdout.index("iteration        4/")
     # The metrics file then holds what the uninterrupted run logged: every validation.
     untimed = lambda run: [{k: v for k, v in r.items() if k not in TIMING}  # noqa: E731
