@@ -385,7 +385,6 @@ def test_a_bad_flag_stops_the_run_with_a_clear_error():
      "--overlap-param-gather needs --use-distributed-optimizer and --overlap-grad-reduce"),
     (["--overlap-param-gather", "--use-distributed-optimizer"],
      "--overlap-param-gather needs --use-distributed-optimizer and --overlap-grad-reduce"),
-    (["--manual-gc", "--manual-gc-interval", "-1"], "--manual-gc-interval -1 is negative"),
     (["--log-layer-norms", "--use-distributed-optimizer"],
      "--log-layer-norms reads whole gradients, which --use-distributed-optimizer scatters"),
     (["--load", "/nonexistent/ckpt", "--ckpt-step", "7"],
