@@ -35,6 +35,7 @@ from ..datasets.gpt_datasets import samples_per_split
 from ..metrics.logger import MetricsLogger
 from ..metrics.norms import NormReporter
 from ..metrics.sinks import agree_wandb_run_id
+from ..runtime.helper_processes import tie_forked_children
 from ..runtime.initialize import initialize_distributed, resolve_device
 from ..runtime.log import is_logging_rank, log
 from .exit_conditions import ExitConditions
@@ -78,13 +79,16 @@ class PretrainResult:
 
 def pretrain(args: argparse.Namespace, model_provider: Callable, forward_step: Callable,
              datasets_provider: Callable) -> PretrainResult:
-    """Run a whole training job. ``args`` (the parsed flags) is read, never written.
+    """Run a whole training job. ``args`` (the parsed flags) is read, never written. Every
+    process it forks dies with it
+    (:func:`~megatron_ext.runtime.helper_processes.tie_forked_children`).
 
     With ``--exit-signal-handler``, an exit signal during start-up ends the job at the end
     of the current phase (checkpoint load, dataset building) with nothing saved; during
     validation, after the current batch, saving a checkpoint that asks the resumed run to
     validate first; during a training step, after the step, saving."""
     start_time = time.time()
+    tie_forked_children()
     device = resolve_device(args.device)
     initialize_distributed(device, args.tensor_model_parallel_size,
                            args.pipeline_model_parallel_size, args.seed)

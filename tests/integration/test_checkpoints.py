@@ -7,7 +7,9 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
+import psutil
 import pytest
 
 from conftest import PRETRAIN, TINY_RUN, run_pretrain, step_losses
@@ -71,8 +73,10 @@ def test_retention_deletes_nothing_a_study_evaluation_is_reading(tmp_path):
         assert retention.prune(str(tmp_path), 3, 1, None, logged.append) == [2]
     assert f"[fixedcode] retention: kept {tmp_path}/iter_0000001: a reader holds its lock" \
         in logged
-    assert sorted(os.listdir(tmp_path)) == sorted([MARKER, "iter_0000001", "iter_0000001.lock",
+    # The lock lies in .locks/, not beside the saves: the listing is Megatron-LM's.
+    assert sorted(os.listdir(tmp_path)) == sorted([MARKER, retention.LOCKS, "iter_0000001",
                                                    "iter_0000003", "iter_0000004.partial"])
+    assert os.listdir(tmp_path / retention.LOCKS) == ["iter_0000001.lock"]
     # Once read, it goes; a reader that comes after the deletion is told so.
     assert retention.prune(str(tmp_path), 3, 1, None, logged.append) == [1]
     with pytest.raises(retention.SaveDeleted, match="iter_0000001: deleted"):
@@ -242,6 +246,53 @@ def test_an_async_save_killed_mid_write_resumes_from_the_previous_one(tmp_path):
     checked = subprocess.run([sys.executable, str(CHECK_CHECKPOINT), str(ckpt)],
                              capture_output=True, text=True)
     assert checked.returncode == 0 and f"ok: {ckpt}/iter_0000006" in checked.stdout
+
+
+def _gone(process: psutil.Process) -> bool:
+    try:
+        return process.status() == psutil.STATUS_ZOMBIE  # ended; its reaper is elsewhere
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_a_training_killed_9_leaves_no_process_behind(tmp_path):
+    """kill -9 to the training process alone (not its group), while a background write is
+    held 3 s: its helpers (the writer, the Manager of the writers' result queue, the data
+    loader's worker) die with it; before, the forked Manager lived on."""
+    ckpt = tmp_path / "ckpt"
+    run = TINY_RUN + ["--train-iters", "50", "--save", ckpt, "--save-interval", "2",
+                      "--async-save", "--num-workers", "1"]
+    proc = subprocess.Popen([sys.executable, str(PRETRAIN), *map(str, run)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "FIXEDCODE_TEST_WRITE_SECONDS": "3"},
+                            start_new_session=True)
+    try:
+        out = []
+        for line in proc.stdout:
+            out.append(line)
+            if "in the background (training stalled" in line:
+                break
+        helpers = psutil.Process(proc.pid).children(recursive=True)
+        assert len(helpers) >= 2, "".join(out)[-2000:]  # the writer, the Manager, ...
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+        deadline = time.time() + 20
+        while time.time() < deadline and not all(map(_gone, helpers)):
+            time.sleep(0.2)
+        left = [p for p in psutil.process_iter() if not _gone(p) and _session(p) == proc.pid]
+        assert left == [], [p.cmdline() for p in left]
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _session(process: psutil.Process):
+    try:
+        return os.getsid(process.pid)
+    except (ProcessLookupError, PermissionError):
+        return None
 
 
 def test_an_exit_signal_during_a_background_write_waits_for_it(tmp_path):
