@@ -291,6 +291,11 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
     c.add_argument("--keep-checkpoints-every", type=positive_int, default=None, metavar="K",
                    help="with --keep-last-checkpoints: keep every save whose iteration is a "
                         "multiple of K for good (a study's curves)")
+    c.add_argument("--save-lease-timeout", type=positive_int, default=300, metavar="SECS",
+                   help="a run holds a lease on --save (.locks/run.lease, a heartbeat every "
+                        "tenth of this) and another run refuses that directory; a lease "
+                        "without a heartbeat for this long is taken over (at once: one of "
+                        "this Slurm job, or of a gone process on this host)")
     c.add_argument("--load", default=None,
                    help="resume from the latest checkpoint here (none yet: start fresh)")
     c.add_argument("--ckpt-step", type=nonnegative_int, default=None,

@@ -10,7 +10,9 @@ Each policy around the step belongs to an object: when to validate
 (:class:`~megatron_ext.train.step.NonFiniteGuard`), when to collect garbage
 (:class:`~megatron_ext.train.gc_policy.GarbageCollection`). The teardown (progress bar,
 profiler, metrics sinks, the collector) is in one ``finally``; a non-finite stop, which every
-rank reaches together, first completes a background save. It returns a
+rank reaches together, first completes a background save. Rank 0 holds a lease on
+``--save`` (:mod:`~megatron_ext.checkpoint.lease`) from before the run writes there to that
+``finally``. It returns a
 :class:`PretrainResult`.
 """
 
@@ -29,6 +31,7 @@ from megatron.core.distributed import DistributedDataParallel
 from tqdm import tqdm
 
 from ..checkpoint.layout import TrainState
+from ..checkpoint.lease import take_save_lease
 from ..checkpoint.saving import Checkpointer
 from ..config.derived import Derived
 from ..datasets.gpt_datasets import samples_per_split
@@ -107,32 +110,35 @@ def pretrain(args: argparse.Namespace, model_provider: Callable, forward_step: C
     own_run = bool(setup.resume_path and args.save) and (
         os.path.realpath(os.path.dirname(setup.resume_path)) == os.path.realpath(args.save))
     wandb_run_id = agree_wandb_run_id(args, setup.common["wandb_run_id"] if own_run else None)
-    metrics = MetricsLogger(run, derived, setup.model, is_logging_rank(), state.iteration,
-                            wandb_run_id)
-    gathered = functools.partial(gathered_parameters, run, setup.ddp)
-    collector = GarbageCollection(run)
-    validator = Validator(run, derived.train_iters, derived.num_microbatches, forward_step,
-                          valid_dataset, setup.ddp, exits, metrics, collector, gathered=gathered)
-    checkpointer = Checkpointer(run, derived, setup.model, setup.optimizer, setup.scheduler,
-                                setup.code, wandb_run_id,
-                                last_saved=state.iteration if setup.resume_path else None,
-                                gathered=gathered)
-    norms = NormReporter(setup.model) if args.log_params_norm or args.log_layer_norms else None
-    profiler = StepProfiler(run, torch.distributed.get_rank())
-    _log_start(run, derived, setup.ddp, metrics.num_params)
-    bar = tqdm(total=derived.train_iters, initial=state.iteration, desc="train", unit="it",
-               disable=not (sys.stderr.isatty() and metrics.is_logging_rank))
+    lease = take_save_lease(args.save, args.save_lease_timeout)  # before --save is written
+    bar = profiler = collector = metrics = None
     try:
-        loss, reason = _train(args, setup, forward_step, train_iter, exits, metrics, validator,
-                              checkpointer, norms, profiler, collector, bar)
+        metrics = MetricsLogger(run, derived, setup.model, is_logging_rank(), state.iteration,
+                                wandb_run_id)
+        gathered = functools.partial(gathered_parameters, run, setup.ddp)
+        collector = GarbageCollection(run)
+        validator = Validator(run, derived.train_iters, derived.num_microbatches, forward_step,
+                              valid_dataset, setup.ddp, exits, metrics, collector,
+                              gathered=gathered)
+        checkpointer = Checkpointer(run, derived, setup.model, setup.optimizer,
+                                    setup.scheduler, setup.code, wandb_run_id,
+                                    last_saved=state.iteration if setup.resume_path else None,
+                                    gathered=gathered, lease=lease)
+        norms = NormReporter(setup.model) if args.log_params_norm or args.log_layer_norms \
+            else None
+        profiler = StepProfiler(run, torch.distributed.get_rank())
+        _log_start(run, derived, setup.ddp, metrics.num_params)
+        bar = tqdm(total=derived.train_iters, initial=state.iteration, desc="train", unit="it",
+                   disable=not (sys.stderr.isatty() and metrics.is_logging_rank))
+        loss, reason = _train(args, setup, forward_step, train_iter, exits, metrics,
+                              validator, checkpointer, norms, profiler, collector, bar)
     except NonFiniteLossError:  # every rank stops here together: a background save completes
         checkpointer.finish_pending()
         raise
     finally:
-        bar.close()
-        profiler.close()
-        collector.close()
-        metrics.close()
+        for part in (bar, profiler, collector, metrics, lease):
+            if part is not None:
+                part.close()
     result = PretrainResult(state.iteration, loss, validator.last_loss, reason)
     _log_end(result)
     return result

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -132,7 +133,7 @@ def test_a_deletion_killed_midway_leaves_loadable_saves(tmp_path, monkeypatch):
     for i in (2, 3):
         assert loading.check_save(str(tmp_path), i).startswith("ok: ")
     retention.prune(str(tmp_path), 3, 1, None, print)  # finishes the interrupted deletion
-    assert sorted(os.listdir(tmp_path)) == sorted([MARKER, "iter_0000003"])
+    assert sorted(os.listdir(tmp_path)) == sorted([MARKER, retention.LOCKS, "iter_0000003"])
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -246,6 +247,37 @@ def test_an_async_save_killed_mid_write_resumes_from_the_previous_one(tmp_path):
     checked = subprocess.run([sys.executable, str(CHECK_CHECKPOINT), str(ckpt)],
                              capture_output=True, text=True)
     assert checked.returncode == 0 and f"ok: {ckpt}/iter_0000006" in checked.stdout
+
+
+def test_a_second_run_on_one_save_refuses_until_the_first_is_gone(tmp_path):
+    """A job submitted twice: the second run, on the first's --save, refuses naming the
+    holder and writes nothing there; once the first is killed -9, the next run takes its
+    lease over at once (same host, process gone) and resumes its save."""
+    ckpt = tmp_path / "ckpt"
+    run = TINY_RUN + ["--train-iters", "1000", "--save", ckpt, "--load", ckpt,
+                      "--save-interval", "2"]
+    first = subprocess.Popen([sys.executable, str(PRETRAIN), *map(str, run)],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             start_new_session=True)
+    try:
+        for line in first.stdout:
+            if f"saved checkpoint {ckpt}/iter_0000002" in line:
+                break
+        metrics = (ckpt / "metrics.jsonl").read_text()
+        second = run_pretrain(run + ["--exit-interval", "4"], check=False)
+        assert second.returncode == 1, second.stderr[-2000:]
+        assert f"error: --save {ckpt} is in use by another run (host {socket.gethostname()}, " \
+               f"pid {first.pid}, last heartbeat" in second.stderr, second.stderr[-2000:]
+        assert (ckpt / "metrics.jsonl").read_text().startswith(metrics)  # not rewritten
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait(timeout=60)
+    stopped = int((ckpt / MARKER).read_text())
+    third = run_pretrain(run + ["--exit-interval", str(stopped + 1)])
+    assert f"lease on --save {ckpt} taken over: its holder, pid {first.pid} on this host, " \
+           f"is gone" in third.stdout
+    assert f"resumed from {ckpt}/iter_{stopped:07d}" in third.stdout
+    assert not (ckpt / retention.LOCKS / "run.lease").exists()  # given back at the end
 
 
 def _gone(process: psutil.Process) -> bool:
