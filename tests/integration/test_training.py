@@ -63,6 +63,19 @@ def test_the_log_reads_as_megatron_lms():
 
 
 @pytest.mark.integration
+def test_the_run_says_whether_it_was_done_or_stopped(tmp_path):
+    """Both exit 0; the status file the batch script names tells them apart."""
+    from megatron_ext.train.run_status import STATUS_ENV
+    status = tmp_path / "status"
+    run_pretrain(TINY_RUN + ["--train-iters", "2"], env={STATUS_ENV: str(status)})
+    assert status.read_text() == "done at iteration 2\n"
+    stopped = run_pretrain(TINY_RUN + ["--train-iters", "2", "--exit-interval", "1"],
+                           env={STATUS_ENV: str(status)})
+    assert stopped.returncode == 0
+    assert status.read_text() == "stopped at iteration 1: --exit-interval 1 reached\n"
+
+
+@pytest.mark.integration
 def test_an_in_process_run_is_the_subprocess_run(tmp_path):
     """The tests' in-process harness (conftest.run_pretrain) trains as the entry point's
     own process does: the same losses, metrics and log, run after run in one process."""
@@ -311,14 +324,17 @@ def test_exit_signal_during_validation_saves_and_the_resumed_run_validates_first
 
 @pytest.mark.integration
 def test_exit_signal_during_a_save_lets_the_save_finish(tmp_path):
-    ckpt = tmp_path / "ckpt"
+    """... and the run, exiting 0, tells its batch script it stopped before --train-iters."""
+    from megatron_ext.train.run_status import STATUS_ENV
+    ckpt, status = tmp_path / "ckpt", tmp_path / "status"
     rc, out, _ = signal_run(SIGNAL_RUN + ["--train-iters", "100", "--save", ckpt,
                                           "--save-interval", "2"], signal.SIGTERM,
                             when="iteration        2/", delay=0.5,
-                            env={"FIXEDCODE_TEST_SAVE_SECONDS": "3"})
+                            env={"FIXEDCODE_TEST_SAVE_SECONDS": "3", STATUS_ENV: str(status)})
     assert rc == 0, out[-2000:]
     assert out.index(f"saved checkpoint {ckpt}/iter_0000002") \
         < out.index("received SIGTERM: exiting at iteration 2")
+    assert status.read_text() == "stopped at iteration 2: received SIGTERM\n"
     assert (ckpt / MARKER).read_text() == "2" and not (ckpt / "iter_0000002.partial").exists()
 
 
