@@ -83,6 +83,8 @@ def read_holder(path: str) -> Optional[Holder]:
 
 
 def _process_gone(pid: int) -> bool:
+    if pid <= 0:  # an unreadable lease's (os.kill would address a process group)
+        return True
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
