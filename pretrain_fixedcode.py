@@ -42,6 +42,7 @@ from megatron_ext.checkpoint.saved_args import fill_from_checkpoint
 from megatron_ext.checkpoint.saving import EXIT_SAVE_FAILED, SaveFailed
 from megatron_ext.train.step import NonFiniteLossError
 from megatron_ext.train.loop import PretrainResult, pretrain
+from megatron_ext.train.run_status import record_run_end
 
 
 def model_provider(args, padded_vocab_size, pre_process=True, post_process=True, code=None):
@@ -114,6 +115,7 @@ def main(argv=None) -> PretrainResult:
         finally:
             if args.exit_signal_handler:
                 exit_signals.ignore()  # a signal after this point has nothing left to stop
+        record_run_end(result.iteration, result.exit_reason)  # done, or stopped early
         destroy_distributed()
         return result
 

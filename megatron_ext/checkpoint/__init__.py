@@ -10,5 +10,6 @@ match, saving (sync or async), manifests and retention.
   torch's Adam;
 - ``saving``: writing saves (the Checkpointer), sync or async;
 - ``manifest``: each save's files with sizes and checksums;
-- ``retention``: which saves are kept.
+- ``retention``: which saves are kept;
+- ``lease``: one run at a time saves into a ``--save`` directory.
 """

@@ -6,11 +6,14 @@ Deletion renames ``iter_N/`` to ``iter_N.deleting/`` (atomic) and only then remo
 at any moment leaves every other save whole, and a half-removed one under a name that nothing
 loads (the next pruning finishes it). Never deleted: the save the marker names, anything newer,
 a ``.partial`` save, the newest ``--keep-last-checkpoints``, every ``--keep-checkpoints-every``-th
-iteration, and a save whose lock file ``iter_N.lock`` a reader holds (:func:`reading`).
+iteration, and a save whose lock file ``.locks/iter_N.lock`` a reader holds (:func:`reading`).
+The lock files live in the hidden ``.locks/`` folder, so that the save directory lists as
+Megatron-LM's does (saves and the marker).
 
-The lock is ``flock(2)`` on ``iter_N.lock``: readers share it; the deleter takes it exclusively
-without waiting (held: the save is kept, and logged) and holds it across the rename, so a reader
-that gets the lock afterwards finds the save gone rather than half-deleted. On Lustre, flock
+The lock is ``flock(2)`` on ``.locks/iter_N.lock``: readers share it; the deleter takes it
+exclusively without waiting (held: the save is kept, and logged) and holds it across the
+rename, so a reader that gets the lock afterwards finds the save gone rather than
+half-deleted. On Lustre, flock
 needs the ``flock`` mount option; on NFSv4 Linux maps it to byte-range locks.
 """
 
@@ -25,6 +28,7 @@ from typing import Callable, Iterator, Optional
 from .layout import checkpoint_path, completed_iterations
 
 DELETING = ".deleting"
+LOCKS = ".locks"  # in --save: the readers' lock files (and the run's lease, checkpoint.lease)
 
 
 class SaveDeleted(FileNotFoundError):
@@ -32,7 +36,10 @@ class SaveDeleted(FileNotFoundError):
 
 
 def lock_path(save_dir: str, iteration: int) -> str:
-    return checkpoint_path(save_dir, iteration) + ".lock"
+    """``DIR/.locks/iter_N.lock``, its folder created."""
+    folder = os.path.join(save_dir, LOCKS)
+    os.makedirs(folder, exist_ok=True)
+    return os.path.join(folder, os.path.basename(checkpoint_path(save_dir, iteration)) + ".lock")
 
 
 @contextlib.contextmanager
@@ -74,7 +81,7 @@ def prune(save_dir: str, latest: int, keep_last: int, keep_every: Optional[int],
                 log(f"[fixedcode] retention: kept {path}: a reader holds its lock")
                 continue
             os.rename(path, path + DELETING)
-            os.remove(lock_path(save_dir, iteration))
+            os.remove(lock.name)
         try:
             shutil.rmtree(path + DELETING)
         except OSError as e:  # the save is out of reach already; the next pruning retries

@@ -49,6 +49,7 @@ from ..config.derived import Derived, run_record
 from ..runtime.files import read_json, write_json, write_text
 from ..runtime.log import log
 from . import manifest, retention
+from .lease import SaveLease, confirm_save_lease
 from .layout import (MARKER, TrainState, checkpoint_path, content_metadata, provenance, rng_state,
                      sharded_state)
 
@@ -206,10 +207,14 @@ class Checkpointer:
     def __init__(self, args: argparse.Namespace, derived: Derived, model, optimizer, scheduler,
                  code: Optional[FixedCode], wandb_run_id: Optional[str],
                  last_saved: Optional[int],
-                 gathered: Callable[[], ContextManager] = contextlib.nullcontext):
+                 gathered: Callable[[], ContextManager] = contextlib.nullcontext,
+                 lease: Optional[SaveLease] = None):
         """``gathered``: a context in which the model holds whole, current parameters (under
-        ``--overlap-param-gather`` they are gathered only for a save, not every step)."""
+        ``--overlap-param-gather`` they are gathered only for a save, not every step).
+        ``lease``: rank 0's lease on ``--save`` (:mod:`~megatron_ext.checkpoint.lease`),
+        confirmed before each save."""
         self.args, self.derived = args, derived
+        self.lease = lease
         self.gathered = gathered
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.code, self.wandb_run_id = code, wandb_run_id
@@ -229,6 +234,7 @@ class Checkpointer:
             self._complete_pending(wait=final)
             return
         self._complete_pending(wait=True)
+        confirm_save_lease(self.args.save, self.lease)
         start = time.time()
         path = checkpoint_path(self.args.save, state.iteration)
         try:

@@ -16,7 +16,7 @@ from typing import Optional, Sequence
 from ..codes.limits import check_options
 from ..codes.schemes import ARMS, SCHEMES, TILINGS
 from ..runtime.errors import FlagError
-from .flag_types import TRAINING_TOKENIZER_TYPES
+from .flag_types import TRAINING_TOKENIZER_TYPES, nonnegative_int, positive_int
 
 # Megatron-LM's --attention-backend values (megatron.core.transformer.enums.AttnBackend).
 ATTENTION_BACKENDS = ("auto", "flash", "fused", "unfused", "local")
@@ -33,20 +33,21 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("model")
     g.add_argument("--preset", choices=sorted(PRESETS),
                    help="fill the model shape from a named preset (explicit flags still win)")
-    g.add_argument("--num-layers", type=int, help="transformer layers")
-    g.add_argument("--hidden-size", type=int, help="model width h (the fixed code is tiled to it)")
-    g.add_argument("--ffn-hidden-size", type=int, help="default 4 x hidden size")
-    g.add_argument("--num-attention-heads", type=int, help="attention heads")
-    g.add_argument("--num-query-groups", type=int, default=None,
+    g.add_argument("--num-layers", type=positive_int, help="transformer layers")
+    g.add_argument("--hidden-size", type=positive_int,
+                   help="model width h (the fixed code is tiled to it)")
+    g.add_argument("--ffn-hidden-size", type=positive_int, help="default 4 x hidden size")
+    g.add_argument("--num-attention-heads", type=positive_int, help="attention heads")
+    g.add_argument("--num-query-groups", type=positive_int, default=None,
                    help="grouped-query attention groups (default: no GQA)")
     g.add_argument("--group-query-attention", action="store_true",
                    help="Megatron-LM's switch for --num-query-groups, accepted; "
                         "--num-query-groups alone turns grouped-query attention on too")
-    g.add_argument("--seq-length", type=int, help="tokens per training sequence")
-    g.add_argument("--max-position-embeddings", type=int, help="default --seq-length")
+    g.add_argument("--seq-length", type=positive_int, help="tokens per training sequence")
+    g.add_argument("--max-position-embeddings", type=positive_int, help="default --seq-length")
     g.add_argument("--position-embedding-type", choices=["rope", "none"], default="rope",
                    help="rope, or none (no position information)")
-    g.add_argument("--rotary-base", type=int, default=10000, help="RoPE base frequency")
+    g.add_argument("--rotary-base", type=positive_int, default=10000, help="RoPE base frequency")
     g.add_argument("--normalization", choices=["RMSNorm", "LayerNorm"], default="RMSNorm",
                    help="the layers' norm")
     g.add_argument("--norm-epsilon", type=float, default=1e-5, help="epsilon of the norms")
@@ -64,7 +65,7 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
                    help="dropout on the residual stream")
     g.add_argument("--attention-dropout", type=float, default=0.0,
                    help="dropout on the attention probabilities")
-    g.add_argument("--make-vocab-size-divisible-by", type=int, default=128,
+    g.add_argument("--make-vocab-size-divisible-by", type=positive_int, default=128,
                    help="pad the vocabulary to a multiple of this x tensor-parallel size")
     g.add_argument("--bf16", action="store_true",
                    help="bf16 weights and activations, fp32 main weights in the optimizer")
@@ -89,7 +90,7 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
                    default="delayed",
                    help="FP8 scaling: delayed (amax history), tensorwise (current scaling), "
                         "blockwise (Hopper, TE >= 2.3), mxfp8 (Blackwell)")
-    g.add_argument("--fp8-amax-history-len", type=int, default=1024, help="delayed recipe")
+    g.add_argument("--fp8-amax-history-len", type=positive_int, default=1024, help="delayed recipe")
     g.add_argument("--fp8-amax-compute-algo", choices=["most_recent", "max"], default="max",
                    help="delayed recipe")
     # Fused kernels, on by default on GPUs as in Megatron-LM (never used on CPU).
@@ -122,7 +123,7 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
                         "fixed code (docs/codes.md): binary code of the id, GF(2) affine code, "
                         "binary code of a seeded permutation of the ids, or a seeded random "
                         "code")
-    c.add_argument("--input-table-rank", type=int, default=None,
+    c.add_argument("--input-table-rank", type=positive_int, default=None,
                    help="factorized: the rank r of the input table, a V x r table times an "
                         "r x h map (ALBERT's factorised embedding), r <= --hidden-size and <= "
                         "the padded vocabulary")
@@ -133,7 +134,7 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
                    help="a fixed code: a trainable n x h linear map from the n-bit code to the "
                         "width, instead of tiling it (initialised to the tiling: the first "
                         "step's input is the fixed arm's)")
-    c.add_argument("--code-bits", type=int, default=16,
+    c.add_argument("--code-bits", type=positive_int, default=16,
                    help="bits n of the code, 1..62 (vocab <= 2^n; the last copy is truncated "
                         "when n does not divide --hidden-size)")
     c.add_argument("--code-values", choices=["pm1", "01"], default="pm1",
@@ -145,7 +146,7 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     c.add_argument("--code-tiling", choices=list(TILINGS), default="repeat",
                    help="fill the width with copies of the code (repeat), or with a seeded "
                         "invertible GF(2) affine recoding of it per copy (recode)")
-    c.add_argument("--code-seed", type=int, default=1234,
+    c.add_argument("--code-seed", type=nonnegative_int, default=1234,
                    help="seed drawing the code's random parts (gf2's A and b, the permutation, "
                         "the random code, the recodings); they are stored with the model")
     c.add_argument("--fixed-code-impl", choices=["auto", "torch", "cuda"], default="auto",
@@ -153,9 +154,10 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
                         "cuda: the kernel or an error")
 
     p = parser.add_argument_group("parallelism")
-    p.add_argument("--tensor-model-parallel-size", type=int, default=1,
+    p.add_argument("--tensor-model-parallel-size", type=positive_int, default=1,
                    help="tensor-parallel ranks per model replica")
-    p.add_argument("--pipeline-model-parallel-size", type=int, default=1, help="pipeline stages")
+    p.add_argument("--pipeline-model-parallel-size", type=positive_int, default=1,
+                   help="pipeline stages")
     p.add_argument("--sequence-parallel", action="store_true",
                    help="split the norms and dropout along the sequence over tensor-parallel ranks"
                         " (GPU, TE layers)")
@@ -170,7 +172,7 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
                    help="where neither Transformer Engine nor Apex supplies a FusedAdam, "
                         "megatron-core's optimizer is torch's AdamW: run its fused kernel "
                         "(auto: on a GPU; on: also on CPU; off: torch's for-each update)")
-    p.add_argument("--ddp-bucket-size", type=int, default=None,
+    p.add_argument("--ddp-bucket-size", type=positive_int, default=None,
                    help="parameters per gradient bucket (default max(40M, 1M x DP size))")
 
     r = parser.add_argument_group("activation recompute")
@@ -181,7 +183,7 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
                    help="full recompute: uniform (every layer, in chunks of "
                         "--recompute-num-layers) or block (the first --recompute-num-layers "
                         "layers of each pipeline stage)")
-    r.add_argument("--recompute-num-layers", type=int, default=None,
+    r.add_argument("--recompute-num-layers", type=positive_int, default=None,
                    help="full recompute: layers per chunk (uniform) or per stage (block)")
 
     t = parser.add_argument_group("tokenizer")
@@ -194,36 +196,36 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
                    help="GPT2BPETokenizer: the vocabulary (GPT-2's vocab.json)")
     t.add_argument("--merge-file", default=None,
                    help="GPT2BPETokenizer: the BPE merges (GPT-2's merges.txt)")
-    t.add_argument("--vocab-size", type=int,
+    t.add_argument("--vocab-size", type=positive_int,
                    help="NullTokenizer: ids 0 .. V-1, and EOD V (V + 1 ids, as in Megatron-LM)")
 
 
 def add_training_args(parser: argparse.ArgumentParser) -> None:
     """Flags of the training entry point (pretrain_fixedcode.py)."""
     g = parser.add_argument_group("training")
-    g.add_argument("--micro-batch-size", type=int, default=1,
+    g.add_argument("--micro-batch-size", type=positive_int, default=1,
                    help="sequences per micro-batch per data-parallel rank")
-    g.add_argument("--global-batch-size", type=int, default=None,
+    g.add_argument("--global-batch-size", type=positive_int, default=None,
                    help="default micro batch x data-parallel size; accumulation is derived")
-    g.add_argument("--train-iters", type=int, help="training steps (or --train-samples)")
-    g.add_argument("--train-samples", type=int,
+    g.add_argument("--train-iters", type=positive_int, help="training steps (or --train-samples)")
+    g.add_argument("--train-samples", type=positive_int,
                    help="training sequences; steps = this / --global-batch-size")
     g.add_argument("--lr", type=float, default=3e-4, help="peak learning rate")
     g.add_argument("--min-lr", type=float, default=0.0,
                    help="learning rate at the end of the decay")
-    g.add_argument("--lr-warmup-iters", type=int, default=0, help="linear warm-up steps")
+    g.add_argument("--lr-warmup-iters", type=nonnegative_int, default=0, help="linear warm-up steps")
     g.add_argument("--lr-warmup-init", type=float, default=0.0,
                    help="learning rate at the start of the warm-up")
     g.add_argument("--lr-warmup-fraction", type=float, default=None,
                    help="warm-up as a fraction of the decay length (--lr-decay-iters or "
                         "--lr-decay-samples), instead of --lr-warmup-iters/--lr-warmup-samples")
-    g.add_argument("--lr-warmup-samples", type=int, default=0,
+    g.add_argument("--lr-warmup-samples", type=nonnegative_int, default=0,
                    help="--train-samples runs: linear warm-up over this many samples")
-    g.add_argument("--lr-decay-iters", type=int, default=None, help="default --train-iters")
-    g.add_argument("--lr-decay-samples", type=int, default=None,
+    g.add_argument("--lr-decay-iters", type=positive_int, default=None, help="default --train-iters")
+    g.add_argument("--lr-decay-samples", type=positive_int, default=None,
                    help="--train-samples runs: decay over this many samples (default "
                         "--train-samples)")
-    g.add_argument("--rampup-batch-size", nargs=3, type=int, default=None,
+    g.add_argument("--rampup-batch-size", nargs=3, type=positive_int, default=None,
                    metavar=("START", "INCREMENT", "SAMPLES"),
                    help="--train-samples runs: grow the global batch from START by INCREMENT "
                         "over SAMPLES samples up to --global-batch-size, as in Megatron-LM")
@@ -231,9 +233,9 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
                    default="cosine",
                    help="decay after the warm-up (WSD: constant, then --lr-wsd-decay-iters of "
                         "decay)")
-    g.add_argument("--lr-wsd-decay-iters", type=int, default=None,
+    g.add_argument("--lr-wsd-decay-iters", type=positive_int, default=None,
                    help="WSD: length of the final decay phase")
-    g.add_argument("--lr-wsd-decay-samples", type=int, default=None,
+    g.add_argument("--lr-wsd-decay-samples", type=positive_int, default=None,
                    help="--train-samples runs: WSD's final decay in samples")
     g.add_argument("--lr-wsd-decay-style", choices=["linear", "cosine", "exponential",
                                                      "minus_sqrt"], default="linear",
@@ -253,7 +255,7 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--adam-beta2", type=float, default=0.95, help="Adam beta2")
     g.add_argument("--adam-eps", type=float, default=1e-8, help="Adam epsilon")
     g.add_argument("--clip-grad", type=float, default=1.0, help="0 disables clipping")
-    g.add_argument("--seed", type=int, default=1234,
+    g.add_argument("--seed", type=nonnegative_int, default=1234,
                    help="seed of the backbone initialisation and the data order (the same backbone"
                         " in every arm)")
     g.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto",
@@ -262,7 +264,7 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
                    help="turn Python's automatic garbage collector off and collect at fixed "
                         "points (before and after validation, every --manual-gc-interval "
                         "steps) so that ranks pause together, as in Megatron-LM")
-    g.add_argument("--manual-gc-interval", type=int, default=0,
+    g.add_argument("--manual-gc-interval", type=nonnegative_int, default=0,
                    help="--manual-gc: collect every this many steps (0: not between steps)")
     g.add_argument("--no-manual-gc-eval", dest="manual_gc_eval", action="store_false",
                    help="--manual-gc: no collection around validation")
@@ -272,13 +274,13 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
                         "rerun); logged, or acted on with --spiky-loss-action")
     g.add_argument("--spiky-loss-factor", type=float, default=10.0,
                    help="--check-for-spiky-loss: Megatron-LM's SPIKY_LOSS_FACTOR")
-    g.add_argument("--spiky-loss-samples", type=int, default=100,
+    g.add_argument("--spiky-loss-samples", type=positive_int, default=100,
                    help="--check-for-spiky-loss: the first steps whose largest loss is the "
                         "reference")
     g.add_argument("--spiky-loss-action", choices=["log", "skip", "stop"], default="log",
                    help="--check-for-spiky-loss: log the spike (Megatron-LM's fatal=False), "
                         "skip its update, or skip it and save and stop")
-    g.add_argument("--max-nonfinite-steps", type=int, default=10,
+    g.add_argument("--max-nonfinite-steps", type=positive_int, default=10,
                    help="stop with an error after this many updates in a row skipped for a "
                         "non-finite loss, non-finite gradients, or an fp16 overflow at the "
                         "minimum loss scale (overflows above it only lower the scale)")
@@ -316,14 +318,14 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
     d.add_argument("--max-data-epochs", type=float, default=None,
                    help="refuse to start when the train samples would read a data file's train "
                         "split more than this many times (default: only warn above 1)")
-    d.add_argument("--num-workers", type=int, default=2, help="data loader workers")
+    d.add_argument("--num-workers", type=nonnegative_int, default=2, help="data loader workers")
 
     e = parser.add_argument_group("validation and logging")
-    e.add_argument("--eval-interval", type=int, default=1000,
+    e.add_argument("--eval-interval", type=positive_int, default=1000,
                    help="validate every this many steps (and at the last)")
-    e.add_argument("--eval-iters", type=int, default=10,
+    e.add_argument("--eval-iters", type=nonnegative_int, default=10,
                    help="global batches per validation (0: no validation)")
-    e.add_argument("--log-interval", type=int, default=100,
+    e.add_argument("--log-interval", type=positive_int, default=100,
                    help="log (and record) every this many steps")
     e.add_argument("--tensorboard-dir", default=None,
                    help="write the metrics as TensorBoard scalars here")
@@ -353,35 +355,41 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
                         "Nsight Systems (GPU), or with --use-pytorch-profiler")
     f.add_argument("--use-pytorch-profiler", action="store_true",
                    help="a PyTorch profiler trace per rank in --tensorboard-dir")
-    f.add_argument("--profile-step-start", type=int, default=10,
+    f.add_argument("--profile-step-start", type=nonnegative_int, default=10,
                    help="profile from the step after this one")
-    f.add_argument("--profile-step-end", type=int, default=12,
+    f.add_argument("--profile-step-end", type=nonnegative_int, default=12,
                    help="profile up to and including this step")
-    f.add_argument("--profile-ranks", type=int, nargs="+", default=[0], help="ranks to profile")
+    f.add_argument("--profile-ranks", type=nonnegative_int, nargs="+", default=[0],
+                   help="ranks to profile")
 
     add_refused_args(parser)
 
     c = parser.add_argument_group("checkpointing and exit")
     c.add_argument("--save", default=None, help="checkpoint directory")
-    c.add_argument("--save-interval", type=int, default=None,
+    c.add_argument("--save-interval", type=positive_int, default=None,
                    help="save a checkpoint every this many steps (and at the end)")
     c.add_argument("--async-save", action="store_true",
                    help="write each save in the background (megatron-core's asynchronous "
                         "dist-checkpointing); the marker moves once every rank has written, "
                         "and the next save, an exit and the last iteration wait for it")
-    c.add_argument("--keep-last-checkpoints", type=int, default=None, metavar="N",
+    c.add_argument("--keep-last-checkpoints", type=positive_int, default=None, metavar="N",
                    help="after each completed save, delete the older saves but the newest N "
                         "(default: keep every save); never the marker's, a .partial, or one "
                         "a study's evaluation is reading")
-    c.add_argument("--keep-checkpoints-every", type=int, default=None, metavar="K",
+    c.add_argument("--keep-checkpoints-every", type=positive_int, default=None, metavar="K",
                    help="with --keep-last-checkpoints: keep every save whose iteration is a "
                         "multiple of K for good (a study's curves)")
     c.add_argument("--ckpt-format", choices=["torch_dist"], default="torch_dist",
                    help="Megatron-Core dist_checkpointing (Megatron-LM's torch_dist), the only "
                         "format")
+    c.add_argument("--save-lease-timeout", type=positive_int, default=300, metavar="SECS",
+                   help="a run holds a lease on --save (.locks/run.lease, a heartbeat every "
+                        "tenth of this) and another run refuses that directory; a lease "
+                        "without a heartbeat for this long is taken over (at once: one of "
+                        "this Slurm job, or of a gone process on this host)")
     c.add_argument("--load", default=None,
                    help="resume from the latest checkpoint here (none yet: start fresh)")
-    c.add_argument("--ckpt-step", type=int, default=None,
+    c.add_argument("--ckpt-step", type=nonnegative_int, default=None,
                    help="load this iteration of --load, not the latest")
     c.add_argument("--use-checkpoint-args", action="store_true",
                    help="take the model and input flags from the checkpoint in --load, as in "
@@ -415,7 +423,7 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
                    help="on SIGTERM/SIGUSR1: finish the step, save, exit 0")
     c.add_argument("--exit-duration-in-mins", type=float, default=None,
                    help="save and exit after this many minutes of wall time")
-    c.add_argument("--exit-interval", type=int, default=None,
+    c.add_argument("--exit-interval", type=positive_int, default=None,
                    help="save and exit when the iteration is a multiple of this")
 
 

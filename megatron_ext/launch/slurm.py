@@ -173,6 +173,7 @@ def job_script(job: Job, job_name: str, run_dir: Path, flags: List[str],
     return render(TEMPLATE, {
         "SBATCH_DIRECTIVES": sbatch_directives(job, job_name),
         "LOG": run_dir / "slurm-%j.log",
+        "RUN_DIR": shlex.quote(str(run_dir)),
         "SIGNAL_SECS": job.signal_secs,
         "MAX_RESTARTS": job.max_restarts,
         "CONTAINER_ARGS": container_args(job, mount_dir),

@@ -1,6 +1,7 @@
-"""Training metrics: one readable line per ``--log-interval`` (and at the last iteration) on
-stdout, and the same values, with validation loss and perplexity, to the run's metrics file
-(``metrics.jsonl``), TensorBoard and wandb (:mod:`megatron_ext.metrics.sinks`).
+"""Training metrics: one line per ``--log-interval`` (and at the last iteration) on stdout, in
+Megatron-LM's format (:mod:`megatron_ext.metrics.log_line`), and the same values, with
+validation loss and perplexity, to the run's metrics file (``metrics.jsonl``), TensorBoard
+and wandb (:mod:`megatron_ext.metrics.sinks`).
 
 Throughput is tokens per second of the whole job, and model TFLOP/s per device, with the
 model FLOPs Megatron-LM 0.16.1 counts (:func:`~megatron_ext.metrics.flops.flops_per_token`). MFU
@@ -27,6 +28,8 @@ from ..config.derived import Derived, run_record
 from ..runtime.log import log
 from . import sinks
 from .flops import flops_per_token, peak_flops
+from .log_line import TrainingFields, training_line, validation_lines
+
 
 def parameters_counted_once(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
     """``(name, parameter)`` for this rank's trainable parameters that, over the model-parallel
@@ -100,6 +103,7 @@ class MetricsLogger:
 
     def _reset(self) -> None:
         self.losses, self.times, self.norms, self.batch_sizes = [], [], [], []
+        self.skipped_iterations = self.nan_iterations = 0
 
     def _write(self, kind: str, iteration: int, scalars: dict) -> None:
         scalars = {k: v for k, v in scalars.items() if v is not None}
@@ -114,18 +118,22 @@ class MetricsLogger:
         return iteration % self.args.log_interval == 0 or iteration == self.derived.train_iters
 
     def step(self, iteration: int, loss: Optional[float], grad_norm: Optional[float], lr: float,
-             step_time: float, skipped_total: int, diagnostics: Optional[dict] = None, *,
-             consumed_samples: Optional[int] = None, batch_size: Optional[int] = None) -> None:
-        """Record one step; at a log iteration, log the interval's means and
+             step_time: float, skipped: bool, skipped_total: int,
+             diagnostics: Optional[dict] = None, *, consumed_samples: Optional[int] = None,
+             batch_size: Optional[int] = None) -> None:
+        """Record one step (``skipped``: its update was skipped; ``skipped_total``: updates
+        skipped for a failure so far); at a log iteration, log the interval's means and
         ``diagnostics`` (scalars measured at this step: norms, zeros in the gradient).
         ``consumed_samples`` after it and its ``batch_size`` (default: full global batches;
-        they differ under ``--rampup-batch-size``, and the line then shows the batch)."""
+        they differ under ``--rampup-batch-size``)."""
         batch_size = batch_size or self.derived.global_batch_size
         self.consumed_samples = (iteration * self.derived.global_batch_size
                                  if consumed_samples is None else consumed_samples)
         self.batch_sizes.append(batch_size)
         if loss is not None and math.isfinite(loss):
             self.losses.append(loss)
+        self.nan_iterations += loss is not None and not math.isfinite(loss)
+        self.skipped_iterations += skipped
         if grad_norm is not None:
             self.norms.append(float(grad_norm))
         self.times.append(step_time)
@@ -141,32 +149,19 @@ class MetricsLogger:
         mfu = flops_per_device / self.peak if self.peak else None
         mfu_fp8 = flops_per_device / self.fp8_peak if self.fp8_peak else None
         diagnostics = diagnostics or {}
-        parts = [f"iteration {iteration:>8}/{d.train_iters}",
-                 f"consumed samples {self.consumed_samples:>10}"]
-        if d.rampup_batch_size:
-            parts.append(f"global batch size: {batch_size:>5}")
-        parts += [f"lm loss: {float('nan') if loss is None else loss:.6E}", f"lr: {lr:.3E}"]
-        if "loss-scale" in diagnostics:
-            parts.append(f"loss scale: {diagnostics['loss-scale']:.1f}")
-        if grad_norm is not None:
-            parts.append(f"grad norm: {grad_norm:.3f}")
-        if "params-norm" in diagnostics:
-            parts.append(f"params norm: {diagnostics['params-norm']:.3f}")
-        if "num-zeros" in diagnostics:
-            parts.append(f"num zeros: {diagnostics['num-zeros']:,}")
-        parts += [f"tokens/s: {tokens_per_s:,.0f}", f"step time: {step_time * 1000:.1f} ms",
-                  f"TFLOP/s/GPU: {flops_per_device / 1e12:.1f}"]
-        if mfu is not None:
-            parts.append(f"MFU: {100 * mfu:.1f}%")
-        if mfu_fp8 is not None:
-            parts.append(f"MFU of FP8 peak: {100 * mfu_fp8:.1f}%")
-        parts.append(f"mem: {mem:.2f} GiB" + ("" if reserved is None
-                                                 else f" (reserved {reserved:.2f} GiB)"))
-        parts.append(f"skipped: {skipped_total}")
-        if "overflow-skipped-iterations" in diagnostics:
-            parts.append(f"overflow skipped: {diagnostics['overflow-skipped-iterations']}")
+        fields = TrainingFields(
+            iteration=iteration, train_iters=d.train_iters,
+            consumed_samples=self.consumed_samples, step_time_s=step_time,
+            tflops_per_gpu=flops_per_device / 1e12, learning_rate=lr,
+            global_batch_size=batch_size, loss=loss,
+            loss_scale=diagnostics.get("loss-scale", 1.0), grad_norm=grad_norm,
+            num_zeros=diagnostics.get("num-zeros"), params_norm=diagnostics.get("params-norm"),
+            skipped_iterations=self.skipped_iterations, nan_iterations=self.nan_iterations,
+            tokens_per_s=tokens_per_s, mfu=mfu, mfu_fp8=mfu_fp8, memory_gib=mem,
+            reserved_gib=reserved,
+            overflow_skipped_total=diagnostics.get("overflow-skipped-iterations"))
         if self.is_logging_rank:
-            print(" | ".join(parts), flush=True)
+            print(training_line(fields), flush=True)
             layers = {k: v for k, v in diagnostics.items() if "/" in k}
             if layers:
                 print("  norms: " + ", ".join(f"{k} {v:.4g}" for k, v in layers.items()),
@@ -184,8 +179,7 @@ class MetricsLogger:
             return
         ppl = math.exp(min(loss, 20.0))
         if self.is_logging_rank:
-            print(f"validation at iteration {iteration} | lm loss: {loss:.6E} | "
-                  f"lm loss PPL: {ppl:.4E}", flush=True)
+            print("\n".join(validation_lines(iteration, loss)), flush=True)
         self._write("valid", iteration, {"lm loss validation": loss,
                                          "lm loss validation ppl": ppl})
 

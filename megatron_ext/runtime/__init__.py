@@ -7,6 +7,8 @@ crash-safe files. Imports no other folder of the package.
 - ``log``: the logging convention (one rank prints);
 - ``reductions``: what the ranks agree on, one all-reduce each;
 - ``exit_signals``: SIGTERM/SIGUSR1 caught from the first step;
+- ``helper_processes``: every forked helper (checkpoint writers, their queue's Manager, data
+  loader workers) dies with its parent, ``kill -9`` included;
 - ``cpu_backend``: Megatron-Core on CPU over gloo (tests and the demo);
 - ``initialize``: device choice, torch.distributed, parallel state, seeds;
 - ``device_checks``: GPU start-up checks (CUDA connections, FP8 recipes, the Transformer Engine

@@ -9,5 +9,6 @@
 - ``validation``: when and how the loop validates;
 - ``exit_conditions``: when a run stops early;
 - ``gc_policy``: the one garbage-collection policy (``--manual-gc``);
-- ``profiling``: ``--profile``, a window of steps recorded.
+- ``profiling``: ``--profile``, a window of steps recorded;
+- ``run_status``: whether the run was done or stopped early, for its batch script.
 """

@@ -10,7 +10,9 @@ Each policy around the step belongs to an object: when to validate
 (:class:`~megatron_ext.train.step.NonFiniteGuard`), when to collect garbage
 (:class:`~megatron_ext.train.gc_policy.GarbageCollection`). The teardown (progress bar,
 profiler, metrics sinks, the collector) is in one ``finally``; a non-finite stop, which every
-rank reaches together, first completes a background save. It returns a
+rank reaches together, first completes a background save. Rank 0 holds a lease on
+``--save`` (:mod:`~megatron_ext.checkpoint.lease`) from before the run writes there to that
+``finally``. It returns a
 :class:`PretrainResult`.
 """
 
@@ -29,6 +31,7 @@ from megatron.core.distributed import DistributedDataParallel
 from tqdm import tqdm
 
 from ..checkpoint.layout import TrainState
+from ..checkpoint.lease import take_save_lease
 from ..checkpoint.saving import Checkpointer
 from ..config.derived import Derived
 from ..config.megatron_defaults import defaults_line
@@ -36,6 +39,7 @@ from ..datasets.gpt_datasets import samples_per_split
 from ..metrics.logger import MetricsLogger
 from ..metrics.norms import NormReporter
 from ..metrics.sinks import agree_wandb_run_id
+from ..runtime.helper_processes import tie_forked_children
 from ..runtime.initialize import initialize_distributed, resolve_device
 from ..runtime.log import is_logging_rank, log
 from .exit_conditions import ExitConditions
@@ -81,13 +85,15 @@ class PretrainResult:
 def pretrain(args: argparse.Namespace, model_provider: Callable, forward_step: Callable,
              datasets_provider: Callable) -> PretrainResult:
     """Run a whole training job. ``args`` (the parsed flags) is read, never written; after
-    the set-up the loop reads ``run``, the flags as this run applies them.
+    the set-up the loop reads ``run``, the flags as this run applies them. Every process it
+    forks dies with it (:func:`~megatron_ext.runtime.helper_processes.tie_forked_children`).
 
     With ``--exit-signal-handler``, an exit signal during start-up ends the job at the end
     of the current phase (checkpoint load, dataset building) with nothing saved; during
     validation, after the current batch, saving a checkpoint that asks the resumed run to
     validate first; during a training step, after the step, saving."""
     start_time = time.time()
+    tie_forked_children()
     device = resolve_device(args.device)
     initialize_distributed(device, args.tensor_model_parallel_size,
                            args.pipeline_model_parallel_size, args.seed)
@@ -106,32 +112,35 @@ def pretrain(args: argparse.Namespace, model_provider: Callable, forward_step: C
     own_run = bool(setup.resume_path and run.save) and (
         os.path.realpath(os.path.dirname(setup.resume_path)) == os.path.realpath(run.save))
     wandb_run_id = agree_wandb_run_id(run, setup.common["wandb_run_id"] if own_run else None)
-    metrics = MetricsLogger(run, derived, setup.model, is_logging_rank(), state.iteration,
-                            wandb_run_id)
-    gathered = functools.partial(gathered_parameters, run, setup.ddp)
-    collector = GarbageCollection(run)
-    validator = Validator(run, derived.train_iters, derived.num_microbatches, forward_step,
-                          valid_dataset, setup.ddp, exits, metrics, collector, gathered=gathered)
-    checkpointer = Checkpointer(run, derived, setup.model, setup.optimizer, setup.scheduler,
-                                setup.code, wandb_run_id,
-                                last_saved=state.iteration if setup.resume_path else None,
-                                gathered=gathered)
-    norms = NormReporter(setup.model) if run.log_params_norm or run.log_layer_norms else None
-    profiler = StepProfiler(run, torch.distributed.get_rank())
-    _log_start(run, derived, setup.ddp, metrics.num_params)
-    bar = tqdm(total=derived.train_iters, initial=state.iteration, desc="train", unit="it",
-               disable=not (sys.stderr.isatty() and metrics.is_logging_rank))
+    lease = take_save_lease(run.save, run.save_lease_timeout)  # before --save is written
+    bar = profiler = collector = metrics = None
     try:
-        loss, reason = _train(setup, forward_step, train_iter, exits, metrics, validator,
-                              checkpointer, norms, profiler, collector, bar)
+        metrics = MetricsLogger(run, derived, setup.model, is_logging_rank(), state.iteration,
+                                wandb_run_id)
+        gathered = functools.partial(gathered_parameters, run, setup.ddp)
+        collector = GarbageCollection(run)
+        validator = Validator(run, derived.train_iters, derived.num_microbatches, forward_step,
+                              valid_dataset, setup.ddp, exits, metrics, collector,
+                              gathered=gathered)
+        checkpointer = Checkpointer(run, derived, setup.model, setup.optimizer,
+                                    setup.scheduler, setup.code, wandb_run_id,
+                                    last_saved=state.iteration if setup.resume_path else None,
+                                    gathered=gathered, lease=lease)
+        norms = NormReporter(setup.model) if run.log_params_norm or run.log_layer_norms \
+            else None
+        profiler = StepProfiler(run, torch.distributed.get_rank())
+        _log_start(run, derived, setup.ddp, metrics.num_params)
+        bar = tqdm(total=derived.train_iters, initial=state.iteration, desc="train", unit="it",
+                   disable=not (sys.stderr.isatty() and metrics.is_logging_rank))
+        loss, reason = _train(setup, forward_step, train_iter, exits, metrics,
+                              validator, checkpointer, norms, profiler, collector, bar)
     except NonFiniteLossError:  # every rank stops here together: a background save completes
         checkpointer.finish_pending()
         raise
     finally:
-        bar.close()
-        profiler.close()
-        collector.close()
-        metrics.close()
+        for part in (bar, profiler, collector, metrics, lease):
+            if part is not None:
+                part.close()
     result = PretrainResult(state.iteration, loss, validator.last_loss, reason)
     _log_end(result)
     return result
@@ -174,7 +183,7 @@ def _train(setup, forward_step, train_iter, exits: ExitConditions,
             loss = step.loss
         metrics.step(state.iteration, step.loss, step.grad_norm,
                      scheduler.get_lr(optimizer.param_groups[0]), time.time() - step_start,
-                     state.nonfinite_skipped,
+                     step.skip is not None, state.nonfinite_skipped,
                      _diagnostics(run, norms, step.norms, step.num_zeros, optimizer, state,
                                   ddp) if log_now else None,
                      consumed_samples=state.consumed_train_samples, batch_size=batch_size)

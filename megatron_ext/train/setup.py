@@ -73,8 +73,6 @@ def check_flags(args: argparse.Namespace, device: str) -> tuple:
                                           and args.overlap_grad_reduce):
         raise FlagError("--overlap-param-gather needs --use-distributed-optimizer and "
                         "--overlap-grad-reduce, as in Megatron-LM")
-    if args.manual_gc_interval < 0:
-        raise FlagError(f"--manual-gc-interval {args.manual_gc_interval} is negative")
     validate_profile_args(resolved.applied_to(args))
     torch_adam_fused(args, device)  # refuses what cannot apply
     if args.ckpt_step is not None and not args.load:
@@ -82,9 +80,6 @@ def check_flags(args: argparse.Namespace, device: str) -> tuple:
     for flag in ("save_interval", "async_save", "keep_last_checkpoints"):
         if getattr(args, flag) and not args.save:
             raise FlagError(f"--{flag.replace('_', '-')} needs --save")
-    for flag in ("keep_last_checkpoints", "keep_checkpoints_every"):
-        if getattr(args, flag) is not None and getattr(args, flag) < 1:
-            raise FlagError(f"--{flag.replace('_', '-')} must be at least 1")
     if args.keep_checkpoints_every and not args.keep_last_checkpoints:
         raise FlagError("--keep-checkpoints-every applies with --keep-last-checkpoints "
                         "only (without it every save is kept)")

@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
+import time
 
+import psutil
 import pytest
 
 from conftest import PRETRAIN, TINY_RUN, run_pretrain, step_losses
@@ -72,8 +75,10 @@ def test_retention_deletes_nothing_a_study_evaluation_is_reading(tmp_path):
         assert retention.prune(str(tmp_path), 3, 1, None, logged.append) == [2]
     assert f"[fixedcode] retention: kept {tmp_path}/iter_0000001: a reader holds its lock" \
         in logged
-    assert sorted(os.listdir(tmp_path)) == sorted([MARKER, "iter_0000001", "iter_0000001.lock",
+    # The lock lies in .locks/, not beside the saves: the listing is Megatron-LM's.
+    assert sorted(os.listdir(tmp_path)) == sorted([MARKER, retention.LOCKS, "iter_0000001",
                                                    "iter_0000003", "iter_0000004.partial"])
+    assert os.listdir(tmp_path / retention.LOCKS) == ["iter_0000001.lock"]
     # Once read, it goes; a reader that comes after the deletion is told so.
     assert retention.prune(str(tmp_path), 3, 1, None, logged.append) == [1]
     with pytest.raises(retention.SaveDeleted, match="iter_0000001: deleted"):
@@ -129,13 +134,12 @@ def test_a_deletion_killed_midway_leaves_loadable_saves(tmp_path, monkeypatch):
     for i in (2, 3):
         assert loading.check_save(str(tmp_path), i).startswith("ok: ")
     retention.prune(str(tmp_path), 3, 1, None, print)  # finishes the interrupted deletion
-    assert sorted(os.listdir(tmp_path)) == sorted([MARKER, "iter_0000003"])
+    assert sorted(os.listdir(tmp_path)) == sorted([MARKER, retention.LOCKS, "iter_0000003"])
 
 
 @pytest.mark.parametrize("flags, message", [
     (["--async-save"], "--async-save needs --save"),
     (["--keep-last-checkpoints", "2"], "--keep-last-checkpoints needs --save"),
-    (["--save", "x", "--keep-last-checkpoints", "0"], "--keep-last-checkpoints must be at least 1"),
     (["--save", "x", "--keep-checkpoints-every", "5"],
      "--keep-checkpoints-every applies with --keep-last-checkpoints only"),
 ])
@@ -244,6 +248,84 @@ def test_an_async_save_killed_mid_write_resumes_from_the_previous_one(tmp_path):
     checked = subprocess.run([sys.executable, str(CHECK_CHECKPOINT), str(ckpt)],
                              capture_output=True, text=True)
     assert checked.returncode == 0 and f"ok: {ckpt}/iter_0000006" in checked.stdout
+
+
+def test_a_second_run_on_one_save_refuses_until_the_first_is_gone(tmp_path):
+    """A job submitted twice: the second run, on the first's --save, refuses naming the
+    holder and writes nothing there; once the first is killed -9, the next run takes its
+    lease over at once (same host, process gone) and resumes its save."""
+    ckpt = tmp_path / "ckpt"
+    run = TINY_RUN + ["--train-iters", "1000", "--save", ckpt, "--load", ckpt,
+                      "--save-interval", "2"]
+    first = subprocess.Popen([sys.executable, str(PRETRAIN), *map(str, run)],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             start_new_session=True)
+    try:
+        for line in first.stdout:
+            if f"saved checkpoint {ckpt}/iter_0000002" in line:
+                break
+        metrics = (ckpt / "metrics.jsonl").read_text()
+        second = run_pretrain(run + ["--exit-interval", "4"], check=False)
+        assert second.returncode == 1, second.stderr[-2000:]
+        assert f"error: --save {ckpt} is in use by another run (host {socket.gethostname()}, " \
+               f"pid {first.pid}, last heartbeat" in second.stderr, second.stderr[-2000:]
+        assert (ckpt / "metrics.jsonl").read_text().startswith(metrics)  # not rewritten
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait(timeout=60)
+    stopped = int((ckpt / MARKER).read_text())
+    third = run_pretrain(run + ["--exit-interval", str(stopped + 1)])
+    assert f"lease on --save {ckpt} taken over: its holder, pid {first.pid} on this host, " \
+           f"is gone" in third.stdout
+    assert f"resumed from {ckpt}/iter_{stopped:07d}" in third.stdout
+    assert not (ckpt / retention.LOCKS / "run.lease").exists()  # given back at the end
+
+
+def _gone(process: psutil.Process) -> bool:
+    try:
+        return process.status() == psutil.STATUS_ZOMBIE  # ended; its reaper is elsewhere
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_a_training_killed_9_leaves_no_process_behind(tmp_path):
+    """kill -9 to the training process alone (not its group), while a background write is
+    held 3 s: its helpers (the writer, the Manager of the writers' result queue, the data
+    loader's worker) die with it; before, the forked Manager lived on."""
+    ckpt = tmp_path / "ckpt"
+    run = TINY_RUN + ["--train-iters", "50", "--save", ckpt, "--save-interval", "2",
+                      "--async-save", "--num-workers", "1"]
+    proc = subprocess.Popen([sys.executable, str(PRETRAIN), *map(str, run)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "FIXEDCODE_TEST_WRITE_SECONDS": "3"},
+                            start_new_session=True)
+    try:
+        out = []
+        for line in proc.stdout:
+            out.append(line)
+            if "in the background (training stalled" in line:
+                break
+        helpers = psutil.Process(proc.pid).children(recursive=True)
+        assert len(helpers) >= 2, "".join(out)[-2000:]  # the writer, the Manager, ...
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+        deadline = time.time() + 20
+        while time.time() < deadline and not all(map(_gone, helpers)):
+            time.sleep(0.2)
+        left = [p for p in psutil.process_iter() if not _gone(p) and _session(p) == proc.pid]
+        assert left == [], [p.cmdline() for p in left]
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _session(process: psutil.Process):
+    try:
+        return os.getsid(process.pid)
+    except (ProcessLookupError, PermissionError):
+        return None
 
 
 def test_an_exit_signal_during_a_background_write_waits_for_it(tmp_path):

@@ -534,7 +534,8 @@ def test_mfu_is_over_the_bf16_peak_for_bf16_and_fp8_runs(cpu_dist, monkeypatch, 
     model = build_gpt(args, derived.padded_vocab_size, on_cpu=True)  # TE's layers need a GPU
     args.device, args.fp8_format = "cuda", "hybrid" if fp8 else None
     logger = MetricsLogger(args, derived, model, True, 0, None)
-    logger.step(1, 5.0, 1.0, 1e-3, step_time=0.5, skipped_total=0)
+    logger.step(1, 5.0, 1.0, 1e-3, step_time=0.5, skipped=False,
+                skipped_total=0)
     logger.close()
     (record,) = read_metrics(str(tmp_path / "m.jsonl"))
     flops = flops_per_token(args, derived.padded_vocab_size) * record["tokens-per-second"]

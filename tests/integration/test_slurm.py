@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from conftest import TIMING
+from helpers.megatron_log import training_lines
 from megatron_ext.codes.schemes import PAPER_ARMS
 from megatron_ext.checkpoint.saving import EXIT_SAVE_FAILED
 
@@ -200,6 +201,47 @@ def test_a_signal_that_srun_dropped_while_starting_is_passed_on_again(tmp_path):
     assert "requeue 7" in calls and rc == 0, (out, calls)
 
 
+FAKE_SRUN_ENDS = """#!/bin/bash
+# Training that ends by itself, saying how (FAKE_STATUS) where the batch script asked.
+if [[ -n $FAKE_STATUS ]]; then echo "$FAKE_STATUS" >"$FIXEDCODE_RUN_STATUS_FILE"; fi
+exit 0
+"""
+
+
+@pytest.mark.parametrize("status, restart_count, requeued, job_rc, says", [
+    ("done at iteration 30", "", False, 0, "training done at iteration 30: finished, not "
+                                           "requeueing"),
+    # A SIGTERM to the step alone (scancel --signal=TERM JOB.0): saved, stopped, requeued.
+    ("stopped at iteration 25: received SIGTERM", "", True, 0,
+     "training stopped at iteration 25: received SIGTERM (before --train-iters): a stopped "
+     "run, not a finished one"),
+    ("stopped at iteration 25: received SIGTERM", "2", False, 1,
+     "restart cap 2 reached: not requeueing"),
+    ("", "", False, 0, "training exited 0 without saying how it ended"),
+])
+def test_a_run_that_ends_by_itself_is_told_done_or_stopped(tmp_path, status, restart_count,
+                                                           requeued, job_rc, says):
+    """No signal to the batch script: the run's status file, not its exit status 0, says
+    whether it finished (the job ends) or stopped before --train-iters (requeued, within
+    --max-restarts)."""
+    script = dry_run_scripts("--recipe", str(RECIPE), "--run-dir", str(tmp_path / "run"),
+                             "--arms", "binary", "--max-restarts", "2", *CPU_JOB)["binary"]
+    for name, text in (("srun", FAKE_SRUN_ENDS), ("scontrol", FAKE_SCONTROL)):
+        (tmp_path / name).write_text(text)
+        (tmp_path / name).chmod(0o755)
+    (tmp_path / "run" / "binary").mkdir(parents=True)
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}", "FAKE_DIR": str(tmp_path),
+           "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "localhost", "FAKE_STATUS": status,
+           **({"SLURM_RESTART_COUNT": restart_count} if restart_count else {})}
+    job = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True,
+                         timeout=60)
+    calls = (tmp_path / "scontrol.calls").read_text().splitlines()
+    assert says in job.stdout, job.stdout + job.stderr
+    assert ("requeue 7" in calls) == requeued and job.returncode == job_rc, (job.stdout, calls)
+    if requeued:
+        assert "[slurm] stopped: requeueing job 7" in job.stdout
+
+
 # ---------------------------------------------------------------------------- real Slurm
 
 @pytest.fixture
@@ -264,13 +306,12 @@ def submit_tiny_binary_job(run_dir: Path, env, recipe: Path = RECIPE, max_restar
     return job_id, Path(log)
 
 
-ITERATION = re.compile(r"iteration\s+(\d+)/\s*\d+.*?lm loss: (\S+)")
 FINAL = re.compile(r"final train loss (\S+)")
 RUN_START = re.compile(r"^\[slurm\] job \d+ on \S+, SLURM_RESTART_COUNT=(\d+),", re.M)
 
 
 def losses(text: str) -> dict:
-    return {int(it): loss for it, loss in ITERATION.findall(text)}
+    return {int(m["iteration"]): m["lm_loss"] for m in training_lines(text)}
 
 
 def runs(log: Path) -> list[str]:
@@ -390,7 +431,8 @@ def preemption_scenario(slurm_env, root: Path) -> None:
     wait_for_run(3, lambda text: SAVE_AT in losses(text), f": iteration {SAVE_AT}")
     time.sleep(0.5)
     preempt()
-    wait_for_run(4, lambda text: "[slurm] training exited by itself" in text, ": the end")
+    wait_for_run(4, lambda text: f"[slurm] training done at iteration {TRAIN_ITERS}: finished"
+                 in text, ": the end")
     for jid, jlog in ((job_id, log), (plain_id, plain_log)):
         wait_until(lambda: job_field(jid, "JobState", env) == "COMPLETED",
                    "COMPLETED state", jid, jlog, env, deadline)
@@ -424,14 +466,14 @@ def preemption_scenario(slurm_env, root: Path) -> None:
     assert min(losses(parts[2])) == stopped + 1 and max(losses(parts[2])) == EVAL_AT, parts[2]
     assert f"received SIGUSR1: validation at iteration {EVAL_AT} stopped; the resumed run " \
            f"validates first" in parts[2], parts[2]
-    assert f"validation at iteration {EVAL_AT} |" not in parts[2], parts[2]
+    assert f"validation loss at iteration {EVAL_AT} |" not in parts[2], parts[2]
     assert f"[fixedcode] saved checkpoint {ckpt}/iter_{EVAL_AT:07d}" in parts[2], parts[2]
     # 3: validated EVAL_AT first, then trained on; the signal came during the save at
     # SAVE_AT, which completed before the run stopped there.
     assert f"[fixedcode] resumed from {ckpt}/iter_{EVAL_AT:07d} at iteration {EVAL_AT}" \
         in parts[3], parts[3]
-    assert parts[3].index(f"validation at iteration {EVAL_AT} |") \
-        < re.search(rf"^iteration\s+{EVAL_AT + 1}/", parts[3], flags=re.M).start(), parts[3]
+    assert parts[3].index(f"validation loss at iteration {EVAL_AT} |") \
+        < parts[3].index(f" iteration {EVAL_AT + 1:8d}/"), parts[3]
     assert max(losses(parts[3])) == SAVE_AT, parts[3]
     assert parts[3].index(f"[fixedcode] saved checkpoint {ckpt}/iter_{SAVE_AT:07d}") \
         < parts[3].index(f"[fixedcode] received SIGUSR1: exiting at iteration {SAVE_AT}"), \

@@ -11,6 +11,7 @@ import signal
 import pytest
 
 from conftest import PP2_RUN, TIMING, TINY_RUN, run_pretrain, step_losses, valid_losses
+from helpers.megatron_log import training_lines, validation_lines
 from helpers.signals import signal_run
 from megatron_ext.checkpoint.compatibility import reconcile_schedule
 from megatron_ext.config.derived import derive
@@ -31,6 +32,43 @@ def test_a_few_steps_lower_the_loss(tmp_path, arm):
     first, last = losses[1], losses[30]
     assert last < first - 0.5, f"{arm}: loss {first} -> {last}"
     assert f"[fixedcode] training done: iteration 30 | final train loss {last:.6f}" in run.stdout
+
+
+@pytest.mark.integration
+def test_the_log_reads_as_megatron_lms():
+    """A run's stdout, read by the regular expressions written from Megatron-LM's source:
+    a line per iteration and per validation, with the metrics file's values."""
+    run = run_pretrain(TINY_RUN + ["--train-iters", "3", "--eval-iters", "1",
+                                   "--eval-interval", "2"])
+    train = {r["iteration"]: r for r in run.metrics if r["kind"] == "train"}
+    valid = {r["iteration"]: r for r in run.metrics if r["kind"] == "valid"}
+    lines = training_lines(run.stdout)
+    assert [int(m["iteration"]) for m in lines] == sorted(train) == [1, 2, 3]
+    for m in lines:
+        record = train[int(m["iteration"])]
+        assert int(m["train_iters"]) == 3 and int(m["global_batch_size"]) == 4
+        assert int(m["consumed_samples"]) == record["consumed_samples"]
+        assert float(m["lm_loss"]) == pytest.approx(record["lm loss"], rel=1e-6)
+        assert float(m["learning_rate"]) == pytest.approx(record["learning-rate"], rel=1e-6)
+        assert (int(m["skipped"]), int(m["nan"])) == (0, 0)
+    checks = validation_lines(run.stdout)
+    assert [int(m["iteration"]) for m in checks] == sorted(valid) == [2, 3]
+    for m in checks:
+        assert float(m["lm_loss"]) == pytest.approx(
+            valid[int(m["iteration"])]["lm loss validation"], rel=1e-6)
+
+
+@pytest.mark.integration
+def test_the_run_says_whether_it_was_done_or_stopped(tmp_path):
+    """Both exit 0; the status file the batch script names tells them apart."""
+    from megatron_ext.train.run_status import STATUS_ENV
+    status = tmp_path / "status"
+    run_pretrain(TINY_RUN + ["--train-iters", "2"], env={STATUS_ENV: str(status)})
+    assert status.read_text() == "done at iteration 2\n"
+    stopped = run_pretrain(TINY_RUN + ["--train-iters", "2", "--exit-interval", "1"],
+                           env={STATUS_ENV: str(status)})
+    assert stopped.returncode == 0
+    assert status.read_text() == "stopped at iteration 1: --exit-interval 1 reached\n"
 
 
 @pytest.mark.integration
@@ -269,9 +307,9 @@ def test_exit_signal_during_validation_saves_and_the_resumed_run_validates_first
     assert rc == 0, out[-2000:]
     assert "received SIGUSR1: validation at iteration 3 stopped; the resumed run validates " \
            "first" in out
-    assert (ckpt / MARKER).read_text() == "3" and "validation at iteration 3 |" not in out
+    assert (ckpt / MARKER).read_text() == "3" and "validation loss at iteration 3 |" not in out
     resumed = run_pretrain(run)
-    assert resumed.stdout.index("validation at iteration 3 |") \
+    assert resumed.stdout.index("validation loss at iteration 3 |") \
         < resumed.stdout.index("iteration        4/")
     # The metrics file then holds what the uninterrupted run logged: every validation.
     untimed = lambda run: [{k: v for k, v in r.items() if k not in TIMING}  # noqa: E731
@@ -282,14 +320,17 @@ def test_exit_signal_during_validation_saves_and_the_resumed_run_validates_first
 
 @pytest.mark.integration
 def test_exit_signal_during_a_save_lets_the_save_finish(tmp_path):
-    ckpt = tmp_path / "ckpt"
+    """... and the run, exiting 0, tells its batch script it stopped before --train-iters."""
+    from megatron_ext.train.run_status import STATUS_ENV
+    ckpt, status = tmp_path / "ckpt", tmp_path / "status"
     rc, out, _ = signal_run(SIGNAL_RUN + ["--train-iters", "100", "--save", ckpt,
                                           "--save-interval", "2"], signal.SIGTERM,
                             when="iteration        2/", delay=0.5,
-                            env={"FIXEDCODE_TEST_SAVE_SECONDS": "3"})
+                            env={"FIXEDCODE_TEST_SAVE_SECONDS": "3", STATUS_ENV: str(status)})
     assert rc == 0, out[-2000:]
     assert out.index(f"saved checkpoint {ckpt}/iter_0000002") \
         < out.index("received SIGTERM: exiting at iteration 2")
+    assert status.read_text() == "stopped at iteration 2: received SIGTERM\n"
     assert (ckpt / MARKER).read_text() == "2" and not (ckpt / "iter_0000002.partial").exists()
 
 
@@ -356,7 +397,6 @@ def test_a_bad_flag_stops_the_run_with_a_clear_error():
      "--overlap-param-gather needs --use-distributed-optimizer and --overlap-grad-reduce"),
     (["--overlap-param-gather", "--use-distributed-optimizer"],
      "--overlap-param-gather needs --use-distributed-optimizer and --overlap-grad-reduce"),
-    (["--manual-gc", "--manual-gc-interval", "-1"], "--manual-gc-interval -1 is negative"),
     (["--log-layer-norms", "--use-distributed-optimizer"],
      "--log-layer-norms reads whole gradients, which --use-distributed-optimizer scatters"),
     (["--load", "/nonexistent/ckpt", "--ckpt-step", "7"],
