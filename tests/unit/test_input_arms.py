@@ -166,8 +166,6 @@ def test_the_input_table_has_its_own_learning_rate_and_weight_decay(cpu_dist, ar
 @pytest.mark.parametrize("flags, message", [
     (["--input-interface", "factorized", "--input-table-rank", "65"],
      "--input-table-rank 65 is outside [1, --hidden-size 64]"),
-    (["--input-interface", "factorized", "--input-table-rank", "0"],
-     "--input-table-rank 0 is outside [1, --hidden-size 64]"),
     (["--input-interface", "factorized", "--input-table-rank", "48", "--vocab-size", "20",
       "--make-vocab-size-divisible-by", "8"],
      "--input-table-rank 48 is above the padded vocabulary of 24 tokens"),
