@@ -154,12 +154,15 @@ def check_held_out_content(study: Study, progress=print) -> None:
     from ..config import recipes
     from ..datasets.held_out import indexed_documents, shared_documents
     from ..launch.slurm import REPO as RUNS_START_IN
+    checked = [(what, settings) for what, settings in (("eval", study.eval),
+                                                       ("probes", study.probes))
+               if settings is not None and settings.data_path and not settings.allow_train_text]
+    if not checked:
+        return
     trained = sorted({str((RUNS_START_IN / p).resolve()) for _, cell in study.cells()
                       for arm in cell.arms
                       for p in recipes.training_prefixes([*cell.recipe, *arm.flags])})
-    for what, settings in (("eval", study.eval), ("probes", study.probes)):
-        if settings is None or not settings.data_path or settings.allow_train_text:
-            continue
+    for what, settings in checked:
         for prefix in trained:
             if not Path(prefix + ".idx").exists() or not Path(settings.data_path + ".idx"
                                                              ).exists():

@@ -96,7 +96,7 @@ def test_retention_during_a_study_evaluation_spares_the_save_being_read(
     from megatron_ext.study import evaluation
     from megatron_ext.study.spec import EvalSettings
     arm = SimpleNamespace(name="binary")
-    study = SimpleNamespace(runs=lambda: [(arm, 1)], eval=EvalSettings())
+    study = SimpleNamespace(runs=lambda: [(arm, 1)], eval=EvalSettings(), probes=None)
     ckpt = tmp_path / "binary" / "seed1" / "checkpoints"
     ckpt.mkdir(parents=True)
     for i in (1, 2, 3):
