@@ -213,7 +213,8 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--lr", type=float, default=3e-4, help="peak learning rate")
     g.add_argument("--min-lr", type=float, default=0.0,
                    help="learning rate at the end of the decay")
-    g.add_argument("--lr-warmup-iters", type=nonnegative_int, default=0, help="linear warm-up steps")
+    g.add_argument("--lr-warmup-iters", type=nonnegative_int, default=0,
+                   help="linear warm-up steps")
     g.add_argument("--lr-warmup-init", type=float, default=0.0,
                    help="learning rate at the start of the warm-up")
     g.add_argument("--lr-warmup-fraction", type=float, default=None,
@@ -221,7 +222,8 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
                         "--lr-decay-samples), instead of --lr-warmup-iters/--lr-warmup-samples")
     g.add_argument("--lr-warmup-samples", type=nonnegative_int, default=0,
                    help="--train-samples runs: linear warm-up over this many samples")
-    g.add_argument("--lr-decay-iters", type=positive_int, default=None, help="default --train-iters")
+    g.add_argument("--lr-decay-iters", type=positive_int, default=None,
+                   help="default --train-iters")
     g.add_argument("--lr-decay-samples", type=positive_int, default=None,
                    help="--train-samples runs: decay over this many samples (default "
                         "--train-samples)")

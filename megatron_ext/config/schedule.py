@@ -101,10 +101,7 @@ class BatchRamp:
         self.rampup = rampup
         if rampup is None:
             return
-        start, increment, samples = rampup
-        if min(start, increment, samples) < 1:
-            raise FlagError(f"--rampup-batch-size {start} {increment} {samples}: START, "
-                            f"INCREMENT and SAMPLES must be positive")
+        start, increment, samples = rampup  # each at least 1 (the flag's type)
         diff = global_batch_size - start
         if diff < 0 or diff % increment:
             raise FlagError(f"--rampup-batch-size {start} {increment} {samples}: "

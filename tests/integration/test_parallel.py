@@ -4,8 +4,8 @@ the losses of TP=1 (the fixed-code input computes only its rank's slice of the s
 and the distributed optimizer at DP=2 those of DDP at DP=2; it also saves and resumes
 exactly, also with its parameters gathered during the forward pass
 (``--overlap-param-gather``). Two pipeline stages under --bf16 --fp32-residual-connection
-continue a PP=1 checkpoint with PP=1's losses. Both layers' attention is the default, SDPA, so TP=2 also
-checks it against TP=1."""
+continue a PP=1 checkpoint with PP=1's losses. Both layers' attention is the default, SDPA, so TP=2
+also checks it against TP=1."""
 
 from __future__ import annotations
 
