@@ -163,7 +163,7 @@ def direct_gap(rng, trials: int, seeds: int, levels: int, noise: float) -> dict:
                 "binary": {s: float(base + gap + noise * rng.standard_normal())
                            for s in range(seeds)}}}
         got = fit.fit_arms(points, "learned", TARGET)["gaps"]["binary"]
-        hit_slope += _covers(got["slope"], slope)
+        hit_slope += _covers(got["slopes"][0], slope)
         hit_target += _covers(got["at_target"], truth)
     return {"gap slope (direct fit)": hit_slope / trials,
             "gap at target (direct fit)": hit_target / trials}

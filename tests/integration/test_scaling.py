@@ -370,7 +370,7 @@ def test_the_gap_fitted_directly_recovers_a_known_trend():
     one α, the α-fixed sensitivity's interval holds the true gap at the target."""
     trend = lambda c: 0.2 - 0.03 * np.log10(c / 1e14)  # noqa: E731
     gaps = fit.fit_arms(five_levels(0.0, trend, binary=(2.0, 2.0)), "learned", 1e21)["gaps"]
-    assert gaps["binary"]["slope"]["value"] == pytest.approx(-0.03)
+    assert gaps["binary"]["slopes"][0]["value"] == pytest.approx(-0.03)
     assert gaps["binary"]["at_target"]["value"] == pytest.approx(trend(1e21))
     fits = fit.fit_arms(five_levels(0.01), "learned", 1e21)
     fixed = fits["fixed_alpha"]["arms"]["binary"]["gap_at_target"]
@@ -390,8 +390,10 @@ def test_a_parameter_at_its_bound_is_flagged_never_a_zero_width_interval(recipe,
     assert learned["fit"]["at_bound"] == {"E": "E = 0"}
     assert learned["E"]["low"] is None and learned["at_target"]["low"] is None
     study = build(recipe, {"size": SIZES})
-    text = "\n".join(scaling.markdown(study, {"points": {}, "fits": fits, "target_flops": 1e21,
-                                              "orders_of_magnitude": 3.0, "task_gaps": {}}))
+    text = "\n".join(scaling.markdown(study, {"points": {}, "fits": fits, "axes": ["compute"],
+                                              "target": {"compute": 1e21},
+                                              "orders_of_magnitude": {"compute": 3.0},
+                                              "task_gaps": {}}))
     assert "(**at its bound: E = 0**, no interval)" in text
     assert "[0.000, 0.000]" not in text
 
