@@ -51,7 +51,7 @@ def power_law(compute, e: float, a: float, alpha: float, reference: float):
     return e + a * (np.asarray(compute, dtype=float) / reference) ** (-alpha)
 
 
-def _law(x: np.ndarray, params, reference: np.ndarray) -> np.ndarray:
+def saturating_law(x: np.ndarray, params, reference: np.ndarray) -> np.ndarray:
     """``E + Σ_k A_k·(x_k / reference_k)^(−α_k)`` at the points ``x`` (``[points, axes]``;
     ``params``: ``E, A₁, α₁, A₂, α₂...``)."""
     p = np.asarray(params, dtype=float)
@@ -94,7 +94,7 @@ def fit_power_law(x, loss: Sequence[float], what: str = "the fit",
     sigma = None if weights is None else 1 / np.sqrt(np.asarray(weights, dtype=float))
     with warnings.catch_warnings():  # an exact fit (3 points) has no covariance: unused
         warnings.simplefilter("ignore", OptimizeWarning)
-        params, _ = curve_fit(lambda at, *p: _law(at, p, reference), x, y,
+        params, _ = curve_fit(lambda at, *p: saturating_law(at, p, reference), x, y,
                               p0=_start(x / reference, y, floor), sigma=sigma,
                               bounds=([0.0] * (1 + 2 * terms),
                                       [floor] + [np.inf, ALPHA_MAX] * terms),
@@ -117,7 +117,7 @@ def fit_power_law(x, loss: Sequence[float], what: str = "the fit",
         if a <= 1e-9:
             at_bound[amplitude] = f"{amplitude} = 0"
     return {**out, "reference": reference.tolist(), "at_bound": at_bound,
-            "residuals": (y - _law(x, params, reference)).tolist()}
+            "residuals": (y - saturating_law(x, params, reference)).tolist()}
 
 
 def _start(x: np.ndarray, y: np.ndarray, floor: float) -> tuple[float, ...]:
@@ -125,7 +125,7 @@ def _start(x: np.ndarray, y: np.ndarray, floor: float) -> tuple[float, ...]:
     scaled points ``x``), ``E`` and the amplitudes by linear least squares (clipped to the
     bounds); the exponents with the smallest squared error."""
     terms = x.shape[1]
-    grid = np.linspace(0.02, 2.0, 100 if terms == 1 else 30)
+    grid = np.linspace(0.02, 2.0, 100 if terms == 1 else 20)
     alphas = np.stack(np.meshgrid(*[grid] * terms, indexing="ij"), -1).reshape(-1, terms)
     power = x[None] ** -alphas[:, None, :]                           # [grid, points, axes]
     pc, yc = power - power.mean(1, keepdims=True), y - y.mean()
@@ -149,7 +149,7 @@ def _params(fit: dict) -> list[float]:
 def law_values(fit: dict, x) -> np.ndarray:
     """The fitted law at the points ``x`` (compute values, or ``[points, 2]`` of (N, D))."""
     reference = np.asarray(fit["reference"])
-    return _law(_as_points(x).reshape(-1, len(reference)), _params(fit), reference)
+    return saturating_law(_as_points(x).reshape(-1, len(reference)), _params(fit), reference)
 
 
 def predict(fit: dict, point) -> float:
