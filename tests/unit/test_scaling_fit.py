@@ -59,7 +59,9 @@ def test_the_joint_law_is_recovered_with_intervals_of_the_right_size():
 def test_the_direct_gap_in_n_and_d_recovers_a_known_trend():
     """binary = learned + 0.3 − 0.05 per decade of N + 0.02 per decade of D (noise-free):
     the direct fit's slopes and its value at the target are the known ones."""
-    trend = lambda n, d: 0.3 - 0.05 * np.log10(n / START[0]) + 0.02 * np.log10(d / START[1])  # noqa: E731
+    def trend(n, d):
+        return 0.3 - 0.05 * np.log10(n / START[0]) + 0.02 * np.log10(d / START[1])
+
     points = grid_points(4, 4, 0.0, laws={"learned": LAW["learned"]})
     for p in points.values():
         p["loss"]["binary"] = {s: v + trend(p["N"], p["D"]) for s, v in
