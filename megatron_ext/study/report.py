@@ -362,7 +362,7 @@ def write_report(study: Study, study_dir: Path) -> dict:
             from . import tuning
             point_runs, point_summaries, choices = tuning.choose(study, runs, summaries)
             lines += tuning.markdown(study, choices)
-        result = scaling.analyse(study, point_runs, point_summaries, scaling.paper_compute())
+        result = scaling.analyse(study, point_runs, point_summaries)
         if result["points"]:
             scaling.plot(study, point_summaries, result, study_dir)
             lines += scaling.markdown(study, result)

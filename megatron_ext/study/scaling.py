@@ -1,17 +1,23 @@
 """The scaling section of a study with factors: the held-out loss and the gap to the control
 against training compute over every level, and the saturating power-law fit of each arm
-(:mod:`.fit`) extrapolated to the paper's compute. :mod:`.report` writes it into the top
-``STUDY.md`` after every level's tables.
+(:mod:`.fit`) extrapolated to the paper's model and budget. :mod:`.report` writes it into
+the top ``STUDY.md`` after every level's tables.
 
 Compute is each checkpoint's training FLOPs as the training log's MFU counts them
-(:func:`megatron_ext.study.evaluation.training_compute`). The fit's rules (at least 5
-levels to extrapolate, parameters at a bound flagged, the gap also fitted directly) are
-:mod:`.fit`'s. The paper's compute is its recipe's (``examples/smollm2_1p7b/recipe.args``,
-the SmolLM2 vocabulary) FLOPs per token times :data:`PAPER_TOKENS`. Figures:
-``loss_vs_flops.png`` (per arm, one line per level with its 95% band across seeds, the fit
-dashed), ``gap_vs_flops.png`` (arm − control paired by seed at every evaluated checkpoint,
-95% t interval) and, with downstream tasks, ``downstream_vs_flops.png`` (each task's metric
-and its gap, the same way; no fit).
+(:func:`megatron_ext.study.evaluation.training_compute`). A study whose points vary in one
+of model size and token budget is fitted in compute, ``L(C)``, extrapolated to the paper's
+compute: its recipe's (``examples/smollm2_1p7b/recipe.args``, the SmolLM2 vocabulary) FLOPs
+per token times :data:`PAPER_TOKENS`. One that varies both is fitted in both, ``L(N, D)``
+(``N`` the control's non-embedding parameters at the level, ``D`` its tokens), never in
+compute alone: sizes and budgets trade against each other differently, and one law over
+both on one compute axis leaves neither's trend. It is extrapolated to the paper's
+recipe's non-embedding parameters and :data:`PAPER_TOKENS`. The fit's rules (the
+degrees of freedom to extrapolate, parameters at a bound flagged, the gap also fitted
+directly) are :mod:`.fit`'s. Figures: ``loss_vs_flops.png`` (per arm, one line per level
+with its 95% band across seeds, the fit dashed: in ``(N, D)``, one dashed line per size
+over its budgets), ``gap_vs_flops.png`` (arm − control paired by seed at every evaluated
+checkpoint, 95% t interval) and, with downstream tasks, ``downstream_vs_flops.png`` (each
+task's metric and its gap, the same way; no fit).
 """
 
 from __future__ import annotations
@@ -44,6 +50,21 @@ def paper_compute() -> float:
     vocab = padded_vocab_size(PRESETS[PAPER_PRESET]["vocab_size"],
                               args.make_vocab_size_divisible_by, 1)
     return flops_per_token(args, vocab) * PAPER_TOKENS
+
+
+def paper_parameters() -> int:
+    """The paper's non-embedding parameters (all but the input table, as the evaluation
+    records count them): its recipe's model, counted on the meta device (the local
+    implementation: the same parameters as Transformer Engine's)."""
+    from ..config.arguments import PRESETS, add_training_args, build_parser
+    from ..launch.slurm import REPO
+    from ..model.param_count import count_arms
+    parser = build_parser("")
+    add_training_args(parser)
+    args = parser.parse_known_args(read_study_recipe(str(REPO / PAPER_RECIPE)))[0]
+    args.vocab_size, args.transformer_impl = PRESETS[PAPER_PRESET]["vocab_size"], "local"
+    counts = count_arms(args, ["learned"])["learned"]
+    return counts["total"] - counts["input"]
 
 
 def final_points(study: Study, runs: dict, summaries: dict) -> dict:
@@ -92,24 +113,42 @@ def gaps(study: Study, runs: dict, name: str = "valid_loss") -> dict:
     return out
 
 
-def analyse(study: Study, runs: dict, summaries: dict, target: float) -> dict:
-    """The points, gaps and (with enough levels) the fits of a study with factors."""
+def in_size_and_budget(points: dict, control: str) -> bool:
+    """Whether the points vary in both model size (the control's non-embedding
+    parameters) and token budget."""
+    return (len({p["parameters"][control]["non_embedding"] for p in points.values()}) > 1
+            and len({p["tokens"] for p in points.values()}) > 1)
+
+
+def analyse(study: Study, runs: dict, summaries: dict) -> dict:
+    """The points, gaps and (with enough levels) the fits of a study with factors: in
+    ``(N, D)`` where the points vary in both, else in compute."""
     points = final_points(study, runs, summaries)
-    result = {"points": points, "gaps": gaps(study, runs), "target_flops": target,
+    if in_size_and_budget(points, study.control):
+        axes, target = ("N", "D"), {"N": paper_parameters(), "D": PAPER_TOKENS}
+        fit_points = {level: {"N": p["parameters"][study.control]["non_embedding"],
+                              "D": p["tokens"], "loss": p["loss"]}
+                      for level, p in points.items()}
+    else:
+        axes, target, fit_points = ("compute",), {"compute": paper_compute()}, points
+    result = {"points": points, "gaps": gaps(study, runs), "axes": list(axes),
+              "target": target,
               "task_gaps": {task: gaps(study, runs, task) for task in study.eval.tasks},
               "fits": None, "refused": None}
     try:
-        result["fits"] = fit.fit_arms(points, study.control, target)
+        result["fits"] = fit.fit_arms(fit_points, study.control,
+                                      [target[a] for a in axes], axes=axes)
     except ValueError as e:
         result["refused"] = str(e)
     if points:
-        result["orders_of_magnitude"] = fit.orders_of_magnitude(
-            max(p["compute"] for p in points.values()), target)
+        result["orders_of_magnitude"] = {
+            a: fit.orders_of_magnitude(max(p[a] for p in fit_points.values()), target[a])
+            for a in axes}
     return result
 
 
 def markdown(study: Study, result: dict) -> list[str]:
-    points, fits = result["points"], result["fits"]
+    points = result["points"]
     others = [a.name for a in study.arms if a.name != study.control]
     lines = ["## Across levels: loss and gap against training compute", "",
              "| level | FLOPs | tokens | parameters (non-embedding / total, "
@@ -134,18 +173,25 @@ def markdown(study: Study, result: dict) -> list[str]:
                   f"and its difference to {study.control} (paired by seed, 95% t interval) "
                   f"against training FLOPs, every level; no fit.", "",
                   "![downstream metrics against FLOPs](downstream_vs_flops.png)", ""]
-    lines += ["### Fit: L(C) = E + A·(C/C₀)^(−α) per arm", ""]
+    joint = result["axes"] == ["N", "D"]
+    return lines + (_fit_in_size_and_budget if joint else _fit_in_compute)(study, result)
+
+
+def _fit_in_compute(study: Study, result: dict) -> list[str]:
+    """The fit section of a study whose points vary in one of size and budget."""
+    fits = result["fits"]
+    lines = ["### Fit: L(C) = E + A·(C/C₀)^(−α) per arm", ""]
     if fits is None:
         return lines + [f"No fit: {result['refused']}.", ""]
-    target, orders = result["target_flops"], result["orders_of_magnitude"]
+    target, orders = result["target"]["compute"], result["orders_of_magnitude"]["compute"]
     arms = fits["arms"]
     first = next(iter(arms.values()))
     lines += [f"Weighted least squares (scipy, E in [0, min L], α in [0, {fit.ALPHA_MAX:g}]) "
               f"to each level's final mean loss over {fits['levels']} compute levels; 95% "
               f"t intervals ({fits['dof']} degrees of freedom) from the seeds' spread within "
               f"each level, pooled over the levels and paired across arms, through the "
-              f"fit's linearisation. C₀ = {first['fit']['reference']:.3g} FLOPs. A parameter "
-              f"that ended at a bound is flagged and gets no interval.", ""]
+              f"fit's linearisation. C₀ = {first['fit']['reference'][0]:.3g} FLOPs. A "
+              f"parameter that ended at a bound is flagged and gets no interval.", ""]
     if not fits["extrapolated"]:
         lines += [f"**No extrapolation to the paper's compute and no intervals: "
                   f"{fits['why_not']}.** The fit below describes the levels only.", ""]
@@ -155,34 +201,98 @@ def markdown(study: Study, result: dict) -> list[str]:
                   f"orders of magnitude beyond the largest level fitted.** It assumes the "
                   f"same law holds the whole way (same data, recipe and schedule shape); it "
                   f"is a hypothesis to test, not a result.", ""]
-    lines += [f"| arm | α | E | A | loss at {target:.3g} FLOPs | gap to {study.control} "
-              f"there | residuals (per level, by compute) |",
-              "|---|---:|---:|---:|---:|---:|---|"]
-    for arm in study.arms:
-        f = arms[arm.name]
-        bounds = f["fit"]["at_bound"]
-        lines.append(f"| {arm.name} | {_parameter(f['alpha'], bounds.get('alpha'), '.3f')} | "
-                     f"{_parameter(f['E'], bounds.get('E'), '.3f')} | "
-                     f"{f['fit']['A']:.3f}{' (**at its bound: A = 0**)' if 'A' in bounds else ''}"
-                     f" | {_extrapolated(f['at_target'], bounds, '.3f')} | "
-                     + ("—" if arm.name == study.control else
-                        _extrapolated(f['gap_at_target'], bounds, '+.3f')) + " | "
-                     + ", ".join(f"{r:+.4f}" for r in f["fit"]["residuals"]) + " |")
+    lines += _law_table(study, fits, f"{target:.3g} FLOPs", "per level, by compute")
     if fits["levels"] == fit.MIN_POINTS:
         lines += ["", f"With {fit.MIN_POINTS} levels the fit passes through every point "
                       f"(3 parameters): residuals of 0 say nothing about the law's shape."]
-    lines += ["", f"The gap fitted directly, g(C) = g₀ + g₁·log₁₀(C/C₀) (2 parameters, "
-                  f"paired by seed), and a sensitivity fit with every arm's α fixed at "
-                  f"{study.control}'s ({arms[study.control]['fit']['alpha']:.3f}: the anchor; "
-                  f"E and A refitted, the interval holds α fixed):", "",
-              f"| arm − {study.control} | g₁ (per decade of compute) | gap at {target:.3g} "
-              f"FLOPs (direct fit) | gap there (α fixed at {study.control}'s) | direct "
-              f"fit's residuals |", "|---|---:|---:|---:|---|"]
+    alpha = arms[study.control]["fit"]["alpha"]
+    return lines + [
+        "", f"The gap fitted directly, g(C) = g₀ + g₁·log₁₀(C/C₀) (2 parameters, "
+            f"paired by seed), and a sensitivity fit with every arm's α fixed at "
+            f"{study.control}'s ({alpha:.3f}: the anchor; E and A refitted, the interval "
+            f"holds α fixed):", ""] + _gap_table(
+        study, fits, ["g₁ (per decade of compute)"], f"{target:.3g} FLOPs",
+        f"α fixed at {study.control}'s")
+
+
+def _fit_in_size_and_budget(study: Study, result: dict) -> list[str]:
+    """The fit section of a study whose points vary in both size and budget: L(N, D)."""
+    fits = result["fits"]
+    lines = ["### Fit: L(N, D) = E + A·(N/N₀)^(−α) + B·(D/D₀)^(−β) per arm", "",
+             "The points vary in both model size and token budget, so each arm's loss is "
+             "fitted in both (Chinchilla's form), not in compute alone: N is the control's "
+             "non-embedding parameters at the level (the backbone every arm of the level "
+             "shares), D its tokens trained.", ""]
+    if fits is None:
+        return lines + [f"No fit: {result['refused']}.", ""]
+    target, orders = result["target"], result["orders_of_magnitude"]
+    arms = fits["arms"]
+    n0, d0 = next(iter(arms.values()))["fit"]["reference"]
+    where = f"N = {target['N']:.3g}, D = {target['D']:.3g}"
+    lines += [f"Weighted least squares (scipy, E in [0, min L], α and β in "
+              f"[0, {fit.ALPHA_MAX:g}]) to each level's final mean loss over {fits['levels']} "
+              f"(N, D) points ({fits['values'][0]} sizes, {fits['values'][1]} budgets); 95% "
+              f"t intervals ({fits['dof']} degrees of freedom) from the seeds' spread within "
+              f"each level, pooled over the levels and paired across arms, through the "
+              f"fit's linearisation. N₀ = {n0:,.0f} parameters, D₀ = {d0:,.0f} tokens. A "
+              f"parameter that ended at a bound is flagged and gets no interval.", ""]
+    if not fits["extrapolated"]:
+        lines += [f"**No extrapolation to the paper's model and budget and no intervals: "
+                  f"{fits['why_not']}.** The fit below describes the points only.", ""]
+    else:
+        lines += [f"**Warning: the value at the paper's model and budget ({where}: its "
+                  f"recipe's non-embedding parameters × {fit_tokens()} tokens) is an "
+                  f"extrapolation over {orders['N']:.1f} orders of magnitude in parameters "
+                  f"and {orders['D']:.1f} in tokens beyond the largest fitted.** It assumes "
+                  f"the same law holds the whole way (same data, recipe and schedule shape); "
+                  f"it is a hypothesis to test, not a result.", ""]
+    lines += _law_table(study, fits, where, "per level, by N then D")
+    anchor = arms[study.control]["fit"]
+    return lines + [
+        "", f"The gap fitted directly, g(N, D) = g₀ + g_N·log₁₀(N/N₀) + g_D·log₁₀(D/D₀) "
+            f"(3 parameters, paired by seed), and a sensitivity fit with every arm's α and "
+            f"β fixed at {study.control}'s ({anchor['alpha']:.3f}, {anchor['beta']:.3f}: the "
+            f"anchor; E, A and B refitted, the interval holds α and β fixed):", ""
+    ] + _gap_table(study, fits, ["g_N (per decade of parameters)",
+                                 "g_D (per decade of tokens)"], where,
+                   f"α, β fixed at {study.control}'s")
+
+
+def _law_table(study: Study, fits: dict, where: str, order: str) -> list[str]:
+    """Each arm's exponents, E, amplitudes, loss and gap at ``where`` and residuals."""
+    terms = len(fits["axes"])
+    exponents, amplitudes = fit.EXPONENTS[:terms], fit.AMPLITUDES[:terms]
+    lines = ["| arm | " + " | ".join(fit.SYMBOLS[e] for e in exponents) + " | E | "
+             + " | ".join(amplitudes) + f" | loss at {where} | gap to {study.control} there "
+             f"| residuals ({order}) |",
+             "|---|" + "---:|" * (2 * terms + 3) + "---|"]
+    for arm in study.arms:
+        f = fits["arms"][arm.name]
+        bounds = f["fit"]["at_bound"]
+        cells = [_parameter(f[e], bounds.get(e), ".3f") for e in exponents]
+        cells.append(_parameter(f["E"], bounds.get("E"), ".3f"))
+        cells += [f"{f['fit'][a]:.3f}" + (f" (**at its bound: {a} = 0**)" if a in bounds
+                                          else "") for a in amplitudes]
+        cells.append(_extrapolated(f["at_target"], bounds, ".3f"))
+        cells.append("—" if arm.name == study.control else
+                     _extrapolated(f["gap_at_target"], bounds, "+.3f"))
+        cells.append(", ".join(f"{r:+.4f}" for r in f["fit"]["residuals"]))
+        lines.append(f"| {arm.name} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _gap_table(study: Study, fits: dict, slopes: list[str], where: str, fixed: str
+               ) -> list[str]:
+    """The directly fitted gap (its slopes and value at ``where``) and the fixed-exponent
+    sensitivity, per arm."""
+    lines = [f"| arm − {study.control} | " + " | ".join(slopes) + f" | gap at {where} "
+             f"(direct fit) | gap there ({fixed}) | direct fit's residuals |",
+             "|---|" + "---:|" * (len(slopes) + 2) + "---|"]
     for arm, g in fits["gaps"].items():
-        fixed = fits["fixed_alpha"]["arms"][arm]["gap_at_target"]
-        lines.append(f"| {arm} | {_range(g['slope'], '+.4f')} | "
-                     f"{_extrapolated(g['at_target'], {}, '+.3f')} | "
-                     f"{_extrapolated(fixed, {}, '+.3f')} | "
+        sensitivity = fits["fixed_alpha"]["arms"][arm]["gap_at_target"]
+        lines.append(f"| {arm} | " + " | ".join(_range(s, "+.4f") for s in g["slopes"])
+                     + f" | {_extrapolated(g['at_target'], {}, '+.3f')} | "
+                     f"{_extrapolated(sensitivity, {}, '+.3f')} | "
                      + ", ".join(f"{r:+.4f}" for r in g["fit"]["residuals"]) + " |")
     return lines + [""]
 
@@ -248,6 +358,24 @@ def _gap_lines(ax, arm_gaps: dict, colour: dict, markers: dict) -> None:
     ax.axhline(0, color="grey", lw=1)
 
 
+def _fit_lines(study: Study, result: dict) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``(compute, points of the law)`` of each dashed fit line: one over the levels' compute;
+    in (N, D), one per size over its budgets (compute ∝ tokens at a size)."""
+    points = list(result["points"].values())
+    if result["axes"] == ["compute"]:
+        grid = np.geomspace(min(p["compute"] for p in points),
+                            max(p["compute"] for p in points), 50)
+        return [(grid, grid)]
+    lines = []
+    for n in sorted({p["parameters"][study.control]["non_embedding"] for p in points}):
+        mine = [p for p in points if p["parameters"][study.control]["non_embedding"] == n]
+        tokens = np.geomspace(min(p["tokens"] for p in mine), max(p["tokens"] for p in mine),
+                              20)
+        per_token = np.mean([p["compute"] / p["tokens"] for p in mine])
+        lines.append((tokens * per_token, np.column_stack([np.full_like(tokens, n), tokens])))
+    return lines
+
+
 def _flops_axes(ax, ylabel: str) -> None:
     ax.set_xscale("log")
     ax.set_xlabel("training FLOPs")
@@ -265,12 +393,11 @@ def plot(study: Study, runs_summaries: dict, result: dict, study_dir: Path) -> N
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
     _metric_lines(ax, study, runs_summaries, "valid_loss", colour, markers)
     if result["fits"]:
-        compute = [p["compute"] for p in result["points"].values()]
-        grid = np.geomspace(min(compute), max(compute), 50)
         for arm in study.arms:
             f = result["fits"]["arms"][arm.name]["fit"]
-            ax.plot(grid, fit.power_law(grid, f["E"], f["A"], f["alpha"], f["reference"]),
-                    "--", color=colour[arm.name], lw=1.5)
+            for compute, where in _fit_lines(study, result):
+                ax.plot(compute, fit.law_values(f, where), "--", color=colour[arm.name],
+                        lw=1.5)
     _flops_axes(ax, "held-out loss")
     ax.set_title("mean over seeds, 95% band; fit dashed")
     save_figure(fig, study_dir / "loss_vs_flops.png")

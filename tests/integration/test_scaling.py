@@ -125,21 +125,26 @@ GAP_BY_LEVEL = {"d64": 0.30, "d96": 0.20, "d128": 0.12}  # binary − learned, p
 FLOPS = {"d64": 1e12, "d96": 4e12, "d128": 1.6e13}
 
 
-def fabricate(study: spec.Study, study_dir: Path, loss, piqa=None) -> None:
+def fabricate(study: spec.Study, study_dir: Path, loss, piqa=None, final=lambda folder: 4,
+              non_embedding=lambda size: 900) -> None:
     """Records as a trained and evaluated run leaves them: a metrics file, completed
-    checkpoints at iterations 2 and 4, and their cached evaluations with ``loss(level,
-    arm, seed, iteration)``, FLOPs proportional to the iteration; with ``piqa`` (the same
-    arguments), PIQA items of which that fraction is right."""
+    checkpoints at half the cell's ``final`` iteration and at it, and their cached
+    evaluations with ``loss(level, arm, seed, iteration)``, FLOPs proportional to the
+    iteration, the size's ``non_embedding`` parameters; with ``piqa`` (the same arguments),
+    PIQA items of which that fraction is right."""
     for folder, cell, arm, seed, run in spec.all_runs(study, study_dir):
         ckpt = run / "checkpoints"
         ckpt.mkdir(parents=True)
+        last = final(folder)
         (ckpt / "metrics.jsonl").write_text(json.dumps(
-            {"kind": "train", "iteration": 4, "tokens": 4 * 128, "lm loss": 5.0}) + "\n")
-        for it in (2, 4):
+            {"kind": "train", "iteration": last, "tokens": last * 128, "lm loss": 5.0}) + "\n")
+        for it in (last // 2, last):
             (ckpt / f"iter_{it:07d}").mkdir()
+            size = folder.split("/")[0]
             record = {"iteration": it, "settings": evaluation._settings_json(study.eval),
-                      "flops": FLOPS[folder.split("/")[0]] * it / 4,
-                      "parameters": {"total": 1000, "non_embedding": 900},
+                      "flops": FLOPS[size] * it / 4,
+                      "parameters": {"total": non_embedding(size) + 100,
+                                     "non_embedding": non_embedding(size)},
                       "valid_loss": loss(folder, arm.name, seed, it)}
             if piqa is not None:
                 right = round(20 * piqa(folder, arm.name, seed, it))
@@ -148,7 +153,7 @@ def fabricate(study: spec.Study, study_dir: Path, loss, piqa=None) -> None:
                                             "items": items}}
             (run / "eval").mkdir(exist_ok=True)
             (run / "eval" / f"iter_{it:07d}.json").write_text(json.dumps(record))
-        (ckpt / "latest_checkpointed_iteration.txt").write_text("4")
+        (ckpt / "latest_checkpointed_iteration.txt").write_text(str(last))
 
 
 def synthetic_loss(level, arm, seed, it):
@@ -314,6 +319,69 @@ def test_two_levels_report_without_a_fit_and_say_why(recipe, tmp_path):
            "compute, got 2" in (tmp_path / "S" / "STUDY.md").read_text()
 
 
+def test_sizes_and_budgets_are_not_mixed_on_one_compute_axis(recipe, tmp_path):
+    """2 sizes x 2 budgets: 4 points of distinct compute, which one law in compute would fit
+    (3 parameters); the report fits in (N, D) instead, and refuses with 2 of each, naming
+    why; N is the control's non-embedding parameters, D the cell's tokens."""
+    recipe.write_text(WSD)
+    study = build(recipe, {"size": {k: SIZES[k] for k in ("d64", "d128")}},
+                  budgets={"tokens": [512]},
+                  eval={"data_path": str(tmp_path / "heldout"), "tokens": 64})
+    fabricate(study, tmp_path / "S",
+              lambda folder, *run: synthetic_loss(folder.split("/")[0], *run),
+              final=lambda folder: 4 if "budget" in folder else 6,
+              non_embedding=lambda size: {"d64": 50_000, "d128": 180_000}[size])
+    summary = write_report(study, tmp_path / "S")
+    result = summary["scaling"]
+    assert result["axes"] == ["N", "D"] and result["fits"] is None
+    assert {(p["parameters"]["learned"]["non_embedding"], p["tokens"])
+            for p in result["points"].values()} == {(n, d) for n in (50_000, 180_000)
+                                                    for d in (512, 768)}
+    assert len({p["compute"] for p in result["points"].values()}) == 4
+    text = (tmp_path / "S" / "STUDY.md").read_text()
+    assert "### Fit: L(N, D) = E + A·(N/N₀)^(−α) + B·(D/D₀)^(−β) per arm" in text
+    assert ("No fit: arm learned: the law L(N, D) needs at least 3 sizes and 3 budgets "
+            "(5 distinct points), got 2 sizes and 2 budgets.") in text
+    assert "L(C) = E" not in text
+
+
+def test_a_sizes_by_budgets_study_extrapolates_its_joint_law_to_the_papers_model(tmp_path):
+    """4 sizes x 4 budgets of final points from a known L(N, D) (what the report's records
+    give the scaling section): the section fits it, extrapolates to the paper's
+    non-embedding parameters and 100B tokens with its warning, and draws a dashed line
+    per size."""
+    control = spec.Arm("learned", "learned")
+    study = spec.Study("r", (), (control, spec.Arm("binary", "binary")), (1, 2, 3), "learned",
+                       spec.EvalSettings())
+    rng = np.random.default_rng(0)
+    runs, summaries = {}, {}
+    for n in (1e5, 3e5, 1e6, 3e6):
+        for d in (6e4, 1.2e5, 2.4e5, 4.8e5):
+            level = f"n{n:.0e}/d{d:.0e}"
+            base = 3.5 + 0.5 * (n / 1e5) ** -0.3 + 1.2 * (d / 6e4) ** -0.5
+            runs[level] = {arm: {s: {"evals": {1: {
+                "valid_loss": base + (0.3 if arm == "binary" else 0.0)
+                + 0.005 * rng.standard_normal(), "flops": 6 * n * d,
+                "parameters": {"total": int(n) + 10, "non_embedding": int(n)}}}}
+                for s in (1, 2, 3)} for arm in ("learned", "binary")}
+            summaries[level] = {"final_iteration": 1, "final_tokens": int(d)}
+    result = scaling.analyse(study, runs, summaries)
+    fits = result["fits"]
+    assert result["axes"] == ["N", "D"] and fits["extrapolated"]
+    assert result["target"] == {"N": scaling.paper_parameters(), "D": 100e9}
+    assert 1.6e9 < result["target"]["N"] < 1.8e9
+    assert fits["arms"]["learned"]["fit"]["alpha"] == pytest.approx(0.3, abs=0.05)
+    assert fits["arms"]["binary"]["gap_at_target"]["value"] == pytest.approx(0.3, abs=0.05)
+    text = "\n".join(scaling.markdown(study, result))
+    assert "is an extrapolation over 2.8 orders of magnitude in parameters and 5.3 in tokens" \
+        in text
+    assert "| arm | α | β | E | A | B | loss at N = 1.71e+09, D = 1e+11 |" in text
+    assert "| arm − learned | g_N (per decade of parameters) | g_D (per decade of " in text
+    assert len(scaling._fit_lines(study, result)) == 4
+    scaling.plot(study, {}, result, tmp_path)
+    assert (tmp_path / "loss_vs_flops.png").read_bytes().startswith(b"\x89PNG")
+
+
 # ------------------------------------------------------------------------------------ fit
 
 def test_the_fit_recovers_a_known_power_law_from_noisy_points():
@@ -370,7 +438,7 @@ def test_the_gap_fitted_directly_recovers_a_known_trend():
     one α, the α-fixed sensitivity's interval holds the true gap at the target."""
     trend = lambda c: 0.2 - 0.03 * np.log10(c / 1e14)  # noqa: E731
     gaps = fit.fit_arms(five_levels(0.0, trend, binary=(2.0, 2.0)), "learned", 1e21)["gaps"]
-    assert gaps["binary"]["slope"]["value"] == pytest.approx(-0.03)
+    assert gaps["binary"]["slopes"][0]["value"] == pytest.approx(-0.03)
     assert gaps["binary"]["at_target"]["value"] == pytest.approx(trend(1e21))
     fits = fit.fit_arms(five_levels(0.01), "learned", 1e21)
     fixed = fits["fixed_alpha"]["arms"]["binary"]["gap_at_target"]
@@ -390,8 +458,10 @@ def test_a_parameter_at_its_bound_is_flagged_never_a_zero_width_interval(recipe,
     assert learned["fit"]["at_bound"] == {"E": "E = 0"}
     assert learned["E"]["low"] is None and learned["at_target"]["low"] is None
     study = build(recipe, {"size": SIZES})
-    text = "\n".join(scaling.markdown(study, {"points": {}, "fits": fits, "target_flops": 1e21,
-                                              "orders_of_magnitude": 3.0, "task_gaps": {}}))
+    text = "\n".join(scaling.markdown(study, {"points": {}, "fits": fits, "axes": ["compute"],
+                                              "target": {"compute": 1e21},
+                                              "orders_of_magnitude": {"compute": 3.0},
+                                              "task_gaps": {}}))
     assert "(**at its bound: E = 0**, no interval)" in text
     assert "[0.000, 0.000]" not in text
 
