@@ -142,7 +142,7 @@ def test_prepare_data_builds_the_recipe_blend_offline(tmp_path):
 @pytest.mark.parametrize("path, sizes, seeds, budgets", [
     ("examples/cpu_scaling/study.toml", ("d32", "d64", "d96", "d128"), (1, 2, 3),
      (61440, 81920, 122880)),
-    ("examples/smollm2_1p7b/study_scaling.toml", ("s135m", "s360m", "s1p7b"), (1, 2, 3),
+    ("examples/smollm2_1p7b/study_scaling.toml", ("s50m", "s135m", "s360m", "s1p7b"), (1, 2, 3),
      (2_000_000_000, 5_000_000_000, 10_000_000_000))])
 def test_scaling_presets_cross_sizes_arms_seeds_and_budgets(path, sizes, seeds, budgets):
     """Each size sets its own learning rate; every budget branches from a stable save."""
