@@ -1,12 +1,13 @@
 """``--torch-compile-layers``: torch.compile of each transformer layer, as torchtitan compiles
 each block, one graph per layer (``fullgraph``: a graph break is an error, not a silent
-fall-back to eager pieces). On a GPU, inductor fuses the elementwise chains between the
-matmuls (RoPE, the casts, the residual adds, SwiGLU) into Triton kernels. The local layers
+fall-back to eager pieces). On a GPU, inductor is to fuse the elementwise chains between the
+matmuls (RoPE, the casts, the residual adds, SwiGLU) into Triton kernels (not yet measured:
+docs/gpu.md). The local layers
 compile whole thanks to :mod:`megatron_ext.model.row_linear`; megatron-core is not patched.
 
 Compilation is lazy (the first step's forward and backward passes compile); after each step
-that compiled, :class:`CompileTime` logs how long it took, from dynamo's own account, so that
-the time is not read as the first step's throughput."""
+or validation that compiled, :class:`CompileTime` logs how long it took, from dynamo's own
+account, so that the time is not read as the first step's throughput."""
 
 from __future__ import annotations
 
@@ -59,7 +60,8 @@ def compile_layers(model: torch.nn.Module, backend: str) -> int:
 
 def compile_seconds() -> float:
     """Seconds torch.compile spent in this process so far: dynamo's tracing, the backend's
-    compile of the forward and of the backward graphs (``torch._dynamo.utils``)."""
+    compile of the forward and of the backward graphs (torch's private
+    ``torch._dynamo.utils.calculate_time_spent``, read as torch 2.13 has it)."""
     return torch._dynamo.utils.calculate_time_spent().get("total_wall_time", 0.0)
 
 
