@@ -115,6 +115,15 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
                    action="store_false",
                    help="weight gradients not accumulated in the GEMM (default: fused on a "
                         "GPU where apex's fused_weight_gradient_mlp_cuda imports)")
+    g.add_argument("--torch-compile-layers", action="store_true",
+                   help="torch.compile each transformer layer, one graph per layer (local "
+                        "layers; off by default: its GPU speed-up is not measured yet; the "
+                        "compile time is logged after the step that spent it)")
+    g.add_argument("--torch-compile-backend", choices=["inductor", "aot_eager", "eager"],
+                   default="inductor",
+                   help="--torch-compile-layers: inductor generates the kernels (Triton on a "
+                        "GPU, C++ on CPU); aot_eager and eager trace the graphs but run "
+                        "torch's own kernels (tests, debugging)")
 
     c = parser.add_argument_group("fixed-code input")
     c.add_argument("--input-interface", choices=ARMS, default="learned",

@@ -39,6 +39,7 @@ from .attention import local_core_attention
 from .input_tables import factorize, freeze
 from .norm_layers import TorchNorm
 from .residual import fp32_bias_dropout_add
+from .row_linear import RowParallelLinear
 
 
 def build_code(args: argparse.Namespace, padded_vocab_size: int) -> Optional[FixedCode]:
@@ -173,14 +174,17 @@ def transformer_config_from_args(args: argparse.Namespace, on_cpu: bool) -> Tran
 
 def local_layer_spec(args: argparse.Namespace):
     """Megatron-Core's local (PyTorch) transformer layer for the chosen normalization, with
-    the core attention ``--attention-backend`` selects (:mod:`megatron_ext.model.attention`) and
-    torch's norms marked for sequence parallelism (:mod:`megatron_ext.model.norm_layers`)."""
+    the core attention ``--attention-backend`` selects (:mod:`megatron_ext.model.attention`),
+    torch's norms marked for sequence parallelism (:mod:`megatron_ext.model.norm_layers`) and
+    row-parallel linears torch.compile traces whole (:mod:`megatron_ext.model.row_linear`)."""
     spec = get_gpt_layer_local_spec(normalization=args.normalization)
     layer = spec.submodules
     for name in ("input_layernorm", "pre_mlp_layernorm"):
         if getattr(layer, name) is WrappedTorchNorm:
             setattr(layer, name, TorchNorm)
     layer.self_attention.submodules.core_attention = local_core_attention(args.attention_backend)
+    layer.self_attention.submodules.linear_proj = RowParallelLinear
+    layer.mlp.submodules.linear_fc2 = RowParallelLinear
     return spec
 
 

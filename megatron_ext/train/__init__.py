@@ -4,6 +4,7 @@
   optimizer built (one ``TrainingSetup``);
 - ``loop``: ``pretrain``, the loop itself, with its teardown in one place;
 - ``fused_adam``: torch's fused AdamW where neither TE nor Apex supplies a FusedAdam;
+- ``compile_layers``: torch.compile of each transformer layer, and its compile time logged;
 - ``step``: one training step, and the guard over non-finite ones;
 - ``spikes``: ``--check-for-spiky-loss``, a loss far above the first ones;
 - ``validation``: when and how the loop validates;

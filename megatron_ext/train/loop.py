@@ -42,6 +42,7 @@ from ..metrics.sinks import agree_wandb_run_id
 from ..runtime.helper_processes import tie_forked_children
 from ..runtime.initialize import initialize_distributed, resolve_device
 from ..runtime.log import is_logging_rank, log
+from .compile_layers import CompileTime
 from .exit_conditions import ExitConditions
 from .gc_policy import GarbageCollection
 from .profiling import StepProfiler
@@ -161,6 +162,7 @@ def _train(setup, forward_step, train_iter, exits: ExitConditions,
     if state.validation_pending:  # a signal stopped it before the checkpoint was saved
         reason = validator.validate(state)
     ramp = derived.batch_ramp()
+    compile_time = CompileTime()
     collector.start()
     while state.iteration < derived.train_iters and not reason:
         profiler.step_starts(state.iteration)
@@ -179,6 +181,7 @@ def _train(setup, forward_step, train_iter, exits: ExitConditions,
         state.nonfinite_skipped += step.skip in FAILURES
         state.overflow_skipped += step.skip == OVERFLOW
         guard.record(state.iteration, step.skip)
+        compile_time.report(f"iteration {state.iteration}")
         if step.skip is None:
             loss = step.loss
         metrics.step(state.iteration, step.loss, step.grad_norm,
@@ -189,6 +192,7 @@ def _train(setup, forward_step, train_iter, exits: ExitConditions,
                      consumed_samples=state.consumed_train_samples, batch_size=batch_size)
         if validator.should_validate(state.iteration):
             reason = validator.validate(state)
+            compile_time.report(f"the validation after iteration {state.iteration}")
         if step.spike:
             log(spikes.log_line(state.iteration, run.spiky_loss_action))
             if run.spiky_loss_action == "stop":

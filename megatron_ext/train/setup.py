@@ -37,6 +37,7 @@ from ..runtime.device_checks import check_cuda_connections, fp8_refusal
 from ..runtime.device_checks import transformer_engine_imports, transformer_engine_version
 from ..runtime.errors import DeviceError, FlagError
 from ..runtime.log import log
+from .compile_layers import check_compile_flags, compile_layers
 from .fused_adam import fuse_torch_adam, torch_adam_fused
 from .profiling import validate_profile_args
 
@@ -60,6 +61,7 @@ def check_flags(args: argparse.Namespace, device: str) -> tuple:
                         "Adam, whose state megatron-core 0.16.1 cannot load in that layout; "
                         "drop the flag (the default layout resumes) or pip install '.[gpu]'")
     transformer_impl, sequence_parallel = resolve_layers(args, device)
+    check_compile_flags(args, transformer_impl)
     resolved = Resolved(device, transformer_impl, sequence_parallel,
                         {k: getattr(args, k) for k in compatibility.SCHEDULE_FLAGS},
                         args.finetune, args.no_load_optim, args.no_load_rng)
@@ -247,6 +249,10 @@ def build_model_and_optimizer(args, derived: Derived, model_provider: Callable,
                            code=code)
     if args.device == "cuda":
         model.cuda(torch.cuda.current_device())
+    if args.torch_compile_layers:
+        layers = compile_layers(model, args.torch_compile_backend)
+        log(f"[fixedcode] torch.compile ({args.torch_compile_backend}) of each transformer "
+            f"layer: {layers} layers, compiled in the first step (--torch-compile-layers)")
     # As Megatron-LM: under --bf16/--fp16 every parameter (norms included, which the local
     # layers create in fp32) is cast to the training dtype, and so are the first stage's
     # float inputs; the last stage's output comes back in fp32. ``model`` stays the bare

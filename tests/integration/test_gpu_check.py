@@ -54,25 +54,30 @@ def planned(stdout: str) -> list[str]:
 
 def test_the_plan_fits_one_slot_most_valuable_first(tmp_path):
     stdout, summary = gpu_check(tmp_path, GPU_CHECK_DRY_RUN="1")
-    assert planned(stdout) == ["install_wheels", "imports", "binary_accum8", "binary_no_accum",
-                               "sdpa_parity", "recipe_flags", "resume", "convert"]
+    assert planned(stdout) == ["install_wheels", "imports", "binary_accum8",
+                               "binary_accum8_compiled", "binary_no_accum", "sdpa_parity",
+                               "recipe_flags", "resume"]
     limits = [int(x) for x in re.findall(r"^== \S+ \(limit (\d+)s\)", stdout, flags=re.M)]
     assert f"limits sum: {sum(limits)} s (budget {SLOT_LIMITS_S} s)" in stdout
     assert sum(limits) <= SLOT_LIMITS_S
     assert "pip install --no-index --no-deps" in stdout and "python -c" in stdout
     big = [line for line in stdout.splitlines() if "--preset smollm2-1.7b" in line]
-    assert len(big) == 2 and all("--transformer-impl local" in line for line in big)
-    assert "--micro-batch-size 4 --transformer-impl local --input-interface binary " \
-           "--global-batch-size 32 --train-iters 6" in big[0]  # 8 micro-batches of 4
-    assert "--global-batch-size 4 --train-iters 14" in big[1]
-    assert "--profile-step-start 12 --profile-step-end 14" in big[1]  # after the counted 5-12
+    assert len(big) == 3 and all("--transformer-impl local" in line for line in big)
+    accumulation = "--micro-batch-size 4 --transformer-impl local --input-interface binary " \
+                   "--global-batch-size 32 --train-iters 6"  # 8 micro-batches of 4
+    assert accumulation in big[0] and "--torch-compile" not in big[0]
+    assert accumulation + " --torch-compile-layers --metrics-file" in big[1]  # inductor
+    assert "--global-batch-size 4 --train-iters 14" in big[2]
+    assert "--profile-step-start 12 --profile-step-end 14" in big[2]  # after the counted 5-12
     assert f"Budget {SLOT_LIMITS_S} s" in summary and summary.index("| install | DRY") \
-        < summary.index("| throughput | DRY") < summary.index("| convert | DRY")
+        < summary.index("| throughput | DRY") < summary.index("| resume | DRY")
+    assert "| convert |" not in summary
 
     stdout, summary = gpu_check(tmp_path, GPU_CHECK_DRY_RUN="1", GPU_CHECK_HAVE_TE="1",
-                                GPU_CHECK_STEPS="input_layer te_bf16_fp8 learned kernel")
-    assert planned(stdout) == ["learned_accum8", "te_binary_bf16", "te_binary_fp8", "build",
-                               "parity", "input_layer"]  # the script's order, not the list's
+                                GPU_CHECK_STEPS="input_layer te_bf16_fp8 learned kernel convert")
+    assert planned(stdout) == ["recipe_flags", "resume", "convert", "learned_accum8",
+                               "te_binary_bf16", "te_binary_fp8", "build", "parity",
+                               "input_layer"]  # the script's order, not the list's
     stdout, summary = gpu_check(tmp_path, GPU_CHECK_DRY_RUN="1", GPU_CHECK_STEPS="te_bf16_fp8")
     assert "| te_bf16_fp8 | SKIP | Transformer Engine not importable" in summary
 
@@ -144,9 +149,10 @@ def build_wheel(folder, name: str, version: str) -> None:
 def test_the_rehearsal_runs_every_step_from_a_clean_copy(tmp_path):
     """GPU_CHECK_REHEARSAL=1 from a copy of the tracked tree: the carried wheel installed with
     pip --no-index into the scratch target and imported from there, megatron_ext from the
-    copy (PYTHONPATH), every step's command run at the tiny shape on CPU and passing, the
-    throughput rows measured; what comes back is summary.md, the trimmed logs and the two
-    throughput runs' metrics, while checkpoints and the export stay in the work folder."""
+    copy (PYTHONPATH), every step's command (the default plan's and convert) run at the tiny
+    shape on CPU and passing, the throughput rows measured; what comes back is summary.md,
+    the trimmed logs and the three throughput runs' metrics, while checkpoints and the export
+    stay in the work folder."""
     tree = tmp_path / "tree"
     listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO,
                             capture_output=True, text=True, check=True).stdout.splitlines()
@@ -161,6 +167,8 @@ def test_the_rehearsal_runs_every_step_from_a_clean_copy(tmp_path):
                          text=True, timeout=300, env={
                              **env, "OUT": str(out), "GPU_CHECK_WORK": str(work),
                              "GPU_CHECK_REHEARSAL": "1", "PYTHON": sys.executable,
+                             "GPU_CHECK_STEPS": "install throughput sdpa_parity recipe_flags "
+                                                "convert",
                              "GPU_CHECK_WHEELS": str(tmp_path / "wheels"),
                              "GPU_CHECK_IMPORTS": "fixedcode_rehearsal_wheel"})
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
@@ -171,8 +179,9 @@ def test_the_rehearsal_runs_every_step_from_a_clean_copy(tmp_path):
                                       "resume", "convert"], "PASS"), summary
     rows = {m[0]: m[1:] for m in re.findall(
         r"^\| (binary_\w+) \| ([\d,]+) \| .* \| (\d+) \|$", summary, flags=re.M)}
-    assert set(rows) == {"binary_accum8", "binary_no_accum"}
-    assert rows["binary_accum8"][1] == "4" and rows["binary_no_accum"][1] == "8"
+    assert set(rows) == {"binary_accum8", "binary_accum8_compiled", "binary_no_accum"}
+    assert rows["binary_accum8"][1] == rows["binary_accum8_compiled"][1] == "4"
+    assert rows["binary_no_accum"][1] == "8"
     assert all(int(tokens.replace(",", "")) > 0 for tokens, _ in rows.values())
     logs = (out / "gpu_check" / "logs.md").read_text()
     assert f"fixedcode_rehearsal_wheel 1.0 {work}/site/fixedcode_rehearsal_wheel" in logs
@@ -180,8 +189,8 @@ def test_the_rehearsal_runs_every_step_from_a_clean_copy(tmp_path):
     assert "| 8 micro-batches per step" in logs
 
     back = [p for p in out.rglob("*") if p.is_file()]
-    assert sorted(p.name for p in back) == ["binary_accum8.jsonl", "binary_no_accum.jsonl",
-                                            "logs.md", "summary.md"]
+    assert sorted(p.name for p in back) == ["binary_accum8.jsonl", "binary_accum8_compiled.jsonl",
+                                            "binary_no_accum.jsonl", "logs.md", "summary.md"]
     assert len(back) <= 8 and all(p.stat().st_size <= 16 * 2**20 for p in back)
     assert all(len(p.relative_to(out).parts) <= 3 for p in back)  # two folders deep at most
     assert (work / "checkpoints" / "iter_0000006").is_dir() and (work / "hf").is_dir()

@@ -1,0 +1,83 @@
+"""``--torch-compile-layers``: torch.compile of each transformer layer, as torchtitan compiles
+each block, one graph per layer (``fullgraph``: a graph break is an error, not a silent
+fall-back to eager pieces). On a GPU, inductor is to fuse the elementwise chains between the
+matmuls (RoPE, the casts, the residual adds, SwiGLU) into Triton kernels (not yet measured:
+docs/gpu.md). The local layers
+compile whole thanks to :mod:`megatron_ext.model.row_linear`; megatron-core is not patched.
+
+Compilation is lazy (the first step's forward and backward passes compile); after each step
+or validation that compiled, :class:`CompileTime` logs how long it took, from dynamo's own
+account, so that the time is not read as the first step's throughput."""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from ..runtime.errors import FlagError
+from ..runtime.log import log
+
+
+def check_compile_flags(args: argparse.Namespace, transformer_impl: str) -> None:
+    """Refuse ``--torch-compile-layers`` where a layer did not compile as one graph, tried on
+    CPU with megatron-core 0.16.1 and torch 2.13 (TE's layers were never tried)."""
+    if not args.torch_compile_layers:
+        return
+    if transformer_impl != "local":
+        raise FlagError("--torch-compile-layers compiles the local layers (Transformer "
+                        "Engine's bring their own fused kernels and were never compiled "
+                        "here): add --transformer-impl local")
+    why = {
+        "--tensor-model-parallel-size > 1": args.tensor_model_parallel_size > 1 and
+        "megatron-core's tensor-parallel linears run collectives with async_op=True, which "
+        "dynamo does not trace",
+        "--recompute-granularity selective": args.recompute_granularity == "selective" and
+        "megatron-core's checkpoint of core attention saves the RNG state inside the layer, "
+        "which dynamo does not trace (full recompute compiles)",
+        "--overlap-param-gather": args.overlap_param_gather and
+        "the DDP's forward pre-hooks wait for async all-gathers inside each layer",
+        f"--attention-backend {args.attention_backend}":
+        args.attention_backend in ("unfused", "local") and
+        "megatron-core's DotProductAttention did not trace on CPU (its scores' buffer comes "
+        "from torch.cuda.current_device, redirected there) and was never compiled on a GPU; "
+        "the SDPA backends (auto, flash) compile",
+    }
+    for flag, reason in why.items():
+        if reason:
+            raise FlagError(f"--torch-compile-layers with {flag}: {reason}; drop one")
+
+
+def compile_layers(model: torch.nn.Module, backend: str) -> int:
+    """Mark every transformer layer of ``model`` (a GPTModel, this pipeline stage's layers)
+    for compilation with ``backend``; returns their number. Nothing compiles before the first
+    forward pass."""
+    layers = list(model.decoder.layers)
+    for layer in layers:
+        layer.compile(backend=backend, fullgraph=True)
+    return len(layers)
+
+
+def compile_seconds() -> float:
+    """Seconds torch.compile spent in this process so far: dynamo's tracing, the backend's
+    compile of the forward and of the backward graphs (torch's private
+    ``torch._dynamo.utils.calculate_time_spent``, read as torch 2.13 has it)."""
+    return torch._dynamo.utils.calculate_time_spent().get("total_wall_time", 0.0)
+
+
+class CompileTime:
+    """Logs the compile time of each phase that compiled (a step, a validation): the layers',
+    and megatron-core's own torch.compile'd functions' (the fused cross-entropy), with the
+    graphs compiled so far."""
+
+    def __init__(self):
+        self.seconds = compile_seconds()
+
+    def report(self, phase: str) -> None:
+        """Log the seconds spent compiling since the last report, if any, as ``phase``'s."""
+        seconds = compile_seconds()
+        if seconds > self.seconds:
+            graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+            log(f"[fixedcode] torch.compile: {seconds - self.seconds:.1f} s of {phase} spent "
+                f"compiling ({graphs} graphs compiled in all)")
+            self.seconds = seconds
