@@ -61,8 +61,11 @@ def compile_layers(model: torch.nn.Module, backend: str) -> int:
 def compile_seconds() -> float:
     """Seconds torch.compile spent in this process so far: dynamo's tracing, the backend's
     compile of the forward and of the backward graphs (torch's private
-    ``torch._dynamo.utils.calculate_time_spent``, read as torch 2.13 has it)."""
-    return torch._dynamo.utils.calculate_time_spent().get("total_wall_time", 0.0)
+    ``torch._dynamo.utils.calculate_time_spent``, read as torch 2.13 has it); None where this
+    torch has no such account (then the log says so instead of a time)."""
+    account = getattr(torch._dynamo.utils, "calculate_time_spent", None)
+    seconds = account().get("total_wall_time") if account is not None else None
+    return float(seconds) if seconds is not None else None
 
 
 class CompileTime:
@@ -72,12 +75,21 @@ class CompileTime:
 
     def __init__(self):
         self.seconds = compile_seconds()
+        self.graphs = self._graphs()
+
+    @staticmethod
+    def _graphs() -> int:
+        return torch._dynamo.utils.counters["stats"]["unique_graphs"]
 
     def report(self, phase: str) -> None:
         """Log the seconds spent compiling since the last report, if any, as ``phase``'s."""
-        seconds = compile_seconds()
-        if seconds > self.seconds:
-            graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+        seconds, graphs = compile_seconds(), self._graphs()
+        if seconds is None:
+            if graphs > self.graphs:
+                log(f"[fixedcode] torch.compile: {phase} compiled ({graphs} graphs in all); "
+                    f"torch {torch.__version__} keeps no account of the time, so {phase}'s "
+                    "time includes it")
+        elif seconds > self.seconds:
             log(f"[fixedcode] torch.compile: {seconds - self.seconds:.1f} s of {phase} spent "
                 f"compiling ({graphs} graphs compiled in all)")
-            self.seconds = seconds
+        self.seconds, self.graphs = seconds, graphs
