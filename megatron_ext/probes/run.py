@@ -106,17 +106,22 @@ def draws(settings: ProbeSettings, run_key: int = 0) -> tuple[int, list[int]]:
 
 def control_types(types: np.ndarray, counts: np.ndarray, seed: int) -> np.ndarray:
     """Each type's control type: the types sorted by ``counts`` (their training-corpus
-    counts; ties in random order), and within consecutive bins of :data:`CONTROL_BIN` each
-    takes the next one's place in a random cycle (no type keeps its own label: that would
-    leak the task into the control). Bins of 2 (swaps of neighbours in frequency) match
-    frequencies best: on a random table over a Zipf vocabulary, bins of 32 make the control
-    easier by 0.02."""
+    counts; ties in random order) and cut into consecutive bins of :data:`CONTROL_BIN` (the
+    first bin longer by a random 0 .. CONTROL_BIN - 1, so that the pairing itself varies with
+    ``seed``; a last bin of one joins the one before it); within each bin every type takes
+    the next one's place in a random cycle (no type keeps its own label: that would leak the
+    task into the control). Bins of 2 (swaps of neighbours in frequency) match frequencies
+    best: on a random table over a Zipf vocabulary, bins of 32 make the control easier by
+    0.02."""
     rng = np.random.default_rng([seed, 1])
     order = np.lexsort((rng.random(len(types)), -counts))
+    n = len(order)
+    edges = [0, *range(CONTROL_BIN + int(rng.integers(CONTROL_BIN)), n, CONTROL_BIN), n]
+    if len(edges) > 2 and edges[-1] - edges[-2] == 1:
+        del edges[-2]
     out = np.empty_like(types)
-    for start in range(0, len(order), CONTROL_BIN):
-        chunk = order[start:start + CONTROL_BIN][rng.permutation(min(CONTROL_BIN,
-                                                                     len(order) - start))]
+    for start, stop in zip(edges[:-1], edges[1:]):
+        chunk = order[start:stop][rng.permutation(stop - start)]
         out[chunk] = types[np.roll(chunk, -1)]
     return out
 
