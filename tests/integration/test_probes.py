@@ -384,6 +384,14 @@ def test_the_study_probes_each_final_checkpoint_once(tiny_study, capsys):
     assert json.loads((study_dir / "study.json").read_text())["probes"]["binary"][
         "tokens_sha256"] == [sha]
     assert summary["held_out_sha256"] == [sha]  # the eval read the very same tokens
+    # each training seed draws its own probe seeds and sample; the arms of a seed share them
+    drawn = {(arm, seed): json.loads((study_dir / f"{arm}/seed{seed}/probes/iter_0000003.json")
+                                     .read_text())["probe_seeds"]
+             for arm in ("learned", "binary") for seed in (1, 2)}
+    assert drawn[("learned", 1)] == drawn[("binary", 1)] != drawn[("binary", 2)]
+    assert len(drawn[("binary", 1)]) == 2 and record["unigrams"].startswith("--unigram-counts")
+    assert re.search(r"\| frequency only \| — \| \d\.\d{3} ± \d\.\d{3} \(2\) \|", text)
+    assert "does not beat that baseline's" in text
     assert (study_dir / "probes.png").read_bytes().startswith(b"\x89PNG")
     study.main(["eval", str(study_dir)])
     assert "[study] probed 0 final checkpoints (4 cached)" in capsys.readouterr().out
