@@ -119,10 +119,13 @@ def control_types(types: np.ndarray, counts: np.ndarray, seed: int) -> np.ndarra
     edges = [0, *range(CONTROL_BIN + int(rng.integers(CONTROL_BIN)), n, CONTROL_BIN), n]
     if len(edges) > 2 and edges[-1] - edges[-2] == 1:
         del edges[-2]
+    starts, stops = np.asarray(edges[:-1]), np.asarray(edges[1:])
+    bin_of = np.repeat(np.arange(len(starts)), stops - starts)
+    cycle = order[np.lexsort((rng.random(n), bin_of))]   # each bin's types in random order
+    following = np.arange(1, n + 1)
+    following[stops - 1] = starts                        # the last of a bin: its first
     out = np.empty_like(types)
-    for start, stop in zip(edges[:-1], edges[1:]):
-        chunk = order[start:stop][rng.permutation(stop - start)]
-        out[chunk] = types[np.roll(chunk, -1)]
+    out[cycle] = types[cycle[following]]
     return out
 
 
@@ -166,9 +169,10 @@ class Targets:
         for task, tokens in (("id_topk", sample.current), ("prev_topk", sample.previous)):
             kinds, kind_counts = np.unique(tokens[train], return_counts=True)
             top = kinds[np.argsort(-kind_counts, kind="stable")[:top_k]]
-            lookup = dict(zip(top.tolist(), range(len(top))))
             self.top[task] = top
-            self.classes[task] = np.array([lookup.get(int(t), len(top)) for t in tokens])
+            by_id = np.argsort(top)
+            place = by_id[np.minimum(np.searchsorted(top[by_id], tokens), len(top) - 1)]
+            self.classes[task] = np.where(top[place] == tokens, place, len(top))
         blocks = {task: 2.0 * bits_of(torch.from_numpy(v), bits).double() - 1
                   for task, v in ids.items()}
         for task in CLASS_TASKS:
