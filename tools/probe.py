@@ -54,8 +54,19 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                             "(default: chosen per layer by cross-validation over the "
                             "training documents)")
     probe.add_argument("--seed", type=int, default=DEFAULTS.seed,
-                       help="the sample, the split, the control task and the random "
+                       help="the sample, the probe seeds (split, control task) and the random "
                             "initialisations (default 0)")
+    probe.add_argument("--probe-seeds", type=int, default=DEFAULTS.probe_seeds,
+                       help=f"probe seeds: the split into training and scoring documents, the "
+                            f"control pairing and the folds are drawn anew for each, and every "
+                            f"number is their mean with a 95%% interval over them (default "
+                            f"{DEFAULTS.probe_seeds}); the hidden states are collected once")
+    probe.add_argument("--unigram-counts", metavar="PATH",
+                       help="the training corpus's unigram counts that pair the control tasks "
+                            "and feed the frequency-only baseline: an indexed dataset prefix "
+                            "(counted, cached beside it) or a .npy of counts per id (default: "
+                            "counted from the checkpoints' training data; needed for Hugging "
+                            "Face exports and --mock-data runs)")
     probe.add_argument("--batch-size", type=int, default=DEFAULTS.batch_size,
                        help=f"windows per forward pass (default {DEFAULTS.batch_size})")
     probe.add_argument("--no-cka", action="store_true",
@@ -79,6 +90,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     with exits_on_error():
         args = parse_args(argv)
         from megatron_ext.probes import report
+        from megatron_ext.probes.frequency import training_unigrams
         from megatron_ext.probes.models import describe
         from megatron_ext.probes.run import run_probes
         from megatron_ext.probes.text import held_out
@@ -95,10 +107,15 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
                                               args.tokenizer_model)
         settings = ProbeSettings(data_path=args.data_path, tokens=args.tokens, sample=args.sample,
                                  top_k=args.top_k, ridge=args.ridge, seed=args.seed,
+                                 probe_seeds=args.probe_seeds,
+                                 unigram_counts=args.unigram_counts,
                                  batch_size=args.batch_size,
                                  allow_train_text=args.allow_train_text)
-        result = run_probes(infos, windows, documents, settings, source, device=args.device,
-                            cka=not args.no_cka, progress=lambda m: print(m, flush=True))
+        settings.check()
+        unigrams = training_unigrams(infos, args.unigram_counts)
+        result = run_probes(infos, windows, documents, settings, source, unigrams,
+                            device=args.device, cka=not args.no_cka,
+                            progress=lambda m: print(m, flush=True))
         text = report.write(result, args.output)
         print(text)
         print(f"[probes] {result['seconds']:.1f} s; wrote {args.output / 'probes.json'}, "

@@ -1,6 +1,7 @@
 """The Megatron indexed dataset format (``.bin/.idx``), read and written with numpy alone, as
 Megatron-Core keeps its reader and writer in one module (``indexed_dataset``): :func:`read_index`
-reads an ``.idx`` and checks it against its ``.bin`` (training, tools/check_data.py, merging);
+reads an ``.idx`` and checks it against its ``.bin`` (training, tools/check_data.py, merging),
+:func:`unigram_counts` counts its token ids (the probes' control pairing);
 :func:`write_index` writes byte for byte what megatron.core's ``IndexedDatasetBuilder`` writes
 (``add_document`` for each document, or ``add_index`` for each dataset merged, then
 ``finalize``; the tests compare them). Neither imports megatron.core or torch, which would cost
@@ -128,6 +129,22 @@ def token_id_range(index: Index, progress: Callable[[int], None] = lambda nbytes
         highs.append(chunk.max())
         progress(chunk.nbytes)
     return int(min(lows)), int(max(highs))
+
+
+def unigram_counts(index: Index, chunk_tokens: int = 1 << 24) -> np.ndarray:
+    """How often each token id occurs in the ``.bin`` (int64, length the largest id + 1),
+    memory-mapped and counted in chunks by ``np.bincount``."""
+    total = index.tokens()
+    counts = np.zeros(0, dtype=np.int64)
+    if not total:
+        return counts
+    data = np.memmap(f"{index.prefix}.bin", index.dtype, mode="r", shape=(total,))
+    for start in range(0, total, chunk_tokens):
+        chunk = np.bincount(data[start:start + chunk_tokens])
+        if len(chunk) > len(counts):
+            counts = np.pad(counts, (0, len(chunk) - len(counts)))
+        counts[:len(chunk)] += chunk
+    return counts
 
 
 def optimal_dtype(vocab_size: int) -> type:

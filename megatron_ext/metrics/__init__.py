@@ -7,5 +7,6 @@ and gradient norms, and the shared pieces of every report.
 - ``sinks``: TensorBoard, W&B and the metrics JSONL;
 - ``norms``: parameter and gradient norms for diagnostics;
 - ``training_report``: the arms' runs compared from their metrics files;
-- ``reporting``: table cells and figures shared by every report.
+- ``reporting``: table cells and figures shared by every report;
+- ``intervals``: the Student-t interval of a mean (probe seeds, training seeds).
 """

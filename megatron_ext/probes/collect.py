@@ -1,15 +1,17 @@
 """The fixed token sample and the residual stream at every layer, on it.
 
 Held-out windows (``[n, S + 1]`` ids) come with the document of every token
-(:func:`megatron_ext.datasets.held_out.cut_documents`). The sample is split **by document**: the
-sampled positions of half of the documents train the probes, the other half's score them, so no text
-is on both sides (a split by window would put the two halves of a document on either side). From
-positions ``1 .. S-1`` of every window a fixed random sample of token positions is drawn (each has a
-previous token in its context and a next token to predict). The models then run over the windows
-that hold sampled positions, batch by batch; hooks on the input (``embed_tokens``) and on every
-decoder layer copy the sampled positions out of each layer's output as it is made and keep nothing
-else, so memory is ``sample x (layers + 1) x hidden`` floats plus one layer's activations of one
-batch (:func:`memory_bound`), whatever the number of held-out tokens.
+(:func:`megatron_ext.datasets.held_out.cut_documents`). From positions ``1 .. S-1`` of every
+window a fixed random sample of token positions is drawn (each has a previous token in its
+context and a next token to predict) among those whose context lies inside one document: a
+position in a document that began after the window's start would see the end of another
+document before it, so it is never drawn. The sample is split into the documents that train
+the probes and those that score them by :class:`megatron_ext.probes.run.Split` (once per
+probe seed). The models then run over the windows that hold sampled positions, batch by
+batch; hooks on the input (``embed_tokens``) and on every decoder layer copy the sampled
+positions out of each layer's output as it is made and keep nothing else, so memory is
+``sample x (layers + 1) x hidden`` floats plus one layer's activations of one batch
+(:func:`memory_bound`), whatever the number of held-out tokens.
 """
 
 from __future__ import annotations
@@ -24,14 +26,13 @@ from ..runtime.errors import DataError
 
 @dataclasses.dataclass
 class Sample:
-    """Sampled positions ``(window, position)`` with their ids and splits (numpy arrays)."""
+    """Sampled positions ``(window, position)`` with their ids (numpy arrays)."""
     window: np.ndarray
     position: np.ndarray
     current: np.ndarray    # the token at the position
     previous: np.ndarray   # the token before it
     following: np.ndarray  # the token to predict
     document: np.ndarray   # the document the position is in
-    train: np.ndarray      # bool: in a training document (else a scoring one)
     early: np.ndarray      # bool: position < S/2 (the position-transfer control)
     seq_length: int
 
@@ -40,29 +41,29 @@ class Sample:
 
 
 def draw_sample(windows: np.ndarray, documents: np.ndarray, count: int, seed: int) -> Sample:
-    """``count`` positions (all of them when fewer) drawn with ``seed``, sorted; half of
-    the documents (drawn with ``seed``) train."""
+    """``count`` positions (all of them when fewer) drawn with ``seed``, sorted, among those
+    whose window holds no token of another document before them."""
     n, seq_length = windows.shape[0], windows.shape[1] - 1
     if documents.shape != windows.shape:
         raise ValueError(f"documents {documents.shape} must match windows {windows.shape}")
     if n < 1 or seq_length < 3:
         raise DataError(f"probes need windows of at least 3 tokens; the held-out set "
                         f"gives {n} of {seq_length}: raise --tokens")
+    inside = documents[:, 1:seq_length] == documents[:, :1]   # positions 1 .. S-1
+    candidates = np.flatnonzero(inside)
     rng = np.random.default_rng(seed)
-    candidates = n * (seq_length - 1)
-    flat = np.sort(rng.choice(candidates, size=min(count, candidates), replace=False))
+    flat = np.sort(rng.choice(candidates, size=min(count, len(candidates)), replace=False))
     window, position = flat // (seq_length - 1), flat % (seq_length - 1) + 1
     document = documents[window, position]
     names = np.unique(document)
     if len(names) < 2:
-        raise DataError(f"the held-out tokens hold {len(names)} document; the probes "
-                        f"train on half of the documents and score on the other half: "
-                        f"raise --tokens or use text of several documents")
-    train_docs = rng.permutation(names)[: len(names) // 2]
+        raise DataError(f"the held-out tokens hold {len(names)} document at positions whose "
+                        f"window lies inside one document; the probes train on half of the "
+                        f"documents and score on the other half: raise --tokens or use text "
+                        f"of several documents")
     return Sample(window=window, position=position, current=windows[window, position],
                   previous=windows[window, position - 1],
                   following=windows[window, position + 1], document=document,
-                  train=np.isin(document, train_docs),
                   early=position < seq_length // 2, seq_length=seq_length)
 
 

@@ -6,8 +6,8 @@
 * :func:`choose_penalty`: the relative penalty λ of :data:`PENALTIES` with the least squared
   error on held-out folds of the training rows (folds are whole documents), from one
   eigendecomposition per fold.
-* :func:`next_token`: next-token loss and top-1 accuracy of states read out by the model's
-  own final norm and head (the logit lens), in chunks of rows.
+* :func:`next_token`: next-token loss and top-1 hit of each row of states read out by the
+  model's own final norm and head (the logit lens), in chunks of rows.
 * :func:`cka`: debiased linear CKA (Kornblith et al. 2019 with the unbiased HSIC estimator of
   Song et al. 2012), computed from the features without ``n × n`` Gram matrices: 1 for
   representations equal up to rotation and scale, about 0 (of either sign) for independent
@@ -62,16 +62,17 @@ def choose_penalty(X: torch.Tensor, Y: torch.Tensor, folds: np.ndarray,
 
 @torch.no_grad()
 def next_token(model: torch.nn.Module, states: torch.Tensor, targets: torch.Tensor,
-               chunk: int = 1024) -> tuple[float, float]:
-    """``(mean loss, top-1 accuracy)`` of ``lm_head(norm(states))`` against ``targets``."""
+               chunk: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row, on the CPU: the loss and top-1 hit (1.0 or 0.0) of
+    ``lm_head(norm(states))`` against ``targets``."""
     norm, head = model.model.norm, model.lm_head
-    loss, correct = 0.0, 0
+    losses, hits = [], []
     for start in range(0, len(states), chunk):
         logits = head(norm(states[start:start + chunk].float())).float()
         t = targets[start:start + chunk]
-        loss += float(torch.nn.functional.cross_entropy(logits, t, reduction="sum"))
-        correct += int((logits.argmax(-1) == t).sum())
-    return loss / len(states), correct / len(states)
+        losses.append(torch.nn.functional.cross_entropy(logits, t, reduction="none").cpu())
+        hits.append((logits.argmax(-1) == t).double().cpu())
+    return torch.cat(losses).double(), torch.cat(hits)
 
 
 def _hsic_terms(X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -1,8 +1,12 @@
 """A probe run's outputs: ``probes.json`` (everything), ``probes.md`` (the tables) and
 ``probes.png`` (each metric against the layer: one colour per model (:func:`colours`, the
-same in a study's figures), solid trained, dashed its random initialisation, dotted the
-control task, grey the chance level, crosses on trivially satisfied points). Every file is
-written atomically (:mod:`megatron_ext.runtime.files`)."""
+same in a study's figures), solid trained, dashed its random initialisation (each with its
+95% interval over the probe seeds shaded), dotted the control task, grey the chance level,
+crosses on trivially satisfied points). Each cell is the mean over the probe seeds ± the
+half width of its 95% t interval over them (the probe's own randomness given the model);
+the frequency-only baseline is the main table's first row, and a selectivity that does not
+beat it is marked ‡. Every file is written atomically (:mod:`megatron_ext.runtime.files`).
+"""
 
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ COLUMNS = (("ridge", "ridge λ"), ("id_bits", "id bits"), ("id_bits_control", "i
            ("prev_bits_unseen", "prev unseen"), ("prev_topk", "prev top-K"),
            ("lens_loss", "lens loss"), ("lens_acc", "lens acc"),
            ("readout_loss", "read-out loss"), ("readout_acc", "read-out acc"))
+LENS = ("lens_loss", "lens_acc", "readout_loss", "readout_acc")  # none for the baseline
 TRANSFER = (("id_bits", "id bits"), ("id_topk", "id top-K"), ("prev_bits", "prev bits"),
             ("prev_topk", "prev top-K"))
 PANELS = (("id_bits", "current token: id bits accuracy"),
@@ -35,20 +40,37 @@ INITS = (("trained", ""), ("random_init", " · random init"))
 TRIVIAL = {"code carried up": "the code holds the id bits linearly and the residual stream "
                               "carries them up",
            "= random init": "within two standard errors of the random initialisation"}
-SELECTIVITY = ("Selectivity (sel.) = chance-corrected accuracy, (acc − chance) / (1 − chance) "
-               "per bit, of the task minus that of its control task (each token type relabelled "
-               "with the id bits of another type of about the same frequency): 0 when the "
-               "probe only memorises types. Unseen: the bits scored on token types no training "
-               "row has.")
+SELECTIVITY_NOTE = (
+    "Selectivity (sel.) = chance-corrected accuracy, (acc − chance) / (1 − chance) per bit, of "
+    "the task minus that of its control task (each token type relabelled with the id bits of "
+    "the type next to it in training-corpus frequency): 0 when the probe only memorises types "
+    "or reads their frequency. Unseen: the bits scored on token types no training row has. "
+    "Frequency only: the same probes on features holding only the current and previous "
+    "tokens' training frequencies (log count and 16 frequency classes); ‡: a selectivity that "
+    "does not beat that baseline's (the 95% interval of their difference, paired by seed — "
+    "probe seeds in a probe run, training seeds in a study — reaches 0; with one seed, the "
+    "difference is not above 0).")
+BASELINE = "frequency only"
 
 
 def _cell(row: dict, key: str) -> str:
     if key == "ridge":
-        return f"{row[key]:g}"
+        low, high = min(row[key]), max(row[key])
+        return f"{low:g}" if low == high else f"{low:g}–{high:g}"
     value = row.get(key)
-    if key.endswith("_selectivity"):
-        return number(value, "+.3f")
-    return number(value) + ("*" if key in row.get("trivial", {}) else "")
+    spread = row.get("over_probe_seeds", {}).get(key, {}).get("half_width")
+    text = number(value, "+.3f" if key.endswith("_selectivity") else ".3f")
+    if value is not None and spread is not None:
+        text += f" ± {spread:.3f}"
+    if not row.get("versus_frequency", {}).get(key, {}).get("beats", True):
+        text += "‡"
+    return text + ("*" if key in row.get("trivial", {}) else "")
+
+
+def span(values) -> str:
+    """One count per probe seed: the count, or its range."""
+    low, high = min(values), max(values)
+    return f"{low:,}" if low == high else f"{low:,}–{high:,}"
 
 
 def _layer(row: dict) -> str:
@@ -75,19 +97,26 @@ def markdown(result: dict) -> str:
     allowed = result["settings"].get("allow_train_text")
     lines = [f"Held-out tokens: {result['source']} (sha256 {result['tokens_sha256'][:16]}…): "
              f"{d['windows']} windows of {d['seq_length']} tokens from {d['documents']} "
-             f"documents; {d['sampled']:,} sampled positions: {d['train']:,} in "
-             f"{d['train_documents']} documents train the probes, {d['score']:,} in the other "
-             f"documents score them ({d['unseen']['id_bits']:,} of them of a type no training "
-             f"row has). Id bits: mean over the {d['bits_varying']['id_bits']} of "
-             f"{d['num_bits']} bits that vary; top-K: K = {k}; ridge λ chosen per layer "
-             f"by cross-validation over the training documents unless fixed. "
-             f"{result['memory']['text']}.", ""]
+             f"documents; {d['sampled']:,} sampled positions, each with a window that lies "
+             f"inside one document up to it. Under each of {len(result['probe_seeds'])} probe "
+             f"seeds the documents are split anew: {span(d['train'])} positions in "
+             f"{span(d['train_documents'])} documents train the probes, {span(d['score'])} in "
+             f"the other documents score them ({span(d['unseen']['id_bits'])} of them of a type "
+             f"no training row has). Each cell: the mean over the probe seeds ± the half width "
+             f"of its 95% t interval over them (the probe's own randomness given the model). "
+             f"Control tasks paired by the unigram frequencies of {result['unigrams']}. Id "
+             f"bits: mean over the {span(d['bits_varying']['id_bits'])} of {d['num_bits']} bits "
+             f"that vary; top-K: K = {k}; ridge λ chosen per layer by cross-validation over "
+             f"the training documents unless fixed. {result['memory']['text']}.", ""]
     if allowed:
         lines += ["**Held-out check overridden (`allow_train_text`)**: these tokens may be "
                   "training text of the models.", ""]
     lines += [chance_line(chance), "",
               "| model | layer | " + " | ".join(t for _, t in COLUMNS) + " |",
               "|---|---|" + "---:|" * len(COLUMNS)]
+    lines.append(f"| {BASELINE} | — | " + " | ".join(
+        _cell(result["frequency_baseline"], key) if key not in LENS else MISSING
+        for key, _ in COLUMNS) + " |")
     notes, reasons = {}, set()
     for name, entry in result["models"].items():
         for init, suffix in INITS:
@@ -97,7 +126,7 @@ def markdown(result: dict) -> str:
                 reasons |= set(row.get("trivial", {}).values())
                 lines.append(f"| {name}{suffix} | {_layer(row)} | "
                              + " | ".join(_cell(row, key) for key, _ in COLUMNS) + " |")
-    lines += ["", SELECTIVITY + " † Layer 0 is the input to the first layer, not a learned "
+    lines += ["", SELECTIVITY_NOTE + " † Layer 0 is the input to the first layer, not a learned "
               "representation: " + "; ".join(f"{note} ({', '.join(n)})"
                                              for note, n in notes.items()) + ".",
               "", trivial_note(reasons), "",
@@ -110,7 +139,7 @@ def markdown(result: dict) -> str:
         for init, suffix in INITS:
             for row in entry[init]:
                 lines.append(f"| {name}{suffix} | {_layer(row)} | " + " | ".join(
-                    number(row[f"{t}_position_transfer"]) for t, _ in TRANSFER) + " |")
+                    _cell(row, f"{t}_position_transfer") for t, _ in TRANSFER) + " |")
     if result["cka"]:
         layers = max(len(p["trained"]) for p in result["cka"])
         lines += ["", "Debiased linear CKA on the scoring tokens: trained (random "
@@ -174,6 +203,11 @@ def plot(curves: list[dict], chance: dict, path: Path, title: str) -> None:
     save_figure(fig, path)
 
 
+def _band(row: dict, metric: str) -> tuple:
+    spread = row.get("over_probe_seeds", {}).get(metric, {})
+    return spread.get("low"), spread.get("high")
+
+
 def curves(result: dict) -> list[dict]:
     """The figure's curves of one probe run."""
     out = []
@@ -184,6 +218,7 @@ def curves(result: dict) -> list[dict]:
             out.append({"label": f"{name}{suffix}", "group": name,
                         "style": "-" if init == "trained" else "--",
                         "values": {m: [r[m] for r in rows] for m in metrics},
+                        "bands": {m: [_band(r, m) for r in rows] for m in metrics},
                         "trivial": {m: [m in r.get("trivial", {}) for r in rows]
                                     for m in metrics}})
         out.append({"label": f"{name} · control task", "group": name, "style": ":",

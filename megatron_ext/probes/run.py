@@ -12,25 +12,42 @@ probe fitted on the training documents' sampled tokens and scored on the other d
   and head (the logit lens), and by a trained linear read-out (a ridge map from the layer's
   states to the last layer's, then the model's norm and head: a closed-form tuned lens);
 * **similarity**: debiased linear CKA between every two models at each layer, on the same
-  scoring tokens, with its noise floor (:func:`fit.cka_floor`); refused for models whose
-  token ids mean different text (:func:`models.difference`).
+  scoring tokens (those of the first probe seed), with its noise floor
+  (:func:`fit.cka_floor`); refused for models whose token ids mean different text
+  (:func:`models.difference`).
 
-The ridge penalty is chosen per layer by cross-validation over the training documents
-(:func:`fit.choose_penalty`, three folds of whole documents) unless ``settings.ridge``
-fixes it; the chosen value is in every row.
+**Probe seeds**: the hidden states are collected once, on one sample of positions; then for
+each of ``settings.probe_seeds`` probe seeds the split into training and scoring documents,
+the control pairing and the cross-validation folds are drawn anew and every probe is fitted
+and scored again. Each number of a row is the mean over the probe seeds, and
+``over_probe_seeds`` holds its values and their 95% t interval: the variation of the probe's
+own randomness given the model and the sample (not of training). The sample and the probe
+seeds are drawn from ``settings.seed`` and ``run_key`` (:func:`draws`): a study passes each
+run's training seed, so that runs of different seeds draw their own (and the between-seed
+spread carries the probe's randomness) while the arms of one seed share them (paired).
+
+The ridge penalty is chosen per layer and probe seed by cross-validation over the training
+documents (:func:`fit.choose_penalty`, three folds of whole documents) unless
+``settings.ridge`` fixes it; the chosen values are in every row.
 
 Controls, computed with every score:
 
 * a randomly initialised model of the same arm and shape (:func:`models.random_twin`,
   drawn from a checkpoint's training seed, else from the probes' seed);
 * **calibrated control tasks** (after Hewitt & Liang 2019): each token type gets the id
-  bits of the type next to it in frequency (types sorted by their count in the sample,
-  swapped in pairs, :func:`control_types`), so the control labels keep the
-  task's frequency structure (BPE ids are ordered by frequency: the high bits of frequent
-  tokens are skewed). Every bit accuracy stands next to its own chance (the training
-  majority of each bit, scored), and ``selectivity`` is the difference of the
-  chance-corrected accuracies, ``(acc - chance) / (1 - chance)`` per bit, task minus
-  control: 0 for a representation that only memorises types;
+  bits of the type next to it in the **training corpus's unigram frequency**
+  (:mod:`.frequency`; the sample's types sorted by it and swapped in pairs,
+  :func:`control_types`), so the control labels keep the task's frequency structure (BPE
+  ids are ordered by frequency: the high bits of frequent tokens are skewed). Every bit
+  accuracy stands next to its own chance (the training majority of each bit, scored), and
+  ``selectivity`` is the difference of the chance-corrected accuracies,
+  ``(acc - chance) / (1 - chance)`` per bit, task minus control: 0 for a representation
+  that only memorises types or only knows their frequency;
+* **the frequency-only baseline** (``frequency_baseline``): the same probes on features
+  that hold only the current and previous tokens' training frequencies
+  (:func:`frequency.features`), scored exactly as a layer is; each layer's selectivity
+  minus the baseline's, paired by probe seed, is in ``versus_frequency`` (a layer whose
+  interval reaches 0 does not beat it);
 * **unseen types**: the id and previous-token bits scored on the scoring tokens whose type
   no training row has (``*_unseen``, beside their own chance): a probe that memorises
   types is at chance there;
@@ -57,12 +74,14 @@ import torch
 
 from ..codes.schemes import bits_of
 from ..datasets.held_out import tokens_sha256
+from ..metrics.intervals import t_interval
 from ..runtime.errors import DataError, FlagError
 
-from . import fit
+from . import fit, frequency
 from .collect import Sample, draw_sample, hidden_states, memory_bound
+from .frequency import Unigrams
 from .models import ModelInfo, difference, id_bits_carried, input_note, random_twin
-from .settings import ProbeSettings
+from .settings import SELECTIVITY, ProbeSettings
 
 BIT_TASKS = ("id_bits", "id_bits_control", "prev_bits", "prev_bits_control")
 CLASS_TASKS = ("id_topk", "prev_topk")
@@ -77,32 +96,72 @@ def num_bits(models: Sequence[ModelInfo]) -> int:
                for m in models)
 
 
+def draws(settings: ProbeSettings, run_key: int = 0) -> tuple[int, list[int]]:
+    """``(the sample's seed, the probe seeds)``, drawn from ``settings.seed`` and
+    ``run_key``."""
+    state = np.random.SeedSequence([settings.seed, run_key]).generate_state(
+        settings.probe_seeds + 1)
+    return int(state[0]), [int(s) for s in state[1:]]
+
+
 def control_types(types: np.ndarray, counts: np.ndarray, seed: int) -> np.ndarray:
-    """Each type's control type: the types sorted by ``counts`` (ties in random order), and
-    within consecutive bins of :data:`CONTROL_BIN` each takes the next one's place in a
-    random cycle (no type keeps its own label: that would leak the task into the control).
-    Bins of 2 (swaps of neighbours in frequency) match frequencies best: on a random table
-    over a Zipf vocabulary, bins of 32 make the control easier by 0.02."""
+    """Each type's control type: the types sorted by ``counts`` (their training-corpus
+    counts; ties in random order) and cut into consecutive bins of :data:`CONTROL_BIN` (the
+    first bin longer by a random 0 .. CONTROL_BIN - 1, so that the pairing itself varies with
+    ``seed``; a last bin of one joins the one before it); within each bin every type takes
+    the next one's place in a random cycle (no type keeps its own label: that would leak the
+    task into the control). Bins of 2 (swaps of neighbours in frequency) match frequencies
+    best: on a random table over a Zipf vocabulary, bins of 32 make the control easier by
+    0.02."""
     rng = np.random.default_rng([seed, 1])
     order = np.lexsort((rng.random(len(types)), -counts))
+    n = len(order)
+    edges = [0, *range(CONTROL_BIN + int(rng.integers(CONTROL_BIN)), n, CONTROL_BIN), n]
+    if len(edges) > 2 and edges[-1] - edges[-2] == 1:
+        del edges[-2]
+    starts, stops = np.asarray(edges[:-1]), np.asarray(edges[1:])
+    bin_of = np.repeat(np.arange(len(starts)), stops - starts)
+    cycle = order[np.lexsort((rng.random(n), bin_of))]   # each bin's types in random order
+    following = np.arange(1, n + 1)
+    following[stops - 1] = starts                        # the last of a bin: its first
     out = np.empty_like(types)
-    for start in range(0, len(order), CONTROL_BIN):
-        chunk = order[start:start + CONTROL_BIN][rng.permutation(min(CONTROL_BIN,
-                                                                     len(order) - start))]
-        out[chunk] = types[np.roll(chunk, -1)]
+    out[cycle] = types[cycle[following]]
     return out
 
 
-class Targets:
-    """The labels of the sampled tokens: ``matrix`` [n, columns] (±1 bits, one-hot classes),
-    each task's ``columns`` slice, the training majority of every column (``majority``),
-    the bits that vary in the training rows (``varying``) and the classes."""
+class Split:
+    """One probe seed's split of the sample, by document: the rows of half of the documents
+    (drawn with ``seed``) train, the others score (as boolean tensors; ``train_rows``
+    numpy), and the cross-validation folds (whole training documents) that choose the ridge
+    penalty."""
 
-    def __init__(self, sample: Sample, top_k: int, bits: int, seed: int):
-        train = sample.train
-        types, counts = np.unique(np.concatenate([sample.current, sample.previous]),
-                                  return_counts=True)
-        shuffled = control_types(types, counts, seed)
+    def __init__(self, sample: Sample, seed: int):
+        names = np.unique(sample.document)
+        rng = np.random.default_rng([seed, 3])
+        train = np.isin(sample.document, rng.permutation(names)[: len(names) // 2])
+        self.train_rows = train
+        self.train, self.score = torch.from_numpy(train), torch.from_numpy(~train)
+        self.early_train = torch.from_numpy(train & sample.early)
+        self.late_score = torch.from_numpy(~train & ~sample.early)
+        self.following = torch.from_numpy(sample.following)
+        docs = np.unique(sample.document[train])
+        fold_of = dict(zip(np.random.default_rng([seed, 2]).permutation(docs).tolist(),
+                           itertools.cycle(range(min(CV_FOLDS, len(docs))))))
+        self.folds = np.array([fold_of[d] for d in sample.document[train].tolist()])
+
+
+class Targets:
+    """The labels of the sampled tokens under one probe seed's ``split``: ``matrix`` [n,
+    columns] (±1 bits, one-hot classes), each task's ``columns`` slice, the training
+    majority of every column (``majority``), the bits that vary in the training rows
+    (``varying``) and the classes. The control pairing orders the types by ``unigrams``
+    (the training corpus's counts), drawn with ``seed``."""
+
+    def __init__(self, sample: Sample, split: Split, unigrams: Unigrams, top_k: int,
+                 bits: int, seed: int):
+        train = split.train_rows
+        types = np.unique(np.concatenate([sample.current, sample.previous]))
+        shuffled = control_types(types, unigrams.of(types), seed)
         control = lambda ids: shuffled[np.searchsorted(types, ids)]  # noqa: E731
         ids = {"id_bits": sample.current, "id_bits_control": control(sample.current),
                "prev_bits": sample.previous, "prev_bits_control": control(sample.previous)}
@@ -110,9 +169,10 @@ class Targets:
         for task, tokens in (("id_topk", sample.current), ("prev_topk", sample.previous)):
             kinds, kind_counts = np.unique(tokens[train], return_counts=True)
             top = kinds[np.argsort(-kind_counts, kind="stable")[:top_k]]
-            lookup = dict(zip(top.tolist(), range(len(top))))
             self.top[task] = top
-            self.classes[task] = np.array([lookup.get(int(t), len(top)) for t in tokens])
+            by_id = np.argsort(top)
+            place = by_id[np.minimum(np.searchsorted(top[by_id], tokens), len(top) - 1)]
+            self.classes[task] = np.where(top[place] == tokens, place, len(top))
         blocks = {task: 2.0 * bits_of(torch.from_numpy(v), bits).double() - 1
                   for task, v in ids.items()}
         for task in CLASS_TASKS:
@@ -171,6 +231,15 @@ class Targets:
         """Each task's accuracy when always guessing its most frequent training label."""
         return {task: self.score(task, self.guess(rows), rows) for task in tasks}
 
+    def all_chances(self, split: Split) -> dict:
+        """Every chance the report prints: on the scoring tokens, the unseen types and the
+        late positions."""
+        chance = self.chance(split.score)
+        chance.update({f"{t}_unseen": self.chance(self.unseen[t], (t,))[t] for t in self.unseen})
+        chance.update({f"{t}_position_transfer": c for t, c in
+                       self.chance(split.late_score, SCORED).items()})
+        return chance
+
     def _bits_correct(self, task: str, predicted: torch.Tensor, rows: torch.Tensor
                       ) -> Optional[torch.Tensor]:
         varying = self.varying[task]
@@ -180,38 +249,45 @@ class Targets:
         return ((guess > 0) == (truth > 0))[:, varying].double()
 
 
+@dataclasses.dataclass
+class Draw:
+    """One probe seed: its seed, split and targets."""
+    seed: int
+    split: Split
+    targets: Targets
+
+
 def run_probes(models: Sequence[ModelInfo], windows: np.ndarray, documents: np.ndarray,
-               settings: ProbeSettings, source: str, device: str = "cpu", cka: bool = True,
-               progress: Callable[[str], None] = print) -> dict:
+               settings: ProbeSettings, source: str, unigrams: Unigrams, device: str = "cpu",
+               cka: bool = True, progress: Callable[[str], None] = print,
+               run_key: int = 0) -> dict:
     """Probe ``models`` (loaded one at a time) on ``windows`` (``[n, S + 1]`` held-out ids,
-    described by ``source``; ``documents``: each token's document); the result that
+    described by ``source``; ``documents``: each token's document), the control tasks paired
+    by ``unigrams`` (the training corpus's, :func:`frequency.training_unigrams`), under the
+    probe seeds of ``settings`` and ``run_key`` (:func:`draws`); the result that
     :mod:`.report` writes."""
     started = time.perf_counter()
     settings.check()
     _check(models, windows, cka)
-    sample = draw_sample(windows, documents, settings.sample, settings.seed)
+    sample_seed, seeds = draws(settings, run_key)
+    sample = draw_sample(windows, documents, settings.sample, sample_seed)
     bits = num_bits(models)
-    targets = Targets(sample, settings.top_k, bits, settings.seed)
-    split = Split(sample, settings.seed)
-    chance = targets.chance(split.score)
-    chance.update({f"{t}_unseen": targets.chance(targets.unseen[t], (t,))[t]
-                   for t in targets.unseen})
-    chance.update({f"{t}_position_transfer": c for t, c in
-                   targets.chance(split.late_score, SCORED).items()})
+    probe = make_draws(sample, unigrams, settings.top_k, bits, seeds)
+    first = probe[0].split
     result = {"settings": dataclasses.asdict(settings), "source": source,
-              "tokens_sha256": tokens_sha256(windows),
+              "tokens_sha256": tokens_sha256(windows), "run_key": run_key,
+              "sample_seed": sample_seed, "probe_seeds": seeds, "unigrams": unigrams.source,
               "data": {"windows": int(windows.shape[0]), "seq_length": sample.seq_length,
                        "documents": int(len(np.unique(sample.document))),
-                       "train_documents": int(len(np.unique(sample.document[sample.train]))),
-                       "sampled": len(sample), "train": int(split.train.sum()),
-                       "score": int(split.score.sum()),
-                       "early_train": int(split.early_train.sum()),
-                       "late_score": int(split.late_score.sum()),
-                       "unseen": {t: int(v.sum()) for t, v in targets.unseen.items()},
-                       "num_bits": bits,
-                       "bits_varying": {t: int(v.sum()) for t, v in targets.varying.items()},
-                       "top_k": {t: len(targets.top[t]) for t in CLASS_TASKS}},
-              "chance": chance, "models": {}, "cka": []}
+                       "sampled": len(sample), "num_bits": bits,
+                       "top_k": {t: len(probe[0].targets.top[t]) for t in CLASS_TASKS},
+                       **_split_counts(sample, probe)},
+              "chance": combine_values([d.targets.all_chances(d.split) for d in probe]),
+              "models": {}, "cka": []}
+    baseline_X = frequency.features(unigrams, sample.current, sample.previous)
+    result["frequency_baseline"] = combine(
+        [fit_layer(baseline_X, baseline_X, d.targets, d.split, settings.ridge)[0]
+         for d in probe])
     kept = {}  # (name, init) -> [layers + 1, scored tokens, hidden] on the CPU, for CKA
     for info in models:
         trained = info.load()
@@ -220,16 +296,19 @@ def run_probes(models: Sequence[ModelInfo], windows: np.ndarray, documents: np.n
             model = trained if init == "trained" else random_twin(
                 trained, settings.seed if info.seed is None else info.seed)
             progress(f"[probes] {info.name} ({init.replace('_', ' ')}): hidden states of "
-                     f"{len(sample):,} tokens x {info.num_layers + 1} layers")
+                     f"{len(sample):,} tokens x {info.num_layers + 1} layers, "
+                     f"{len(probe)} probe seed(s)")
             states = hidden_states(model, windows, sample, settings.batch_size, device)
-            entry[init] = [{**probe_layer(model, states, layer, targets, split,
-                                          settings.ridge), "layer": layer}
-                           for layer in range(info.num_layers + 1)]
+            entry[init] = []
+            for layer in range(info.num_layers + 1):
+                row = probe_layer(model, states, layer, probe, settings.ridge)
+                versus_baseline(row, result["frequency_baseline"])
+                entry[init].append({**row, "layer": layer})
             entry[init][0]["note"] = input_note(info.code, info.arm)
             if cka and len(models) > 1:
-                kept[(info.name, init)] = states[:, split.score.to(device)].cpu()
+                kept[(info.name, init)] = states[:, first.score.to(device)].cpu()
             del states, model
-        mark_trivial(entry, info, split)
+        mark_trivial(entry, info, np.mean(result["data"]["score"]))
         result["models"][info.name] = entry
         del trained
     for a, b in itertools.combinations([m.name for m in models], 2) if kept else ():
@@ -240,38 +319,96 @@ def run_probes(models: Sequence[ModelInfo], windows: np.ndarray, documents: np.n
             pair[init] = [fit.cka(x[i], y[i]) for i in layers]
             pair[f"{init}_floor"] = [fit.cka_floor(x[i], y[i], settings.seed) for i in layers]
         result["cka"].append(pair)
-    result["memory"] = _memory(models, sample, int(split.score.sum()), bool(kept),
+    result["memory"] = _memory(models, sample, int(first.score.sum()), bool(kept),
                                settings.batch_size)
     result["seconds"] = round(time.perf_counter() - started, 1)
     return result
 
 
-class Split:
-    """The sample's row sets as boolean tensors, and the cross-validation folds (whole
-    training documents) that choose the ridge penalty."""
-
-    def __init__(self, sample: Sample, seed: int):
-        self.train, self.score = torch.from_numpy(sample.train), torch.from_numpy(~sample.train)
-        self.early_train = torch.from_numpy(sample.train & sample.early)
-        self.late_score = torch.from_numpy(~sample.train & ~sample.early)
-        self.following = torch.from_numpy(sample.following)
-        docs = np.unique(sample.document[sample.train])
-        fold_of = dict(zip(np.random.default_rng([seed, 2]).permutation(docs).tolist(),
-                           itertools.cycle(range(min(CV_FOLDS, len(docs))))))
-        self.folds = np.array([fold_of[d] for d in sample.document[sample.train].tolist()])
+def make_draws(sample: Sample, unigrams: Unigrams, top_k: int, bits: int,
+               seeds: Sequence[int]) -> list[Draw]:
+    """The split and the targets of each probe seed."""
+    out = []
+    for seed in seeds:
+        split = Split(sample, seed)
+        out.append(Draw(seed, split, Targets(sample, split, unigrams, top_k, bits, seed)))
+    return out
 
 
-def probe_layer(model, states, layer, targets: Targets, split: Split,
-                penalty: Optional[float]) -> dict:
-    """Every probe of one layer's states (``states[layer]``): :func:`fit_layer`, then the
-    next-token read-outs through the model's own norm and head."""
-    row, readout = fit_layer(states[layer], states[-1], targets, split, penalty)
+def _split_counts(sample: Sample, probe: Sequence[Draw]) -> dict:
+    """The rows of each set, one number per probe seed."""
+    return {"train_documents": [int(len(np.unique(sample.document[d.split.train_rows])))
+                                for d in probe],
+            **{key: [int(getattr(d.split, key).sum()) for d in probe]
+               for key in ("train", "score", "early_train", "late_score")},
+            "unseen": {t: [int(d.targets.unseen[t].sum()) for d in probe]
+                       for t in ("id_bits", "prev_bits")},
+            "bits_varying": {t: [int(d.targets.varying[t].sum()) for d in probe]
+                             for t in BIT_TASKS}}
+
+
+def combine_values(rows: Sequence[dict]) -> dict:
+    """Each key's mean over the probe seeds' dicts (None where no seed has a value)."""
+    out = {}
+    for key in rows[0]:
+        values = [r[key] for r in rows if r.get(key) is not None]
+        out[key] = float(np.mean(values)) if values else None
+    return out
+
+
+def combine(rows: Sequence[dict]) -> dict:
+    """One row of the probe seeds' rows: each number's mean over the seeds that have it, and
+    in ``over_probe_seeds`` its values and their 95% t interval; ``ridge``: each seed's."""
+    out = {"ridge": [r["ridge"] for r in rows]}
+    spread = {}
+    for key in rows[0]:
+        if key in ("ridge", "layer"):
+            continue
+        values = [r[key] for r in rows if r.get(key) is not None]
+        if not values:
+            out[key] = None
+            continue
+        interval = t_interval(values)
+        out[key] = interval["mean"]
+        spread[key] = {"values": values, "low": interval["low"], "high": interval["high"],
+                       "half_width": interval["half_width"]}
+    out["over_probe_seeds"] = spread
+    return out
+
+
+def versus_baseline(row: dict, baseline: dict) -> None:
+    """``row["versus_frequency"]``: each selectivity minus the frequency-only baseline's,
+    paired by probe seed, with its t interval and ``beats`` (its interval above 0; with one
+    probe seed, the difference above 0)."""
+    out = {}
+    for key in SELECTIVITY:
+        mine = row["over_probe_seeds"].get(key, {}).get("values")
+        theirs = baseline["over_probe_seeds"].get(key, {}).get("values")
+        if not mine or not theirs or len(mine) != len(theirs):
+            continue
+        interval = t_interval([a - b for a, b in zip(mine, theirs)])
+        low = interval["mean"] if interval["low"] is None else interval["low"]
+        out[key] = {**interval, "beats": bool(low > 0)}
+    row["versus_frequency"] = out
+
+
+def probe_layer(model, states, layer, probe: Sequence[Draw], penalty: Optional[float]) -> dict:
+    """Every probe of one layer's states (``states[layer]``) under each probe seed
+    (:func:`fit_layer`, then the next-token read-outs through the model's own norm and
+    head), combined (:func:`combine`)."""
     device = states.device
-    target = split.following[split.score].to(device)
-    row["lens_loss"], row["lens_acc"] = fit.next_token(
-        model, states[layer][split.score.to(device)], target)
-    row["readout_loss"], row["readout_acc"] = fit.next_token(model, readout.to(device), target)
-    return row
+    target = probe[0].split.following.to(device)
+    lens_loss, lens_hit = fit.next_token(model, states[layer], target)
+    rows = []
+    for d in probe:
+        row, readout = fit_layer(states[layer], states[-1], d.targets, d.split, penalty)
+        score = d.split.score
+        row["lens_loss"], row["lens_acc"] = (float(lens_loss[score].mean()),
+                                             float(lens_hit[score].mean()))
+        loss, hit = fit.next_token(model, readout.to(device), target[score.to(device)])
+        row["readout_loss"], row["readout_acc"] = float(loss.mean()), float(hit.mean())
+        rows.append(row)
+    return combine(rows)
 
 
 def fit_layer(X: torch.Tensor, last: torch.Tensor, targets: Targets, split: Split,
@@ -307,12 +444,12 @@ def fit_layer(X: torch.Tensor, last: torch.Tensor, targets: Targets, split: Spli
     return row, main[:, width:].float()
 
 
-def mark_trivial(entry: dict, info: ModelInfo, split: Split) -> None:
+def mark_trivial(entry: dict, info: ModelInfo, scored: float) -> None:
     """Mark in each trained row (``row["trivial"]``: {task: why}) the scores that say
     nothing about training: id bits that the code holds linearly, and scores within two
-    standard errors (binomial, on the scored tokens) of the random initialisation's."""
+    standard errors (binomial, on the ``scored`` tokens of a probe seed) of the random
+    initialisation's."""
     carried = id_bits_carried(info.code)
-    scored = int(split.score.sum())
     for row, twin in zip(entry["trained"], entry["random_init"]):
         marks = {}
         for task in SCORED:

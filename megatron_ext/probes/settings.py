@@ -8,13 +8,20 @@ from typing import Optional
 
 from ..runtime.errors import FlagError
 
+# The selectivities each layer is read against the frequency-only baseline by.
+SELECTIVITY = ("id_bits_selectivity", "prev_bits_selectivity")
+
 
 @dataclasses.dataclass(frozen=True)
 class ProbeSettings:
     """``tokens`` held-out tokens (the first of ``data_path``, an indexed dataset, when
     given) are cut into windows of the models' sequence length; the hidden states of
     ``sample`` token positions drawn from them (seed ``seed``) are kept. Half of the
-    documents train the probes, the other half score them. ``top_k``: classes of the token
+    documents train the probes, the other half score them, drawn anew (with the control
+    pairing) for each of ``probe_seeds`` probe seeds: every number is their mean, with a
+    95% interval over them. ``unigram_counts``: the training corpus's unigram counts that
+    pair the control tasks (an indexed dataset prefix or a ``.npy``; None: counted from the
+    models' training data). ``top_k``: classes of the token
     classifiers; ``ridge``: the ridge penalty, relative to the mean eigenvalue of the
     features' covariance (None: chosen per layer by cross-validation over the training
     documents); ``batch_size``: windows per forward pass; ``allow_train_text``: probe a
@@ -26,11 +33,13 @@ class ProbeSettings:
     top_k: int = 64
     ridge: Optional[float] = None
     seed: int = 0
+    probe_seeds: int = 3
+    unigram_counts: Optional[str] = None
     batch_size: int = 16
     allow_train_text: bool = False
 
     def check(self) -> None:
-        for name in ("tokens", "sample", "top_k", "batch_size"):
+        for name in ("tokens", "sample", "top_k", "batch_size", "probe_seeds"):
             if getattr(self, name) < 1:
                 raise FlagError(f"probes: {name} must be positive, got "
                                 f"{getattr(self, name)}")

@@ -5,10 +5,15 @@ report reads, so no seed drops out), and their summary across seeds for STUDY.md
 Each run's probes are cached in ``RUN/probes/iter_NNNNNNN.json`` with the settings they
 were computed under, like the evaluation (a cache made under other settings is recomputed).
 Runs are probed one at a time, so there is no CKA across arms here (tools/probe.py compares
-models). The report shows, per arm and layer, the mean over seeds with a 95% Student-t
-interval and the number of seeds, for the trained models and their random initialisations,
-beside each probe's chance, control task, selectivity, unseen-type score and position
-transfer.
+models). Each run is probed under its own probe seeds (``run_key`` = its training seed:
+runs of different seeds draw their own sample, splits and control pairings, the arms of
+one seed share theirs), and its numbers are the means over them; the report shows, per arm
+and layer, the mean over training seeds of those means with a 95% Student-t interval and
+the number of seeds, so the between-seed spread carries the probe's own randomness as well
+as training's. Beside them: each probe's chance, control task, selectivity, unseen-type
+score and position transfer, for the trained models and their random initialisations, and
+the frequency-only baseline (the same over the seeds; a layer whose selectivity minus the
+baseline's, paired by seed, has an interval reaching 0 is marked ‡).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from typing import Optional
 from ..checkpoint.layout import completed_iterations, iteration_name
 from ..datasets.held_out import cut_documents, indexed_documents
 from ..metrics.reporting import mean_interval, signed_range
+from ..probes.settings import SELECTIVITY
 from ..runtime.files import write_json
 
 from .spec import Study, run_dir
@@ -54,6 +60,7 @@ def read_probes(run: Path, iteration: int, settings) -> Optional[dict]:
 def probe_study(study: Study, study_dir: Path, final: Optional[int], progress=print) -> dict:
     """Probe each run's checkpoint at ``final`` (the study's common final iteration) unless
     cached; ``{"probed": n, "cached": m}``."""
+    from ..probes.frequency import training_unigrams
     from ..probes.models import describe
     from ..probes.run import run_probes
     settings, counts = study.probes, {"probed": 0, "cached": 0}
@@ -71,7 +78,8 @@ def probe_study(study: Study, study_dir: Path, final: Optional[int], progress=pr
             f"probes data_path {settings.data_path}", "probes tokens")
         record = run_probes([info], windows, documents, settings, f"the first "
                             f"{settings.tokens:,} tokens of {settings.data_path}",
-                            progress=progress)
+                            training_unigrams([info], settings.unigram_counts),
+                            progress=progress, run_key=seed)
         path = cache_path(run, final)
         path.parent.mkdir(parents=True, exist_ok=True)
         write_json(str(path), record)
@@ -102,6 +110,21 @@ def summarise(study: Study, study_dir: Path, final: Optional[int]) -> dict:
                  **{m: t_interval([row[m] for row in rows]) for m, _ in METRICS
                     if all(row.get(m) is not None for row in rows)}}
                 for layer, rows in enumerate(zip(*per_seed))]
+        entry["frequency_baseline"] = {
+            m: t_interval([r["frequency_baseline"][m] for r in records.values()])
+            for m, _ in METRICS if all(r["frequency_baseline"].get(m) is not None
+                                       for r in records.values())}
+        for layer, row in enumerate(entry["trained"]):
+            row["versus_frequency"] = {}
+            for m in SELECTIVITY:
+                gaps = {s: r["models"][arm.name]["trained"][layer][m]
+                                - r["frequency_baseline"][m] for s, r in records.items()
+                                if r["models"][arm.name]["trained"][layer].get(m) is not None
+                                and r["frequency_baseline"].get(m) is not None}
+                if gaps:
+                    d = t_interval(list(gaps.values()))
+                    low = d["mean"] if d["low"] is None else d["low"]
+                    row["versus_frequency"][m] = {**d, "beats": bool(low > 0)}
         entry["by_seed"] = {seed: [{m: row.get(m) for m, _ in PAIRED}
                                    for row in r["models"][arm.name]["trained"]]
                             for seed, r in records.items()}
@@ -130,15 +153,19 @@ def differences(summary: dict) -> list[dict]:
 
 
 def markdown(study: Study, summary: dict, final: int) -> str:
-    from ..probes.report import chance_line, trivial_note, SELECTIVITY
+    from ..probes.report import BASELINE, SELECTIVITY_NOTE, chance_line, trivial_note
     settings = study.probes
     chance = next(iter(summary.values()))["chance"]
     lines = [f"## Probes at the common final iteration ({final:,})", "",
              f"megatron_ext/probes (docs/probes.md) on the first {settings.tokens:,} tokens of "
              f"`{settings.data_path}`, {settings.sample:,} sampled positions, K = "
-             f"{settings.top_k}: mean over seeds ± 95% Student-t interval, the seeds in each "
-             f"cell in brackets. Linear probes of the current and previous token (id bits, "
-             f"top-K classes) fitted on half of the documents, scored on the other half; "
+             f"{settings.top_k}: mean over training seeds ± 95% Student-t interval, the seeds "
+             f"in each cell in brackets; each seed's value is the mean over its own "
+             f"{settings.probe_seeds} probe seed(s) (split, control pairing and sample drawn "
+             f"per training seed), so the interval carries the probe's randomness as well as "
+             f"training's. Control tasks paired by training-corpus unigram frequency. Linear "
+             f"probes of the current and previous token (id bits, top-K classes) fitted on "
+             f"half of the documents, scored on the other half; "
              f"next-token loss by the logit lens and a trained read-out. Layer 0 is the "
              f"input (†).", ""]
     if settings.allow_train_text:
@@ -149,6 +176,9 @@ def markdown(study: Study, summary: dict, final: int) -> str:
               f"{_fmt_chance(chance, 'prev_bits')}.", "",
               "| arm | layer | " + " | ".join(t for _, t in METRICS) + " |",
               "|---|---|" + "---:|" * len(METRICS)]
+    baseline = next(iter(summary.values()))["frequency_baseline"]
+    lines.append(f"| {BASELINE} | — | " + " | ".join(_cell(baseline, m) for m, _ in METRICS)
+                 + " |")
     notes, reasons = {}, set()
     for arm, entry in summary.items():
         for init, suffix in (("trained", ""), ("random_init", " · random init")):
@@ -160,7 +190,7 @@ def markdown(study: Study, summary: dict, final: int) -> str:
                 reasons |= set(row.get("trivial", {}).values())
                 lines.append(f"| {arm}{suffix} | {layer} | " + " | ".join(
                     _cell(row, m) for m, _ in METRICS) + " |")
-    lines += ["", SELECTIVITY, "", "† " + "; ".join(f"{note} ({', '.join(sorted(arms))})"
+    lines += ["", SELECTIVITY_NOTE, "", "† " + "; ".join(f"{note} ({', '.join(sorted(arms))})"
                                                     for note, arms in notes.items()) + ".",
               "", trivial_note(reasons), "", "![probes per layer](probes.png)", ""]
     pairs = differences(summary)
@@ -198,6 +228,8 @@ def _cell(row: dict, metric: str) -> str:
     if interval is None:
         return "—"
     mark = "*" if metric in row.get("trivial", {}) else ""
+    if not row.get("versus_frequency", {}).get(metric, {}).get("beats", True):
+        mark = "‡" + mark
     return f"{mean_interval(interval, 3)}{mark} ({interval['n']})"
 
 

@@ -337,7 +337,9 @@ def _probe_settings(fields: Optional[dict], base: Path, eval_data: Optional[str]
     if not data_path:
         raise StudyError("[probes] needs data_path (or [eval] data_path): the held-out "
                          "tokens the probes read")
-    settings = ProbeSettings(**{**fields, "data_path": data_path})
+    counts = fields.get("unigram_counts")
+    counts = str((base / counts).resolve()) if counts else None
+    settings = ProbeSettings(**{**fields, "data_path": data_path, "unigram_counts": counts})
     settings.check()
     return settings
 

@@ -158,7 +158,8 @@ def test_a_tiny_study_across_the_new_arms_reports_the_capacity_axis_and_probes(
         'arms = ["learned", "frozen", "map:binary@--code-projection", '
         '"r4:factorized@--input-table-rank=4"]\nseeds = [1, 2]\n'
         f'[eval]\ndata_path = "{root / "heldout"}"\ntokens = 640\n'
-        '[probes]\ntokens = 640\nsample = 384\ntop_k = 8\n')
+        '[probes]\ntokens = 640\nsample = 384\ntop_k = 8\nprobe_seeds = 2\n'
+        f'unigram_counts = "{root / "heldout"}"\n')  # the runs train on mock data
     with study_trains_in_process():
         summary = study.main(["run", str(tmp_path / "runs"), "--study",
                               str(tmp_path / "study.toml")])

