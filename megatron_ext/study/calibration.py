@@ -98,6 +98,24 @@ def downstream(rng, trials: int, seeds: int, items: int, spread: float, shared: 
 
 # ------------------------------------------------------------------------------------- fit
 
+class _Coverage:
+    """Of each named interval, the share of the trials that printed it (an interval with a
+    lower end) whose interval holds the truth."""
+
+    def __init__(self):
+        self.hits: dict = {}
+        self.counted: dict = {}
+
+    def score(self, name: str, interval, value: float) -> None:
+        if interval is None or interval["low"] is None:
+            return
+        self.counted[name] = self.counted.get(name, 0) + 1
+        self.hits[name] = self.hits.get(name, 0) + _covers(interval, value)
+
+    def shares(self) -> dict:
+        return {name: self.hits[name] / self.counted[name] for name in self.hits}
+
+
 LAW = {"learned": (2.0, 2.0, 0.3), "binary": (2.1, 2.4, 0.3)}   # E, A, alpha (C0 = 1e14)
 TARGET = 1e21
 
@@ -111,15 +129,9 @@ def scaling_fit(rng, trials: int, seeds: int, levels: int, noise: float,
     bound is its own row: those print no interval)."""
     compute = np.geomspace(1e14, 1e18, levels)
     truth = {arm: fit.power_law(TARGET, *law, 1e14) for arm, law in LAW.items()}
-    hits: dict = {}
-    counted: dict = {}
+    rates = _Coverage()
+    score = rates.score
     at_bound = 0
-
-    def score(name: str, interval, value: float) -> None:
-        if interval is None or interval["low"] is None:
-            return
-        counted[name] = counted.get(name, 0) + 1
-        hits[name] = hits.get(name, 0) + _covers(interval, value)
 
     for _ in range(trials):
         points = {}
@@ -142,7 +154,7 @@ def scaling_fit(rng, trials: int, seeds: int, levels: int, noise: float,
         score("gap at target (per-arm laws)", got["arms"]["binary"]["gap_at_target"], gap)
         score("gap at target (α fixed at control's)",
               got["fixed_alpha"]["arms"]["binary"]["gap_at_target"], gap)
-    out = {name: hits[name] / counted[name] for name in hits}
+    out = rates.shares()
     out["fits at a bound (share, no interval)"] = ("share", at_bound / trials)
     return out
 
@@ -205,15 +217,9 @@ def joint_fit(rng, trials: int, seeds: int, sizes: int, budgets: int, decades: t
     laws = {arm: JOINT_LAW["learned" if null else arm] for arm in JOINT_LAW}
     truth = {arm: _joint_loss(law, JOINT_TARGET) for arm, law in laws.items()}
     gap = truth["binary"] - truth["learned"]
-    hits: dict = {}
-    counted: dict = {}
+    rates = _Coverage()
+    score = rates.score
     at_bound = 0
-
-    def score(name: str, interval, value: float) -> None:
-        if interval is None or interval["low"] is None:
-            return
-        counted[name] = counted.get(name, 0) + 1
-        hits[name] = hits.get(name, 0) + _covers(interval, value)
 
     for _ in range(trials):
         points = {}
@@ -241,8 +247,7 @@ def joint_fit(rng, trials: int, seeds: int, sizes: int, budgets: int, decades: t
     if narrow:
         reported.add("gap at target (per-arm laws)")
     out = {}
-    for name in hits:
-        rate = hits[name] / counted[name]
+    for name, rate in rates.shares().items():
         out[name] = (("reference", rate) if name in reported
                      else ("fp", 1 - rate) if null and name.startswith("gap") else rate)
     out["fits at a bound (share, no interval)"] = ("share", at_bound / trials)
