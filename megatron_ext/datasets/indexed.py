@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import struct
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 import numpy as np
 
@@ -114,33 +114,36 @@ def read_index(prefix: str) -> Index:
     return Index(prefix, DTYPES[code], lengths, document_indices)
 
 
+def _token_chunks(index: Index, chunk_tokens: int) -> Iterator[np.ndarray]:
+    """The ``.bin``'s tokens, memory-mapped, in chunks of ``chunk_tokens`` (none when empty)."""
+    total = index.tokens()
+    if not total:
+        return
+    data = np.memmap(f"{index.prefix}.bin", index.dtype, mode="r", shape=(total,))
+    for start in range(0, total, chunk_tokens):
+        yield data[start:start + chunk_tokens]
+
+
 def token_id_range(index: Index, progress: Callable[[int], None] = lambda nbytes: None,
                    chunk_tokens: int = 1 << 24) -> tuple[Optional[int], Optional[int]]:
     """``(smallest, largest)`` token id in the ``.bin`` (``(None, None)`` when empty), read in
     chunks; ``progress`` is told the bytes of each chunk."""
-    total = index.tokens()
-    if not total:
-        return None, None
-    data = np.memmap(f"{index.prefix}.bin", index.dtype, mode="r", shape=(total,))
     lows, highs = [], []
-    for start in range(0, total, chunk_tokens):
-        chunk = data[start:start + chunk_tokens]
+    for chunk in _token_chunks(index, chunk_tokens):
         lows.append(chunk.min())
         highs.append(chunk.max())
         progress(chunk.nbytes)
+    if not lows:
+        return None, None
     return int(min(lows)), int(max(highs))
 
 
 def unigram_counts(index: Index, chunk_tokens: int = 1 << 24) -> np.ndarray:
     """How often each token id occurs in the ``.bin`` (int64, length the largest id + 1),
     memory-mapped and counted in chunks by ``np.bincount``."""
-    total = index.tokens()
     counts = np.zeros(0, dtype=np.int64)
-    if not total:
-        return counts
-    data = np.memmap(f"{index.prefix}.bin", index.dtype, mode="r", shape=(total,))
-    for start in range(0, total, chunk_tokens):
-        chunk = np.bincount(data[start:start + chunk_tokens])
+    for tokens in _token_chunks(index, chunk_tokens):
+        chunk = np.bincount(tokens)
         if len(chunk) > len(counts):
             counts = np.pad(counts, (0, len(chunk) - len(counts)))
         counts[:len(chunk)] += chunk
