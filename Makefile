@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test clean gpu-wheels
+.PHONY: install demo test clean gpu-wheels gpu-twin
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -30,6 +30,16 @@ gpu-wheels:
 	$(PY) -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
 	    --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
 	    --platform manylinux2014_x86_64 -d .whl -r bench/gpu_wheels.txt
+
+# A CPU twin of the lent GPU image's software (bench/gpu_twin.txt: Python 3.12, torch 2.11,
+# transformers 5.17, ...) in .gpu-twin/ (git-ignored, about 5 GB), for the check's rehearsal
+# under the image's versions, before a slot is spent (docs/gpu.md):
+#   make gpu-wheels gpu-twin
+#   GPU_CHECK_REHEARSAL=1 PYTHON=.gpu-twin/bin/python bash bench/gpu_check.sh
+TWIN_PY ?= python3.12
+gpu-twin:
+	test -x .gpu-twin/bin/python || $(TWIN_PY) -m venv .gpu-twin
+	.gpu-twin/bin/pip install -q -r bench/gpu_twin.txt
 
 clean:
 	rm -rf $(VENV) demo
