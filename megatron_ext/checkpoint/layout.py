@@ -26,7 +26,8 @@ common objects: ``args`` (every argument, as a dict), ``fixed_code``
 for the learned arm), ``scheduler``, the :class:`TrainState` fields (``iteration``,
 ``consumed_train_samples``, ``nonfinite_skipped``, ``overflow_skipped``, ``validation_pending``),
 ``wandb_run_id`` and the provenance (``checkpoint_format``, ``megatron_core_version``,
-``fixedcode_version``).
+``fixedcode_version``, and ``working_directory``: the folder the run started in, which its
+relative paths, such as ``--data-path data/train``, are relative to).
 """
 
 from __future__ import annotations
@@ -64,10 +65,12 @@ SCHEDULER_COUNTS_SAMPLES = 3
 
 
 def provenance() -> dict:
-    """What wrote a checkpoint: its format and the software versions."""
+    """What wrote a checkpoint: its format, the software versions, and the folder the run
+    started in (what its relative paths are relative to)."""
     return {"checkpoint_format": CHECKPOINT_FORMAT,
             "megatron_core_version": megatron.core.__version__,
-            "fixedcode_version": megatron_ext.__version__}
+            "fixedcode_version": megatron_ext.__version__,
+            "working_directory": os.getcwd()}
 
 
 @dataclasses.dataclass

@@ -43,12 +43,18 @@ def training_prefixes(flags: Sequence[str]) -> list[str]:
             if taking and eq:
                 prefixes.append(value)
             continue
-        if taking:
-            try:
-                float(token)
-            except ValueError:
-                prefixes.append(token)
+        if taking and not is_weight(token):
+            prefixes.append(token)
     return prefixes
+
+
+def is_weight(token: str) -> bool:
+    """Whether a value of a data-path flag is a blend weight (a number), not a prefix."""
+    try:
+        float(token)
+    except ValueError:
+        return False
+    return True
 
 
 def check_held_out(held_out: str, trained: Sequence[str], base: Path, what: str, whose: str,

@@ -1,7 +1,9 @@
 """Read a training checkpoint (``--save DIR``) into one fp32 CPU GPTModel, whatever its TP/PP.
 
 The checkpoint is found as :mod:`megatron_ext.checkpoint.saving` writes it; its common state holds
-``args`` (the training run's arguments) and ``fixed_code``. The model is rebuilt from those
+``args`` (the training run's arguments) and ``fixed_code``. The args' relative paths that a
+reader opens (the tokenizer's files, the training data prefixes) are taken from the folder the
+run started in (``working_directory``), not from the reader's. The model is rebuilt from those
 args at TP=PP=1 with the local layer spec and the PyTorch fixed code, and
 ``dist_checkpointing`` reshards the saved tensors into it (Transformer Engine checkpoints
 share the local spec's sharded keys).
@@ -10,6 +12,7 @@ share the local spec's sharded keys).
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Optional
 
 from megatron.core import dist_checkpointing
@@ -18,6 +21,7 @@ from megatron.core.models.gpt import GPTModel
 from ..checkpoint.compatibility import ADDED_ARGS
 from ..checkpoint.loading import load_common
 from ..codes.schemes import FixedCode
+from ..config.recipes import TRAINING_DATA_FLAGS, is_weight
 from ..model.provider import model_provider
 from ..runtime.errors import CheckpointError
 
@@ -31,7 +35,31 @@ def read_checkpoint(load: str, iteration: Optional[int] = None
     if not isinstance(common.get("args"), dict):
         raise CheckpointError(f"{path} holds no training args (common state 'args')")
     args = argparse.Namespace(**{**ADDED_ARGS, **common["args"]})
+    _paths_from_the_run_folder(args, common.get("working_directory"))
     return path, args, common.get("fixed_code"), common.get("iteration")
+
+
+# The saved args' paths that a reader of the checkpoint opens, besides the data prefixes.
+FILE_ARGS = ("tokenizer_model", "vocab_file", "merge_file")
+
+
+def _paths_from_the_run_folder(args: argparse.Namespace, folder: Optional[str]) -> None:
+    """Make the relative paths among ``args``' files and training data prefixes absolute,
+    taken from ``folder``, the run's working directory; a checkpoint written before it was
+    recorded keeps its paths as saved."""
+    if not folder:
+        return
+
+    def absolute(path: str) -> str:
+        return os.path.join(folder, path)  # an absolute path stays itself
+    for name in FILE_ARGS:
+        if getattr(args, name, None):
+            setattr(args, name, absolute(getattr(args, name)))
+    for flag in TRAINING_DATA_FLAGS:
+        name = flag[2:].replace("-", "_")
+        if getattr(args, name, None):
+            setattr(args, name, [v if is_weight(str(v)) else absolute(str(v))
+                                 for v in getattr(args, name)])
 
 
 def load_model(path: str, args: argparse.Namespace, fixed_code: Optional[dict]) -> GPTModel:

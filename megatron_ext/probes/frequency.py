@@ -2,8 +2,9 @@
 the frequency-only baseline reads.
 
 The counts of every token id in the indexed datasets a checkpoint trained on (its
-``--data-path`` and ``--train-data-path`` prefixes, summed, weights dropped; a relative prefix
-is taken from the repository root, where the launchers start runs), counted by
+``--data-path`` and ``--train-data-path`` prefixes, summed, weights dropped; a checkpoint's prefixes are
+taken from the folder its run started in, and the relative ones of a checkpoint too old to
+record it from the repository root, where the launchers start runs), counted by
 ``np.bincount`` over the memory-mapped ``.bin`` (:func:`megatron_ext.datasets.indexed.
 unigram_counts`) and cached beside it (``PREFIX.unigram_counts.npz``, with the ``.bin``'s
 size and modification time: a changed ``.bin`` is recounted; a folder that cannot be written

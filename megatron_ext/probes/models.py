@@ -190,7 +190,9 @@ def difference(a: ModelInfo, b: ModelInfo) -> Optional[str]:
 
 def check_held_out(models: list[ModelInfo], data_path: str, allow: bool) -> None:
     """Refuse held-out text (``--data-path``) that a model's training run read (its
-    relative prefixes taken from the repository root, where the launchers start runs)."""
+    prefixes as :func:`read_checkpoint` gives them; the relative ones of a checkpoint too
+    old to record its run's folder taken from the repository root, where the launchers
+    start runs)."""
     from ..config.recipes import check_held_out as check
     from ..launch.slurm import REPO
     for info in models:

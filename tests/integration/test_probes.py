@@ -14,6 +14,7 @@ import dataclasses
 import json
 import os
 import re
+import shutil
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -24,7 +25,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
-from conftest import TINY_RUN  # noqa: E402
+from conftest import TINY_RUN, run_pretrain  # noqa: E402
 from megatron_ext.codes.schemes import FixedCode  # noqa: E402
 from megatron_ext.hf.configuration_fixedcode import FixedCodeLlamaConfig  # noqa: E402
 from megatron_ext.hf.modeling_fixedcode import FixedCodeLlamaForCausalLM  # noqa: E402
@@ -32,7 +33,7 @@ from megatron_ext.hf.tokenizer import hf_tokenizer  # noqa: E402
 from megatron_ext.probes import report  # noqa: E402
 from megatron_ext.probes import fit  # noqa: E402
 from megatron_ext.probes.collect import draw_sample  # noqa: E402
-from megatron_ext.probes.frequency import Unigrams  # noqa: E402
+from megatron_ext.probes.frequency import Unigrams, training_unigrams  # noqa: E402
 from megatron_ext.probes.models import describe  # noqa: E402
 from megatron_ext.probes.run import (Split, Targets, draws, fit_layer, num_bits,  # noqa: E402
                                      run_probes)
@@ -414,6 +415,45 @@ def test_the_command_probes_a_checkpoint_on_jsonl_text(tiny_study, tmp_path, cap
     assert "[probes]" in out and result["data"]["documents"] >= 4
     for name in ("probes.json", "probes.md", "probes.png"):
         assert (tmp_path / name).exists()
+
+
+@pytest.mark.integration
+def test_a_checkpoint_names_its_data_and_tokenizer_from_the_folder_its_run_started_in(
+        tiny_study, tmp_path, monkeypatch):
+    """A run started in its own folder with relative --data-path and --tokenizer-model,
+    probed from another folder: its training data (counted for the control pairing) and its
+    tokenizer are read from the run's folder, as the checkpoint records it. Without that
+    record (an older checkpoint) the prefixes stay as saved, relative."""
+    run = tmp_path / "experiment"
+    (run / "data").mkdir(parents=True)
+    for ext in ("bin", "idx"):
+        shutil.copy(tiny_study["root"] / f"heldout.{ext}", run / "data" / f"corpus.{ext}")
+    shutil.copytree(tiny_study["tokenizer"], run / "tokenizer")
+    flags = TINY_RUN[:TINY_RUN.index("--mock-data")] + [
+        "--eval-iters", "0", "--num-workers", "0", "--log-interval", "1", "--train-iters", "1",
+        "--data-path", "data/corpus", "--split", "100,0,0",
+        "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", "tokenizer",
+        "--input-interface", "binary", "--save", "checkpoints"]
+    monkeypatch.chdir(run)
+    run_pretrain(flags, in_process=True)
+    monkeypatch.chdir(tmp_path)
+
+    info = describe(str(run / "checkpoints"))
+    assert info.trained_on == (str(run / "data" / "corpus"),)
+    assert info.tokenizer["name"].startswith(f"HuggingFaceTokenizer {run / 'tokenizer'}/")
+    counts = training_unigrams([info], None).counts
+    heldout = np.fromfile(tiny_study["root"] / "heldout.bin", dtype=np.uint16)
+    assert counts.sum() == len(heldout) and np.array_equal(counts[:len(np.bincount(heldout))],
+                                                           np.bincount(heldout))
+
+    common = run / "checkpoints" / "iter_0000001" / "common.pt"
+    saved = torch.load(common, weights_only=False)
+    del saved["working_directory"]
+    torch.save(saved, common)
+    from megatron_ext.checkpoint import manifest
+    manifest.write_manifest(str(common.parent), {})
+    monkeypatch.chdir(run)  # an older checkpoint's tokenizer: from where the reader runs
+    assert describe(str(run / "checkpoints")).trained_on == ("data/corpus",)
 
 
 @pytest.mark.integration

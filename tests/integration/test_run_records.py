@@ -126,6 +126,7 @@ def test_a_checkpoint_records_provenance_and_a_newer_format_is_refused(resumed_r
     assert common["checkpoint_format"] == layout.CHECKPOINT_FORMAT
     assert common["megatron_core_version"] == megatron.core.__version__ == "0.16.1"
     assert common["fixedcode_version"] == "0.1.0"
+    assert common["working_directory"] == os.getcwd()  # the run started here (in-process)
     common_file = os.path.join(path, "common.pt")
     saved = torch.load(common_file, weights_only=False)
     torch.save({**saved, "checkpoint_format": 99, "fixedcode_version": "9.9"}, common_file)
