@@ -79,6 +79,52 @@ def test_native_fused_cross_entropy_equals_the_unfused_loss_in_bf16(monkeypatch)
 
 
 @pytest.mark.integration
+def test_the_gpus_fused_swiglu_compiles_into_the_layers_one_graph(cpu_dist, fresh_dynamo,
+                                                                  monkeypatch):
+    """On a GPU without TE or apex the one fusion in a local layer is megatron-core's fused
+    SwiGLU (an autograd.Function over torch.compile'd kernels; RoPE's fusion needs TE, the
+    gradient accumulation's and the softmax's apex). Switched on here on CPU: the layer calls
+    it, equals the unfused layer, and compiled (fullgraph) is still one graph whose forward
+    and gradients equal the unfused eager layer's."""
+    from megatron.core.transformer import mlp
+    from megatron_ext.model import provider
+    from megatron_ext.train.compile_layers import compile_layers
+    torch.manual_seed(0)
+    plain, inputs = tiny_layers()
+    cpu_fusions = provider.fusions
+    monkeypatch.setattr(provider, "fusions", lambda args, on_cpu: {
+        **cpu_fusions(args, on_cpu), "bias_activation_fusion": True})
+    torch.manual_seed(0)
+    fused, _ = tiny_layers()
+    calls = []
+    fused_swiglu = mlp.bias_swiglu_impl
+    monkeypatch.setattr(mlp, "bias_swiglu_impl",
+                        lambda *a, **k: calls.append(1) or fused_swiglu(*a, **k))
+    hidden = torch.randn(32, 2, 64)
+
+    def forward_backward(model):
+        x = hidden.clone().requires_grad_()
+        for layer in model.decoder.layers:
+            x, _ = layer(x, **inputs)
+        x.square().sum().backward()
+        return x.detach(), [p.grad for p in model.decoder.layers.parameters()]
+
+    want, want_grads = forward_backward(plain)
+    assert not calls
+    got, _ = forward_backward(fused)
+    assert calls and torch.allclose(got, want, atol=1e-6)
+    monkeypatch.setattr(mlp, "bias_swiglu_impl", fused_swiglu)  # the count guards the graph
+    fused.zero_grad(set_to_none=True)
+    counters = torch._dynamo.utils.counters
+    before = counters["stats"]["unique_graphs"]  # the fused kernels' own, compiled eagerly
+    assert compile_layers(fused, "aot_eager") == 2
+    got, grads = forward_backward(fused)
+    assert counters["stats"]["unique_graphs"] - before == 1 and not counters["graph_break"]
+    assert torch.allclose(got, want, atol=1e-6)
+    assert all(torch.allclose(g, w, atol=1e-5) for g, w in zip(grads, want_grads))
+
+
+@pytest.mark.integration
 @pytest.mark.parametrize("flags,message", [
     (["--cross-entropy-loss-fusion"], "needs --bf16: megatron-core 0.16.1's native fused "
                                       "cross-entropy rounds the logits' gradient to bf16"),
