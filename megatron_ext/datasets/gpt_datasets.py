@@ -78,6 +78,10 @@ def data_paths(args: argparse.Namespace) -> tuple[tuple, list[tuple]]:
             raise DataError(f"{flag} {args.per_split_data_args_path}: expected a JSON object "
                             f"with train, valid and test keys, each a list of [weight] "
                             f"prefix or a whitespace-separated string ({e!r})") from None
+    if args.mock_data and (blend[1] or any(paths for _, paths in per_split)):
+        given = blend[0] if blend[1] else next(flag for flag, paths in per_split if paths)
+        raise FlagError(f"give either {given} or --mock-data, not both: --mock-data trains "
+                        f"on synthetic tokens, and the data given would be ignored")
     return blend, per_split
 
 
@@ -94,9 +98,9 @@ def build_datasets(args: argparse.Namespace, tokenizer, num_samples: list[int]):
     paths, per_split_paths = data_paths(args)
     per_split = [_blend(flag, split) for flag, split in per_split_paths]
     blend = None if args.mock_data else _blend(*paths)
-    if any(per_split) and (blend or args.mock_data):
-        raise FlagError("give either --data-path (with --split), --train-data-path/"
-                        "--valid-data-path/--test-data-path, or --mock-data")
+    if any(per_split) and blend:
+        raise FlagError("give either --data-path (with --split) or --train-data-path/"
+                        "--valid-data-path/--test-data-path")
     if not (args.mock_data or blend or per_split[0]):
         raise FlagError("give --data-path (indexed dataset prefixes), "
                         "--train-data-path, or --mock-data")

@@ -53,6 +53,13 @@ _REMEDY = {  # what to change when a split is too small, for --data-path and for
 }
 
 
+_MISSING = {  # what to give when a split that is read has no blend of its own
+    "train": "give --train-data-path",
+    "valid": "give --valid-data-path, or pass --eval-iters 0 (without it no validation runs)",
+    "test": "give --test-data-path",
+}
+
+
 def split_problems(blend, blend_per_split, split: Optional[str], seq_length: int,
                    num_samples: list[int]) -> list[str]:
     """Every reason the datasets of a training run cannot be built, as ``error: ...`` lines.
@@ -60,18 +67,24 @@ def split_problems(blend, blend_per_split, split: Optional[str], seq_length: int
     ``blend``: the ``(prefixes, weights)`` of ``--data-path``, divided by ``split``; or
     ``blend_per_split``: one blend (or None) per split. Each file must pass ``read_index``; each
     split asked for samples (``num_samples``, train/valid/test) must hold, in every file that
-    contributes to it, at least one sample of ``seq_length`` + 1 tokens."""
+    contributes to it, at least one sample of ``seq_length`` + 1 tokens; with blends per split,
+    each split asked for samples must have one."""
+    problems = []
     if blend_per_split:
         files = [(f"--{name}-data-path", prefix, [i])
                  for i, name in enumerate(SPLITS) if blend_per_split[i]
                  for prefix in blend_per_split[i][0]]
+        # Megatron-Core leaves a split without its own blend unbuilt: the run would not read it
+        problems = [f"error: the {name} split is read ({num_samples[i]:,} samples) but no "
+                    f"--{name}-data-path is given; {_MISSING[name]}"
+                    for i, name in enumerate(SPLITS) if num_samples[i] and not blend_per_split[i]]
     else:
         try:
             split_ranges(split, 0)
         except ValueError as e:
             return [f"error: {e}"]
         files = [("--data-path", prefix, range(len(SPLITS))) for prefix in blend[0]]
-    problems, needed = [], seq_length + 1
+    needed = seq_length + 1
     for flag, prefix, splits in files:
         try:
             index = read_index(prefix)

@@ -195,8 +195,9 @@ def resolve_checkpoint(args: argparse.Namespace, derived: Derived, resolved: Res
     ``--load`` names another directory (a requeued branch continues, rather than starting
     over from where it branched), and a run without ``--load`` refuses to overwrite it.
     ``--finetune``, ``--no-load-optim`` and ``--no-load-rng`` apply to ``--load``'s checkpoint
-    only (``resolved`` says whether they do): a run resuming its own saves resumes them
-    whole. Without the optimizer's state the schedule is the flags', from its step 0."""
+    only (``resolved`` says whether they do), and need one there: a run resuming its own
+    saves resumes them whole. Without the optimizer's state the schedule is the flags', from
+    its step 0."""
     load = args.load
     saved = layout.latest_iteration(args.save) if args.save else None
     if args.finetune and saved is not None and \
@@ -216,6 +217,13 @@ def resolve_checkpoint(args: argparse.Namespace, derived: Derived, resolved: Res
     if load != args.load:  # the run's own saves: resumed whole
         resolved = dataclasses.replace(resolved, finetune=False, no_load_optim=False,
                                        no_load_rng=False)
+    asked = [flag for flag, on in (("--finetune", resolved.finetune),
+                                   ("--no-load-optim", resolved.no_load_optim),
+                                   ("--no-load-rng", resolved.no_load_rng)) if on]
+    if asked and step is None and layout.latest_iteration(load) is None:
+        raise FlagError(f"{' '.join(asked)}: --load {load} holds no checkpoint (no "
+                        f"{layout.MARKER}); without one the run would start from a random "
+                        f"initialisation")
     path = common = None
     if load and (step is not None or layout.latest_iteration(load) is not None):
         path, common = loading.load_common(load, step)

@@ -184,6 +184,9 @@ def test_a_small_dataset_is_refused_fast_naming_the_split(cpu_dist, tmp_path):
                                 "(20 tokens), fewer than the --seq-length 32 + 1 = 33 tokens of "
                                 "one sample; give --valid-data-path more data, or pass "
                                 "--eval-iters 0"),
+    ("--train-data-path alone", "error: the valid split is read (8 samples) but no "
+                                "--valid-data-path is given; give --valid-data-path, or pass "
+                                "--eval-iters 0 (without it no validation runs)"),
     ("truncated .bin", "error: --data-path: {train}.bin is truncated: 1,000 bytes, but "
                        "{train}.idx describes 2,680"),
     ("malformed --split", "error: --split 1,1,1,1: give one to three"),
@@ -197,6 +200,7 @@ def test_training_refuses_data_it_cannot_use(cpu_dist, tmp_path, case, message):
         "small train split": ["--data-path", make_dataset(tmp_path / "two", [10, 10]),
                               "--eval-iters", "0"],
         "small --valid-data-path": ["--train-data-path", train, "--valid-data-path", valid],
+        "--train-data-path alone": ["--train-data-path", train],
         "truncated .bin": ["--data-path", train],
         "malformed --split": ["--data-path", train, "--split", "1,1,1,1"],
     }[case]
@@ -220,6 +224,8 @@ def test_a_small_dataset_that_holds_its_samples_trains(cpu_dist, tmp_path):
     assert len(next(train)["tokens"]) == 2 and len(valid) >= 4
     ten = make_dataset(tmp_path / "ten", [20] * 10)
     train, valid = training_data("--data-path", ten, "--eval-iters", "0", *cache)
+    assert next(train)["tokens"].shape == (2, 32) and valid is None
+    train, valid = training_data("--train-data-path", small, "--eval-iters", "0", *cache)
     assert next(train)["tokens"].shape == (2, 32) and valid is None
 
 
