@@ -344,8 +344,22 @@ def _probe_settings(fields: Optional[dict], base: Path, eval_data: Optional[str]
     return settings
 
 
+# Training flags a study's accounting cannot follow, refused rather than read wrong.
+UNSTUDIED_FLAGS = (
+    ("--rampup-batch-size", "a study counts a checkpoint's compute as its iterations x "
+                            "--global-batch-size, which a batch ramp overstates; train the "
+                            "study's runs without one"),
+    ("--data-args-path", "the held-out sets are checked against the training prefixes of "
+                         "--data-path and --train-data-path; give the blend there"),
+    ("--per-split-data-args-path", "the held-out sets are checked against the training "
+                                   "prefixes of --data-path and --train-data-path; give the "
+                                   "blends as --train/valid/test-data-path"),
+)
+
+
 def _check_flags(study: Study) -> None:
-    """Every run's flags must parse as pretrain_fixedcode.py's (named per arm and level)."""
+    """Every run's flags must parse as pretrain_fixedcode.py's (named per arm and level), and
+    use none of :data:`UNSTUDIED_FLAGS`."""
     from ..config.arguments import add_training_args, build_parser, parse_model_args
     parser = build_parser("")
     add_training_args(parser)
@@ -358,12 +372,15 @@ def _check_flags(study: Study) -> None:
                 raise StudyError(f"{what} with recipe {study.recipe_path}: "
                                  f"unknown flag(s) {' '.join(unknown)}")
             try:
-                parse_model_args(flags, "", add_training_args)
+                parsed = parse_model_args(flags, "", add_training_args)
             except FlagError as e:
                 raise StudyError(f"{what} with recipe {study.recipe_path}: {e}") from e
             except SystemExit as e:  # argparse's refusal of a value (it printed why)
                 raise StudyError(f"{what} with recipe {study.recipe_path}: "
                                  f"{e.code or 'invalid flags'}") from e
+            for flag, why in UNSTUDIED_FLAGS:
+                if getattr(parsed, flag[2:].replace("-", "_")):
+                    raise StudyError(f"{what} with recipe {study.recipe_path}: {flag}: {why}")
 
 
 def read_study_file(path: str) -> dict:

@@ -107,6 +107,12 @@ def recipe(tmp_path):
     ({"arms": ["learned", "binary@--recompute-granularity=full"]},
      "--recompute-granularity full needs --recompute-method"),
     ({"seeds": [1, 1]}, "duplicate seeds in [1, 1]"),
+    ({"overrides": ["--rampup-batch-size", "2", "2", "8"]},
+     "--rampup-batch-size: a study counts a checkpoint's compute as its iterations x "
+     "--global-batch-size, which a batch ramp overstates"),
+    ({"overrides": ["--data-args-path", "blend.txt"]},
+     "--data-args-path: the held-out sets are checked against the training prefixes of "
+     "--data-path and --train-data-path; give the blend there"),
     ({"colour": "red"}, "unknown study key(s) ['colour']"),
     ({"eval": {"tasks": ["piqa"]}}, "downstream tasks need eval data_dir"),
 ])
