@@ -41,7 +41,7 @@ def main() -> None:
           + " | saved vs learned GiB | saved % |")
     print("|---|" + "---:|" * (len(per_param) + 3))
     learned = counts["learned"]["total"]
-    for arm in ARMS:
+    for arm in ARMS_WITHOUT_FLAGS:
         n = counts[arm]["total"]
         saved = (learned - n) * per_param["total"]
         print(f"| {arm} | {n:,} | " + " | ".join(f"{n * b / gib:.2f}" for b in per_param.values())

@@ -120,3 +120,25 @@ def test_reference_shape_counts_of_the_trainable_input_arms():
     assert counts["r512"]["input"] == 49152 * 512 + 512 * 2048
     for arm in counts:
         assert counts[arm]["total"] - counts[arm]["input"] == counts["binary"]["total"], arm
+
+
+def test_the_state_bytes_bench_prints_every_arm_at_the_reference_shape(monkeypatch):
+    """bench/bench_state_bytes.py (the training-state table of bench/RESULTS.md), run in this
+    process: a row per arm with its trainable parameters and 18 bytes each (it once failed
+    on a name that an arm's merge had removed, and no test ran it)."""
+    import importlib.util
+    import sys
+    from conftest import REPO
+    spec = importlib.util.spec_from_file_location("bench_state_bytes",
+                                                  REPO / "bench" / "bench_state_bytes.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    monkeypatch.setattr(sys, "argv", ["bench_state_bytes.py"])
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        bench.main()
+    rows = dict(re.findall(r"^\| (\w+) \| ([\d,]+) \|", out.getvalue(), flags=re.M))
+    assert rows == {"learned": "1,812,039,680", **dict.fromkeys(
+        ["frozen", "binary", "gf2", "permuted", "random"], "1,711,376,384")}
+    assert "| binary | 1,711,376,384 | 3.19 | 6.38 | 19.13 | 28.69 | 1.69 | 5.6 |" \
+        in out.getvalue()
