@@ -10,6 +10,9 @@ exactly as the training tokenizer (:mod:`megatron_ext.datasets.tokenizer`) did, 
   text (``"</s>"``, ``"<0x41>"``), which sentencepiece spells out; BPE models are exact.
 * ``HuggingFaceTokenizer``: its ``tokenizer.json``, minus a post-processor that adds special
   tokens (training tokenized with ``add_special_tokens=False``).
+* ``GPT2BPETokenizer``: the byte-level BPE training built from ``--vocab-file`` and
+  ``--merge-file``, with ``split_special_tokens`` (like Megatron-LM's, it does not read
+  ``<|endoftext|>`` out of the text).
 
 The end-of-document token (EOD) becomes ``eos_token``; there is no BOS (training used none).
 """
@@ -23,7 +26,7 @@ from tokenizers import Tokenizer
 from transformers import PreTrainedTokenizerFast
 from transformers.convert_slow_tokenizer import SentencePieceExtractor, SpmConverter
 
-from ..datasets.tokenizer import NullTokenizer, SentencePieceTokenizer
+from ..datasets.tokenizer import GPT2BPETokenizer, NullTokenizer, SentencePieceTokenizer
 from ..runtime.errors import ConversionError
 
 SPM_UNIGRAM, SPM_BPE = 1, 2  # sentencepiece ModelProto.TrainerSpec.model_type
@@ -59,6 +62,9 @@ def hf_tokenizer(tokenizer, model_max_length: int) -> Optional[PreTrainedTokeniz
         backend = _from_sentencepiece(tokenizer.model_file)
         extra = dict(unk_token=tokenizer.sp.id_to_piece(tokenizer.sp.unk_id()),
                      split_special_tokens=True)
+    elif isinstance(tokenizer, GPT2BPETokenizer):
+        backend = Tokenizer.from_str(tokenizer.tok.to_str())
+        extra = dict(split_special_tokens=True)
     else:
         backend, extra = _from_tokenizer_json(tokenizer.model_file), {}
         backend.add_special_tokens(tokenizer.special_tokens)  # as training's tokenizer has

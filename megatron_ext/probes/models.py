@@ -91,18 +91,19 @@ def _describe_export(path: str, name: str) -> ModelInfo:
 
 def _describe_checkpoint(path: str, name: str, iteration: Optional[int]) -> ModelInfo:
     from ..hf.convert import check_mappable
-    from ..hf.megatron_checkpoint import read_checkpoint
-    from ..datasets.tokenizer import NullTokenizer, build_tokenizer
+    from ..hf.megatron_checkpoint import checkpoint_tokenizer, read_checkpoint
+    from ..datasets.tokenizer import NullTokenizer
     ckpt, train, fixed_code, saved = read_checkpoint(path, iteration)
     check_mappable(train, fixed_code, ckpt)
-    if train.tokenizer_type != "NullTokenizer" and not os.path.exists(train.tokenizer_model):
-        raise DataError(f"{ckpt}: its tokenizer {train.tokenizer_model} does not exist "
-                        f"here; export it with tools/convert_to_hf.py --tokenizer-model and "
-                        f"probe the export")
-    tokenizer = build_tokenizer(train.tokenizer_type, train.tokenizer_model, train.vocab_size)
+    try:
+        tokenizer = checkpoint_tokenizer(train)
+    except DataError as e:
+        raise DataError(f"{ckpt}: its tokenizer: {e}; export it with tools/convert_to_hf.py "
+                        f"--tokenizer-model and probe the export") from e
     described = None
     if not isinstance(tokenizer, NullTokenizer):
-        described = {"name": f"{train.tokenizer_type} {tokenizer.model_file}",
+        files = getattr(tokenizer, "model_file", None) or train.vocab_file
+        described = {"name": f"{train.tokenizer_type} {files}",
                      "probe_ids": [tokenizer.tokenize(text) for text in PROBE_TEXTS]}
 
     def load() -> torch.nn.Module:

@@ -26,6 +26,7 @@ from safetensors import safe_open  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM  # noqa: E402
 
 from conftest import REPO, TINY_MODEL, TINY_RUN, run_pretrain  # noqa: E402
+from helpers.gpt2_bpe import gpt2_bpe_files  # noqa: E402
 from megatron_ext.codes import schemes  # noqa: E402
 from megatron_ext.hf import modeling_fixedcode  # noqa: E402
 from megatron_ext.hf.configuration_fixedcode import FixedCodeLlamaConfig  # noqa: E402
@@ -284,6 +285,30 @@ def test_tokenizer_encodes_like_training_and_generate_gives_text(name, kind, ckp
                                     do_sample=False)
     text = tokenizer.decode(out[0, prompt["input_ids"].shape[1]:])
     assert out.shape[1] == prompt["input_ids"].shape[1] + 6 and isinstance(text, str) and text
+
+
+@pytest.mark.integration
+def test_a_gpt2_bpe_checkpoint_exports_its_tokenizer_and_probes(tmp_path, cpu_dist):
+    """--tokenizer-type GPT2BPETokenizer (--vocab-file, --merge-file, Megatron-LM's classic
+    pair): the export validates, its AutoTokenizer encodes text as training did, never
+    reading <|endoftext|> out of the text, and the probes describe the checkpoint (both
+    used to refuse it for want of a --tokenizer-model)."""
+    from megatron_ext.probes.models import describe
+    vocab, merges = map(str, gpt2_bpe_files(tmp_path))
+    null = TINY_RUN.index("--tokenizer-type")  # TINY_RUN's NullTokenizer and its size
+    run_pretrain(TINY_RUN[:null] + TINY_RUN[null + 4:] + [
+        "--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", vocab, "--merge-file", merges,
+        "--input-interface", "binary", "--train-iters", "1", "--save", str(tmp_path / "ckpt")])
+    result = convert_to_hf.main(["--load", str(tmp_path / "ckpt"), "--output",
+                                 str(tmp_path / "hf"), "--validate"])
+    assert result["max_abs_diff"] <= 1e-4
+    training = build_tokenizer("GPT2BPETokenizer", vocab_file=vocab, merge_file=merges)
+    exported = AutoTokenizer.from_pretrained(tmp_path / "hf")
+    text = "the cat in the hat, then 42 cats!\n  The end. <|endoftext|>"
+    assert exported(text)["input_ids"] == training.tokenize(text)
+    assert training.eod not in training.tokenize(text) and exported.eos_token_id == training.eod
+    info = describe(str(tmp_path / "ckpt"))
+    assert info.tokenizer["name"] == f"GPT2BPETokenizer {vocab}"
 
 
 @pytest.mark.integration

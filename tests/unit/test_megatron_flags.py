@@ -10,6 +10,7 @@ import pytest
 from megatron.core.num_microbatches_calculator import RampupBatchsizeNumMicroBatchesCalculator
 
 from conftest import REPO, TINY_RUN
+from helpers.gpt2_bpe import gpt2_bpe_files
 from megatron_ext.config.megatron_defaults import DIFFERING_DEFAULTS, defaults_in_force, flag_text
 from megatron_ext.config.schedule import BatchRamp, ramped_train_iters
 from megatron_ext.model.attention import document_mask_refusal
@@ -118,18 +119,7 @@ def test_the_differing_defaults_are_the_parsers_and_the_docs_table_lists_them():
 
 @pytest.fixture
 def gpt2_files(tmp_path):
-    """A tiny GPT-2 BPE pair: the 256 byte symbols, a few merges, <|endoftext|> last."""
-    import json
-    from transformers.convert_slow_tokenizer import bytes_to_unicode
-    symbols = list(bytes_to_unicode().values())
-    merges = [("t", "h"), ("th", "e"), ("Ġ", "the"), ("i", "n"), ("Ġ", "c"), ("Ġc", "a"),
-              ("Ġca", "t")]
-    vocab = {s: i for i, s in enumerate(symbols + ["".join(m) for m in merges]
-                                        + ["<|endoftext|>"])}
-    (tmp_path / "vocab.json").write_text(json.dumps(vocab))
-    (tmp_path / "merges.txt").write_text("#version: 0.2\n" + "".join(f"{a} {b}\n"
-                                                                     for a, b in merges))
-    return tmp_path / "vocab.json", tmp_path / "merges.txt"
+    return gpt2_bpe_files(tmp_path)
 
 
 def test_gpt2_bpe_files_give_gpt2s_ids_and_size_the_model(cpu_dist, gpt2_files):
