@@ -21,11 +21,13 @@ from .layout import existing_save, latest_iteration
 # ``_set_arg(name)``).
 UNSET_ONLY = ("num_layers", "hidden_size", "ffn_hidden_size", "seq_length",
               "num_attention_heads", "max_position_embeddings")
-# Always taken from the checkpoint (Megatron-LM's ``force=True``), and the fixed code's flags.
+# Always taken from the checkpoint (Megatron-LM's ``force=True``, and what else defines the
+# model's function that it leaves to the command line: RoPE base, norm epsilon, dropouts),
+# and the fixed code's flags.
 ALWAYS = ("num_query_groups", "position_embedding_type", "rotary_base", "disable_bias_linear",
-          "swiglu", "untie_embeddings_and_output_weights", "normalization", "attention_dropout",
-          "hidden_dropout", "input_interface", "code_bits", "code_values", "code_scale",
-          "code_tiling", "code_seed")
+          "swiglu", "untie_embeddings_and_output_weights", "normalization", "norm_epsilon",
+          "attention_dropout", "hidden_dropout", "input_interface", "code_bits", "code_values",
+          "code_scale", "code_tiling", "code_seed")
 
 
 def fill_from_checkpoint(args: argparse.Namespace) -> None:

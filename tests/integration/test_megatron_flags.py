@@ -23,7 +23,7 @@ from helpers.indexed_data import training_data
 # The base run the checkpoint flags resume: the binary arm with dropout (random numbers to
 # restore), warm-up 2 of 8 iterations, saved at 3.
 BASE = TINY_RUN + ["--input-interface", "binary", "--hidden-dropout", "0.1",
-                   "--lr-warmup-iters", "2", "--lr-decay-iters", "8"]
+                   "--norm-epsilon", "1e-6", "--lr-warmup-iters", "2", "--lr-decay-iters", "8"]
 
 
 def step_lrs(run) -> dict[int, float]:
@@ -85,7 +85,7 @@ def test_use_checkpoint_args_takes_the_model_flags_from_the_checkpoint(saved_at_
                                                                        full_resume, tmp_path):
     # No shape, no arm, no dropout on the command line: all of them from the checkpoint.
     rest = BASE[len(TINY_MODEL):]
-    for flag in ("--input-interface", "--hidden-dropout"):
+    for flag in ("--input-interface", "--hidden-dropout", "--norm-epsilon"):
         i = rest.index(flag)
         rest = rest[:i] + rest[i + 2:]
     without = resume(saved_at_3, tmp_path / "without", model=rest)
@@ -95,6 +95,7 @@ def test_use_checkpoint_args_takes_the_model_flags_from_the_checkpoint(saved_at_
     assert re.search(r"--use-checkpoint-args: from .*iter_0000003: --num-layers 2, "
                      r"--hidden-size 64, ", run.stdout)
     assert "--input-interface binary" in run.stdout and "--hidden-dropout 0.1" in run.stdout
+    assert "--norm-epsilon 1e-06" in run.stdout
     assert step_losses(run) == step_losses(full_resume)
 
 
