@@ -23,7 +23,7 @@ from ..checkpoint.loading import load_common
 from ..codes.schemes import FixedCode
 from ..config.recipes import TRAINING_DATA_FLAGS, is_weight
 from ..model.provider import model_provider
-from ..runtime.errors import CheckpointError
+from ..runtime.errors import CheckpointError, FixedcodeError
 
 
 def read_checkpoint(load: str, iteration: Optional[int] = None
@@ -40,21 +40,33 @@ def read_checkpoint(load: str, iteration: Optional[int] = None
 
 
 # The saved args' paths that a reader of the checkpoint opens, besides the data prefixes.
-FILE_ARGS = ("tokenizer_model", "vocab_file", "merge_file")
+FILE_ARGS = ("tokenizer_model", "vocab_file", "merge_file", "data_args_path",
+             "per_split_data_args_path")
+BLEND_FILE_ARGS = ("data_args_path", "per_split_data_args_path")
 
 
 def _paths_from_the_run_folder(args: argparse.Namespace, folder: Optional[str]) -> None:
     """Make the relative paths among ``args``' files and training data prefixes absolute,
-    taken from ``folder``, the run's working directory; a checkpoint written before it was
-    recorded keeps its paths as saved."""
-    if not folder:
-        return
-
+    taken from ``folder``, the run's working directory (a checkpoint written before it was
+    recorded keeps its paths as saved), and read a blend given in a file (``--data-args-path``,
+    ``--per-split-data-args-path``) into the flags it stands for, as training read it; a file
+    not readable here stays named (the probes refuse to check held-out text without it)."""
     def absolute(path: str) -> str:
-        return os.path.join(folder, path)  # an absolute path stays itself
+        return os.path.join(folder, path) if folder else path  # an absolute path stays itself
     for name in FILE_ARGS:
         if getattr(args, name, None):
             setattr(args, name, absolute(getattr(args, name)))
+    if any(getattr(args, name, None) for name in BLEND_FILE_ARGS):
+        from ..datasets.gpt_datasets import data_paths
+        try:
+            (_, args.data_path), per_split = data_paths(args)
+        except FixedcodeError:
+            return
+        args.train_data_path, args.valid_data_path, args.test_data_path = \
+            [paths for _, paths in per_split]
+        args.data_args_path = args.per_split_data_args_path = None
+    if not folder:
+        return
     for flag in TRAINING_DATA_FLAGS:
         name = flag[2:].replace("-", "_")
         if getattr(args, name, None):

@@ -55,9 +55,8 @@ def training_unigrams(models: Sequence, explicit: Optional[str]) -> Unigrams:
     prefixes = []
     for info in models:
         if not info.trained_on:
-            raise FlagError(f"model {info.name} names no --data-path or --train-data-path "
-                            f"(a Hugging Face export, a --mock-data run, or a blend read "
-                            f"from a --data-args-path file): the control tasks are paired by "
+            raise FlagError(f"model {info.name} names no training data (a Hugging Face "
+                            f"export or a --mock-data run): the control tasks are paired by "
                             f"the training corpus's unigram frequencies; give them with "
                             f"--unigram-counts (a study: unigram_counts in [probes])")
         prefixes += [str(REPO / p) for p in info.trained_on if str(REPO / p) not in prefixes]

@@ -125,8 +125,15 @@ def _describe_checkpoint(path: str, name: str, iteration: Optional[int]) -> Mode
 
 
 def _trained_on(train) -> list[str]:
-    """The training run's dataset prefixes (its --data-path and --train-data-path)."""
+    """The training run's dataset prefixes (its --data-path and --train-data-path, a blend
+    file's read into them by :func:`read_checkpoint`)."""
     from ..config.recipes import TRAINING_DATA_FLAGS, training_prefixes
+    from ..hf.megatron_checkpoint import BLEND_FILE_ARGS
+    for name in BLEND_FILE_ARGS:
+        if getattr(train, name, None):
+            raise DataError(f"the training blend file --{name.replace('_', '-')} "
+                            f"{getattr(train, name)} is not readable here: the held-out text "
+                            f"cannot be checked against the prefixes it names")
     flags = []
     for flag in TRAINING_DATA_FLAGS:
         value = getattr(train, flag[2:].replace("-", "_"), None)

@@ -34,7 +34,7 @@ from megatron_ext.probes import report  # noqa: E402
 from megatron_ext.probes import fit  # noqa: E402
 from megatron_ext.probes.collect import draw_sample  # noqa: E402
 from megatron_ext.probes.frequency import Unigrams, training_unigrams  # noqa: E402
-from megatron_ext.probes.models import describe  # noqa: E402
+from megatron_ext.probes.models import check_held_out, describe  # noqa: E402
 from megatron_ext.probes.run import (Split, Targets, draws, fit_layer, num_bits,  # noqa: E402
                                      run_probes)
 from megatron_ext.probes.settings import ProbeSettings  # noqa: E402
@@ -418,20 +418,24 @@ def test_the_command_probes_a_checkpoint_on_jsonl_text(tiny_study, tmp_path, cap
 
 
 @pytest.mark.integration
+@pytest.mark.parametrize("data", [["--data-path", "data/corpus"],
+                                  ["--data-args-path", "blend.txt"]])
 def test_a_checkpoint_names_its_data_and_tokenizer_from_the_folder_its_run_started_in(
-        tiny_study, tmp_path, monkeypatch):
-    """A run started in its own folder with relative --data-path and --tokenizer-model,
-    probed from another folder: its training data (counted for the control pairing) and its
-    tokenizer are read from the run's folder, as the checkpoint records it. Without that
-    record (an older checkpoint) the prefixes stay as saved, relative."""
+        tiny_study, tmp_path, monkeypatch, data):
+    """A run started in its own folder with relative --data-path (or a --data-args-path file
+    naming it) and --tokenizer-model, probed from another folder: its training data (counted
+    for the control pairing, refused as held-out text) and its tokenizer are read from the
+    run's folder, as the checkpoint records it. Without that record (an older checkpoint)
+    the prefixes stay as saved, relative; a blend file not readable is an error naming it."""
     run = tmp_path / "experiment"
     (run / "data").mkdir(parents=True)
+    (run / "blend.txt").write_text("data/corpus\n")
     for ext in ("bin", "idx"):
         shutil.copy(tiny_study["root"] / f"heldout.{ext}", run / "data" / f"corpus.{ext}")
     shutil.copytree(tiny_study["tokenizer"], run / "tokenizer")
     flags = TINY_RUN[:TINY_RUN.index("--mock-data")] + [
         "--eval-iters", "0", "--num-workers", "0", "--log-interval", "1", "--train-iters", "1",
-        "--data-path", "data/corpus", "--split", "100,0,0",
+        *data, "--split", "100,0,0",
         "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", "tokenizer",
         "--input-interface", "binary", "--save", "checkpoints"]
     monkeypatch.chdir(run)
@@ -445,6 +449,8 @@ def test_a_checkpoint_names_its_data_and_tokenizer_from_the_folder_its_run_start
     heldout = np.fromfile(tiny_study["root"] / "heldout.bin", dtype=np.uint16)
     assert counts.sum() == len(heldout) and np.array_equal(counts[:len(np.bincount(heldout))],
                                                            np.bincount(heldout))
+    with pytest.raises(DataError, match="is a training prefix"):
+        check_held_out([info], str(run / "data" / "corpus"), allow=False)
 
     common = run / "checkpoints" / "iter_0000001" / "common.pt"
     saved = torch.load(common, weights_only=False)
@@ -454,6 +460,10 @@ def test_a_checkpoint_names_its_data_and_tokenizer_from_the_folder_its_run_start
     manifest.write_manifest(str(common.parent), {})
     monkeypatch.chdir(run)  # an older checkpoint's tokenizer: from where the reader runs
     assert describe(str(run / "checkpoints")).trained_on == ("data/corpus",)
+    (run / "blend.txt").unlink()
+    if "--data-args-path" in data:
+        with pytest.raises(DataError, match="--data-args-path blend.txt is not readable here"):
+            describe(str(run / "checkpoints"))
 
 
 @pytest.mark.integration

@@ -152,7 +152,7 @@ def test_the_training_corpus_is_counted_cached_and_refused_when_unreadable(tmp_p
     with pytest.raises(DataError, match=re.escape(f"training data {tmp_path / 'gone'} is not "
                                                   f"readable")):
         frequency.training_unigrams([_model("m", (str(tmp_path / "gone"),))], None)
-    with pytest.raises(FlagError, match="model x names no --data-path or --train-data-path .* --unigram-counts"):
+    with pytest.raises(FlagError, match="model x names no training data .* --unigram-counts"):
         frequency.training_unigrams([_model("x", ())], None)
 
 
