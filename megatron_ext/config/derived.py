@@ -58,6 +58,10 @@ class Derived:
         return consumed
 
 
+# The flags that apply to the checkpoint of --load only (Resolved's fields of the same names).
+LOAD_ONLY_FLAGS = ("finetune", "no_load_optim", "no_load_rng")
+
+
 @dataclasses.dataclass(frozen=True)
 class Resolved:
     device: str  # --device: "cuda" or "cpu" ("auto" settled)

@@ -39,10 +39,10 @@ def read_checkpoint(load: str, iteration: Optional[int] = None
     return path, args, common.get("fixed_code"), common.get("iteration")
 
 
-# The saved args' paths that a reader of the checkpoint opens, besides the data prefixes.
-FILE_ARGS = ("tokenizer_model", "vocab_file", "merge_file", "data_args_path",
-             "per_split_data_args_path")
+# The saved args that name a blend file, and every path a reader of the checkpoint opens
+# besides the data prefixes.
 BLEND_FILE_ARGS = ("data_args_path", "per_split_data_args_path")
+FILE_ARGS = ("tokenizer_model", "vocab_file", "merge_file") + BLEND_FILE_ARGS
 
 
 def _paths_from_the_run_folder(args: argparse.Namespace, folder: Optional[str]) -> None:

@@ -28,7 +28,7 @@ from ..checkpoint.layout import TrainState
 from ..codes.limits import require_vocab_fits
 from ..codes.schemes import SCHEMES, FixedCode
 from ..config.arguments import check_rank_fits_vocab
-from ..config.derived import Derived, Resolved, derive, run_record
+from ..config.derived import LOAD_ONLY_FLAGS, Derived, Resolved, derive, run_record
 from ..config.schedule import scheduler_steps
 from ..datasets.tokenizer import build_tokenizer
 from ..model.attention import document_mask_refusal, local_core_attention
@@ -65,7 +65,7 @@ def check_flags(args: argparse.Namespace, device: str) -> tuple:
     resolved = Resolved(device, transformer_impl, sequence_parallel,
                         {k: getattr(args, k) for k in compatibility.SCHEDULE_FLAGS},
                         args.finetune, args.no_load_optim, args.no_load_rng)
-    for flag in ("finetune", "no_load_optim", "no_load_rng"):
+    for flag in LOAD_ONLY_FLAGS:
         if getattr(args, flag) and not args.load:
             raise FlagError(f"--{flag.replace('_', '-')} needs --load (the checkpoint it "
                             f"reads)")
@@ -215,17 +215,16 @@ def resolve_checkpoint(args: argparse.Namespace, derived: Derived, resolved: Res
         load = args.save
     step = args.ckpt_step if load == args.load else None
     if load != args.load:  # the run's own saves: resumed whole
-        resolved = dataclasses.replace(resolved, finetune=False, no_load_optim=False,
-                                       no_load_rng=False)
-    asked = [flag for flag, on in (("--finetune", resolved.finetune),
-                                   ("--no-load-optim", resolved.no_load_optim),
-                                   ("--no-load-rng", resolved.no_load_rng)) if on]
-    if asked and step is None and layout.latest_iteration(load) is None:
+        resolved = dataclasses.replace(resolved, **dict.fromkeys(LOAD_ONLY_FLAGS, False))
+    latest = layout.latest_iteration(load) if load else None
+    asked = [f"--{flag.replace('_', '-')}" for flag in LOAD_ONLY_FLAGS
+             if getattr(resolved, flag)]
+    if asked and step is None and latest is None:
         raise FlagError(f"{' '.join(asked)}: --load {load} holds no checkpoint (no "
                         f"{layout.MARKER}); without one the run would start from a random "
                         f"initialisation")
     path = common = None
-    if load and (step is not None or layout.latest_iteration(load) is not None):
+    if load and (step is not None or latest is not None):
         path, common = loading.load_common(load, step)
         compatibility.check_compatible(common["args"], run_record(resolved.applied_to(args),
                                                                   derived), path)
