@@ -34,7 +34,7 @@ from megatron_ext.config import recipes  # noqa: E402
 from megatron_ext.config.arguments import add_training_args, parse_model_args  # noqa: E402
 from megatron_ext.datasets.gpt_datasets import build_caches, samples_per_split  # noqa: E402
 from megatron_ext.config.derived import derive  # noqa: E402
-from megatron_ext.datasets.tokenizer import build_tokenizer  # noqa: E402
+from megatron_ext.datasets.tokenizer import tokenizer_from_args  # noqa: E402
 from megatron_ext.runtime.errors import exits_on_error  # noqa: E402
 
 DESCRIPTION = __doc__.splitlines()[0]
@@ -86,7 +86,7 @@ def main(argv: Optional[Sequence[str]] = None) -> list:
         logging.basicConfig(format="%(message)s")
         logging.getLogger("megatron.core.datasets").setLevel(logging.INFO)
         started = time.monotonic()
-        tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model, args.vocab_size)
+        tokenizer = tokenizer_from_args(args)
         derived = derive(args, args.world_size, tokenizer.vocab_size)
         num_samples = samples_per_split(args, derived)
         print(f"[build_data_cache] --data-cache-path {args.data_cache_path}: train "

@@ -24,9 +24,8 @@ from typing import Optional
 from megatron_ext.preprocess.check import check_file, format_report, vocabulary
 from megatron_ext.runtime.errors import exits_on_error
 from megatron_ext.runtime.files import write_json
-from megatron_ext.config.flag_types import positive_int
+from megatron_ext.config.flag_types import add_tokenizer_flags, positive_int
 from megatron_ext.datasets.split_checks import split_ranges
-from megatron_ext.config.flag_types import TOKENIZER_TYPES
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
@@ -37,11 +36,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     group.add_argument("--vocab-size", type=int,
                        help="token ids must be below this; with --tokenizer-type NullTokenizer, "
                             "below this + 1 (its EOD), as for training")
-    group.add_argument("--tokenizer-type", choices=TOKENIZER_TYPES,
-                       help="token ids must be below this tokenizer's vocabulary size, as "
-                            "for training")
-    group.add_argument("--tokenizer-model",
-                       help="sentencepiece .model, tokenizer.json or Hugging Face folder")
+    add_tokenizer_flags(group)  # token ids must be below its vocabulary size, as for training
     group.add_argument("--code-bits", type=int, default=16,
                        help="token ids must be below 2^bits, for the fixed-code arms "
                             "(default: 16)")
@@ -77,8 +72,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
 def main(argv: Optional[list[str]] = None) -> dict:
     with exits_on_error():
         args = parse_args(argv)
-        vocab_size, vocab_source = vocabulary(args.tokenizer_type, args.tokenizer_model,
-                                              args.vocab_size)
+        vocab_size, vocab_source = vocabulary(args)
         reports, problems = [], []
         for prefix in args.prefixes:
             report, found = check_file(prefix, vocab_size, vocab_source, code_bits=args.code_bits,

@@ -25,8 +25,7 @@ from typing import Optional
 
 from megatron_ext.preprocess.preprocess import Summary, preprocess
 from megatron_ext.preprocess.readers import TEXT_DOCUMENT_MODES
-from megatron_ext.config.flag_types import positive_int
-from megatron_ext.config.flag_types import TOKENIZER_TYPES
+from megatron_ext.config.flag_types import add_tokenizer_flags, positive_int
 from megatron_ext.runtime.errors import exits_on_error
 
 
@@ -48,11 +47,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                        help="count and skip malformed JSON, missing keys, invalid UTF-8 and empty "
                             "documents instead of stopping at the first")
     group = parser.add_argument_group("tokenizer")
-    group.add_argument("--tokenizer-type", required=True, choices=TOKENIZER_TYPES,
-                       help="as in Megatron-LM and for training: "
-                            "megatron_ext/datasets/tokenizer.py")
-    group.add_argument("--tokenizer-model",
-                       help="sentencepiece .model; or a tokenizer.json or Hugging Face folder")
+    add_tokenizer_flags(group, required=True)
     group.add_argument("--vocab-size", type=int,
                        help="NullTokenizer: ids 0 .. V-1 (the text is ids separated by spaces), "
                             "EOD V")

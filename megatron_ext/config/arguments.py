@@ -16,7 +16,7 @@ from typing import Optional, Sequence
 from ..codes.limits import check_options
 from ..codes.schemes import ARMS, SCHEMES, TILINGS
 from ..runtime.errors import FlagError
-from .flag_types import TRAINING_TOKENIZER_TYPES, nonnegative_int, positive_int
+from .flag_types import add_tokenizer_flags, nonnegative_int, positive_int
 
 # Megatron-LM's --attention-backend values (megatron.core.transformer.enums.AttnBackend).
 ATTENTION_BACKENDS = ("auto", "flash", "fused", "unfused", "local")
@@ -196,15 +196,7 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
                    help="full recompute: layers per chunk (uniform) or per stage (block)")
 
     t = parser.add_argument_group("tokenizer")
-    t.add_argument("--tokenizer-type", default="NullTokenizer",
-                   choices=TRAINING_TOKENIZER_TYPES,
-                   help="as in Megatron-LM (megatron_ext/datasets/tokenizer.py; default: "
-                        "NullTokenizer)")
-    t.add_argument("--tokenizer-model", help="sentencepiece .model, tokenizer.json or HF folder")
-    t.add_argument("--vocab-file", default=None,
-                   help="GPT2BPETokenizer: the vocabulary (GPT-2's vocab.json)")
-    t.add_argument("--merge-file", default=None,
-                   help="GPT2BPETokenizer: the BPE merges (GPT-2's merges.txt)")
+    add_tokenizer_flags(t, default="NullTokenizer")
     t.add_argument("--vocab-size", type=positive_int,
                    help="NullTokenizer: ids 0 .. V-1, and EOD V (V + 1 ids, as in Megatron-LM)")
 

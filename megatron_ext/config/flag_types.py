@@ -8,10 +8,22 @@ import argparse
 
 # --tokenizer-type's choices (megatron_ext/datasets/tokenizer.py builds each).
 TOKENIZER_TYPES = ("GPTSentencePieceTokenizer", "SentencePieceTokenizer", "HuggingFaceTokenizer",
-                   "NullTokenizer")
-# Training also reads GPT-2 BPE files (--vocab-file, --merge-file), for data that
-# Megatron-LM's tools/preprocess_data.py tokenized with them.
-TRAINING_TOKENIZER_TYPES = TOKENIZER_TYPES + ("GPT2BPETokenizer",)
+                   "GPT2BPETokenizer", "NullTokenizer")
+
+
+def add_tokenizer_flags(group, **tokenizer_type) -> None:
+    """The flags naming a tokenizer, as Megatron-LM's (``--vocab-size`` is each tool's own):
+    ``tokenizer_type`` are ``--tokenizer-type``'s ``default`` or ``required``."""
+    group.add_argument("--tokenizer-type", choices=TOKENIZER_TYPES, **tokenizer_type,
+                       help="as in Megatron-LM (megatron_ext/datasets/tokenizer.py)"
+                            + (f"; default: {tokenizer_type['default']}"
+                               if tokenizer_type.get("default") else ""))
+    group.add_argument("--tokenizer-model",
+                       help="sentencepiece .model, tokenizer.json or Hugging Face folder")
+    group.add_argument("--vocab-file",
+                       help="GPT2BPETokenizer: the vocabulary (GPT-2's vocab.json)")
+    group.add_argument("--merge-file",
+                       help="GPT2BPETokenizer: the BPE merges (GPT-2's merges.txt)")
 
 
 def positive_int(text: str) -> int:

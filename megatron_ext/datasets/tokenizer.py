@@ -20,8 +20,10 @@ Each exposes what Megatron-Core's GPT datasets and our tools use: ``vocab_size``
   have no EOD), EOD is the first of ``<|endoftext|>``, ``</s>``, ``<eos>``, ``<|end_of_text|>``
   it defines.
 
-* ``GPT2BPETokenizer`` (training): GPT-2's ``vocab.json`` and ``merges.txt`` (``--vocab-file``,
-  ``--merge-file``), byte-level BPE as Megatron-LM's; EOD is ``<|endoftext|>``.
+* ``GPT2BPETokenizer``: GPT-2's ``vocab.json`` and ``merges.txt`` (``--vocab-file``,
+  ``--merge-file``), byte-level BPE as Megatron-LM's (its ``--legacy-tokenizer`` one, the one
+  core_v0.16 builds from local files: megatron.core's needs the Hub); EOD is ``<|endoftext|>``,
+  not matched in texts.
 
 Loading imports only sentencepiece or tokenizers, not transformers (start-up of the data tools).
 ``unique_identifiers`` is what Megatron's dataset index caches are keyed by.
@@ -33,7 +35,7 @@ import json
 import os
 from typing import List, Optional
 
-from ..config.flag_types import TOKENIZER_TYPES, TRAINING_TOKENIZER_TYPES
+from ..config.flag_types import TOKENIZER_TYPES
 from ..runtime.errors import DataError, FlagError
 
 SENTENCEPIECE_TYPES = ("GPTSentencePieceTokenizer", "SentencePieceTokenizer")
@@ -180,7 +182,7 @@ def build_tokenizer(tokenizer_type: str, tokenizer_model: Optional[str] = None,
         return GPT2BPETokenizer(vocab_file, merge_file)
     if tokenizer_type not in TOKENIZER_TYPES:
         raise FlagError(f"unknown --tokenizer-type {tokenizer_type} (choose from "
-                        f"{', '.join(TRAINING_TOKENIZER_TYPES)})")
+                        f"{', '.join(TOKENIZER_TYPES)})")
     if not tokenizer_model:
         raise FlagError(f"--tokenizer-type {tokenizer_type} needs --tokenizer-model")
     if not os.path.exists(tokenizer_model):
@@ -188,3 +190,12 @@ def build_tokenizer(tokenizer_type: str, tokenizer_model: Optional[str] = None,
     if tokenizer_type in SENTENCEPIECE_TYPES:
         return SentencePieceTokenizer(tokenizer_model)
     return HuggingFaceTokenizer(tokenizer_model)
+
+
+def tokenizer_from_args(args, tokenizer_model: Optional[str] = None):
+    """The tokenizer that a namespace's tokenizer flags name (training's, a tool's or a
+    checkpoint's saved args; ``tokenizer_model`` instead of its ``--tokenizer-model`` if given):
+    each of ``--tokenizer-model``, ``--vocab-size``, ``--vocab-file``, ``--merge-file`` it has."""
+    return build_tokenizer(args.tokenizer_type, tokenizer_model or args.tokenizer_model,
+                           getattr(args, "vocab_size", None), getattr(args, "vocab_file", None),
+                           getattr(args, "merge_file", None))

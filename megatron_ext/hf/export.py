@@ -17,11 +17,12 @@ import torch
 import transformers
 from packaging.version import Version
 
+from ..datasets.tokenizer import tokenizer_from_args
 from ..runtime.errors import ConversionError, DataError, DeviceError, FlagError
 from ..runtime.initialize import destroy_distributed, initialize_distributed
 
 from .convert import DTYPES, check_mappable, hf_config, hf_state_dict, save_hf_model
-from .megatron_checkpoint import checkpoint_tokenizer, load_model, read_checkpoint
+from .megatron_checkpoint import load_model, read_checkpoint
 from .parity import (PROBE_TEXTS, TOLERANCE, load_hf, max_logit_diff, probe_tokens, sample,
                      tokenizer_mismatch)
 from .tokenizer import hf_tokenizer
@@ -72,7 +73,7 @@ def export_checkpoint(load: str, output: str, iteration: Optional[int] = None,
     check_mappable(train, fixed_code, path)
     if os.path.exists(output) and (not os.path.isdir(output) or os.listdir(output)):
         raise FlagError(f"--output {output} exists and is not an empty directory")
-    tokenizer = checkpoint_tokenizer(train, tokenizer_model)
+    tokenizer = tokenizer_from_args(train, tokenizer_model)
     if tokenizer.vocab_size > train.padded_vocab_size:
         raise DataError(f"the tokenizer has {tokenizer.vocab_size} tokens, the model "
                         f"{train.padded_vocab_size}: not the checkpoint's tokenizer")

@@ -74,15 +74,6 @@ def _paths_from_the_run_folder(args: argparse.Namespace, folder: Optional[str]) 
                                  for v in getattr(args, name)])
 
 
-def checkpoint_tokenizer(args: argparse.Namespace, tokenizer_model: Optional[str] = None):
-    """The training tokenizer of a checkpoint's ``args`` (``tokenizer_model`` instead of its
-    own, if given): its ``--tokenizer-model``, or its ``--vocab-file``/``--merge-file``."""
-    from ..datasets.tokenizer import build_tokenizer
-    return build_tokenizer(args.tokenizer_type, tokenizer_model or args.tokenizer_model,
-                           args.vocab_size, getattr(args, "vocab_file", None),
-                           getattr(args, "merge_file", None))
-
-
 def load_model(path: str, args: argparse.Namespace, fixed_code: Optional[dict]) -> GPTModel:
     """The checkpoint's model as one fp32 module on CPU, in eval mode. Needs
     ``initialize_distributed("cpu")`` (TP=PP=1) first."""

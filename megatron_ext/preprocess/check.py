@@ -16,16 +16,15 @@ from tqdm import tqdm
 
 from ..datasets.indexed import IndexCheckError, read_index, token_id_range
 from ..datasets.split_checks import SPLITS, split_problems, split_ranges
-from ..datasets.tokenizer import build_tokenizer
+from ..datasets.tokenizer import tokenizer_from_args
 
 
-def vocabulary(tokenizer_type: Optional[str], tokenizer_model: Optional[str],
-               vocab_size: Optional[int]) -> tuple[Optional[int], str]:
-    """The vocabulary size token ids are checked against, and where it comes from."""
-    if tokenizer_type:
-        tokenizer = build_tokenizer(tokenizer_type, tokenizer_model, vocab_size)
-        return tokenizer.vocab_size, f"the {tokenizer_type}'s vocabulary"
-    return vocab_size, "--vocab-size"
+def vocabulary(args) -> tuple[Optional[int], str]:
+    """The vocabulary size token ids are checked against (that of the tokenizer the flags
+    ``args`` name, else their ``--vocab-size``), and where it comes from."""
+    if args.tokenizer_type:
+        return tokenizer_from_args(args).vocab_size, f"the {args.tokenizer_type}'s vocabulary"
+    return args.vocab_size, "--vocab-size"
 
 
 def check_file(prefix: str, vocab_size: Optional[int], vocab_source: str, *, code_bits: int,

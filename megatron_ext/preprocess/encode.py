@@ -16,7 +16,8 @@ from typing import Optional
 
 import numpy as np
 
-from ..datasets.tokenizer import HuggingFaceTokenizer, NullTokenizer, SentencePieceTokenizer
+from ..datasets.tokenizer import (GPT2BPETokenizer, HuggingFaceTokenizer, NullTokenizer,
+                                  SentencePieceTokenizer)
 from .readers import Batch, BadInput, parse_unit, unit_bytes
 from .word_cache import WordCachedEncoder
 
@@ -71,7 +72,7 @@ def _encode_texts(tokenizer, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         return _word_encoder.encode(texts)
     if isinstance(tokenizer, SentencePieceTokenizer):
         return _flatten(tokenizer.sp.encode(texts, num_threads=1))
-    if isinstance(tokenizer, HuggingFaceTokenizer):
+    if isinstance(tokenizer, (HuggingFaceTokenizer, GPT2BPETokenizer)):  # a tokenizers.Tokenizer
         return _flatten([e.ids for e in tokenizer.tok.encode_batch_fast(
             texts, add_special_tokens=False)])
     return _flatten([tokenizer.tokenize(text) for text in texts])

@@ -19,7 +19,7 @@ from typing import Iterator, Optional
 from tqdm import tqdm
 
 from ..codes.limits import check_options, check_vocab_fits
-from ..datasets.tokenizer import build_tokenizer
+from ..datasets.tokenizer import tokenizer_from_args
 from ..runtime.errors import DataError, FlagError
 from ..runtime.files import file_fingerprint
 
@@ -171,13 +171,15 @@ def preprocess(args: argparse.Namespace) -> Summary:
         if input_kind(path) == "text" and len(args.json_keys) > 1:
             raise FlagError(f"--json-keys: plain-text input {path} has one text; "
                             "give one key")
-    tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model, args.vocab_size)
+    tokenizer = tokenizer_from_args(args)
     dtype = optimal_dtype(tokenizer.vocab_size)
 
     work = WorkDir(args.output_prefix)
-    model = args.tokenizer_model
     settings = {"--tokenizer-type": args.tokenizer_type, "--vocab-size": args.vocab_size,
-                "--tokenizer-model": model and [os.path.abspath(model), file_fingerprint(model)],
+                **{flag: path and [os.path.abspath(path), file_fingerprint(path)]
+                   for flag, path in (("--tokenizer-model", args.tokenizer_model),
+                                      ("--vocab-file", args.vocab_file),
+                                      ("--merge-file", args.merge_file))},
                 "--append-eod": args.append_eod, "--json-keys": args.json_keys,
                 "--text-document": args.text_document}
     inputs = [[os.path.abspath(path), file_fingerprint(path)] for path in paths]

@@ -91,12 +91,13 @@ def _describe_export(path: str, name: str) -> ModelInfo:
 
 def _describe_checkpoint(path: str, name: str, iteration: Optional[int]) -> ModelInfo:
     from ..hf.convert import check_mappable
-    from ..hf.megatron_checkpoint import checkpoint_tokenizer, read_checkpoint
+    from ..datasets.tokenizer import tokenizer_from_args
+    from ..hf.megatron_checkpoint import read_checkpoint
     from ..datasets.tokenizer import NullTokenizer
     ckpt, train, fixed_code, saved = read_checkpoint(path, iteration)
     check_mappable(train, fixed_code, ckpt)
     try:
-        tokenizer = checkpoint_tokenizer(train)
+        tokenizer = tokenizer_from_args(train)
     except DataError as e:
         raise DataError(f"{ckpt}: its tokenizer: {e}; export it with tools/convert_to_hf.py "
                         f"--tokenizer-model and probe the export") from e

