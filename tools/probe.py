@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
+from megatron_ext.config.flag_types import add_tokenizer_flags
 from megatron_ext.probes.settings import ProbeSettings
 from megatron_ext.runtime.errors import exits_on_error
 
@@ -33,11 +34,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     data.add_argument("--data-path", help="indexed dataset prefix (PREFIX.bin/.idx)")
     data.add_argument("--jsonl", help="JSONL file (.gz/.zst too), one document per line")
     data.add_argument("--json-key", default="text", help="the JSONL text key (default text)")
-    data.add_argument("--tokenizer-type", default="SentencePieceTokenizer",
-                      choices=["SentencePieceTokenizer", "HuggingFaceTokenizer"],
-                      help="--jsonl: the tokenizer's type (default SentencePieceTokenizer)")
-    data.add_argument("--tokenizer-model",
-                      help="--jsonl: the tokenizer file that encodes the text")
+    add_tokenizer_flags(data, default="SentencePieceTokenizer")  # --jsonl's: the models' own
     probe = parser.add_argument_group("probes")
     probe.add_argument("--tokens", type=int, default=DEFAULTS.tokens,
                        help=f"held-out tokens read (default {DEFAULTS.tokens})")
@@ -81,8 +78,9 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if (args.data_path is None) == (args.jsonl is None):
         parser.error("give the held-out text as one of --data-path or --jsonl")
-    if args.jsonl and not args.tokenizer_model:
-        parser.error("--jsonl needs --tokenizer-model (the tokenizer that encodes the text)")
+    if args.jsonl and not (args.tokenizer_model or args.vocab_file):
+        parser.error("--jsonl needs the models' tokenizer that encodes the text: "
+                     "--tokenizer-model (GPT2BPETokenizer: --vocab-file, --merge-file)")
     return args
 
 
@@ -98,13 +96,19 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         for spec in args.models:
             name, sep, path = spec.partition("=")
             infos.append(describe(path, name) if sep else describe(spec))
+        tokenizer = tokenizer_name = None
         if args.data_path:
             from megatron_ext.probes.models import check_held_out
             check_held_out(infos, args.data_path, args.allow_train_text)
+        else:
+            from megatron_ext.datasets.tokenizer import tokenizer_from_args
+            from megatron_ext.probes.models import check_text_tokenizer
+            tokenizer = tokenizer_from_args(args)
+            tokenizer_name = f"{args.tokenizer_type} {args.tokenizer_model or args.vocab_file}"
+            check_text_tokenizer(infos, tokenizer, tokenizer_name)
         seq_length = args.seq_length or min(i.context for i in infos)
         windows, documents, source = held_out(args.tokens, seq_length, args.data_path, args.jsonl,
-                                              args.json_key, args.tokenizer_type,
-                                              args.tokenizer_model)
+                                              args.json_key, tokenizer, tokenizer_name)
         settings = ProbeSettings(data_path=args.data_path, tokens=args.tokens, sample=args.sample,
                                  top_k=args.top_k, ridge=args.ridge, seed=args.seed,
                                  probe_seeds=args.probe_seeds,

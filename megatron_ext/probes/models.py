@@ -197,6 +197,25 @@ def difference(a: ModelInfo, b: ModelInfo) -> Optional[str]:
     return None
 
 
+def check_text_tokenizer(models: list[ModelInfo], tokenizer, name: str) -> None:
+    """Refuse a tokenizer (``name``, a megatron_ext.datasets.tokenizer one) for the held-out
+    text (``--jsonl``) whose ids would mean other text to a model than to it: one that encodes
+    the probe texts otherwise than a model's own tokenizer, or, for a model that reads ids
+    only, one with ids beyond its vocabulary."""
+    for info in models:
+        if info.tokenizer is None:
+            if tokenizer.vocab_size > info.vocab_size:
+                raise DataError(f"--jsonl: {name} has {tokenizer.vocab_size:,} ids, model "
+                                f"{info.name} reads {info.vocab_size:,}")
+            continue
+        for text, ours in zip(PROBE_TEXTS, info.tokenizer["probe_ids"]):
+            ids = tokenizer.tokenize(text)
+            if ids != ours:
+                raise DataError(f"--jsonl: {name} encodes {text!r} as {ids[:8]}..., model "
+                                f"{info.name}'s tokenizer ({info.tokenizer['name']}) as "
+                                f"{ours[:8]}...: encode the text with the models' own")
+
+
 def check_held_out(models: list[ModelInfo], data_path: str, allow: bool) -> None:
     """Refuse held-out text (``--data-path``) that a model's training run read (its
     prefixes as :func:`read_checkpoint` gives them; the relative ones of a checkpoint too

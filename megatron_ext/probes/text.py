@@ -22,18 +22,15 @@ def jsonl_documents(path: str, key: str, tokenizer):
 
 
 def held_out(tokens: int, seq_length: int, data_path: Optional[str] = None,
-             jsonl: Optional[str] = None, json_key: str = "text",
-             tokenizer_type: str = "SentencePieceTokenizer",
-             tokenizer_model: Optional[str] = None) -> tuple[np.ndarray, np.ndarray, str]:
+             jsonl: Optional[str] = None, json_key: str = "text", tokenizer=None,
+             tokenizer_name: str = "") -> tuple[np.ndarray, np.ndarray, str]:
     """The windows of the first ``tokens`` tokens of ``data_path`` (an indexed dataset) or
-    of ``jsonl`` (encoded by the tokenizer), each token's document, and a description of
-    where they come from."""
+    of ``jsonl`` (encoded by ``tokenizer``, a megatron_ext.datasets.tokenizer one named
+    ``tokenizer_name``), each token's document, and a description of where they come from."""
     if data_path:
         return (*cut_documents(indexed_documents(data_path), tokens, seq_length,
                                f"--data-path {data_path}", "--tokens"),
                 f"the first {tokens:,} tokens of {data_path}")
-    from ..datasets.tokenizer import build_tokenizer
-    tokenizer = build_tokenizer(tokenizer_type, tokenizer_model)
     documents = jsonl_documents(jsonl, json_key, tokenizer)
     return (*cut_documents(documents, tokens, seq_length, f"--jsonl {jsonl}", "--tokens"),
-            f"the first {tokens:,} tokens of {jsonl} ({tokenizer_model})")
+            f"the first {tokens:,} tokens of {jsonl} ({tokenizer_name})")

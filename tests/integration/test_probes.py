@@ -34,13 +34,14 @@ from megatron_ext.probes import report  # noqa: E402
 from megatron_ext.probes import fit  # noqa: E402
 from megatron_ext.probes.collect import draw_sample  # noqa: E402
 from megatron_ext.probes.frequency import Unigrams, training_unigrams  # noqa: E402
-from megatron_ext.probes.models import check_held_out, describe  # noqa: E402
+from megatron_ext.probes.models import (check_held_out, check_text_tokenizer,  # noqa: E402
+                                         describe)
 from megatron_ext.probes.run import (Split, Targets, draws, fit_layer, num_bits,  # noqa: E402
                                      run_probes)
 from megatron_ext.probes.settings import ProbeSettings  # noqa: E402
 from megatron_ext.study.calibration import zipf_text  # noqa: E402
 from megatron_ext.probes.text import jsonl_documents  # noqa: E402
-from megatron_ext.datasets.tokenizer import build_tokenizer  # noqa: E402
+from megatron_ext.datasets.tokenizer import NullTokenizer, build_tokenizer  # noqa: E402
 from megatron_ext.runtime.errors import DataError, FixedcodeError, FlagError  # noqa: E402
 from tools import probe, study, train_tokenizer  # noqa: E402
 
@@ -475,6 +476,29 @@ def test_bad_inputs_are_named(tmp_path, tiny_study):
         probe.main([str(study_dir / "binary/seed1/checkpoints"), "--data-path",
                     str(tiny_study["root"] / "heldout"), "--seq-length", "64", "--tokens", "640",
                     "--unigram-counts", str(tiny_study["root"] / "heldout")])
+
+
+@pytest.mark.integration
+def test_jsonl_text_of_another_tokenizer_than_the_models_is_refused(exports, comedy_tokenizer,
+                                                                    tmp_path):
+    """--jsonl encoded by a tokenizer other than the models' would be probed as other text
+    (the run used to go ahead): refused before any weights load, naming both; the models' own
+    passes, and a model that reads ids takes a tokenizer whose ids it has."""
+    jsonl = tmp_path / "held.jsonl"
+    jsonl.write_text(json.dumps({"text": "Ay, sir, the chain."}) + "\n")
+    with pytest.raises(SystemExit, match=re.escape(
+            f"--jsonl: HuggingFaceTokenizer {exports['other_tokenizer']} encodes 'The quick "
+            f"brown fox jumps over the lazy dog.' as [") + r".*, model binary's tokenizer "
+            r"\(the tokenizer of "):
+        probe.main([exports["binary"], "--jsonl", str(jsonl), "--tokenizer-type",
+                    "HuggingFaceTokenizer", "--tokenizer-model", exports["other_tokenizer"],
+                    "--output", str(tmp_path)])
+    binary, ids_only = describe(exports["binary"]), describe(exports["ids_only"])
+    check_text_tokenizer([binary, ids_only],
+                         build_tokenizer("HuggingFaceTokenizer", comedy_tokenizer), "its own")
+    check_text_tokenizer([ids_only], NullTokenizer(VOCAB - 1), "ids")  # EOD: 4,096 ids in all
+    with pytest.raises(DataError, match="--jsonl: ids has 4,097 ids, model ids_only reads 4,096"):
+        check_text_tokenizer([ids_only], NullTokenizer(VOCAB), "ids")
 
 
 def test_a_bad_jsonl_line_is_named_with_its_flag(tmp_path):
