@@ -36,7 +36,9 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--num-layers", type=positive_int, help="transformer layers")
     g.add_argument("--hidden-size", type=positive_int,
                    help="model width h (the fixed code is tiled to it)")
-    g.add_argument("--ffn-hidden-size", type=positive_int, help="default 4 x hidden size")
+    g.add_argument("--ffn-hidden-size", type=positive_int,
+                   help="default, as in Megatron-LM: 4 x hidden size, or with --swiglu 2/3 of "
+                        "that rounded down to a multiple of 64")
     g.add_argument("--num-attention-heads", type=positive_int, help="attention heads")
     g.add_argument("--num-query-groups", type=positive_int, default=None,
                    help="grouped-query attention groups (default: no GQA)")
@@ -90,9 +92,12 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
                    default="delayed",
                    help="FP8 scaling: delayed (amax history), tensorwise (current scaling), "
                         "blockwise (Hopper, TE >= 2.3), mxfp8 (Blackwell)")
-    g.add_argument("--fp8-amax-history-len", type=positive_int, default=1024, help="delayed recipe")
-    g.add_argument("--fp8-amax-compute-algo", choices=["most_recent", "max"], default="max",
-                   help="delayed recipe")
+    g.add_argument("--fp8-amax-history-len", type=positive_int, default=1,
+                   help="delayed recipe: amax history length (default 1, as in Megatron-LM)")
+    g.add_argument("--fp8-amax-compute-algo", choices=["most_recent", "max"],
+                   default="most_recent",
+                   help="delayed recipe: scale from the most recent or the largest amax of the "
+                        "history (default most_recent, as in Megatron-LM)")
     # Fused kernels, on by default on GPUs as in Megatron-LM (never used on CPU).
     g.add_argument("--no-bias-swiglu-fusion", dest="bias_swiglu_fusion", action="store_false",
                    help="unfused SwiGLU (default: fused on GPUs)")
@@ -241,8 +246,9 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--lr-wsd-decay-samples", type=positive_int, default=None,
                    help="--train-samples runs: WSD's final decay in samples")
     g.add_argument("--lr-wsd-decay-style", choices=["linear", "cosine", "exponential",
-                                                     "minus_sqrt"], default="linear",
-                   help="WSD: shape of the final decay")
+                                                     "minus_sqrt"], default="exponential",
+                   help="WSD: shape of the final decay (default exponential, as in "
+                        "Megatron-LM)")
     g.add_argument("--optimizer", choices=["adam"], default="adam",
                    help="Adam with decoupled weight decay (Megatron-LM's adam; its others are "
                         "not supported)")
@@ -485,8 +491,9 @@ def validate_model_args(args: argparse.Namespace) -> None:
     for flag in ("num_layers", "hidden_size", "num_attention_heads", "seq_length"):
         if getattr(args, flag) is None:
             raise FlagError(f"--{flag.replace('_', '-')} is required (or use --preset)")
-    if args.ffn_hidden_size is None:
-        args.ffn_hidden_size = 4 * args.hidden_size
+    if args.ffn_hidden_size is None:  # Megatron-LM's validate_args
+        args.ffn_hidden_size = (int(4 * args.hidden_size * 2 / 3 / 64) * 64 if args.swiglu
+                                else 4 * args.hidden_size)
     if args.max_position_embeddings is None:
         args.max_position_embeddings = args.seq_length
     if args.hidden_size % args.num_attention_heads:
@@ -498,6 +505,9 @@ def validate_model_args(args: argparse.Namespace) -> None:
         raise FlagError("--bf16 and --fp16 are exclusive")
     validate_recompute_args(args)
     validate_input_args(args)
+    if not args.ffn_hidden_size:
+        raise FlagError(f"--swiglu at --hidden-size {args.hidden_size}: the default MLP width "
+                        "(2/3 x 4 x hidden size, a multiple of 64) is 0; give --ffn-hidden-size")
 
 
 def validate_input_args(args: argparse.Namespace) -> None:

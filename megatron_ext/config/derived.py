@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 
 from typing import Optional
 
@@ -105,7 +104,10 @@ def derive(args: argparse.Namespace, world: int, vocab_size: int) -> Derived:
     train_iters = args.train_iters
     if train_iters is None:
         train_iters = (ramped_train_iters(ramp, args.train_samples) if rampup
-                       else math.ceil(args.train_samples / global_batch))
+                       else args.train_samples // global_batch)  # as Megatron-LM: whole batches
+        if not train_iters:
+            raise FlagError(f"--train-samples {args.train_samples} is not one batch of "
+                            f"--global-batch-size {global_batch}")
     return Derived(world_size=world, data_parallel_size=data_parallel,
                    global_batch_size=global_batch, num_microbatches=global_batch // per_step,
                    train_iters=train_iters, padded_vocab_size=padded_vocab_size(

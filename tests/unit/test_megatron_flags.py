@@ -80,6 +80,31 @@ def test_flags_that_do_not_go_together_are_named(cpu_dist, flags, message):
         data_paths(args)
 
 
+@pytest.mark.parametrize("shape,swiglu,ffn", [
+    (["--hidden-size", "4096", "--num-attention-heads", "32"], "--swiglu", 10880),
+    (["--hidden-size", "512", "--num-attention-heads", "8"], "--swiglu", 1344),
+    (["--hidden-size", "512", "--num-attention-heads", "8"], "--no-swiglu", 2048)])
+def test_the_default_mlp_width_is_megatron_lms(shape, swiglu, ffn):
+    """Megatron-LM's validate_args: 4 x hidden, or under SwiGLU 2/3 of it in multiples of 64
+    (it was 4 x hidden here, a 1.5x larger MLP than a Megatron-LM script builds)."""
+    model = TINY_RUN[:2] + TINY_RUN[8:] + shape + [swiglu, "--train-iters", "2"]
+    assert parse_args(model).ffn_hidden_size == ffn
+    if swiglu == "--swiglu":
+        with pytest.raises(FixedcodeError, match="give --ffn-hidden-size"):
+            parse_args(model + ["--hidden-size", "16", "--num-attention-heads", "2"])
+
+
+def test_train_samples_run_whole_batches_as_megatron_lm(cpu_dist):
+    """--train-samples 10 at a global batch of 4 is 2 iterations (Megatron-LM's
+    update_train_iters; it was rounded up to 3 here), and less than one batch is refused."""
+    for samples, iterations in (("10", 2), ("12", 3)):
+        args = parse_args(TINY_RUN + ["--train-samples", samples])
+        assert check_flags(args, "cpu")[1].train_iters == iterations
+    with pytest.raises(FixedcodeError, match="--train-samples 3 is not one batch of "
+                                             "--global-batch-size 4"):
+        check_flags(parse_args(TINY_RUN + ["--train-samples", "3"]), "cpu")
+
+
 def test_use_checkpoint_args_needs_load():
     with pytest.raises(FixedcodeError, match="--use-checkpoint-args needs --load"):
         parse_args(TINY_RUN + ["--train-iters", "2", "--use-checkpoint-args"])
@@ -107,14 +132,46 @@ def test_document_masks_are_refused_where_the_attention_would_ignore_them():
 
 def test_the_differing_defaults_are_the_parsers_and_the_docs_table_lists_them():
     args = parse_args(TINY_RUN[:-4] + ["--train-iters", "2"])  # without --eval-iters etc.
-    parsed = vars(parse_args(["--num-layers", "1", "--hidden-size", "8",
-                              "--num-attention-heads", "1", "--seq-length", "8"]))
+    parsed = vars(parse_args(["--num-layers", "1", "--hidden-size", "8", "--ffn-hidden-size",
+                              "16", "--num-attention-heads", "1", "--seq-length", "8"]))
     table = (REPO / "docs" / "training.md").read_text(encoding="utf-8")
     for dest, (ours, megatron, _) in DIFFERING_DEFAULTS.items():
         assert parsed[dest] == ours != megatron, dest
         assert f"| `{flag_text(dest, ours)}` |" in table, dest
     assert "--lr 0.003" not in " ".join(defaults_in_force(args))  # TINY_RUN's own --lr
     assert "--adam-beta2 0.95 (Megatron-LM: Adam beta2 0.999)" in defaults_in_force(args)
+
+
+# Our defaults that are not Megatron-LM's but chosen per machine at start-up (docs/training.md,
+# docs/gpu.md), or spelled otherwise for the same behaviour.
+CHOSEN_AT_START = {
+    "transformer_impl": "None: Transformer Engine where it imports, local layers otherwise",
+    "cross_entropy_loss_fusion": "None: fused on a GPU under --bf16, unfused otherwise",
+    "num_query_groups": "None: one group per head, as Megatron-LM's 1 without "
+                        "--group-query-attention",
+}
+MEGATRON_LM_DEFAULTS = REPO / "tests" / "data" / "megatron_lm_core_v0.16.1_defaults.json"
+
+
+def test_every_flag_megatron_lm_has_takes_its_default_unless_documented():
+    """A default of ours that drifts from Megatron-LM core_v0.16.1's (its parser's, recorded
+    by tests/helpers/megatron_lm_defaults.py) changes a user's run without a word: each one
+    must be a listed differing default (said at start-up) or chosen at start-up."""
+    import argparse
+    import json
+    from megatron_ext.config.arguments import add_training_args, build_parser
+    megatron = json.loads(MEGATRON_LM_DEFAULTS.read_text())
+    parser = build_parser("")
+    add_training_args(parser)
+    differ = {}
+    for action in parser._actions:
+        if action.dest in megatron and action.default is not argparse.SUPPRESS:
+            theirs = megatron[action.dest]
+            if action.default != theirs and (action.default, theirs) != (False, None):
+                differ[action.dest] = (action.default, theirs)
+    assert len([d for d in megatron if d in vars(parse_args(TINY_RUN[:-4] + [
+        "--train-iters", "2"]))]) > 100  # the snapshot covers what we take
+    assert {d for d in differ if d not in DIFFERING_DEFAULTS} == set(CHOSEN_AT_START), differ
 
 
 @pytest.fixture
