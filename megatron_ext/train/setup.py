@@ -218,7 +218,13 @@ def resolve_checkpoint(args: argparse.Namespace, derived: Derived, resolved: Res
     latest = layout.latest_iteration(load) if load else None
     asked = [f"--{flag.replace('_', '-')}" for flag in LOAD_ONLY_FLAGS
              if getattr(resolved, flag)]
-    if asked and step is None and latest is None:
+    own = bool(load and args.save) and os.path.realpath(load) == os.path.realpath(args.save)
+    if asked and step is None and latest is None and own and not resolved.finetune:
+        # Megatron-LM's first launch of a job that resumes its own saves (--load = --save):
+        # nothing to load yet, so it starts anew; the flags apply to the saves it resumes
+        log(f"[fixedcode] --load {load} holds no checkpoint yet: starting from a random "
+            f"initialisation ({' '.join(asked)} apply when it resumes its saves)")
+    elif asked and step is None and latest is None:
         raise FlagError(f"{' '.join(asked)}: --load {load} holds no checkpoint (no "
                         f"{layout.MARKER}); without one the run would start from a random "
                         f"initialisation")

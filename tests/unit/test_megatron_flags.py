@@ -110,6 +110,22 @@ def test_use_checkpoint_args_needs_load():
         parse_args(TINY_RUN + ["--train-iters", "2", "--use-checkpoint-args"])
 
 
+def test_a_first_launch_that_resumes_its_own_saves_starts_anew(cpu_dist, tmp_path, capsys):
+    """--no-load-optim --no-load-rng with --load = --save, still empty (Megatron-LM's Mixtral
+    script at its first launch) starts from scratch as in Megatron-LM; --finetune of nothing
+    is still refused."""
+    flags = TINY_RUN + ["--train-iters", "2", "--load", str(tmp_path), "--save", str(tmp_path)]
+    args = parse_args(flags + ["--no-load-optim", "--no-load-rng"])
+    path, common, _, _ = resolve_checkpoint(args, *check_flags(args, "cpu")[1:])
+    assert (path, common) == (None, None)
+    assert (f"--load {tmp_path} holds no checkpoint yet: starting from a random initialisation "
+            "(--no-load-optim --no-load-rng apply when it resumes its saves)"
+            in capsys.readouterr().out)
+    args = parse_args(flags + ["--finetune"])
+    with pytest.raises(FixedcodeError, match="--finetune: --load .* holds no checkpoint"):
+        resolve_checkpoint(args, *check_flags(args, "cpu")[1:])
+
+
 def test_finetuning_into_the_checkpoints_own_directory_is_refused(cpu_dist, tmp_path):
     (tmp_path / "iter_0000004").mkdir()
     (tmp_path / "latest_checkpointed_iteration.txt").write_text("4")
