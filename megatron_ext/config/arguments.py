@@ -36,6 +36,10 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--num-layers", type=positive_int, help="transformer layers")
     g.add_argument("--hidden-size", type=positive_int,
                    help="model width h (the fixed code is tiled to it)")
+    g.add_argument("--kv-channels", type=positive_int, default=None,
+                   help="the head width: taken when it is --hidden-size / "
+                        "--num-attention-heads, the width fixedcode builds (Megatron-LM's "
+                        "default)")
     g.add_argument("--ffn-hidden-size", type=positive_int,
                    help="default, as in Megatron-LM: 4 x hidden size, or with --swiglu 2/3 of "
                         "that rounded down to a multiple of 64")
@@ -187,7 +191,8 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
                         "megatron-core's optimizer is torch's AdamW: run its fused kernel "
                         "(auto: on a GPU; on: also on CPU; off: torch's for-each update)")
     p.add_argument("--ddp-bucket-size", type=positive_int, default=None,
-                   help="parameters per gradient bucket (default max(40M, 1M x DP size))")
+                   help="--overlap-grad-reduce: parameters per gradient bucket (default max(40M, "
+                        "1M x DP size)); without it one bucket, as in megatron-core")
 
     r = parser.add_argument_group("activation recompute")
     r.add_argument("--recompute-granularity", choices=["full", "selective"], default=None,
@@ -450,24 +455,55 @@ REFUSED_FLAGS = {
     "--legacy-tokenizer": "the tokenizers have megatron.core's semantics (docs/data.md)",
     "--vocab-extra-ids": "no tokens are added to the tokenizer's vocabulary",
     "--use-flash-attn": "give --attention-backend flash",
-    "--kv-channels": "the head width is --hidden-size / --num-attention-heads",
     "--dataloader-type": "the loader is fixedcode's resumable sampler (Megatron-LM's single)",
+    "--rotary-percent": "RoPE rotates the whole head: partial rotary embeddings are not built",
+}
+# Of those, the values that ask for what fixedcode does anyway: taken, so that a Megatron-LM
+# script passing them runs unchanged.
+NO_OP_VALUES = {"--context-parallel-size": ("1",), "--dataloader-type": ("single",),
+                "--rotary-percent": ("1", "1.0")}
+# Megatron-LM switches that ask for what fixedcode always does, taken and ignored.
+NO_OP_SWITCHES = {
+    "--log-throughput": "throughput is always logged",
+    "--use-mcore-models": "the models are always Megatron-Core's (deprecated in Megatron-LM)",
+    "--no-create-attention-mask-in-dataloader": "no mask is built unless "
+                                                "--reset-attention-mask",
 }
 
 
 class Refused(argparse.Action):
-    """A Megatron-LM flag fixedcode does not take: an error naming it and why."""
+    """A Megatron-LM flag fixedcode does not take: an error naming it and why (taken at its
+    :data:`NO_OP_VALUES`)."""
 
     def __call__(self, parser, namespace, values, option_string=None):
+        taken = NO_OP_VALUES.get(option_string, ())
+        if list(values) and all(v in taken for v in values):
+            return
         raise FlagError(f"{option_string} (Megatron-LM's) is not supported: "
-                        f"{REFUSED_FLAGS[option_string]}")
+                        f"{REFUSED_FLAGS[option_string]}"
+                        + (f" (it is taken as {taken[0]} only)" if taken else ""))
+
+
+class Ignored(argparse.Action):
+    """A Megatron-LM switch that asks for what fixedcode always does: taken, nothing set."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        pass
 
 
 def add_refused_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("Megatron-LM flags refused (each says why)")
     for flag, why in REFUSED_FLAGS.items():
+        taken = NO_OP_VALUES.get(flag)
         g.add_argument(flag, action=Refused, nargs="*", default=argparse.SUPPRESS,
-                       help=f"refused: {why}")
+                       help=f"refused: {why}" + (f" (taken: {taken[0]})" if taken else ""))
+    g = parser.add_argument_group("Megatron-LM switches taken as they ask for what is done "
+                                  "anyway")
+    for flag, why in NO_OP_SWITCHES.items():
+        g.add_argument(flag, action=Ignored, help=why)
 
 
 def apply_preset(args: argparse.Namespace, argv: Sequence[str]) -> None:
@@ -499,6 +535,11 @@ def validate_model_args(args: argparse.Namespace) -> None:
     if args.hidden_size % args.num_attention_heads:
         raise FlagError(f"--hidden-size {args.hidden_size} is not divisible by "
                         f"--num-attention-heads {args.num_attention_heads}")
+    head = args.hidden_size // args.num_attention_heads
+    if args.kv_channels not in (None, head):
+        raise FlagError(f"--kv-channels {args.kv_channels}: the head width here is --hidden-size "
+                        f"/ --num-attention-heads = {head}; heads of another width are not "
+                        f"built")
     if args.group_query_attention and args.num_query_groups is None:
         raise FlagError("--group-query-attention needs --num-query-groups")
     if args.bf16 and args.fp16:

@@ -176,10 +176,14 @@ def build_tokenizer(tokenizer_type: str, tokenizer_model: Optional[str] = None,
                     merge_file: Optional[str] = None):
     """The tokenizer named by ``--tokenizer-type`` (and ``--tokenizer-model``/``--vocab-size``,
     or ``--vocab-file``/``--merge-file``)."""
-    if tokenizer_type == "NullTokenizer":
-        return NullTokenizer(vocab_size)
     if tokenizer_type == "GPT2BPETokenizer":
         return GPT2BPETokenizer(vocab_file, merge_file)
+    if vocab_file or merge_file:  # else ignored: Megatron-LM's GPT-3 example gives no type
+        raise FlagError(f"--vocab-file and --merge-file are GPT2BPETokenizer's, not "
+                        f"--tokenizer-type {tokenizer_type}'s: give --tokenizer-type "
+                        f"GPT2BPETokenizer")
+    if tokenizer_type == "NullTokenizer":
+        return NullTokenizer(vocab_size)
     if tokenizer_type not in TOKENIZER_TYPES:
         raise FlagError(f"unknown --tokenizer-type {tokenizer_type} (choose from "
                         f"{', '.join(TOKENIZER_TYPES)})")

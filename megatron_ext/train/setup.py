@@ -68,8 +68,6 @@ def check_flags(args: argparse.Namespace, device: str) -> tuple:
         if getattr(args, flag) and not args.load:
             raise FlagError(f"--{flag.replace('_', '-')} needs --load (the checkpoint it "
                             f"reads)")
-    if args.ddp_bucket_size is not None and not args.overlap_grad_reduce:
-        raise FlagError("--ddp-bucket-size applies with --overlap-grad-reduce only")
     if args.overlap_param_gather and not (args.use_distributed_optimizer
                                           and args.overlap_grad_reduce):
         raise FlagError("--overlap-param-gather needs --use-distributed-optimizer and "

@@ -392,7 +392,6 @@ def test_a_bad_flag_stops_the_run_with_a_clear_error():
      "--code-bits to at least 11 or lower --make-vocab-size-divisible-by"),
     (["--input-interface", "binary", "--global-batch-size", "5"],
      "--global-batch-size 5 is not a multiple of --micro-batch-size 2"),
-    (["--ddp-bucket-size", "1000"], "--ddp-bucket-size applies with --overlap-grad-reduce only"),
     (["--overlap-param-gather", "--overlap-grad-reduce"],
      "--overlap-param-gather needs --use-distributed-optimizer and --overlap-grad-reduce"),
     (["--overlap-param-gather", "--use-distributed-optimizer"],

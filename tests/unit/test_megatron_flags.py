@@ -105,6 +105,27 @@ def test_train_samples_run_whole_batches_as_megatron_lm(cpu_dist):
         check_flags(parse_args(TINY_RUN + ["--train-samples", "3"]), "cpu")
 
 
+def test_megatron_lm_flags_that_ask_for_what_is_done_anyway_are_taken(cpu_dist):
+    """Megatron-LM scripts pass these at the values that ask for what fixedcode builds (the
+    Llama 3 8B example: --kv-channels 128 at 4096 / 32 heads, --context-parallel-size 1, ...):
+    taken; another value is refused, naming the one taken."""
+    noop = ["--context-parallel-size", "1", "--dataloader-type", "single", "--rotary-percent",
+            "1.0", "--kv-channels", "16", "--log-throughput", "--use-mcore-models",
+            "--no-create-attention-mask-in-dataloader", "--ddp-bucket-size", "1000"]
+    plain = parse_args(TINY_RUN + ["--train-iters", "2"])
+    taken = parse_args(TINY_RUN + ["--train-iters", "2"] + noop)
+    assert {k: v for k, v in vars(taken).items() if vars(plain).get(k) != v} == {
+        "kv_channels": 16, "ddp_bucket_size": 1000}
+    check_flags(taken, "cpu")
+    for flags, message in ((["--context-parallel-size", "2"], "(it is taken as 1 only)"),
+                           (["--rotary-percent", "0.5"], "partial rotary embeddings"),
+                           (["--kv-channels", "32"], "--kv-channels 32: the head width here "
+                                                     "is --hidden-size / --num-attention-heads "
+                                                     "= 16")):
+        with pytest.raises(FixedcodeError, match=re.escape(message)):
+            parse_args(TINY_RUN + ["--train-iters", "2"] + flags)
+
+
 def test_use_checkpoint_args_needs_load():
     with pytest.raises(FixedcodeError, match="--use-checkpoint-args needs --load"):
         parse_args(TINY_RUN + ["--train-iters", "2", "--use-checkpoint-args"])
@@ -217,6 +238,12 @@ def test_gpt2_bpe_files_give_gpt2s_ids_and_size_the_model(cpu_dist, gpt2_files):
     assert derived.padded_vocab_size == 384  # 264 padded to a multiple of 128
     with pytest.raises(FixedcodeError, match="needs --vocab-file and --merge-file"):
         build_tokenizer("GPT2BPETokenizer", vocab_file=vocab)
+    # Megatron-LM's GPT-3 example gives the files without a type: not the default NullTokenizer
+    with pytest.raises(FixedcodeError, match="--vocab-file and --merge-file are "
+                                             "GPT2BPETokenizer's, not --tokenizer-type "
+                                             "NullTokenizer's"):
+        check_flags(parse_args(TINY_RUN + ["--train-iters", "2", "--vocab-file", vocab,
+                                           "--merge-file", merges]), "cpu")
 
 
 def test_docs_training_lists_every_flag_accepted_and_refused():
