@@ -35,7 +35,7 @@ from megatron.core import parallel_state  # noqa: E402
 
 from megatron_ext.model import provider as fixedcode_model
 from megatron_ext.config.arguments import add_training_args, parse_model_args
-from megatron_ext.datasets.gpt_datasets import build_train_valid
+from megatron_ext.datasets.gpt_datasets import build_train_valid_test
 from megatron_ext.runtime.errors import exits_on_error
 from megatron_ext.runtime.initialize import destroy_distributed
 from megatron_ext.checkpoint.saved_args import fill_from_checkpoint
@@ -86,9 +86,10 @@ def forward_step(data_iterator, model):
 
 
 def datasets_provider(args, tokenizer, num_samples, consumed_train_samples):
-    """Train iterator and validation dataset (Megatron GPT datasets, or mock data);
-    ``num_samples``: the sequences drawn from the train, valid and test split."""
-    return build_train_valid(args, tokenizer, num_samples, consumed_train_samples)
+    """Train iterator, validation and test datasets (Megatron GPT datasets, or mock data; the
+    test one None where not evaluated); ``num_samples``: the sequences drawn from the train,
+    valid and test split."""
+    return build_train_valid_test(args, tokenizer, num_samples, consumed_train_samples)
 
 
 def parse_args(argv=None):

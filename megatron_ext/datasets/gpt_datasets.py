@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from typing import Iterator
+from typing import Iterator, Optional
 
 import torch
 
@@ -26,7 +26,7 @@ from megatron.core.datasets.utils import get_blend_from_list
 from ..config.derived import Derived
 from ..runtime.errors import DataError, FlagError
 from . import cache
-from .split_checks import check_train_epochs, check_training_data
+from .split_checks import check_train_epochs, check_training_data, split_problems, split_ranges
 
 
 def _blend(flag: str, paths):
@@ -87,8 +87,35 @@ def data_paths(args: argparse.Namespace) -> tuple[tuple, list[tuple]]:
 
 def samples_per_split(args: argparse.Namespace, derived: Derived) -> list[int]:
     """The sequences a run draws from the train, valid and test split: every validation reads
-    the same first ``--eval-iters`` global batches; the test split is not read."""
-    return [derived.train_samples, args.eval_iters * derived.global_batch_size, 0]
+    the same first ``--eval-iters`` global batches, and so does the test evaluation at the end
+    of training (Megatron-LM's), when the flags give a test split that holds them
+    (:func:`test_split`)."""
+    evaluated = args.eval_iters * derived.global_batch_size
+    return [derived.train_samples, evaluated, evaluated if test_split(args)[0] else 0]
+
+
+def test_split(args: argparse.Namespace) -> tuple[bool, Optional[str]]:
+    """``(read, why not)``: whether the run evaluates a test split, and why a test share of
+    ``--split`` is not (a file whose test split holds no sample, as a small dataset under the
+    default 969,30,1 does), else None. ``--mock-data`` and ``--test-data-path`` (or its blend
+    file's) are read, an explicit path refused when it is too small; ``--split`` over
+    ``--data-path`` is read when its test share holds a sample in every file."""
+    if not args.eval_iters:
+        return False, None
+    if args.mock_data:
+        return True, None
+    blend, per_split = data_paths(args)
+    if any(paths for _, paths in per_split):
+        return bool(per_split[2][1]), None
+    try:
+        if not blend[1] or split_ranges(args.split, 1000)[2] is None:
+            return False, None
+    except ValueError:  # the dataset checks name it
+        return False, None
+    problems = split_problems(_blend(*blend), None, args.split, args.seq_length, [0, 0, 1])
+    if problems:
+        return False, problems[0].removeprefix("error: ").split("; ")[0]
+    return True, None
 
 
 def build_datasets(args: argparse.Namespace, tokenizer, num_samples: list[int]):
@@ -179,14 +206,16 @@ def build_loader(dataset, micro_batch_size: int, num_workers: int, consumed: int
                                        persistent_workers=False)
 
 
-def build_train_valid(args: argparse.Namespace, tokenizer, num_samples: list[int],
-                      consumed_train: int):
-    """The train micro-batch iterator (from ``consumed_train``) and the validation dataset;
-    ``num_samples``: per split, as :func:`samples_per_split` gives them.
+def build_train_valid_test(args: argparse.Namespace, tokenizer, num_samples: list[int],
+                           consumed_train: int):
+    """The train micro-batch iterator (from ``consumed_train``), the validation dataset and
+    the test dataset (None where not evaluated); ``num_samples``: per split, as
+    :func:`samples_per_split` gives them.
 
     Every evaluation reads the same first ``--eval-iters`` global batches of the validation
-    split, so validation curves are comparable across steps, arms and resumed runs."""
-    (train_ds, valid_ds, _), records = build_datasets(args, tokenizer, num_samples)
+    split, so validation curves are comparable across steps, arms and resumed runs (Megatron-LM
+    reads the next batches each time)."""
+    (train_ds, valid_ds, test_ds), records = build_datasets(args, tokenizer, num_samples)
     if records and torch.distributed.get_rank() == 0:  # rank 0 decides to build or to load
         built = [f"{r.split} {r.kind} of {r.source}" for r in records if r.built]
         print(f"[fixedcode] dataset index caches in --data-cache-path {args.data_cache_path}: "
@@ -194,7 +223,7 @@ def build_train_valid(args: argparse.Namespace, tokenizer, num_samples: list[int
               + (f"{len(built)} built: {'; '.join(built)}" if built else "none built"),
               flush=True)
     train = iter(build_loader(train_ds, args.micro_batch_size, args.num_workers, consumed_train))
-    return train, (valid_ds if args.eval_iters else None)
+    return train, (valid_ds if args.eval_iters else None), (test_ds if num_samples[2] else None)
 
 
 def build_caches(args: argparse.Namespace, tokenizer, num_samples: list[int]) -> list:

@@ -76,11 +76,12 @@ def training_line(f: TrainingFields, now: Optional[datetime.datetime] = None) ->
     return s
 
 
-def validation_lines(iteration: int, loss: float) -> list[str]:
+def validation_lines(iteration: int, loss: float, where: str = "") -> list[str]:
     """Megatron-LM's ``evaluate_and_print_results`` for the loss ``lm loss``: the line
-    between two rules of dashes (the perplexity of a loss above 20 is that of 20)."""
+    between two rules of dashes (the perplexity of a loss above 20 is that of 20); ``where``
+    follows the iteration at the end of training, `` on validation set`` or `` on test set``."""
     ppl = math.exp(min(20, loss))
-    line = f" validation loss at iteration {iteration} | "
+    line = f" validation loss at iteration {iteration}{where} | "
     line += "lm loss value: {:.6E} | ".format(loss)
     line += "lm loss PPL: {:.6E} | ".format(ppl)
     rule = "-" * (len(line) + 1)

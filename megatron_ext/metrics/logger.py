@@ -1,7 +1,7 @@
-"""Training metrics: one line per ``--log-interval`` (and at the last iteration) on stdout, in
-Megatron-LM's format (:mod:`megatron_ext.metrics.log_line`), and the same values, with
-validation loss and perplexity, to the run's metrics file (``metrics.jsonl``), TensorBoard
-and wandb (:mod:`megatron_ext.metrics.sinks`).
+"""Training metrics: one line per ``--log-interval`` (and at the run's first and last
+iteration) on stdout, in Megatron-LM's format (:mod:`megatron_ext.metrics.log_line`), and the
+same values of each interval, with validation and test loss and perplexity, to the run's
+metrics file (``metrics.jsonl``), TensorBoard and wandb (:mod:`megatron_ext.metrics.sinks`).
 
 Throughput is tokens per second of the whole job, and model TFLOP/s per device, with the
 model FLOPs Megatron-LM 0.16.1 counts (:func:`~megatron_ext.metrics.flops.flops_per_token`). MFU
@@ -99,10 +99,11 @@ class MetricsLogger:
                 self.sinks.append(sinks.WandbSink(args, run_record(args, derived),
                                                          wandb_run_id))
         self.consumed_samples = resumed_iteration * derived.global_batch_size
+        self.first_iteration = resumed_iteration + 1
         self._reset()
 
     def _reset(self) -> None:
-        self.losses, self.times, self.norms, self.batch_sizes = [], [], [], []
+        self.losses, self.times, self.batch_sizes = [], [], []
         self.skipped_iterations = self.nan_iterations = 0
 
     def _write(self, kind: str, iteration: int, scalars: dict) -> None:
@@ -115,15 +116,22 @@ class MetricsLogger:
             sink.write(kind, iteration, scalars, where)
 
     def is_log_iteration(self, iteration: int) -> bool:
+        """Whether the interval ends at ``iteration``: every ``--log-interval`` and the last."""
         return iteration % self.args.log_interval == 0 or iteration == self.derived.train_iters
+
+    def prints_line(self, iteration: int) -> bool:
+        """Whether ``iteration`` prints the training line: each log iteration, and the run's
+        first, as Megatron-LM's (start-up cost in sight; its interval goes on)."""
+        return self.is_log_iteration(iteration) or iteration == self.first_iteration
 
     def step(self, iteration: int, loss: Optional[float], grad_norm: Optional[float], lr: float,
              step_time: float, skipped: bool, skipped_total: int,
              diagnostics: Optional[dict] = None, *, consumed_samples: Optional[int] = None,
              batch_size: Optional[int] = None) -> None:
         """Record one step (``skipped``: its update was skipped; ``skipped_total``: updates
-        skipped for a failure so far); at a log iteration, log the interval's means and
-        ``diagnostics`` (scalars measured at this step: norms, zeros in the gradient).
+        skipped for a failure so far); at a log iteration, log the interval's mean loss, step
+        time and throughput, and this step's grad norm and ``diagnostics`` (scalars measured
+        at it: norms, zeros in the gradient), as Megatron-LM's line does.
         ``consumed_samples`` after it and its ``batch_size`` (default: full global batches;
         they differ under ``--rampup-batch-size``)."""
         batch_size = batch_size or self.derived.global_batch_size
@@ -134,16 +142,14 @@ class MetricsLogger:
             self.losses.append(loss)
         self.nan_iterations += loss is not None and not math.isfinite(loss)
         self.skipped_iterations += skipped
-        if grad_norm is not None:
-            self.norms.append(float(grad_norm))
         self.times.append(step_time)
-        if not self.is_log_iteration(iteration):
+        if not self.prints_line(iteration):
             return
         a, d = self.args, self.derived
         step_time = sum(self.times) / len(self.times)
         tokens_per_s = sum(self.batch_sizes) / len(self.batch_sizes) * a.seq_length / step_time
         loss = sum(self.losses) / len(self.losses) if self.losses else None
-        grad_norm = sum(self.norms) / len(self.norms) if self.norms else None
+        grad_norm = None if grad_norm is None else float(grad_norm)
         mem, reserved = memory_gib(a.device), reserved_gib(a.device)
         flops_per_device = self.flops_per_token * tokens_per_s / d.world_size
         mfu = flops_per_device / self.peak if self.peak else None
@@ -166,6 +172,8 @@ class MetricsLogger:
             if layers:
                 print("  norms: " + ", ".join(f"{k} {v:.4g}" for k, v in layers.items()),
                       flush=True)
+        if not self.is_log_iteration(iteration):
+            return
         self._write("train", iteration, {
             "lm loss": loss, "learning-rate": lr, "grad-norm": grad_norm,
             "tokens-per-second": tokens_per_s, "step-time-ms": step_time * 1000,
@@ -174,14 +182,29 @@ class MetricsLogger:
             "skipped-iterations": skipped_total, **diagnostics})
         self._reset()
 
-    def validation(self, iteration: int, loss: Optional[float]) -> None:
+    def validation(self, iteration: int, loss: Optional[float], *, periodic: bool = True,
+                   final: bool = False) -> None:
+        """Log a validation loss: Megatron-LM's line of a ``--eval-interval`` validation
+        (``periodic``), and of the one at the end of training (``final``: "... on
+        validation set"); the sinks get it once."""
         if loss is None:
             return
         ppl = math.exp(min(loss, 20.0))
         if self.is_logging_rank:
-            print("\n".join(validation_lines(iteration, loss)), flush=True)
+            lines = (validation_lines(iteration, loss) if periodic or not final else []) + (
+                validation_lines(iteration, loss, " on validation set") if final else [])
+            print("\n".join(lines), flush=True)
         self._write("valid", iteration, {"lm loss validation": loss,
                                          "lm loss validation ppl": ppl})
+
+    def test(self, iteration: int, loss: Optional[float]) -> None:
+        """Log the test loss at the end of training, as Megatron-LM's "... on test set"."""
+        if loss is None:
+            return
+        if self.is_logging_rank:
+            print("\n".join(validation_lines(iteration, loss, " on test set")), flush=True)
+        self._write("test", iteration, {"lm loss test": loss,
+                                        "lm loss test ppl": math.exp(min(loss, 20.0))})
 
     def close(self) -> None:
         for sink in self.sinks:

@@ -60,9 +60,10 @@ def read_metrics(path: str) -> list[dict]:
 def summarise_run(path: str) -> Optional[dict]:
     """What the reports over runs read from a metrics file (or a ``--save`` directory's):
     ``iteration`` and ``train_loss`` of the last training record, ``skipped`` (steps skipped
-    so far), ``tokens_per_iteration``, and ``valid_curve``, ``[(iteration, loss)]`` with the
-    last record of an iteration winning (a validation redone after an interruption); None
-    when the file holds no training record."""
+    so far), ``tokens_per_iteration``, ``valid_curve``, ``[(iteration, loss)]`` with the
+    last record of an iteration winning (a validation redone after an interruption), and
+    ``test_loss``, the end of training's test evaluation (None without one); None when the
+    file holds no training record."""
     records = read_metrics(path)
     train = [r for r in records if r["kind"] == "train"]
     if not train:
@@ -71,7 +72,9 @@ def summarise_run(path: str) -> Optional[dict]:
             "skipped": train[-1].get("skipped-iterations", 0),
             "tokens_per_iteration": train[0]["tokens"] // train[0]["iteration"],
             "valid_curve": sorted({r["iteration"]: r["lm loss validation"] for r in records
-                                   if r["kind"] == "valid"}.items())}
+                                   if r["kind"] == "valid"}.items()),
+            "test_loss": next((r["lm loss test"] for r in reversed(records)
+                               if r["kind"] == "test"), None)}
 
 
 class JsonlSink:

@@ -1,5 +1,5 @@
 """The arms' training runs compared from their metrics files (tools/training_report.py): the
-final train and validation loss (and perplexity) of each, as a Markdown table and a figure of
+final train, validation and test loss (and perplexity) of each, as a Markdown table and a figure of
 the validation-loss curves. A run is read by :func:`megatron_ext.metrics.sinks.summarise_run`.
 """
 
@@ -13,7 +13,8 @@ from .sinks import summarise_run
 
 
 def summarise(runs: dict[str, str]) -> dict[str, dict]:
-    """Final values per arm: iteration, train loss, validation loss and perplexity."""
+    """Final values per arm: iteration, train loss, validation loss and perplexity, test
+    loss (None where the run evaluated no test split)."""
     table = {}
     for arm, path in runs.items():
         run = summarise_run(path)
@@ -26,16 +27,18 @@ def summarise(runs: dict[str, str]) -> dict[str, dict]:
             "valid_loss": valid[-1][1] if valid else None,
             "valid_ppl": math.exp(valid[-1][1]) if valid else None,
             "valid_curve": valid,
+            "test_loss": run["test_loss"],
         }
     return table
 
 
 def markdown(table: dict[str, dict]) -> str:
-    lines = ["| arm | iteration | train loss (last log interval) | validation loss | validation ppl |",
-             "|---|---:|---:|---:|---:|"]
+    lines = ["| arm | iteration | train loss (last log interval) | validation loss | "
+             "validation ppl | test loss |", "|---|---:|---:|---:|---:|---:|"]
     for arm, r in table.items():
         lines.append(f"| {arm} | {r['iteration']} | {number(r['train_loss'], '.4f')} | "
-                     f"{number(r['valid_loss'], '.4f')} | {number(r['valid_ppl'], '.2f')} |")
+                     f"{number(r['valid_loss'], '.4f')} | {number(r['valid_ppl'], '.2f')} | "
+                     f"{number(r['test_loss'], '.4f')} |")
     return "\n".join(lines)
 
 

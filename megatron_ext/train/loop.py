@@ -35,7 +35,7 @@ from ..checkpoint.lease import take_save_lease
 from ..checkpoint.saving import Checkpointer
 from ..config.derived import Derived
 from ..config.megatron_defaults import defaults_line
-from ..datasets.gpt_datasets import samples_per_split
+from ..datasets.gpt_datasets import samples_per_split, test_split
 from ..metrics.logger import MetricsLogger
 from ..metrics.norms import NormReporter
 from ..metrics.sinks import agree_wandb_run_id
@@ -81,6 +81,7 @@ class PretrainResult:
     train_loss: Optional[float] = None  # the last update's
     valid_loss: Optional[float] = None  # the last validation's
     exit_reason: Optional[str] = None  # why it stopped before --train-iters, or None
+    test_loss: Optional[float] = None  # the test split's, at the end of training
 
 
 def pretrain(args: argparse.Namespace, model_provider: Callable, forward_step: Callable,
@@ -104,7 +105,7 @@ def pretrain(args: argparse.Namespace, model_provider: Callable, forward_step: C
     reason = exits.signalled()
     if reason:
         return _stopped(state, reason, "during start-up, before training (nothing new to save)")
-    train_iter, valid_dataset = datasets_provider(
+    train_iter, valid_dataset, test_dataset = datasets_provider(
         run, setup.tokenizer, samples_per_split(run, derived), state.consumed_train_samples)
     reason = exits.signalled()
     if reason:
@@ -121,8 +122,8 @@ def pretrain(args: argparse.Namespace, model_provider: Callable, forward_step: C
         gathered = functools.partial(gathered_parameters, run, setup.ddp)
         collector = GarbageCollection(run)
         validator = Validator(run, derived.train_iters, derived.num_microbatches, forward_step,
-                              valid_dataset, setup.ddp, exits, metrics, collector,
-                              gathered=gathered)
+                              valid_dataset, test_dataset, setup.ddp, exits, metrics,
+                              collector, gathered=gathered)
         checkpointer = Checkpointer(run, derived, setup.model, setup.optimizer,
                                     setup.scheduler, setup.code, wandb_run_id,
                                     last_saved=state.iteration if setup.resume_path else None,
@@ -135,6 +136,7 @@ def pretrain(args: argparse.Namespace, model_provider: Callable, forward_step: C
                    disable=not (sys.stderr.isatty() and metrics.is_logging_rank))
         loss, reason = _train(setup, forward_step, train_iter, exits, metrics,
                               validator, checkpointer, norms, profiler, collector, bar)
+        reason = reason or validator.test(state)
     except NonFiniteLossError:  # every rank stops here together: a background save completes
         checkpointer.finish_pending()
         raise
@@ -142,7 +144,8 @@ def pretrain(args: argparse.Namespace, model_provider: Callable, forward_step: C
         for part in (bar, profiler, collector, metrics, lease):
             if part is not None:
                 part.close()
-    result = PretrainResult(state.iteration, loss, validator.last_loss, reason)
+    result = PretrainResult(state.iteration, loss, validator.last_loss, reason,
+                            validator.test_loss)
     _log_end(result)
     return result
 
@@ -167,7 +170,7 @@ def _train(setup, forward_step, train_iter, exits: ExitConditions,
     while state.iteration < derived.train_iters and not reason:
         profiler.step_starts(state.iteration)
         step_start = time.time()
-        log_now = metrics.is_log_iteration(state.iteration + 1)
+        log_now = metrics.prints_line(state.iteration + 1)
         batch_size = ramp.batch_size(state.consumed_train_samples)
         step = train_step(
             run, ramp.num_microbatches(state.consumed_train_samples), forward_step, train_iter,
@@ -219,6 +222,9 @@ def _log_start(run: argparse.Namespace, derived: Derived, ddp, num_params: int) 
     line = defaults_line(run)
     if line:
         log(line)
+    unread = test_split(run)[1]
+    if unread:
+        log(f"[fixedcode] the test split is not evaluated at the end of training: {unread}")
     if run.overlap_grad_reduce:
         buckets = sum(len(buffer.buckets) for buffer in ddp.buffers)
         log(f"[fixedcode] gradient reduction overlaps the backward pass: {buckets} buckets")
@@ -233,4 +239,6 @@ def _log_end(result: PretrainResult) -> None:
         summary += f" | final train loss {result.train_loss:.6f}"
     if result.valid_loss is not None:
         summary += f" | final validation loss {result.valid_loss:.6f}"
+    if result.test_loss is not None:
+        summary += f" | test loss {result.test_loss:.6f}"
     log(summary)

@@ -7,7 +7,9 @@ The loop asks ``validator.should_validate(iteration)`` after each step: every
 ``--eval-interval`` iterations and at the last one, when there is a validation set. An exit
 signal stops a validation after its current batch; the train state then records it as
 pending (``validation_pending``, saved in the checkpoint) and the resumed run validates
-first.
+first. When training reaches ``--train-iters``, after the final save, the test split is
+evaluated once (:meth:`Validator.test`), as Megatron-LM does; a signal then ends it with
+nothing pending.
 """
 
 from __future__ import annotations
@@ -51,21 +53,29 @@ def validation_loss(args, num_microbatches: int, forward_step, valid_dataset, dd
 
 class Validator:
     """Validates the model on ``valid_dataset`` (None: never) every ``--eval-interval``
-    iterations and at the last of ``train_iters``; :attr:`last_loss` is the mean loss of the
-    latest validation (None before any, when it was stopped, and on ranks other than the last
-    pipeline stage). ``collector``: the run's garbage-collection policy, applied around each
-    validation. ``gathered``: a context in which the model holds whole, current
-    parameters (``--overlap-param-gather``)."""
+    iterations and at the last of ``train_iters``, and evaluates it on ``test_dataset``
+    (None: never) at the end; :attr:`last_loss` is the mean loss of the latest validation,
+    :attr:`test_loss` the test's (None before any, when stopped, and on ranks other than the
+    last pipeline stage). ``collector``: the run's garbage-collection policy, applied around
+    each. ``gathered``: a context in which the model holds whole, current parameters
+    (``--overlap-param-gather``)."""
 
     def __init__(self, args: argparse.Namespace, train_iters: int, num_microbatches: int,
-                 forward_step: Callable, valid_dataset, ddp, exits: ExitConditions,
+                 forward_step: Callable, valid_dataset, test_dataset, ddp, exits: ExitConditions,
                  metrics: MetricsLogger, collector: GarbageCollection,
                  gathered: Callable[[], ContextManager] = contextlib.nullcontext):
         self.args, self.train_iters, self.num_microbatches = args, train_iters, num_microbatches
         self.gathered = gathered
-        self.forward_step, self.valid_dataset, self.ddp = forward_step, valid_dataset, ddp
+        self.forward_step, self.ddp = forward_step, ddp
+        self.valid_dataset, self.test_dataset = valid_dataset, test_dataset
         self.exits, self.metrics, self.collector = exits, metrics, collector
         self.last_loss: Optional[float] = None
+        self.test_loss: Optional[float] = None
+
+    def _loss(self, dataset) -> tuple[Optional[float], Optional[str]]:
+        with self.gathered(), self.collector.around_validation():
+            return validation_loss(self.args, self.num_microbatches, self.forward_step,
+                                   dataset, self.ddp, self.exits)
 
     def should_validate(self, iteration: int) -> bool:
         return self.valid_dataset is not None and (
@@ -78,14 +88,28 @@ class Validator:
         if self.valid_dataset is None:
             state.validation_pending = False
             return None
-        with self.gathered(), self.collector.around_validation():
-            loss, reason = validation_loss(self.args, self.num_microbatches, self.forward_step,
-                                    self.valid_dataset, self.ddp, self.exits)
+        loss, reason = self._loss(self.valid_dataset)
         self.last_loss = loss
         state.validation_pending = bool(reason)
         if reason:
             log(f"[fixedcode] {reason}: validation at iteration {state.iteration} stopped; "
                 f"the resumed run validates first")
         else:
-            self.metrics.validation(state.iteration, loss)
+            self.metrics.validation(state.iteration, loss,
+                                    periodic=state.iteration % self.args.eval_interval == 0,
+                                    final=state.iteration == self.train_iters)
+        return reason
+
+    def test(self, state: TrainState) -> Optional[str]:
+        """Evaluate the test split at the end of training (``--train-iters`` reached) and log
+        the loss; the exit reason if a signal stopped it (nothing is pending then: the
+        checkpoint is saved)."""
+        if self.test_dataset is None or state.iteration < self.train_iters:
+            return None
+        self.test_loss, reason = self._loss(self.test_dataset)
+        if reason:
+            log(f"[fixedcode] {reason}: the test evaluation at iteration {state.iteration} "
+                f"stopped")
+        else:
+            self.metrics.test(state.iteration, self.test_loss)
         return reason

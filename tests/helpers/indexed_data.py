@@ -8,7 +8,7 @@ import torch
 from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 
 from conftest import TINY_RUN
-from megatron_ext.datasets.gpt_datasets import build_train_valid, samples_per_split
+from megatron_ext.datasets.gpt_datasets import build_train_valid_test, samples_per_split
 from megatron_ext.train.setup import check_flags
 from pretrain_fixedcode import parse_args
 
@@ -25,9 +25,9 @@ def make_dataset(prefix, lengths, dtype=np.uint16, first_id=0, modulo=500) -> st
 
 
 def training_data(*flags):
-    """build_train_valid as pretrain_fixedcode.py calls it: --seq-length 32, --train-iters 2 of
-    --global-batch-size 4 (run it under the cpu_dist fixture)."""
+    """build_train_valid_test as pretrain_fixedcode.py calls it, train and valid: --seq-length
+    32, --train-iters 2 of --global-batch-size 4 (run it under the cpu_dist fixture)."""
     args = parse_args([a for a in TINY_RUN if a != "--mock-data"]
                       + ["--train-iters", "2", *map(str, flags)])
     tokenizer, derived, _ = check_flags(args, "cpu")
-    return build_train_valid(args, tokenizer, samples_per_split(args, derived), 0)
+    return build_train_valid_test(args, tokenizer, samples_per_split(args, derived), 0)[:2]

@@ -34,6 +34,13 @@ VALIDATION = re.compile(
     rf" lm loss value: (?P<lm_loss>{_NUMBER}) \| lm loss PPL: (?P<ppl>{_NUMBER}) \| $")
 
 
+# evaluate_and_print_results at the end of training: prefix 'iteration {N} on validation set'
+# and 'iteration {N} on test set'.
+FINAL = re.compile(
+    r" validation loss at iteration (?P<iteration>\d+) on (?P<split>validation|test) set \|"
+    rf" lm loss value: (?P<lm_loss>{_NUMBER}) \| lm loss PPL: (?P<ppl>{_NUMBER}) \| $")
+
+
 def training_lines(text: str) -> list[re.Match]:
     """The training log lines of ``text``, parsed."""
     return [m for m in map(TRAINING.match, text.splitlines()) if m]
@@ -41,3 +48,8 @@ def training_lines(text: str) -> list[re.Match]:
 
 def validation_lines(text: str) -> list[re.Match]:
     return [m for m in map(VALIDATION.match, text.splitlines()) if m]
+
+
+def final_lines(text: str) -> list[re.Match]:
+    """The evaluations at the end of training: validation set, then test set."""
+    return [m for m in map(FINAL.match, text.splitlines()) if m]

@@ -19,7 +19,7 @@ from megatron.core.datasets.blended_megatron_dataset_config import BlendedMegatr
 from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 from megatron.core.datasets.indexed_dataset import IndexedDataset
 
-from conftest import REPO
+from conftest import REPO, TINY_RUN
 from helpers.gpt2_bpe import gpt2_bpe_files
 from helpers.indexed_data import make_dataset, training_data
 from megatron_ext.datasets.indexed import IndexCheckError, read_index, token_id_range
@@ -387,3 +387,29 @@ def test_repeated_train_data_warns_or_refuses_with_the_epochs(cpu_dist, tmp_path
     with pytest.raises(DataError, match="more than --max-data-epochs 1"):  # training refuses
         training_data("--data-path", small, "--split", "100,0,0", "--eval-iters", "0",
                       "--train-iters", "100", "--max-data-epochs", "1")
+
+
+def test_the_test_split_is_read_where_it_holds_a_sample(cpu_dist, tmp_path):
+    """At the end of training the test split is evaluated when the flags give one that holds
+    a sample: a --test-data-path, or a test share of --split that does in every file; a
+    small dataset's empty test share is skipped with the reason, not refused."""
+    from megatron_ext.datasets.gpt_datasets import samples_per_split, test_split
+    from megatron_ext.train.setup import check_flags
+    from pretrain_fixedcode import parse_args
+    small = make_dataset(tmp_path / "small", [40] * 30)
+    base = [a for a in TINY_RUN if a != "--mock-data"] + ["--train-iters", "2"]
+    for flags, read, samples in (
+            (["--data-path", small, "--eval-iters", "2"], False, 0),
+            (["--data-path", small, "--eval-iters", "2", "--split", "80,10,10"], True, 8),
+            (["--data-path", small, "--eval-iters", "0", "--split", "80,10,10"], False, 0),
+            (["--train-data-path", small, "--valid-data-path", small, "--eval-iters", "2"],
+             False, 0),
+            (["--train-data-path", small, "--valid-data-path", small, "--test-data-path",
+              small, "--eval-iters", "2"], True, 8)):
+        args = parse_args(base + flags)
+        assert test_split(args)[0] is read, flags
+        assert samples_per_split(args, check_flags(args, "cpu")[1])[2] == samples, flags
+    assert test_split(parse_args(base + ["--data-path", small, "--eval-iters", "2"]))[1] == (
+        f"--data-path {small}: --split 969,30,1 gives the test split 0 of its 30 documents "
+        "(0 tokens), fewer than the --seq-length 32 + 1 = 33 tokens of one sample")
+

@@ -447,7 +447,8 @@ def test_the_loss_is_all_reduced_once_per_step(cpu_dist, monkeypatch):
 
 def test_manual_gc_collects_at_megatron_lms_points(cpu_dist, monkeypatch, tmp_path):
     """--manual-gc: the collector off while training, a collection at the start, every
-    --manual-gc-interval steps and around each validation; back on at the end."""
+    --manual-gc-interval steps and around each validation and the test evaluation at the
+    end; back on at the end."""
     import gc
     collected, enabled = [], []
     monkeypatch.setattr(gc, "collect", lambda *a: collected.append(gc.isenabled()))
@@ -460,7 +461,7 @@ def test_manual_gc_collects_at_megatron_lms_points(cpu_dist, monkeypatch, tmp_pa
         return pretrain_fixedcode.forward_step(data_iterator, model)
 
     pretrain(args, model_provider, forward_step, datasets_provider)
-    assert len(collected) == 1 + 2 + 2 * 2 and not any(collected)
+    assert len(collected) == 1 + 2 + 2 * 2 + 2 and not any(collected)
     assert enabled and not any(enabled) and gc.isenabled()
 
 

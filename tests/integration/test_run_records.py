@@ -79,10 +79,11 @@ def test_the_metrics_file_holds_each_iteration_once_with_the_diagnostics(resumed
     _, _, first, second = resumed_run
     records = second.metrics
     assert [(r["kind"], r["iteration"]) for r in records] == [
-        ("train", 1), ("train", 2), ("valid", 2), ("train", 3), ("train", 4), ("valid", 4)]
+        ("train", 1), ("train", 2), ("valid", 2), ("train", 3), ("train", 4), ("valid", 4),
+        ("test", 4)]
     assert records[:3] == first.metrics  # the first run's records are kept as written
     assert [r["tokens"] for r in records if r["kind"] == "train"] == [128, 256, 384, 512]
-    train = records[-2]
+    train = records[-3]
     for key in ("params-norm", "num-zeros", "grad-norm/input-table", "grad-norm/layer-01",
                 "grad-norm/layer-02", "grad-norm/output-layer", "params-norm/input-table",
                 "params-norm/output-layer"):
@@ -160,7 +161,8 @@ def test_training_report_reads_run_directories_and_metrics_files(resumed_run, tm
     for arm in ("learned", "again"):
         assert table[arm]["iteration"] == 4
         assert table[arm]["train_loss"] == step_losses(second)[4]
-        assert table[arm]["valid_loss"] == second.metrics[-1]["lm loss validation"]
+        assert table[arm]["valid_loss"] == second.metrics[-2]["lm loss validation"]
+        assert table[arm]["test_loss"] == second.metrics[-1]["lm loss test"]
         assert f"| {arm} | 4 | {table[arm]['train_loss']:.4f} |" in md.read_text()
     assert png.read_bytes().startswith(b"\x89PNG")
     with pytest.raises(SystemExit, match="expected ARM=RUN_DIR"):

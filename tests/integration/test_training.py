@@ -11,7 +11,7 @@ import signal
 import pytest
 
 from conftest import PP2_RUN, TIMING, TINY_RUN, run_pretrain, step_losses, valid_losses
-from helpers.megatron_log import training_lines, validation_lines
+from helpers.megatron_log import final_lines, training_lines, validation_lines
 from helpers.signals import signal_run
 from megatron_ext.checkpoint.compatibility import reconcile_schedule
 from megatron_ext.config.derived import derive
@@ -37,7 +37,9 @@ def test_a_few_steps_lower_the_loss(tmp_path, arm):
 @pytest.mark.integration
 def test_the_log_reads_as_megatron_lms():
     """A run's stdout, read by the regular expressions written from Megatron-LM's source:
-    a line per iteration and per validation, with the metrics file's values."""
+    a line per iteration and per --eval-interval validation, and at the end of training the
+    validation and test set's (the test split was never read before), with the metrics
+    file's values."""
     run = run_pretrain(TINY_RUN + ["--train-iters", "3", "--eval-iters", "1",
                                    "--eval-interval", "2"])
     train = {r["iteration"]: r for r in run.metrics if r["kind"] == "train"}
@@ -52,10 +54,33 @@ def test_the_log_reads_as_megatron_lms():
         assert float(m["learning_rate"]) == pytest.approx(record["learning-rate"], rel=1e-6)
         assert (int(m["skipped"]), int(m["nan"])) == (0, 0)
     checks = validation_lines(run.stdout)
-    assert [int(m["iteration"]) for m in checks] == sorted(valid) == [2, 3]
-    for m in checks:
-        assert float(m["lm_loss"]) == pytest.approx(
-            valid[int(m["iteration"])]["lm loss validation"], rel=1e-6)
+    assert [int(m["iteration"]) for m in checks] == [2] and sorted(valid) == [2, 3]
+    final = final_lines(run.stdout)
+    assert [(int(m["iteration"]), m["split"]) for m in final] == [(3, "validation"), (3, "test")]
+    test = [r for r in run.metrics if r["kind"] == "test"]
+    for m, value in ((checks[0], valid[2]["lm loss validation"]),
+                     (final[0], valid[3]["lm loss validation"]),
+                     (final[1], test[0]["lm loss test"])):
+        assert float(m["lm_loss"]) == pytest.approx(value, rel=1e-6)
+    assert test[0]["lm loss test"] != valid[3]["lm loss validation"]  # another split's tokens
+    assert f"| test loss {test[0]['lm loss test']:.6f}" in run.stdout
+
+
+@pytest.mark.integration
+def test_the_line_shows_the_first_iteration_and_the_logged_iterations_grad_norm():
+    """As Megatron-LM's: the run's first iteration prints a line (its interval goes on), and
+    `grad norm` is the logged iteration's own, not the interval's mean (as it was here)."""
+    every = run_pretrain(TINY_RUN + ["--train-iters", "4"])  # --log-interval 1
+    sparse = run_pretrain(TINY_RUN + ["--train-iters", "4", "--log-interval", "3"])
+    lines = {int(m["iteration"]): m for m in training_lines(sparse.stdout)}
+    assert sorted(lines) == [1, 3, 4]
+    norms = {int(m["iteration"]): float(m["grad_norm"]) for m in training_lines(every.stdout)}
+    assert {i: float(m["grad_norm"]) for i, m in lines.items()} == {i: norms[i] for i in lines}
+    assert norms[3] != pytest.approx(sum(norms[i] for i in (1, 2, 3)) / 3, abs=1e-3)
+    assert [r["iteration"] for r in sparse.metrics if r["kind"] == "train"] == [3, 4]
+    loss = {int(m["iteration"]): float(m["lm_loss"]) for m in training_lines(every.stdout)}
+    assert float(lines[3]["lm_loss"]) == pytest.approx(sum(loss[i] for i in (1, 2, 3)) / 3,
+                                                       rel=1e-5)  # the mean, first included
 
 
 @pytest.mark.integration
@@ -122,7 +147,8 @@ def test_a_cooldown_branches_from_a_stable_checkpoint(tmp_path):
     """WSD: decay from a stable-phase checkpoint into a directory of its own, with a new
     schedule; a requeue of the branch continues the branch."""
     stable, branch = tmp_path / "stable", tmp_path / "branch"
-    run = TINY_RUN + ["--input-interface", "binary", "--lr-decay-style", "WSD"]
+    run = TINY_RUN + ["--input-interface", "binary", "--lr-decay-style", "WSD",
+                      "--lr-wsd-decay-style", "linear"]
     run_pretrain(run + ["--train-iters", "8", "--lr-wsd-decay-iters", "4", "--save", stable,
                         "--load", stable, "--save-interval", "2", "--exit-interval", "4"])
     # From iteration 2 (not the latest, 4), decaying over the last 2 of 4 iterations.
