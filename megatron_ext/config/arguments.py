@@ -343,6 +343,10 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
                    help="log (and record) every this many steps")
     e.add_argument("--tensorboard-dir", default=None,
                    help="write the metrics as TensorBoard scalars here")
+    e.add_argument("--tensorboard-log-interval", type=positive_int, default=1,
+                   help="TensorBoard and wandb: the iteration's loss, learning rate, batch size "
+                        "and grad norm every this many iterations (default 1, as in "
+                        "Megatron-LM); the rest every --log-interval")
     e.add_argument("--metrics-file", default=None,
                    help="append one JSON line per log interval and validation here (default: "
                         "metrics.jsonl in --save)")

@@ -31,6 +31,11 @@ from .flops import flops_per_token, peak_flops
 from .log_line import TrainingFields, training_line, validation_lines
 
 
+# What TensorBoard and wandb take per iteration (each --tensorboard-log-interval), the
+# iteration's own value, as Megatron-LM's training_log writes them; not again per interval.
+PER_ITERATION = ("lm loss", "learning-rate", "batch-size", "grad-norm")
+
+
 def parameters_counted_once(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
     """``(name, parameter)`` for this rank's trainable parameters that, over the model-parallel
     group, hold every parameter of the whole model once: one duplicated on every
@@ -107,13 +112,19 @@ class MetricsLogger:
         self.skipped_iterations = self.nan_iterations = 0
 
     def _write(self, kind: str, iteration: int, scalars: dict) -> None:
+        """``kind`` "step" goes to the per-iteration sinks only, which take a "train" record
+        without :data:`PER_ITERATION`."""
         scalars = {k: v for k, v in scalars.items() if v is not None}
         where = {"iteration": iteration,
                  "consumed_samples": self.consumed_samples,
                  "tokens": self.consumed_samples * self.args.seq_length,
                  "time": time.time()}
         for sink in self.sinks:
-            sink.write(kind, iteration, scalars, where)
+            if sink.per_iteration and kind == "train":
+                sink.write(kind, iteration, {k: v for k, v in scalars.items()
+                                             if k not in PER_ITERATION}, where)
+            elif sink.per_iteration or kind != "step":
+                sink.write(kind, iteration, scalars, where)
 
     def is_log_iteration(self, iteration: int) -> bool:
         """Whether the interval ends at ``iteration``: every ``--log-interval`` and the last."""
@@ -143,6 +154,12 @@ class MetricsLogger:
         self.nan_iterations += loss is not None and not math.isfinite(loss)
         self.skipped_iterations += skipped
         self.times.append(step_time)
+        if iteration % self.args.tensorboard_log_interval == 0:
+            finite = loss is not None and math.isfinite(loss) and not skipped
+            self._write("step", iteration, {
+                "lm loss": loss if finite else None, "learning-rate": lr,
+                "batch-size": batch_size,
+                "grad-norm": None if grad_norm is None else float(grad_norm)})
         if not self.prints_line(iteration):
             return
         a, d = self.args, self.derived

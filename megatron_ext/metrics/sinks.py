@@ -4,7 +4,10 @@ run's metrics file (``metrics.jsonl``) and Weights & Biases (``--wandb-project``
 :class:`megatron_ext.metrics.logger.MetricsLogger` computes one dict of scalars per log interval
 and per validation, and hands the same dict to every sink, so the three records hold the
 same values; ``where`` (iteration, consumed samples, tokens, time) goes to the metrics
-file. Only the logging rank builds sinks.
+file. TensorBoard and wandb (``per_iteration``) also take a ``"step"`` record every
+``--tensorboard-log-interval`` iterations, as Megatron-LM writes them: the iteration's own
+loss, learning rate, batch size and grad norm, which their log-interval record then leaves
+out. Only the logging rank builds sinks.
 
 ``metrics.jsonl``: one JSON object per line, ``{"kind": "train" | "valid", "iteration",
 "consumed_samples", "tokens", "time" (Unix seconds), <scalar>: <value>, ...}`` with the
@@ -25,6 +28,11 @@ from ..runtime.files import write_text
 
 
 class TensorBoardSink:
+    """Scalars by iteration; each iteration's and each validation's also by consumed samples
+    (``"lm loss vs samples"``, ...), as Megatron-LM's."""
+
+    per_iteration = True  # takes the "step" records
+
     def __init__(self, logdir: str):
         from torch.utils.tensorboard import SummaryWriter
         self.writer = SummaryWriter(log_dir=logdir, max_queue=100)
@@ -32,6 +40,8 @@ class TensorBoardSink:
     def write(self, kind: str, iteration: int, scalars: dict, where: dict) -> None:
         for tag, value in scalars.items():
             self.writer.add_scalar(tag, value, iteration)
+            if kind in ("step", "valid"):
+                self.writer.add_scalar(f"{tag} vs samples", value, where["consumed_samples"])
 
     def close(self) -> None:
         self.writer.close()
@@ -81,6 +91,8 @@ class JsonlSink:
     """Appends to ``path``, one flushed line per record, after dropping the records of
     iterations beyond ``resumed_iteration`` (rewritten atomically)."""
 
+    per_iteration = False  # a line per log interval, not per iteration
+
     def __init__(self, path: str, resumed_iteration: int):
         directory = os.path.dirname(os.path.abspath(path))
         os.makedirs(directory, exist_ok=True)
@@ -113,6 +125,8 @@ class WandbSink:
     """One wandb run per training run: a resumed run (the same ``--save`` directory)
     continues the run id stored in its checkpoint. Offline clusters: ``WANDB_MODE=offline``,
     then ``wandb sync`` the run directory."""
+
+    per_iteration = True  # takes the "step" records
 
     def __init__(self, args, record: dict, run_id: str):
         """``record``: the run's arguments with the derived values (derived.run_record)."""

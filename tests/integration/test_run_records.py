@@ -106,6 +106,37 @@ def test_tensorboard_holds_the_metrics_file_scalars(resumed_run):
 
 
 @pytest.mark.integration
+def test_tensorboard_takes_each_iterations_values_as_megatron_lms(tmp_path):
+    """--tensorboard-log-interval (Megatron-LM's, default 1): TensorBoard holds each
+    iteration's own loss, learning rate, batch size and grad norm (also by consumed samples),
+    as Megatron-LM writes them, while the log line and the metrics file keep one record per
+    --log-interval; --tensorboard-log-interval 2 writes every other iteration."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from helpers.megatron_log import training_lines
+    every = run_pretrain(TINY_RUN + ["--train-iters", "4"])  # a line per iteration
+
+    def scalars(folder, *flags):
+        run_pretrain(TINY_RUN + ["--train-iters", "4", "--log-interval", "4",
+                                 "--tensorboard-dir", str(folder), *flags])
+        events = EventAccumulator(str(folder), size_guidance={"scalars": 0})
+        events.Reload()
+        return {tag: {e.step: e.value for e in events.Scalars(tag)}
+                for tag in events.Tags()["scalars"]}
+
+    logged = scalars(tmp_path / "tb")
+    lines = {int(m["iteration"]): m for m in training_lines(every.stdout)}
+    for tag, field in (("lm loss", "lm_loss"), ("grad-norm", "grad_norm"),
+                       ("learning-rate", "learning_rate")):
+        assert logged[tag] == pytest.approx({i: float(m[field]) for i, m in lines.items()},
+                                            rel=1e-3, abs=1e-3), tag
+    assert logged["batch-size"] == {1: 4, 2: 4, 3: 4, 4: 4}
+    assert sorted(logged["lm loss vs samples"]) == [4, 8, 12, 16]
+    assert sorted(logged["tokens-per-second"]) == [4]  # the interval's, at --log-interval
+    assert sorted(scalars(tmp_path / "tb2", "--tensorboard-log-interval", "2")["lm loss"]) \
+        == [2, 4]
+
+
+@pytest.mark.integration
 def test_wandb_offline_holds_the_same_scalars_in_one_run_across_the_resume(resumed_run):
     ckpt, _, _, second = resumed_run
     ids, history = wandb_history(ckpt / "wandb")
