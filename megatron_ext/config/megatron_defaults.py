@@ -52,3 +52,17 @@ def defaults_line(args: argparse.Namespace) -> Optional[str]:
     if not in_force:
         return None
     return "[fixedcode] defaults that differ from Megatron-LM's, in force: " + ", ".join(in_force)
+
+
+def query_groups_line(args: argparse.Namespace) -> Optional[str]:
+    """The start-up log line for ``--num-query-groups`` given without
+    ``--group-query-attention``: grouped-query attention here, full multi-head attention in
+    Megatron-LM (which reads the groups only under that flag); None otherwise."""
+    if args.num_query_groups is None or args.group_query_attention \
+            or args.num_query_groups == args.num_attention_heads:
+        return None
+    return (f"[fixedcode] --num-query-groups {args.num_query_groups} without "
+            f"--group-query-attention: grouped-query attention with {args.num_query_groups} "
+            f"groups (Megatron-LM would build full multi-head attention, reading the groups "
+            f"only under --group-query-attention)")
+

@@ -34,7 +34,7 @@ from ..checkpoint.layout import TrainState
 from ..checkpoint.lease import take_save_lease
 from ..checkpoint.saving import Checkpointer
 from ..config.derived import Derived
-from ..config.megatron_defaults import defaults_line
+from ..config.megatron_defaults import defaults_line, query_groups_line
 from ..datasets.gpt_datasets import samples_per_split, test_split
 from ..metrics.logger import MetricsLogger
 from ..metrics.norms import NormReporter
@@ -219,9 +219,9 @@ def _log_start(run: argparse.Namespace, derived: Derived, ddp, num_params: int) 
         f"| {run.device} x {derived.world_size} (tp {run.tensor_model_parallel_size}, "
         f"pp {run.pipeline_model_parallel_size}, dp {derived.data_parallel_size}) "
         f"| {derived.num_microbatches} micro-batches per step")
-    line = defaults_line(run)
-    if line:
-        log(line)
+    for line in (defaults_line(run), query_groups_line(run)):
+        if line:
+            log(line)
     unread = test_split(run)[1]
     if unread:
         log(f"[fixedcode] the test split is not evaluated at the end of training: {unread}")

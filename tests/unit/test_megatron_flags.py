@@ -11,7 +11,8 @@ from megatron.core.num_microbatches_calculator import RampupBatchsizeNumMicroBat
 
 from conftest import REPO, TINY_RUN
 from helpers.gpt2_bpe import gpt2_bpe_files
-from megatron_ext.config.megatron_defaults import DIFFERING_DEFAULTS, defaults_in_force, flag_text
+from megatron_ext.config.megatron_defaults import (DIFFERING_DEFAULTS, defaults_in_force,
+                                                  flag_text, query_groups_line)
 from megatron_ext.config.schedule import BatchRamp, ramped_train_iters
 from megatron_ext.model.attention import document_mask_refusal
 from megatron_ext.runtime.errors import FixedcodeError
@@ -124,6 +125,17 @@ def test_megatron_lm_flags_that_ask_for_what_is_done_anyway_are_taken(cpu_dist):
                                                      "= 16")):
         with pytest.raises(FixedcodeError, match=re.escape(message)):
             parse_args(TINY_RUN + ["--train-iters", "2"] + flags)
+
+
+def test_query_groups_without_the_gqa_switch_are_said_at_start_up():
+    """Megatron-LM reads --num-query-groups only under --group-query-attention; here the
+    number alone builds GQA, which the start-up log says."""
+    flags = TINY_RUN + ["--train-iters", "2", "--num-query-groups", "2"]
+    assert "--num-query-groups 2 without --group-query-attention: grouped-query attention " \
+           "with 2 groups (Megatron-LM would build full multi-head" in query_groups_line(
+               parse_args(flags))
+    assert query_groups_line(parse_args(flags + ["--group-query-attention"])) is None
+    assert query_groups_line(parse_args(TINY_RUN + ["--train-iters", "2"])) is None
 
 
 def test_use_checkpoint_args_needs_load():
