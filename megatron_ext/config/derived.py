@@ -27,7 +27,7 @@ from typing import Optional
 
 from ..runtime.errors import FlagError
 from .arguments import padded_vocab_size
-from .schedule import BatchRamp, check_schedule_flags, ramped_train_iters
+from .schedule import BatchRamp, check_schedule_flags, ramped_train_iters, train_iters_of_samples
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,7 +104,7 @@ def derive(args: argparse.Namespace, world: int, vocab_size: int) -> Derived:
     train_iters = args.train_iters
     if train_iters is None:
         train_iters = (ramped_train_iters(ramp, args.train_samples) if rampup
-                       else args.train_samples // global_batch)  # as Megatron-LM: whole batches
+                       else train_iters_of_samples(args.train_samples, global_batch))
         if not train_iters:
             raise FlagError(f"--train-samples {args.train_samples} is not one batch of "
                             f"--global-batch-size {global_batch}")

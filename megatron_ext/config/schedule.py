@@ -125,6 +125,12 @@ class BatchRamp:
         return self.batch_size(consumed_samples) // self.per_micro_batch
 
 
+def train_iters_of_samples(train_samples: int, global_batch: int) -> int:
+    """Megatron-LM's ``update_train_iters`` without a ramp: the whole global batches of
+    ``--train-samples`` (a partial last batch is dropped)."""
+    return train_samples // global_batch
+
+
 def ramped_train_iters(ramp: BatchRamp, train_samples: int) -> int:
     """Megatron-LM's ``update_train_iters`` under a ramp: the updates of the ramp (until
     past its samples or ``train_samples``), then whole full batches; a partial last batch is

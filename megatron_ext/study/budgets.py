@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from ..config.schedule import train_iters_of_samples
 from ..runtime.errors import StudyError
 
 
@@ -58,7 +59,8 @@ def plan(recipe: tuple[str, ...], budgets: tuple[int, ...], what: str) -> list[B
                          f"{', '.join(missing)}")
     batch = args.global_batch_size
     per_step = batch * args.seq_length
-    main = args.train_iters if args.train_iters is not None else -(-args.train_samples // batch)
+    main = args.train_iters if args.train_iters is not None \
+        else train_iters_of_samples(args.train_samples, batch)
     stable_end = main - args.lr_wsd_decay_iters
     fraction = args.lr_wsd_decay_iters / main
     branches = []
