@@ -66,21 +66,38 @@ def _schedule(args: dict) -> dict:
 
 
 def reconcile_schedule(saved_args: dict, args: argparse.Namespace, train_iters: int,
-                       path: str) -> tuple[list[str], dict]:
+                       global_batch: int, path: str) -> tuple[list[str], dict]:
     """On resume, settle which schedule continues when the flags and the checkpoint differ
-    (``train_iters``: this run's, derived; the decay length defaults to it):
-    the flags' with ``--override-opt_param-scheduler``, the checkpoint's with
+    (``train_iters``, ``global_batch``: this run's, derived; the decay length defaults to
+    the first): the flags' with ``--override-opt_param-scheduler``, the checkpoint's with
     ``--use-checkpoint-opt_param-scheduler``, else an error naming each difference. Returns
     the differences, ``["--flag NEW (checkpoint OLD)", ...]``, and the schedule the run
-    keeps, ``{name: value}`` over :data:`SCHEDULE_FLAGS` (``args`` is not written into)."""
+    keeps, ``{name: value}`` over :data:`SCHEDULE_FLAGS` (``args`` is not written into).
+
+    The scheduler counts samples, so an iteration-based schedule resumed at another global
+    batch (given, or the default micro-batch x data-parallel size on another number of
+    GPUs) is another schedule: a difference too, which only the flags' values can take on
+    (Megatron-LM refuses it as well)."""
     if args.override_opt_param_scheduler and args.use_checkpoint_opt_param_scheduler:
         raise FlagError("--override-opt_param-scheduler and "
                         "--use-checkpoint-opt_param-scheduler are exclusive")
     flags = {k: getattr(args, k) for k in SCHEDULE_FLAGS}
     old, new = _schedule(saved_args), _schedule({**vars(args), "train_iters": train_iters})
     diffs = [f"{SCHEDULE_FLAGS[k]} {new[k]} (checkpoint {old[k]})" for k in old if old[k] != new[k]]
+    saved_batch = saved_args.get("global_batch_size")
+    rebatched = saved_args.get("train_samples") is None and saved_batch not in (None,
+                                                                                 global_batch)
+    if rebatched:
+        diffs.append(f"--global-batch-size {global_batch} (checkpoint {saved_batch}: the "
+                     f"schedule's iterations are {global_batch / saved_batch:g}x the samples)")
     if not diffs or args.override_opt_param_scheduler:
         return diffs, flags
+    if args.use_checkpoint_opt_param_scheduler and rebatched:
+        raise CheckpointError(
+            f"{path} was trained at --global-batch-size {saved_batch}, this run's is "
+            f"{global_batch}: the checkpoint's schedule in iterations would cover other "
+            f"samples; resume at its global batch, or pass --override-opt_param-scheduler "
+            f"to continue with the new values")
     if args.use_checkpoint_opt_param_scheduler:
         return diffs, {k: old[k] if old[k] is not None else flags[k] for k in SCHEDULE_FLAGS}
     raise CheckpointError(

@@ -236,8 +236,8 @@ def resolve_checkpoint(args: argparse.Namespace, derived: Derived, resolved: Res
         if resolved.finetune or resolved.no_load_optim:  # the flags' schedule, from step 0
             return path, common, code, resolved
         compatibility.check_optimizer_resharding(common, args, path)
-        changes, schedule = compatibility.reconcile_schedule(common["args"], args,
-                                                             derived.train_iters, path)
+        changes, schedule = compatibility.reconcile_schedule(
+            common["args"], args, derived.train_iters, derived.global_batch_size, path)
         resolved = dataclasses.replace(resolved, schedule=schedule)
         if changes:
             log("[fixedcode] learning-rate schedule " + (

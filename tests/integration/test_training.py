@@ -183,19 +183,38 @@ def test_a_changed_schedule_needs_a_decision():
             "differs from the one CKPT was trained with: --lr 0.001 (checkpoint 0.003), "
             "--lr-decay-iters 6 (checkpoint 8), --lr-wsd-decay-iters 2 (checkpoint 4). Pass "
             "--override-opt_param-scheduler")):
-        reconcile_schedule(saved, parse_args(cooldown), 6, "CKPT")
+        reconcile_schedule(saved, parse_args(cooldown), 6, 4, "CKPT")
     args = parse_args(cooldown + ["--use-checkpoint-opt_param-scheduler"])
-    diffs, kept = reconcile_schedule(saved, args, 6, "CKPT")
+    diffs, kept = reconcile_schedule(saved, args, 6, 4, "CKPT")
     assert len(diffs) == 3
     assert (kept["lr"], kept["lr_decay_iters"], kept["lr_wsd_decay_iters"]) == (3e-3, 8, 4)
     assert (args.lr, args.lr_decay_iters, args.lr_wsd_decay_iters) == (1e-3, None, 2)  # as given
     args = parse_args(cooldown + ["--override-opt_param-scheduler"])
-    diffs, kept = reconcile_schedule(saved, args, 6, "CKPT")
+    diffs, kept = reconcile_schedule(saved, args, 6, 4, "CKPT")
     assert len(diffs) == 3
     assert (kept["lr"], kept["lr_decay_iters"], kept["lr_wsd_decay_iters"]) == (1e-3, None, 2)
     same = parse_args(TINY_RUN + ["--train-iters", "8", "--lr-decay-style", "WSD",
                                   "--lr-wsd-decay-iters", "4"])
-    assert reconcile_schedule(saved, same, 8, "CKPT")[0] == []
+    assert reconcile_schedule(saved, same, 8, 4, "CKPT")[0] == []
+
+
+def test_a_resume_at_another_global_batch_is_a_changed_schedule():
+    """The scheduler counts samples: an iteration-based run resumed at a global batch of 8
+    (given, or by default on twice the GPUs) would have followed another schedule in silence
+    (its lr at the resumed iteration twice the uninterrupted run's); it needs the decision,
+    and the checkpoint's iterations cannot be kept at the new batch."""
+    saved = vars(parse_args(TINY_RUN + ["--train-iters", "8"]))  # global batch 4
+    args = parse_args(TINY_RUN + ["--train-iters", "8", "--global-batch-size", "8"])
+    with pytest.raises(CheckpointError, match=re.escape(
+            "differs from the one CKPT was trained with: --global-batch-size 8 (checkpoint 4: "
+            "the schedule's iterations are 2x the samples). Pass")):
+        reconcile_schedule(saved, args, 8, 8, "CKPT")
+    with pytest.raises(CheckpointError, match="resume at its global batch, or pass "
+                                              "--override-opt_param-scheduler"):
+        reconcile_schedule(saved, parse_args(TINY_RUN + [
+            "--train-iters", "8", "--use-checkpoint-opt_param-scheduler"]), 8, 8, "CKPT")
+    override = parse_args(TINY_RUN + ["--train-iters", "8", "--override-opt_param-scheduler"])
+    assert len(reconcile_schedule(saved, override, 8, 8, "CKPT")[0]) == 1
 
 
 @pytest.mark.integration
