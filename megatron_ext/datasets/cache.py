@@ -9,9 +9,12 @@ after a barrier. Here:
 - :func:`check_visible`: before anything is built, every rank checks that it sees the
   directory rank 0 sees (a file rank 0 writes there, or the files already there), so a node
   without that filesystem fails at once, on every rank, naming the path and the flag;
-- :class:`CheckedGPTDataset`: with ``--require-data-cache`` a GPT dataset whose indices are
-  not cached is an error instead of a build; on a rank other than 0 a missing file is an
-  error naming the flag, never a bare ``FileNotFoundError`` from numpy;
+- :class:`CheckedGPTDataset`: the data files' size and modification time are part of the
+  caches' key (Megatron-Core keys them by path only, so a dataset rebuilt in place was read
+  through its old indices: appended documents never read, or an ``IndexError`` later); with
+  ``--require-data-cache`` a GPT dataset whose indices are not cached is an error instead of
+  a build; on a rank other than 0 a missing file is an error naming the flag, never a bare
+  ``FileNotFoundError`` from numpy;
 - :func:`cache_report`: which cache files each dataset uses, and whether they were built or
   found (loaded);
 - :func:`one_process_group`: the process group of one process that building the caches ahead
@@ -21,6 +24,8 @@ after a barrier. Here:
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import os
 import socket
 import uuid
@@ -30,6 +35,7 @@ import torch
 from megatron.core.datasets.gpt_dataset import GPTDataset
 
 from ..runtime.errors import DataError, joined
+from ..runtime.files import file_fingerprint
 
 # megatron.core 0.16.1's files of one GPT dataset split (GPTDataset.
 # _build_document_sample_shuffle_indices): PATH/HASH-GPTDataset-SPLIT-SUFFIX.
@@ -53,7 +59,8 @@ def not_shared(path: str, missing: str) -> str:
 class CheckedGPTDataset(GPTDataset):
     """Megatron-Core's ``GPTDataset``, checking its cached indices before it builds or loads
     them. It keeps the class name ``GPTDataset``, which the cache files and their description
-    hash carry, so it reads and writes exactly the files ``GPTDataset`` would.
+    carry; their hash also covers the data files' size and modification time
+    (:meth:`_key_data_files`), so a rebuilt dataset gets new indices.
 
     ``require_cache`` (``--require-data-cache``): indices that are not in ``path_to_cache``
     are an error on every rank instead of being built on rank 0."""
@@ -61,6 +68,8 @@ class CheckedGPTDataset(GPTDataset):
     require_cache = False
 
     def _build_document_sample_shuffle_indices(self):
+        if not self.config.mock:
+            self._key_data_files()
         path = self.config.path_to_cache
         if path and not self.config.mock:
             base = f"{self.unique_description_hash}-{type(self).__name__}-{self.index_split.name}"
@@ -77,6 +86,18 @@ class CheckedGPTDataset(GPTDataset):
             if missing and rank != 0:  # rank 0 built or found them before the barrier
                 raise DataError(not_shared(path, missing[0]))
         return super()._build_document_sample_shuffle_indices()
+
+
+    def _key_data_files(self) -> None:
+        """Add the ``.bin``/``.idx`` fingerprints to the identifiers the cache files are
+        named by (their hash, recomputed as MegatronDataset computes it; a blend's hash,
+        computed later from its datasets' identifiers, carries them too)."""
+        self.unique_identifiers["data_files"] = {
+            ext: file_fingerprint(self.dataset_path + ext) for ext in (".bin", ".idx")}
+        self.unique_description = json.dumps(self.unique_identifiers, indent=4,
+                                             default=lambda obj: obj.unique_identifiers)
+        self.unique_description_hash = hashlib.md5(self.unique_description.encode("utf-8"),
+                                                   usedforsecurity=False).hexdigest()
 
 
 class RequiredCacheGPTDataset(CheckedGPTDataset):

@@ -101,6 +101,26 @@ def test_the_cache_job_builds_what_training_then_loads(tmp_path, monkeypatch, ca
 
 
 @pytest.mark.integration
+def test_a_dataset_rebuilt_in_place_gets_new_indices(tmp_path, capsys):
+    """The caches are keyed by the data files' size and time too: a dataset rebuilt under the
+    same prefix (40 documents appended) gets new indices, which read its new documents;
+    Megatron-Core keys them by path only, and the old indices were loaded, the appended
+    documents never read. The other dataset's caches are kept."""
+    import numpy as np
+    flags = recipe_flags(tmp_path)
+    assert all(r.built for r in build_data_cache.main(flags))
+    a = str(tmp_path / "a")
+    make_dataset(tmp_path / "a", [20 + i % 7 for i in range(440)])  # 400 before
+    rebuilt = build_data_cache.main(flags)
+    assert {(r.kind, r.source) for r in rebuilt if r.built} == {
+        ("GPTDataset", a), ("BlendedDataset", f"{a} {tmp_path / 'b'}")}
+    assert not any(r.built for r in rebuilt if r.source == str(tmp_path / "b"))
+    train = next(r for r in rebuilt if r.built and r.source == a and r.split == "train")
+    documents = np.load(next(f for f in train.files if f.endswith("document_index.npy")))
+    assert documents.max() >= 400  # the appended documents are drawn from
+
+
+@pytest.mark.integration
 def test_the_cache_job_reads_gpt2_bpe_files(tmp_path, capsys):
     """--vocab-file/--merge-file reach the builder's tokenizer (it used to ask for them)."""
     vocab, merges = map(str, gpt2_bpe_files(tmp_path))
