@@ -1,5 +1,6 @@
-"""What a resumed run must share with its checkpoint, and what it may change: the model and
-input (:func:`check_compatible`), the learning-rate schedule (:func:`reconcile_schedule`),
+"""What a resumed run must share with its checkpoint, and what it may change: the model,
+input and precision (:func:`check_compatible`), the data and the model's function, said in
+the log (:func:`changed_on_resume`), the learning-rate schedule (:func:`reconcile_schedule`),
 the parallel sizes the distributed optimizer's saved layout allows
 (:func:`check_optimizer_resharding`)."""
 
@@ -27,15 +28,48 @@ ADDED_ARGS = {"code_tiling": "repeat", "input_table_rank": None, "code_projectio
               "embedding_init_method_std": None}
 
 
+# The precision the optimizer state was saved in (its main-parameter copies and loss scaler);
+# off where a checkpoint's args lack them.
+PRECISION_ARGS = {"bf16": False, "fp16": False}
+
+# What a resumed run may change on purpose (a new blend for a cooldown, a longer context, a
+# fine-tuning's dropout), so it is said, not refused: the data and their order, and what the
+# model computes without changing its shape. Megatron-LM resumes with them changed in silence.
+SAID_ON_RESUME = (
+    "data_path", "train_data_path", "valid_data_path", "test_data_path", "data_args_path",
+    "per_split_data_args_path", "mock_data", "split", "seed", "seq_length", "tokenizer_type",
+    "tokenizer_model", "vocab_file", "merge_file", "eod_mask_loss", "reset_position_ids",
+    "reset_attention_mask", "rotary_base", "norm_epsilon", "hidden_dropout",
+    "attention_dropout",
+)
+
+
+def _differences(names, saved_args: dict, current: dict, absent: dict = ADDED_ARGS) -> list[str]:
+    """``"--flag: checkpoint OLD, now NEW"`` for each of ``names`` that differs (``absent``:
+    the value of one the checkpoint's args lack)."""
+    saved = {k: saved_args.get(k, absent.get(k)) for k in names}
+    return [f"--{k.replace('_', '-')}: checkpoint {saved[k]!r}, now {current.get(k)!r}"
+            for k in names if saved[k] != current.get(k)]
+
+
 def check_compatible(saved_args: dict, current: dict, path: str) -> None:
-    """Refuse to resume a checkpoint whose model or input differs from this run's
+    """Refuse to resume a checkpoint whose model, input or precision differs from this run's
     (``current``: its arguments with the derived values, derived.run_record)."""
-    saved = {k: saved_args.get(k, ADDED_ARGS.get(k)) for k in MODEL_DEFINING_ARGS}
-    diffs = [f"--{k.replace('_', '-')}: checkpoint {saved[k]!r}, now {current[k]!r}"
-             for k in MODEL_DEFINING_ARGS if saved[k] != current[k]]
+    diffs = _differences(MODEL_DEFINING_ARGS, saved_args, current)
     if diffs:
         raise CheckpointError(f"cannot resume {path} with a different model or input:\n  "
                               + "\n  ".join(diffs))
+    diffs = _differences(PRECISION_ARGS, saved_args, current, PRECISION_ARGS)
+    if diffs:
+        raise CheckpointError(f"cannot resume {path} in another precision (its optimizer "
+                              f"state holds that precision's parameter copies):\n  "
+                              + "\n  ".join(diffs))
+
+
+def changed_on_resume(saved_args: dict, current: dict) -> list[str]:
+    """The flags of :data:`SAID_ON_RESUME` that differ from the checkpoint's, each
+    ``"--flag: checkpoint OLD, now NEW"``, for the resumed run's log."""
+    return _differences(SAID_ON_RESUME, saved_args, current)
 
 
 # The learning-rate and weight-decay schedule, by argument, with its flag.

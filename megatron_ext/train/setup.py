@@ -229,8 +229,13 @@ def resolve_checkpoint(args: argparse.Namespace, derived: Derived, resolved: Res
     path = common = None
     if load and (step is not None or latest is not None):
         path, common = loading.load_common(load, step)
-        compatibility.check_compatible(common["args"], run_record(resolved.applied_to(args),
-                                                                  derived), path)
+        current = run_record(resolved.applied_to(args), derived)
+        compatibility.check_compatible(common["args"], current, path)
+        changed = compatibility.changed_on_resume(common["args"], current)
+        if changed and not resolved.finetune:
+            log(f"[fixedcode] WARNING: resuming {path} with flags changed since it was saved "
+                f"(from here the data order, or what the model computes, is not the "
+                f"uninterrupted run's):\n  " + "\n  ".join(changed))
         saved = common["fixed_code"]
         code = None if saved is None else FixedCode.from_dict(saved)
         if resolved.finetune or resolved.no_load_optim:  # the flags' schedule, from step 0

@@ -511,6 +511,28 @@ def test_resuming_with_another_input_interface_is_refused(tmp_path):
     assert "--input-interface: checkpoint 'binary', now 'gf2'" in proc.stderr
 
 
+@pytest.mark.integration
+def test_a_resume_says_what_changed_and_refuses_another_precision(cpu_dist, tmp_path):
+    """Flags that change the data order or the model's function without its shape may change
+    on resume (a cooldown's new blend, a longer context), but the log says which (Megatron-LM
+    resumes with them in silence); another precision is refused by name (it failed with a raw
+    KeyError in the optimizer state)."""
+    ckpt = str(tmp_path / "ckpt")
+    run = TINY_RUN + ["--train-iters", "4", "--save", ckpt, "--load", ckpt]
+    run_pretrain(run + ["--exit-interval", "2"])
+    same = run_pretrain(run + ["--exit-interval", "3"])
+    assert "flags changed since it was saved" not in same.stdout
+    changed = run_pretrain(run + ["--seed", "7", "--rotary-base", "500000"])
+    assert ("flags changed since it was saved (from here the data order, or what the model "
+            "computes, is not the uninterrupted run's):\n  --seed: checkpoint 1234, now 7\n"
+            "  --rotary-base: checkpoint 10000, now 500000") in changed.stdout
+    with pytest.raises(CheckpointError, match=re.escape(
+            "in another precision (its optimizer state holds that precision's parameter "
+            "copies):\n  --bf16: checkpoint False, now True")):
+        args = parse_args(run + ["--bf16", "--train-iters", "5"])
+        resolve_checkpoint(args, *check_flags(args, "cpu")[1:])
+
+
 def test_a_checkpoint_from_before_code_tilings_resumes_as_repeat():
     """Its saved args lack --code-tiling: they mean repeat."""
     from megatron_ext.checkpoint.compatibility import MODEL_DEFINING_ARGS, check_compatible
