@@ -26,6 +26,7 @@ from megatron.core.datasets.utils import get_blend_from_list
 from ..config.derived import Derived
 from ..runtime.errors import DataError, FlagError
 from . import cache
+from .indexed import edge_token_id_max, read_index
 from .split_checks import check_train_epochs, check_training_data, split_problems, split_ranges
 
 
@@ -44,6 +45,23 @@ def _blend(flag: str, paths):
                 raise DataError(f"{flag}: {prefix + ext} does not exist "
                                 f"(give dataset prefixes, without .bin/.idx)")
     return blend
+
+
+def _check_token_ids(blends, vocab_size: int, tokenizer_type: str) -> None:
+    """Refuse a dataset whose first or last tokens hold an id outside the tokenizer's
+    vocabulary: data tokenized by another tokenizer (Megatron-LM's ``--legacy-tokenizer``
+    sentencepiece puts its ``<EOD>`` past the model's pieces), which would train on ids the
+    tokenizer never makes, below the padded vocabulary in silence (tools/check_data.py reads
+    every id)."""
+    for blend in blends:
+        for prefix in (blend[0] if blend else ()):
+            high = edge_token_id_max(read_index(prefix))
+            if high is not None and high >= vocab_size:
+                raise DataError(
+                    f"{prefix}.bin holds token id {high:,} (in its first or last tokens), "
+                    f"outside the --tokenizer-type {tokenizer_type} vocabulary of "
+                    f"{vocab_size:,}: it was tokenized by another tokenizer; preprocess it "
+                    f"with this one (docs/data.md), or check it with tools/check_data.py")
 
 
 def _data_args_file(flag: str, path: str) -> str:
@@ -140,6 +158,7 @@ def build_datasets(args: argparse.Namespace, tokenizer, num_samples: list[int]):
         check_train_epochs(blend, per_split if any(per_split) else None,
                            None if any(per_split) else args.split, args.seq_length,
                            num_samples[0], args.max_data_epochs)
+        _check_token_ids([blend, *per_split], tokenizer.vocab_size, args.tokenizer_type)
     config = GPTDatasetConfig(
         random_seed=args.seed,
         sequence_length=args.seq_length,

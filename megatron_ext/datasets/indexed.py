@@ -138,6 +138,17 @@ def token_id_range(index: Index, progress: Callable[[int], None] = lambda nbytes
     return int(min(lows)), int(max(highs))
 
 
+def edge_token_id_max(index: Index, tokens: int = 1 << 16) -> Optional[int]:
+    """The largest token id among the first and the last ``tokens`` tokens of the ``.bin``
+    (None when empty): what training checks at start, cheaply, where reading every id (as
+    :func:`token_id_range` does) would take minutes on a large corpus."""
+    total = index.tokens()
+    if not total:
+        return None
+    data = np.memmap(f"{index.prefix}.bin", index.dtype, mode="r", shape=(total,))
+    return int(max(data[:tokens].max(), data[-tokens:].max()))
+
+
 def unigram_counts(index: Index, chunk_tokens: int = 1 << 24) -> np.ndarray:
     """How often each token id occurs in the ``.bin`` (int64, length the largest id + 1),
     memory-mapped and counted in chunks by ``np.bincount``."""

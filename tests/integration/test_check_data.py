@@ -191,6 +191,9 @@ def test_a_small_dataset_is_refused_fast_naming_the_split(cpu_dist, tmp_path):
     ("truncated .bin", "error: --data-path: {train}.bin is truncated: 1,000 bytes, but "
                        "{train}.idx describes 2,680"),
     ("malformed --split", "error: --split 1,1,1,1: give one to three"),
+    ("ids of another tokenizer", "{train}.bin holds token id 512 (in its first or last "
+                                 "tokens), outside the --tokenizer-type NullTokenizer "
+                                 "vocabulary of 512: it was tokenized by another tokenizer"),
 ])
 def test_training_refuses_data_it_cannot_use(cpu_dist, tmp_path, case, message):
     train = make_dataset(tmp_path / "train", [20] * 67)
@@ -204,9 +207,14 @@ def test_training_refuses_data_it_cannot_use(cpu_dist, tmp_path, case, message):
         "--train-data-path alone": ["--train-data-path", train],
         "truncated .bin": ["--data-path", train],
         "malformed --split": ["--data-path", train, "--split", "1,1,1,1"],
+        "ids of another tokenizer": ["--data-path", train, "--split", "90,10,0"],
     }[case]
     if case == "truncated .bin":
         _truncate_bin(train)
+    if case == "ids of another tokenizer":  # an <EOD> past the vocabulary ends the last document
+        train = make_dataset(tmp_path / "train", [20] * 66 + [19], modulo=511)
+        data = np.memmap(f"{train}.bin", np.uint16, mode="r+")
+        data[-1] = 512  # TINY_RUN's NullTokenizer --vocab-size 511: ids 0..511 (EOD 511)
     with pytest.raises(DataError) as e:
         training_data("--eval-iters", "2", *flags, "--data-cache-path", tmp_path / "cache")
     assert message.format(train=train, valid=valid) in errors.message(e.value)

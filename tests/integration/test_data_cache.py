@@ -125,6 +125,9 @@ def test_the_cache_job_reads_gpt2_bpe_files(tmp_path, capsys):
     """--vocab-file/--merge-file reach the builder's tokenizer (it used to ask for them)."""
     vocab, merges = map(str, gpt2_bpe_files(tmp_path))
     flags = recipe_flags(tmp_path)
+    for name, lengths in (("a", [20 + i % 7 for i in range(400)]),
+                          ("b", [30 + i % 5 for i in range(300)])):
+        make_dataset(tmp_path / name, lengths, modulo=264)  # ids of the 264-token vocabulary
     null = flags.index("--tokenizer-type")
     records = build_data_cache.main(flags[:null] + flags[null + 4:] + [
         "--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", vocab, "--merge-file", merges])
