@@ -68,8 +68,14 @@ def check_compatible(saved_args: dict, current: dict, path: str) -> None:
 
 def changed_on_resume(saved_args: dict, current: dict) -> list[str]:
     """The flags of :data:`SAID_ON_RESUME` that differ from the checkpoint's, each
-    ``"--flag: checkpoint OLD, now NEW"``, for the resumed run's log."""
-    return _differences(SAID_ON_RESUME, saved_args, current)
+    ``"--flag: checkpoint OLD, now NEW"``, and the tokenizer's files if their digest does
+    (a checkpoint from before the digest: not compared), for the resumed run's log."""
+    changed = _differences(SAID_ON_RESUME, saved_args, current)
+    old, new = saved_args.get("tokenizer_sha256"), current.get("tokenizer_sha256")
+    if old and old != new:
+        changed.append(f"the tokenizer's files: sha256 {old[:12]}... at the checkpoint, now "
+                       f"{new[:12] if new else None}...")
+    return changed
 
 
 # The learning-rate and weight-decay schedule, by argument, with its flag.

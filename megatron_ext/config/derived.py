@@ -39,6 +39,7 @@ class Derived:
     train_iters: int  # --train-iters, else --train-samples over the global batch (or ramp)
     padded_vocab_size: int
     rampup_batch_size: Optional[tuple] = None  # --rampup-batch-size, as given
+    tokenizer_sha256: Optional[str] = None  # the tokenizer files' (tokenizer.tokenizer_digest)
 
     def batch_ramp(self) -> BatchRamp:
         """Each update's global batch size (constant without ``--rampup-batch-size``)."""
@@ -84,9 +85,11 @@ class Resolved:
             "no_load_rng": self.no_load_rng})
 
 
-def derive(args: argparse.Namespace, world: int, vocab_size: int) -> Derived:
+def derive(args: argparse.Namespace, world: int, vocab_size: int,
+           tokenizer_sha256: Optional[str] = None) -> Derived:
     """The values of a job of ``world`` ranks whose tokenizer has ``vocab_size`` tokens
-    (padded as Megatron-LM pads it); a clear error where the batch flags do not fit."""
+    (padded as Megatron-LM pads it) and files of ``tokenizer_sha256``; a clear error where the
+    batch flags do not fit."""
     data_parallel = world // (args.tensor_model_parallel_size * args.pipeline_model_parallel_size)
     global_batch = args.global_batch_size
     if global_batch is None:
@@ -112,7 +115,8 @@ def derive(args: argparse.Namespace, world: int, vocab_size: int) -> Derived:
                    global_batch_size=global_batch, num_microbatches=global_batch // per_step,
                    train_iters=train_iters, padded_vocab_size=padded_vocab_size(
                        vocab_size, args.make_vocab_size_divisible_by,
-                       args.tensor_model_parallel_size), rampup_batch_size=rampup)
+                       args.tensor_model_parallel_size), rampup_batch_size=rampup,
+                   tokenizer_sha256=tokenizer_sha256)
 
 
 def run_record(args: argparse.Namespace, derived: Derived) -> dict:

@@ -31,6 +31,7 @@ Loading imports only sentencepiece or tokenizers, not transformers (start-up of 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from typing import List, Optional
@@ -49,6 +50,7 @@ class NullTokenizer:
         self.vocab_size = vocab_size + 1
         self.eod = vocab_size
         self.unique_identifiers = {"class": "NullTokenizer", "vocab_size": vocab_size}
+        self.files = []  # what it is read from (tokenizer_digest)
 
     def tokenize(self, text: str) -> List[int]:
         return [int(x) for x in text.split(" ")]
@@ -69,6 +71,7 @@ class SentencePieceTokenizer:
             raise DataError(f"sentencepiece model {model_file} defines no </s> (EOD) piece")
         self.unique_identifiers = {"class": "SentencePieceTokenizer",
                                    "model": os.path.abspath(model_file)}
+        self.files = [model_file]
 
     def tokenize(self, text: str) -> List[int]:
         return self.sp.encode(text)
@@ -127,6 +130,9 @@ class HuggingFaceTokenizer:
                                 f"of {EOD_CANDIDATES} (EOD)")
         self.eod = eod
         self.unique_identifiers = {"class": "HuggingFaceTokenizer", "model": os.path.abspath(file)}
+        self.files = [file] + [os.path.join(os.path.dirname(file), config)
+                               for config in ("special_tokens_map.json", "tokenizer_config.json")
+                               if os.path.isfile(os.path.join(os.path.dirname(file), config))]
 
     def tokenize(self, text: str) -> List[int]:
         return self.tok.encode(text, add_special_tokens=False).ids
@@ -163,6 +169,7 @@ class GPT2BPETokenizer:
         self.unique_identifiers = {"class": "GPT2BPETokenizer",
                                    "vocab": os.path.abspath(vocab_file),
                                    "merges": os.path.abspath(merge_file)}
+        self.files = [vocab_file, merge_file]
 
     def tokenize(self, text: str) -> List[int]:
         return self.tok.encode(text, add_special_tokens=False).ids
@@ -203,3 +210,29 @@ def tokenizer_from_args(args, tokenizer_model: Optional[str] = None):
     return build_tokenizer(args.tokenizer_type, tokenizer_model or args.tokenizer_model,
                            getattr(args, "vocab_size", None), getattr(args, "vocab_file", None),
                            getattr(args, "merge_file", None))
+
+
+def tokenizer_digest(tokenizer) -> Optional[str]:
+    """The sha256 of the files a tokenizer was read from (``files``, in order; None for
+    ``NullTokenizer``): recorded with a run's checkpoints, so that what reads them later (the
+    export, the probes) knows the training tokenizer by its content, not by a path whose file
+    may have been replaced."""
+    if not tokenizer.files:
+        return None
+    digest = hashlib.sha256()
+    for path in tokenizer.files:
+        with open(path, "rb") as f:
+            digest.update(os.path.basename(path).encode() + b"\0" + f.read())
+    return digest.hexdigest()
+
+
+def check_training_tokenizer(tokenizer, recorded: Optional[str], what: str) -> None:
+    """Refuse ``tokenizer`` for a checkpoint (``what``) whose run recorded another tokenizer
+    digest (None: a checkpoint from before the digest, not checked)."""
+    digest = tokenizer_digest(tokenizer)
+    if recorded and digest != recorded:
+        raise DataError(f"{what}: the tokenizer read from {', '.join(tokenizer.files)} is not "
+                        f"the one its run trained with (sha256 {digest[:12] if digest else None}"
+                        f"..., the run's {recorded[:12]}...): a file replaced since, or another "
+                        f"tokenizer; pass the training tokenizer (--tokenizer-model)")
+

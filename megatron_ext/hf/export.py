@@ -17,7 +17,7 @@ import torch
 import transformers
 from packaging.version import Version
 
-from ..datasets.tokenizer import tokenizer_from_args
+from ..datasets.tokenizer import check_training_tokenizer, tokenizer_from_args
 from ..runtime.errors import ConversionError, DataError, DeviceError, FlagError
 from ..runtime.initialize import destroy_distributed, initialize_distributed
 
@@ -74,6 +74,7 @@ def export_checkpoint(load: str, output: str, iteration: Optional[int] = None,
     if os.path.exists(output) and (not os.path.isdir(output) or os.listdir(output)):
         raise FlagError(f"--output {output} exists and is not an empty directory")
     tokenizer = tokenizer_from_args(train, tokenizer_model)
+    check_training_tokenizer(tokenizer, getattr(train, "tokenizer_sha256", None), path)
     if tokenizer.vocab_size > train.padded_vocab_size:
         raise DataError(f"the tokenizer has {tokenizer.vocab_size} tokens, the model "
                         f"{train.padded_vocab_size}: not the checkpoint's tokenizer")

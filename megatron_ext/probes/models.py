@@ -91,13 +91,13 @@ def _describe_export(path: str, name: str) -> ModelInfo:
 
 def _describe_checkpoint(path: str, name: str, iteration: Optional[int]) -> ModelInfo:
     from ..hf.convert import check_mappable
-    from ..datasets.tokenizer import tokenizer_from_args
+    from ..datasets.tokenizer import NullTokenizer, check_training_tokenizer, tokenizer_from_args
     from ..hf.megatron_checkpoint import read_checkpoint
-    from ..datasets.tokenizer import NullTokenizer
     ckpt, train, fixed_code, saved = read_checkpoint(path, iteration)
     check_mappable(train, fixed_code, ckpt)
     try:
         tokenizer = tokenizer_from_args(train)
+        check_training_tokenizer(tokenizer, getattr(train, "tokenizer_sha256", None), ckpt)
     except DataError as e:
         raise DataError(f"{ckpt}: its tokenizer: {e}; export it with tools/convert_to_hf.py "
                         f"--tokenizer-model and probe the export") from e

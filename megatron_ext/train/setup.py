@@ -30,7 +30,7 @@ from ..codes.schemes import SCHEMES, FixedCode
 from ..config.arguments import check_rank_fits_vocab
 from ..config.derived import LOAD_ONLY_FLAGS, Derived, Resolved, derive, run_record
 from ..config.schedule import scheduler_steps
-from ..datasets.tokenizer import tokenizer_from_args
+from ..datasets.tokenizer import tokenizer_digest, tokenizer_from_args
 from ..model.attention import document_mask_refusal, local_core_attention
 from ..model.provider import build_code
 from ..runtime.device_checks import check_cuda_connections, fp8_refusal
@@ -49,7 +49,8 @@ def check_flags(args: argparse.Namespace, device: str) -> tuple:
     (:class:`~megatron_ext.config.derived.Resolved`, with the flags' schedule), built once. ``args``
     is not written into."""
     tokenizer = tokenizer_from_args(args)
-    derived = derive(args, torch.distributed.get_world_size(), tokenizer.vocab_size)
+    derived = derive(args, torch.distributed.get_world_size(), tokenizer.vocab_size,
+                     tokenizer_digest(tokenizer))
     if args.log_layer_norms and args.use_distributed_optimizer:
         raise FlagError("--log-layer-norms reads whole gradients, which "
                         "--use-distributed-optimizer scatters across ranks; drop one")

