@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import warnings
 from typing import Callable, Optional
 
 import torch
@@ -79,6 +80,10 @@ def export_checkpoint(load: str, output: str, iteration: Optional[int] = None,
         raise DataError(f"the tokenizer has {tokenizer.vocab_size} tokens, the model "
                         f"{train.padded_vocab_size}: not the checkpoint's tokenizer")
     torch_dtype = DTYPES[dtype]
+    if getattr(train, "fp32_residual_connection", False) and torch_dtype != torch.float32:
+        warnings.warn(f"{path} trained with --fp32-residual-connection; a Llama in {dtype} "
+                      f"computes its residual stream in {dtype} (the loss docs/gpu.md describes "
+                      f"for +-1 codes): export --dtype fp32 to keep it in fp32")
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise DeviceError("the converter runs as one process; do not start it with torchrun")
     started = not torch.distributed.is_initialized()  # else a caller's (tests): leave it up

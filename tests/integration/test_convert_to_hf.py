@@ -337,6 +337,22 @@ def test_bf16_export_is_bf16_and_validates(ckpts, tmp_path, cpu_dist):
 
 
 @pytest.mark.integration
+def test_a_bf16_export_of_an_fp32_residual_run_warns(tmp_path, cpu_dist):
+    """A run that kept its residual stream in fp32 exports to a Llama that computes it in the
+    export's dtype: a bf16 export says so (the fp32 one does not)."""
+    import warnings
+    run_pretrain(TINY_RUN + ["--input-interface", "binary", "--bf16", "--train-iters", "1",
+                             "--fp32-residual-connection", "--save", str(tmp_path / "ckpt")])
+    with pytest.warns(UserWarning, match="trained with --fp32-residual-connection; a Llama in "
+                                         "bf16 computes its residual stream in bf16"):
+        convert_to_hf.main(["--load", str(tmp_path / "ckpt"), "--output",
+                            str(tmp_path / "bf16"), "--dtype", "bf16"])
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*fp32-residual")
+        convert_to_hf.main(["--load", str(tmp_path / "ckpt"), "--output", str(tmp_path / "fp32")])
+
+
+@pytest.mark.integration
 @pytest.mark.parametrize("change,reason", [
     ({"normalization": "LayerNorm"}, "--normalization LayerNorm: Llama has RMSNorm only"),
     ({"swiglu": False}, "--no-swiglu: Llama's MLP is SwiGLU"),
