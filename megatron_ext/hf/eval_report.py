@@ -77,6 +77,12 @@ def markdown(report: dict) -> str:
         cells += [f"{row['paper'][arm]:.2f}" if arm in row["paper"] else MISSING
                   for arm in paper_arms]
         lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "± is lm-eval's bootstrap standard error (one standard error, not a 95% "
+              "interval); the paper's numbers are single runs."]
+    limit = report.get("settings", {}).get("limit")
+    if limit:
+        lines.append(f"Run with --limit {limit}: the first {limit} documents of each task, "
+                     f"not comparable with the paper's full-split numbers.")
     return "\n".join(lines)
 
 

@@ -141,4 +141,6 @@ def evaluate_models(hf_dirs: list[str], tasks: list[str], data_dir: Optional[str
         starting(i, hf_dir, arm)
         out = evaluate_model(hf_dir, configs, task_manager, **settings)
         models.append({"path": hf_dir, "arm": arm, "results": out["results"]})
-    return build_report(models, tasks)
+    return {**build_report(models, tasks),
+            "settings": {k: str(v) if k in ("device", "dtype") else v
+                         for k, v in settings.items()}}

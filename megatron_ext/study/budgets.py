@@ -52,7 +52,9 @@ def plan(recipe: tuple[str, ...], budgets: tuple[int, ...], what: str) -> list[B
             "--global-batch-size": args.global_batch_size is not None,
             "--save-interval": args.save_interval is not None,
             "no --lr-decay-iters (the decay ends at the last iteration)":
-                args.lr_decay_iters is None}
+                args.lr_decay_iters is None,
+            "no --lr-decay-samples (the decay ends at the last iteration)":
+                args.lr_decay_samples is None}
     missing = [k for k, ok in need.items() if not ok]
     if missing:
         raise StudyError(f"[budgets] branch WSD cooldowns, but {what} lacks: "

@@ -30,7 +30,7 @@ import numpy as np
 from ..checkpoint.layout import completed_iterations, iteration_name
 from ..checkpoint.retention import SaveDeleted, reading
 from ..datasets.held_out import held_out_tokens, tokens_sha256
-from ..runtime.errors import DataError
+from ..runtime.errors import DataError, StudyError
 from ..runtime.files import write_json
 
 from .spec import EvalSettings, Study, run_dir
@@ -108,6 +108,9 @@ def evaluate_checkpoint(run: Path, iteration: int, settings: EvalSettings) -> di
     if settings.data_path:
         windows = held_out_tokens(settings.data_path, settings.tokens, train_args.seq_length)
         loss = held_out_loss(model, windows, settings.batch_size)
+        if not math.isfinite(loss):
+            raise StudyError(f"{path}: the held-out loss is {loss} (non-finite weights?): "
+                             f"a study's means and intervals cannot take it")
         record.update(valid_loss=loss, valid_ppl=math.exp(min(loss, 50.0)),
                       valid_tokens=int(windows.shape[0] * train_args.seq_length),
                       valid_tokens_sha256=tokens_sha256(windows))

@@ -197,11 +197,13 @@ def markdown(study: Study, summary: dict, final: int) -> str:
     if pairs:
         members = [row[m] for pair in pairs for row in pair["layers"] for m, _ in PAIRED]
         adjusted = iter(holm([None if d is None else d["p"] for d in members]))
+        tested = sum(d is not None and d["p"] is not None for d in members)
         lines += ["### Probes: differences between arms, paired by seed", "",
                   f"b − a per layer (trained models): mean and 95% t interval of the per-seed "
                   f"differences, unadjusted, and beside each its Holm-adjusted p-value over "
-                  f"the family of all {len(members)} ({len(pairs)} pairs of arms × layers × "
-                  f"{len(PAIRED)} metrics): a difference is significant after adjustment "
+                  f"the family of its {tested} with a p-value, of all {len(members)} "
+                  f"({len(pairs)} pairs of arms × layers × {len(PAIRED)} metrics): a "
+                  f"difference is significant after adjustment "
                   f"when its Holm p < 0.05.", "",
                   "| b − a | layer | " + " | ".join(t for _, t in PAIRED) + " |",
                   "|---|---|" + "---:|" * len(PAIRED)]

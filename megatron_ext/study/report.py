@@ -58,9 +58,25 @@ def collect(study: Study, study_dir: Path) -> dict:
             "tokens_per_iteration": trained["tokens_per_iteration"],
             "skipped": trained["skipped"],
             "trained": trained["iteration"],
+            "planned": _planned_iterations(study, arm),
             "evals": evals,
         }
     return runs
+
+
+def _planned_iterations(study: Study, arm) -> Optional[int]:
+    """The iterations a run of ``arm`` trains for under the study's flags (None where the
+    global batch is the data-parallel default, which only the job knows)."""
+    from ..config.arguments import add_training_args, build_parser
+    from ..config.schedule import train_iters_of_samples
+    parser = build_parser("")
+    add_training_args(parser)
+    args = parser.parse_known_args([*study.recipe, *arm.training_flags()])[0]
+    if args.train_iters is not None:
+        return args.train_iters
+    if args.global_batch_size and not args.rampup_batch_size:
+        return train_iters_of_samples(args.train_samples, args.global_batch_size)
+    return None
 
 
 def summarise(study: Study, runs: dict) -> dict:
@@ -94,7 +110,10 @@ def summarise(study: Study, runs: dict) -> dict:
         }
     hashes = sorted({r["valid_tokens_sha256"] for arm in runs.values() for run in arm.values()
                      for r in run["evals"].values() if "valid_tokens_sha256" in r})
-    return {"final_iteration": final, "held_out_sha256": hashes,
+    unfinished = [f"{arm} seed {seed} (iteration {r['trained']:,} of {r['planned']:,})"
+                  for arm, seeds in runs.items() for seed, r in seeds.items()
+                  if r["planned"] is not None and r["trained"] < r["planned"]]
+    return {"final_iteration": final, "held_out_sha256": hashes, "unfinished": unfinished,
             "final_tokens": None if final is None else final * _tokens_per_iteration(
                 next(iter(runs.values()))),
             "arms": arms,
@@ -189,9 +208,14 @@ def final_sections(study: Study, summary: dict, depth: int = 2) -> list[str]:
     names, final, h = metric_names(study), summary["final_iteration"], "#" * depth
     if final is None:
         return [NOT_EVALUATED]
-    lines = [f"{h} Final metrics: iteration {final:,} ({summary['final_tokens']:,} tokens)",
-             "", "| arm | seeds | skipped steps | " + " | ".join(map(label, names)) + " |",
-             "|---|---|---|" + "---:|" * len(names)]
+    unfinished = summary.get("unfinished")
+    title = "Final metrics" if not unfinished else "Metrics of the runs so far"
+    lines = [f"{h} {title}: iteration {final:,} ({summary['final_tokens']:,} tokens)", ""]
+    if unfinished:
+        lines += [f"Not the runs' final metrics: the last iteration evaluated in every run, "
+                  f"while {', '.join(unfinished)} have not finished training.", ""]
+    lines += ["| arm | seeds | skipped steps | " + " | ".join(map(label, names)) + " |",
+              "|---|---|---|" + "---:|" * len(names)]
     for arm in study.arms:
         a = summary["arms"][arm.name]
         cells = [mean_interval((a["final"] or {}).get(n)) for n in names]
@@ -230,16 +254,19 @@ def family_table(summary: dict) -> list[str]:
     difference the report shows (pairs of arms x metrics x intervals)."""
     members = family(summary)
     adjusted = holm([interval["p"] for *_, interval in members])
+    tested = sum(interval["p"] is not None for *_, interval in members)
     lines = [f"Family of comparisons: the {len(members)} difference intervals above (pairs "
-             f"of arms × metrics × by seed / by seed and item). Each interval is 95% "
-             f"unadjusted; the Holm-adjusted p-values keep the chance of any false "
-             f"difference in the family at 5% (a difference is significant after adjustment "
-             f"when its Holm p < 0.05).", "",
+             f"of arms × metrics × by seed / by seed and item), {tested} with a p-value, "
+             f"which the Holm adjustment is over. Each interval is 95% unadjusted; the "
+             f"Holm-adjusted p-values keep the chance of any false difference in the family at "
+             f"5% (a difference is significant after adjustment when its Holm p < 0.05).", "",
              "| difference | metric | interval | p | Holm p (family of "
-             f"{len(members)}) |", "|---|---|---|---:|---:|"]
+             f"{tested}) |", "|---|---|---|---:|---:|"]
     for (pair, name, kind, interval), p_holm in zip(members, adjusted):
-        lines.append(f"| {pair} | {label(name)} | "
-                     f"{'by seed' if kind == 'by_seed' else 'by seed and item'} | "
+        what = ("by seed" if kind == "by_seed" else
+                "by item, conditional on the one seed" if interval.get("conditional") else
+                "by seed and item")
+        lines.append(f"| {pair} | {label(name)} | {what} | "
                      f"{number(interval['p'], '.3g')} | {number(p_holm, '.3g')} |")
     return lines
 

@@ -43,6 +43,8 @@ from .budgets import Branch, plan
 # Set by the study for every run; an arm or recipe that sets them is refused.
 PER_RUN_FLAGS = ("--input-interface", "--seed", "--save", "--load", "--tensorboard-dir",
                  "--exit-signal-handler", "--metrics-file")
+# What an arm may not change: the tokens of an iteration, at which the arms are compared.
+ARM_FIXED_FLAGS = ("--global-batch-size", "--seq-length", "--rampup-batch-size")
 ARM_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@=+-]*")
 
 
@@ -177,6 +179,11 @@ def parse_arm(spec: str, interfaces: tuple[str, ...]) -> Arm:
             raise StudyError(f"arm {spec!r}: {part!r} is not a --flag[=value]")
         flags += [flag, value] if eq else [flag]
     _refuse_per_run(flags, f"arm {spec!r}")
+    for token in flags:
+        if token.split("=")[0] in ARM_FIXED_FLAGS:
+            raise StudyError(f"arm {spec!r} sets {token.split('=')[0]}: the arms are compared "
+                             f"at equal iterations, so each trains the recipe's tokens per "
+                             f"iteration; set it in the recipe or a factor's level")
     return Arm(name, interface, tuple(flags))
 
 

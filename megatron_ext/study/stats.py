@@ -90,6 +90,8 @@ def holm(p_values: Sequence[Optional[float]]) -> list[Optional[float]]:
     """Holm's step-down adjustment of a family of p-values (None stays None and is not
     counted): the family-wise error rate is at most the level for any dependence."""
     present = [(p, i) for i, p in enumerate(p_values) if p is not None]
+    if any(math.isnan(p) for p, _ in present):  # sorted() would misplace it, and the rest
+        raise ValueError(f"holm: a NaN among the p-values {list(p_values)}")
     out: list[Optional[float]] = [None] * len(p_values)
     running = 0.0
     for rank, (p, i) in enumerate(sorted(present)):

@@ -242,6 +242,9 @@ def test_progress_is_printed(models, report, capsys, data_dir, tmp_path):
     assert f"[1/1] {models['binary']} (binary arm): piqa on cpu in fp32" in out.out
     assert "Running loglikelihood requests" in out.err  # lm-eval's progress bar
     assert "| piqa | acc (%) |" in out.out
+    assert "± is lm-eval's bootstrap standard error (one standard error, not a 95% interval)" \
+        in out.out
+    assert "Run with --limit 1: the first 1 documents of each task, not comparable" in out.out
 
 
 @pytest.mark.integration

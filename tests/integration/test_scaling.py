@@ -196,6 +196,36 @@ def test_differences_are_paired_by_seed_within_each_level(fabricated):
     assert not (study_dir / "downstream_vs_flops.png").exists()   # no tasks, no figure
 
 
+def test_runs_that_have_not_finished_are_not_reported_as_final(tmp_path):
+    """A study read while its runs train (one level, seeds that stopped at iteration 2 of 3)
+    heads its table as the runs so far, naming them; it said "Final metrics"."""
+    recipe = tmp_path / "recipe.args"
+    recipe.write_text(TINY_RECIPE + "--tokenizer-type NullTokenizer --vocab-size 511\n")
+    study = build(recipe, {"size": {"d64": SIZES["d64"]}}, seeds=[1, 2],
+                  eval={"data_path": str(tmp_path / "held"), "tokens": 64})
+    fabricate(study, tmp_path / "S", lambda *a: 5.0 + 0.01 * a[2], final=lambda folder: 2)
+    write_report(study, tmp_path / "S")
+    text = (tmp_path / "S" / "STUDY.md").read_text()
+    assert "Metrics of the runs so far: iteration 2" in text and "Final metrics" not in text
+    assert "learned seed 1 (iteration 2 of 3)" in text
+
+
+def test_the_holm_family_counts_the_comparisons_it_adjusts():
+    """Holm adjusts over the p-values present; the table's family size says that many (it
+    counted the intervals without a p-value too), and a NaN is refused, not sorted."""
+    from megatron_ext.study.report import family_table
+    from megatron_ext.study.stats import holm
+    with_p = {"mean": 0.1, "low": 0.05, "high": 0.15, "p": 0.01}
+    no_p = {"mean": 0.1, "low": None, "high": None, "p": None, "conditional": True}
+    summary = {"differences": {"binary": {"valid_loss": {"by_seed": with_p, "by_item": no_p}}},
+               "pairwise": []}
+    text = "\n".join(family_table(summary))
+    assert "Holm p (family of 1)" in text and "2 difference intervals above" in text
+    assert "by item, conditional on the one seed" in text
+    with pytest.raises(ValueError, match="NaN"):
+        holm([0.01, float("nan"), 0.02])
+
+
 PIQA_GAP = {"d64": -0.15, "d96": -0.10, "d128": 0.0}   # binary − learned accuracy, per level
 
 
@@ -504,6 +534,9 @@ def test_budgets_branch_from_the_last_stable_save_before_their_cooldown(recipe):
 @pytest.mark.parametrize("change, budgets, message", [
     (("--lr-decay-style WSD", "--lr-decay-style cosine"), [640], "lacks: --lr-decay-style WSD"),
     (("--save-interval 1", ""), [640], "lacks: --save-interval"),
+    # a fixed decay length in samples kept the branches from ever cooling down
+    (("--train-iters 6", "--train-samples 24 --lr-decay-samples 24"), [640],
+     "lacks: no --lr-decay-samples (the decay ends at the last iteration)"),
     (("", ""), [768], "budget 768 tokens (6 steps of 128 tokens)"),
     (("", ""), [200], "budget 200 tokens (1 steps of 128 tokens)"),
     (("", ""), [-5], "give distinct positive counts"),

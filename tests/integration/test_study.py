@@ -101,6 +101,9 @@ def recipe(tmp_path):
     ({"arms": ["learned", "binary@--seed=3"]},
      "arm 'binary@--seed=3' sets --seed, which the study sets for every run"),
     ({"arms": ["learned", "binary@code-scale=2"]}, "'code-scale=2' is not a --flag[=value]"),
+    ({"arms": ["learned", "binary@--global-batch-size=8"]},
+     "arm 'binary@--global-batch-size=8' sets --global-batch-size: the arms are compared at "
+     "equal iterations"),
     ({"arms": ["binary", "gf2"]}, "the control arm 'learned' is not among the arms"),
     ({"arms": ["learned", "binary@--no-such-flag=1"]},
      "arm 'binary@--no-such-flag=1' with recipe"),
