@@ -638,6 +638,14 @@ def build_parser(description: str) -> argparse.ArgumentParser:
     return parser
 
 
+def read_training_flags(flags: Sequence[str]) -> argparse.Namespace:
+    """pretrain_fixedcode.py's flags ``flags`` as its parser reads them, neither validated nor
+    derived (flags it does not know are left out): what the study tools read off a recipe."""
+    parser = build_parser("")
+    add_training_args(parser)
+    return parser.parse_known_args(list(flags))[0]
+
+
 def parse_model_args(argv: Optional[Sequence[str]], description: str,
                      extra=None, fill=None) -> argparse.Namespace:
     """Parse ``argv`` with the model flags (and ``extra(parser)`` groups), then validate;

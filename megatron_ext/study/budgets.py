@@ -43,10 +43,8 @@ def plan(recipe: tuple[str, ...], budgets: tuple[int, ...], what: str) -> list[B
     naming ``what`` (the recipe or level), where the recipe cannot branch them."""
     if not budgets:
         return []
-    from ..config.arguments import add_training_args, build_parser
-    parser = build_parser("")
-    add_training_args(parser)
-    args = parser.parse_known_args(list(recipe))[0]
+    from ..config.arguments import read_training_flags
+    args = read_training_flags(recipe)
     need = {"--lr-decay-style WSD": args.lr_decay_style == "WSD",
             "--lr-wsd-decay-iters": args.lr_wsd_decay_iters is not None,
             "--global-batch-size": args.global_batch_size is not None,

@@ -42,7 +42,7 @@ from .stats import crossed_interval, holm, paired_difference, t_interval
 def collect(study: Study, study_dir: Path) -> dict:
     """``{arm: {seed: {"tokens_per_iteration", "skipped", "trained", "evals": {it: rec}}}}``
     for the runs that have records."""
-    runs = {}
+    runs, planned = {}, {arm.name: _planned_iterations(study, arm) for arm in study.arms}
     for arm, seed in study.runs():
         run = run_dir(study_dir, arm, seed)
         metrics = run / "checkpoints" / "metrics.jsonl"
@@ -58,7 +58,7 @@ def collect(study: Study, study_dir: Path) -> dict:
             "tokens_per_iteration": trained["tokens_per_iteration"],
             "skipped": trained["skipped"],
             "trained": trained["iteration"],
-            "planned": _planned_iterations(study, arm),
+            "planned": planned[arm.name],
             "evals": evals,
         }
     return runs
@@ -66,15 +66,14 @@ def collect(study: Study, study_dir: Path) -> dict:
 
 def _planned_iterations(study: Study, arm) -> Optional[int]:
     """The iterations a run of ``arm`` trains for under the study's flags (None where the
-    global batch is the data-parallel default, which only the job knows)."""
-    from ..config.arguments import add_training_args, build_parser
+    global batch is the data-parallel default, which only the job knows; a study refuses
+    batch ramps)."""
+    from ..config.arguments import read_training_flags
     from ..config.schedule import train_iters_of_samples
-    parser = build_parser("")
-    add_training_args(parser)
-    args = parser.parse_known_args([*study.recipe, *arm.training_flags()])[0]
+    args = read_training_flags([*study.recipe, *arm.training_flags()])
     if args.train_iters is not None:
         return args.train_iters
-    if args.global_batch_size and not args.rampup_batch_size:
+    if args.global_batch_size:
         return train_iters_of_samples(args.train_samples, args.global_batch_size)
     return None
 

@@ -44,7 +44,7 @@ from .budgets import Branch, plan
 PER_RUN_FLAGS = ("--input-interface", "--seed", "--save", "--load", "--tensorboard-dir",
                  "--exit-signal-handler", "--metrics-file")
 # What an arm may not change: the tokens of an iteration, at which the arms are compared.
-ARM_FIXED_FLAGS = ("--global-batch-size", "--seq-length", "--rampup-batch-size")
+ARM_FIXED_FLAGS = ("--global-batch-size", "--seq-length")  # (batch ramps: UNSTUDIED_FLAGS)
 ARM_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@=+-]*")
 
 
