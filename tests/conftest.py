@@ -78,6 +78,10 @@ def unit_tests_neither_train_nor_start_processes(request, monkeypatch):
                                  f"tests/integration/")
         return refuse
     from megatron_ext.train import loop
+    # matplotlib's first import in a fresh environment builds its font cache with `fc-list`:
+    # a library's one-off set-up, not a process the test starts (it failed whichever unit
+    # test imported matplotlib first on a new machine).
+    import matplotlib.font_manager  # noqa: F401
     monkeypatch.setattr(loop, "train_step", refused("trains"))
     monkeypatch.setattr(subprocess.Popen, "__init__", refused("starts a process"))
 
