@@ -39,7 +39,6 @@ from megatron_ext.datasets.gpt_datasets import build_train_valid_test
 from megatron_ext.runtime.errors import exits_on_error
 from megatron_ext.runtime.initialize import destroy_distributed
 from megatron_ext.checkpoint.saved_args import fill_from_checkpoint
-from megatron_ext.checkpoint.saving import EXIT_SAVE_FAILED, SaveFailed
 from megatron_ext.train.step import NonFiniteLossError
 from megatron_ext.train.loop import PretrainResult, pretrain
 from megatron_ext.train.run_status import record_run_end
@@ -101,18 +100,16 @@ def main(argv=None) -> PretrainResult:
     """Train; the process group is destroyed when every rank ends the same way (done, or
     the agreed non-finite stop): left to the interpreter's exit, NCCL warns, and its warning
     became the last log line of a failed GPU run, hiding the error. After any other error
-    the ranks may be mid-collective, and it is left alone."""
+    the ranks may be mid-collective, and it is left alone. An error ends the command with
+    its type's exit status (``exits_on_error``): 3 for the non-finite stop, 4 for a failed
+    save, which slurm/fixedcode.sbatch reads."""
     with exits_on_error():
         args = parse_args(argv)
         try:
             result = pretrain(args, model_provider, forward_step, datasets_provider)
-        except NonFiniteLossError as e:
+        except NonFiniteLossError:
             destroy_distributed()
-            print(f"[fixedcode] error: {e}", file=sys.stderr, flush=True)
-            sys.exit(3)
-        except SaveFailed as e:
-            print(f"[fixedcode] error: {e}", file=sys.stderr, flush=True)
-            sys.exit(EXIT_SAVE_FAILED)
+            raise
         finally:
             if args.exit_signal_handler:
                 exit_signals.ignore()  # a signal after this point has nothing left to stop

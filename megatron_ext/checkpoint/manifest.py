@@ -17,13 +17,14 @@ import os
 import zlib
 from typing import Iterable, Optional
 
+from ..runtime.errors import CheckpointError
 from ..runtime.files import write_json
 
 MANIFEST = "manifest.json"
 CHUNK = 8 << 20
 
 
-class DamagedCheckpoint(Exception):
+class DamagedCheckpoint(CheckpointError):
     """A save whose files do not match its manifest; the message names the first bad file."""
 
 

@@ -25,13 +25,14 @@ import os
 import shutil
 from typing import Callable, Iterator, Optional
 
+from ..runtime.errors import CheckpointError
 from .layout import checkpoint_path, completed_iterations
 
 DELETING = ".deleting"
 LOCKS = ".locks"  # in --save: the readers' lock files (and the run's lease, checkpoint.lease)
 
 
-class SaveDeleted(FileNotFoundError):
+class SaveDeleted(CheckpointError):
     """The save a reader asked for was deleted by retention before the reader got its lock."""
 
 

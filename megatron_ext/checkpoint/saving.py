@@ -16,7 +16,7 @@ A save goes to ``iter_N.partial/``. The writers checksum the files they have wri
 (atomically), and applies retention (:mod:`megatron_ext.checkpoint.retention`). A crash at any point
 leaves the previous save and the marker as they were. A save that fails (a full disk, any
 OSError, a writer's error) removes its own files and raises :class:`SaveFailed`, which ends the
-run with exit code :data:`EXIT_SAVE_FAILED`.
+run with its exit status (4).
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ from megatron.core.dist_checkpointing.strategies.fully_parallel import (
 
 from ..codes.schemes import FixedCode
 from ..config.derived import Derived, run_record
+from ..runtime.errors import CheckpointError
 from ..runtime.files import read_json, write_json, write_text
 from ..runtime.log import log
 from . import manifest, retention
@@ -53,13 +54,11 @@ from .lease import SaveLease, confirm_save_lease
 from .layout import (MARKER, TrainState, checkpoint_path, content_metadata, provenance, rng_state,
                      sharded_state)
 
-# The exit code of a run whose save failed (documented in docs/training.md; the Slurm script
-# does not requeue it: a requeued job would fail the same way).
-EXIT_SAVE_FAILED = 4
-
-
-class SaveFailed(RuntimeError):
-    """A save could not be written; the previous save and the marker are intact."""
+class SaveFailed(CheckpointError):
+    """A save could not be written; the previous save and the marker are intact. Its exit
+    status, 4, is documented in docs/training.md; the Slurm script does not requeue it (a
+    requeued job would fail the same way)."""
+    exit_code = 4
 
 
 def _fork_writer_results_queue() -> None:

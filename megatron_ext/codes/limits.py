@@ -11,24 +11,25 @@ MAX_BITS = 62
 
 
 def check_options(num_bits: int, scale: float, hidden_size: Optional[int] = None) -> None:
-    """The rules on the code's flags themselves; ``ValueError`` naming the flag."""
+    """The rules on the code's flags themselves; :class:`FlagError` naming the flag."""
     if not 1 <= num_bits <= MAX_BITS:
-        raise ValueError(f"--code-bits must be in [1, {MAX_BITS}], got {num_bits}")
+        raise FlagError(f"--code-bits must be in [1, {MAX_BITS}], got {num_bits}")
     if not scale > 0:
-        raise ValueError(f"--code-scale must be positive, got {scale}")
+        raise FlagError(f"--code-scale must be positive, got {scale}")
     if hidden_size is not None and hidden_size < num_bits:
-        raise ValueError(f"--hidden-size {hidden_size} is smaller than --code-bits {num_bits}: "
-                         f"the first copy of the code must fit whole")
+        raise FlagError(f"--hidden-size {hidden_size} is smaller than --code-bits {num_bits}: "
+                        f"the first copy of the code must fit whole")
 
 
 def check_vocab_fits(vocab_size: int, num_bits: int, tokens: Optional[int] = None) -> None:
     """Every id in ``[0, vocab_size)`` needs its own n-bit code: ``vocab_size <= 2^n``. The
     one rule, for every caller: training checks the padded vocabulary (the ids the model's
     code serves), ``tokens`` being the tokenizer's size before the padding; the data tools,
-    which know no padding, check the tokenizer's."""
+    which know no padding, check the tokenizer's. :class:`FlagError` naming the flags that
+    fix it."""
     if vocab_size > 2 ** num_bits:
         padded = tokens is not None and tokens != vocab_size
-        raise ValueError(
+        raise FlagError(
             f"vocabulary of {vocab_size} tokens"
             + (f" (the tokenizer's {tokens}, padded by --make-vocab-size-divisible-by)"
                if padded else "")
@@ -37,11 +38,3 @@ def check_vocab_fits(vocab_size: int, num_bits: int, tokens: Optional[int] = Non
             + (" or lower --make-vocab-size-divisible-by"
                if padded and tokens <= 2 ** num_bits else ""))
 
-
-def require_vocab_fits(vocab_size: int, num_bits: int, tokens: int) -> None:
-    """:func:`check_vocab_fits` of a padded vocabulary for a command line: the run ends with
-    an ``error:`` line (training, tools/param_report.py)."""
-    try:
-        check_vocab_fits(vocab_size, num_bits, tokens)
-    except ValueError as e:
-        raise FlagError(str(e)) from e

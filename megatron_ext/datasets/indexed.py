@@ -24,6 +24,8 @@ from typing import Callable, Iterator, Optional
 
 import numpy as np
 
+from ..runtime.errors import DataError
+
 MAGIC = b"MMIDIDX\x00\x00"
 
 
@@ -38,7 +40,7 @@ DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.
 VERSION = 1
 
 
-class IndexCheckError(ValueError):
+class IndexCheckError(DataError):
     """A dataset that Megatron-Core would misread; the message names the file."""
 
 

@@ -19,7 +19,7 @@ from typing import Sequence
 import torch
 
 from ..codes.kernels import fixed_code_forward, lookup_tables
-from ..codes.limits import require_vocab_fits
+from ..codes.limits import check_vocab_fits
 from ..codes.schemes import ARMS, SCHEMES, FixedCode
 from ..config.arguments import (build_parser, check_rank_fits_vocab, padded_vocab_size,
                                 validate_input_args)
@@ -77,7 +77,7 @@ def padded_vocab(args: argparse.Namespace, arms: Sequence[str], tp: int = 1) -> 
     for arm in arms:
         one = arm_args(args, arm)
         if one.input_interface in SCHEMES:
-            require_vocab_fits(padded, one.code_bits, one.vocab_size)
+            check_vocab_fits(padded, one.code_bits, one.vocab_size)
         check_rank_fits_vocab(one, padded)
     return padded
 

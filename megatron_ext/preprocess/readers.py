@@ -41,7 +41,7 @@ TABLE_KINDS = ("parquet", "arrow")
 ROWS_PER_READ = 1024  # rows of a table decoded at a time
 
 
-class BadInput(ValueError):
+class BadInput(DataError):
     """A unit that is not a usable document: ``kind`` names the problem, ``detail`` specifics."""
 
     def __init__(self, line: int, kind: str, detail: str):

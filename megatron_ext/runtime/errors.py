@@ -49,6 +49,15 @@ class LaunchError(FixedcodeError, RuntimeError):
     """A job cannot be submitted or launched."""
 
 
+class TrainingError(FixedcodeError, RuntimeError):
+    """Training cannot go on (the message says why and what of the run is intact)."""
+
+
+class Interrupted(FixedcodeError, RuntimeError):
+    """The user stopped a command (Ctrl-C, SIGTERM) after what it was doing was saved; the
+    message says how to continue."""
+
+
 def joined(problems: list[str]) -> str:
     """Several problems in one message: each line after the first with its own
     ``error: ``, as the command line prints the first."""

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from ..launch import slurm
-from ..runtime.errors import StudyError
+from ..runtime.errors import Interrupted, StudyError
 
 from . import spec
 
@@ -86,8 +86,8 @@ def train_locally(study: spec.Study, study_dir: Path, nproc: int,
             except KeyboardInterrupt:
                 proc.send_signal(signal.SIGTERM)  # --exit-signal-handler: save, then exit
                 _relay(proc, log, tag)
-                raise SystemExit(f"[study] interrupted: {where}{arm.name} seed {seed} saved "
-                                 f"its checkpoint; rerun the same command to continue")
+                raise Interrupted(f"[study] interrupted: {where}{arm.name} seed {seed} saved "
+                                  f"its checkpoint; rerun the same command to continue")
         if rc != 0:
             raise StudyError(f"run {where}{arm.name} seed {seed} failed (exit {rc}); "
                              f"see {run / 'train.log'}")

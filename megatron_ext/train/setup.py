@@ -25,7 +25,7 @@ from megatron.core.transformer.module import Float16Module
 
 from ..checkpoint import compatibility, layout, loading
 from ..checkpoint.layout import TrainState
-from ..codes.limits import require_vocab_fits
+from ..codes.limits import check_vocab_fits
 from ..codes.schemes import SCHEMES, FixedCode
 from ..config.arguments import check_rank_fits_vocab
 from ..config.derived import LOAD_ONLY_FLAGS, Derived, Resolved, derive, run_record
@@ -84,7 +84,7 @@ def check_flags(args: argparse.Namespace, device: str) -> tuple:
         raise FlagError("--keep-checkpoints-every applies with --keep-last-checkpoints "
                         "only (without it every save is kept)")
     if args.input_interface in SCHEMES:
-        require_vocab_fits(derived.padded_vocab_size, args.code_bits, tokenizer.vocab_size)
+        check_vocab_fits(derived.padded_vocab_size, args.code_bits, tokenizer.vocab_size)
     check_rank_fits_vocab(args, derived.padded_vocab_size)
     check_input_table_optimizer_flags(args)
     return tokenizer, derived, resolved

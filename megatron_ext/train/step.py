@@ -15,12 +15,15 @@ from megatron.core import parallel_state
 from megatron.core.distributed import DistributedDataParallel
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
+from ..runtime.errors import TrainingError
 from ..runtime.log import log
 from ..runtime.reductions import max_over_ranks, reduce_losses
 
 
-class NonFiniteLossError(RuntimeError):
-    pass
+class NonFiniteLossError(TrainingError):
+    """``--max-nonfinite-steps`` updates in a row failed; the last checkpoint is intact. Exit
+    status 3 (the Slurm script does not requeue it)."""
+    exit_code = 3
 
 
 def _nonfinite_grads(ddp: DistributedDataParallel) -> torch.Tensor:

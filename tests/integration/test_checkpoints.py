@@ -207,7 +207,7 @@ def test_a_full_disk_keeps_the_previous_save_and_exits_with_its_code(checkpointe
     monkeypatch.setattr(pretrain_fixedcode, "pretrain", fails)
     with pytest.raises(SystemExit) as ended:
         pretrain_fixedcode.main(TINY_RUN + ["--train-iters", "1"])
-    assert ended.value.code == saving.EXIT_SAVE_FAILED == 4
+    assert ended.value.code == saving.SaveFailed.exit_code == 4
 
 
 def test_an_async_save_killed_mid_write_resumes_from_the_previous_one(tmp_path):

@@ -30,7 +30,7 @@ import pytest
 from conftest import TIMING
 from helpers.megatron_log import training_lines
 from megatron_ext.codes.schemes import PAPER_ARMS
-from megatron_ext.checkpoint.saving import EXIT_SAVE_FAILED
+from megatron_ext.checkpoint.saving import SaveFailed
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "slurm" / "recipes" / "tiny_cpu.args"
@@ -173,7 +173,7 @@ def run_batch_logic(tmp_path, **fake_env) -> tuple[str, list, int]:
     # Any other failure after the signal is a crash.
     ("", 1, False, 1, "training exited with 1 after the signal: a crash, not requeueing"),
     # A save that failed (full disk) would fail again.
-    ("", EXIT_SAVE_FAILED, False, EXIT_SAVE_FAILED, "save failed (exit 4: full disk"),
+    ("", SaveFailed.exit_code, False, SaveFailed.exit_code, "save failed (exit 4: full disk"),
 ])
 def test_usr1_reaches_srun_and_requeues_up_to_the_cap(tmp_path, restart_count, train_rc,
                                                      requeued, job_rc, says):
