@@ -34,7 +34,7 @@ import torch  # noqa: E402
 from megatron.core import parallel_state  # noqa: E402
 
 from megatron_ext.model import provider as fixedcode_model
-from megatron_ext.config.arguments import add_training_args, parse_model_args
+from megatron_ext.config.arguments import parse_training_args
 from megatron_ext.datasets.gpt_datasets import build_train_valid_test
 from megatron_ext.runtime.errors import exits_on_error
 from megatron_ext.runtime.initialize import destroy_distributed
@@ -92,8 +92,9 @@ def datasets_provider(args, tokenizer, num_samples, consumed_train_samples):
 
 
 def parse_args(argv=None):
-    return parse_model_args(argv, __doc__.splitlines()[0], add_training_args,
-                            fill=fill_from_checkpoint)
+    """The flags, refused before anything starts where they alone do not go together
+    (:meth:`megatron_ext.config.run_config.RunConfig.validate`)."""
+    return parse_training_args(argv, __doc__.splitlines()[0], fill=fill_from_checkpoint)
 
 
 def main(argv=None) -> PretrainResult:

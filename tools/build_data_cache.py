@@ -32,6 +32,7 @@ from typing import Optional, Sequence
 import megatron_ext  # noqa: F401  (its warning filters first)
 from megatron_ext.config import recipes  # noqa: E402
 from megatron_ext.config.arguments import add_training_args, parse_model_args  # noqa: E402
+from megatron_ext.config.run_config import RunConfig  # noqa: E402
 from megatron_ext.datasets.gpt_datasets import build_caches, samples_per_split  # noqa: E402
 from megatron_ext.config.derived import derive  # noqa: E402
 from megatron_ext.datasets.tokenizer import tokenizer_from_args  # noqa: E402
@@ -57,6 +58,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     known, rest = pre.parse_known_args(argv)
     flags = recipes.read_recipe(known.recipe, (), "") if known.recipe else []
     args = parse_model_args(flags + rest, DESCRIPTION, add_builder_args)
+    config = RunConfig.from_args(args)
+    config.training.validate()  # the schedule and data flags, as training refuses them
+    config.data.validate()
     args.recipe = known.recipe
     if not args.data_cache_path:
         raise SystemExit("error: give --data-cache-path: the directory the training job "

@@ -10,7 +10,7 @@ import argparse
 
 from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 
-from ..runtime.errors import CheckpointError, FlagError
+from ..runtime.errors import CheckpointError
 from .layout import saved_content_metadata
 
 
@@ -118,9 +118,6 @@ def reconcile_schedule(saved_args: dict, args: argparse.Namespace, train_iters: 
     batch (given, or the default micro-batch x data-parallel size on another number of
     GPUs) is another schedule: a difference too, which only the flags' values can take on
     (Megatron-LM refuses it as well)."""
-    if args.override_opt_param_scheduler and args.use_checkpoint_opt_param_scheduler:
-        raise FlagError("--override-opt_param-scheduler and "
-                        "--use-checkpoint-opt_param-scheduler are exclusive")
     flags = {k: getattr(args, k) for k in SCHEDULE_FLAGS}
     old, new = _schedule(saved_args), _schedule({**vars(args), "train_iters": train_iters})
     diffs = [f"{SCHEDULE_FLAGS[k]} {new[k]} (checkpoint {old[k]})" for k in old if old[k] != new[k]]

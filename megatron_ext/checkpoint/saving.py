@@ -46,6 +46,7 @@ from megatron.core.dist_checkpointing.strategies.fully_parallel import (
 
 from ..codes.schemes import FixedCode
 from ..config.derived import Derived, run_record
+from ..config.run_config import CheckpointConfig
 from ..runtime.errors import CheckpointError
 from ..runtime.files import read_json, write_json, write_text
 from ..runtime.log import log
@@ -203,50 +204,47 @@ class Checkpointer:
     iteration once every rank's writer has finished, and the next save and the end of the
     run first wait for it."""
 
-    def __init__(self, args: argparse.Namespace, derived: Derived, model, optimizer, scheduler,
-                 code: Optional[FixedCode], wandb_run_id: Optional[str],
+    def __init__(self, config: CheckpointConfig, start: Callable[[TrainState], AsyncRequest],
                  last_saved: Optional[int],
                  gathered: Callable[[], ContextManager] = contextlib.nullcontext,
                  lease: Optional[SaveLease] = None):
-        """``gathered``: a context in which the model holds whole, current parameters (under
+        """``config``: the save flags; ``start(state)``: the save of the run at ``state``,
+        prepared (:func:`start_save` of its model, optimizer, scheduler and code).
+        ``gathered``: a context in which the model holds whole, current parameters (under
         ``--overlap-param-gather`` they are gathered only for a save, not every step).
         ``lease``: rank 0's lease on ``--save`` (:mod:`~megatron_ext.checkpoint.lease`),
         confirmed before each save."""
-        self.args, self.derived = args, derived
+        self.config, self.start = config, start
         self.lease = lease
         self.gathered = gathered
-        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
-        self.code, self.wandb_run_id = code, wandb_run_id
         self.last_saved = last_saved
-        self.queue = AsyncCallsQueue() if args.async_save else None
+        self.queue = AsyncCallsQueue() if config.async_save else None
         self.pending: Optional[tuple[int, float]] = None  # (iteration, start) being written
 
     def save(self, state: TrainState, final: bool = False) -> None:
         """Call after every iteration, and with ``final`` when the run ends (done, or an exit
         condition): saves when due (every ``--save-interval``) or final, and completes a
         background save whose writers have all finished (``final``: waits for it)."""
-        if not self.args.save:
+        if not self.config.save:
             return
-        due = final or (bool(self.args.save_interval)
-                        and state.iteration % self.args.save_interval == 0)
+        due = final or (bool(self.config.save_interval)
+                        and state.iteration % self.config.save_interval == 0)
         if not due or self.last_saved == state.iteration:
             self._complete_pending(wait=final)
             return
         self._complete_pending(wait=True)
-        confirm_save_lease(self.args.save, self.lease)
+        confirm_save_lease(self.config.save, self.lease)
         start = time.time()
-        path = checkpoint_path(self.args.save, state.iteration)
+        path = checkpoint_path(self.config.save, state.iteration)
         try:
-            parts = (self.args, self.derived, self.model, self.optimizer, self.scheduler,
-                     state, self.code, self.wandb_run_id)
             if self.queue is None or final:
                 with self.gathered():
-                    save_checkpoint(*parts)
+                    self.start(state).execute_sync()
                 log(f"[fixedcode] saved checkpoint {path} (training stalled "
                     f"{time.time() - start:.2f} s)")
             else:
                 with self.gathered():
-                    self.queue.schedule_async_request(start_save(*parts))
+                    self.queue.schedule_async_request(self.start(state))
                 self.pending = (state.iteration, start)
                 log(f"[fixedcode] saving checkpoint {path} in the background (training "
                     f"stalled {time.time() - start:.2f} s)")
@@ -274,17 +272,17 @@ class Checkpointer:
         if done:
             self.pending = None
             now = time.time()
-            log(f"[fixedcode] saved checkpoint {checkpoint_path(self.args.save, iteration)} "
+            log(f"[fixedcode] saved checkpoint {checkpoint_path(self.config.save, iteration)} "
                 f"(written in the background in {now - start:.2f} s; completing it stalled "
                 f"training {now - completing:.2f} s)")
 
     def _failed(self, iteration: int, error: BaseException) -> SaveFailed:
         if torch.distributed.get_rank() == 0:
-            remove_failed_save(self.args.save, iteration)
+            remove_failed_save(self.config.save, iteration)
         if isinstance(error, CheckpointException):  # the writers' errors, by rank (rank 0 has them)
             error = "; ".join(f"rank {rank}: {exc}" for rank, (exc, _) in
                               sorted(error.failures.items())) or "a writer failed on another rank"
         return SaveFailed(
-            f"the save of iteration {iteration} to {self.args.save} failed ({error}); its "
+            f"the save of iteration {iteration} to {self.config.save} failed ({error}); its "
             f"files were removed, the previous save and {MARKER} are intact. Free space (or "
-            f"fix the filesystem) and resume with --load {self.args.save}")
+            f"fix the filesystem) and resume with --load {self.config.save}")

@@ -1,7 +1,9 @@
 """What a run is told and what follows from it: Megatron-LM's flags, recipe files, the values
 settled once at start-up, argparse types. Imports ``codes`` and ``runtime``.
 
-- ``arguments``: Megatron-LM's flags plus the fixed-code flags;
+- ``arguments``: Megatron-LM's flags plus the fixed-code flags, parsed;
+- ``run_config``: the flags as typed configs, one per concern, each with the checks that need
+  only the flags (``validate``);
 - ``recipes``: files of flags shared by the runs of an experiment;
 - ``derived``: ``Derived`` and ``Resolved``: values settled at start-up, never written into the
   flags;

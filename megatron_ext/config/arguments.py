@@ -13,10 +13,10 @@ import argparse
 import math
 from typing import Optional, Sequence
 
-from ..codes.limits import check_options
-from ..codes.schemes import ARMS, SCHEMES, TILINGS
+from ..codes.schemes import ARMS, TILINGS
 from ..runtime.errors import FlagError
 from .flag_types import add_tokenizer_flags, nonnegative_int, positive_int
+from .run_config import ModelConfig, RunConfig
 
 # Megatron-LM's --attention-backend values (megatron.core.transformer.enums.AttnBackend).
 ATTENTION_BACKENDS = ("auto", "flash", "fused", "unfused", "local")
@@ -526,97 +526,15 @@ def padded_vocab_size(vocab_size: int, divisible_by: int, tp: int) -> int:
     return int(math.ceil(vocab_size / multiple) * multiple)
 
 
-def validate_model_args(args: argparse.Namespace) -> None:
-    """Fill derived values and refuse inconsistent model flags with the flag's name."""
-    for flag in ("num_layers", "hidden_size", "num_attention_heads", "seq_length"):
-        if getattr(args, flag) is None:
-            raise FlagError(f"--{flag.replace('_', '-')} is required (or use --preset)")
-    if args.ffn_hidden_size is None:  # Megatron-LM's validate_args
+def fill_dependent_defaults(args: argparse.Namespace) -> None:
+    """The defaults argparse cannot give, as Megatron-LM fills them: ``--ffn-hidden-size`` 4 x
+    hidden size, or with ``--swiglu`` 2/3 of that rounded down to a multiple of 64;
+    ``--max-position-embeddings`` ``--seq-length``. Part of parsing, as ``--preset`` is."""
+    if args.ffn_hidden_size is None and args.hidden_size is not None:
         args.ffn_hidden_size = (int(4 * args.hidden_size * 2 / 3 / 64) * 64 if args.swiglu
                                 else 4 * args.hidden_size)
     if args.max_position_embeddings is None:
         args.max_position_embeddings = args.seq_length
-    if args.hidden_size % args.num_attention_heads:
-        raise FlagError(f"--hidden-size {args.hidden_size} is not divisible by "
-                        f"--num-attention-heads {args.num_attention_heads}")
-    head = args.hidden_size // args.num_attention_heads
-    if args.kv_channels not in (None, head):
-        raise FlagError(f"--kv-channels {args.kv_channels}: the head width here is --hidden-size "
-                        f"/ --num-attention-heads = {head}; heads of another width are not "
-                        f"built")
-    if args.group_query_attention and args.num_query_groups is None:
-        raise FlagError("--group-query-attention needs --num-query-groups")
-    if args.bf16 and args.fp16:
-        raise FlagError("--bf16 and --fp16 are exclusive")
-    validate_recompute_args(args)
-    validate_input_args(args)
-    if not args.ffn_hidden_size:
-        raise FlagError(f"--swiglu at --hidden-size {args.hidden_size}: the default MLP width "
-                        "(2/3 x 4 x hidden size, a multiple of 64) is 0; give --ffn-hidden-size")
-
-
-def validate_input_args(args: argparse.Namespace) -> None:
-    """Refuse the input flags that do not fit the arm ``--input-interface``, naming them."""
-    arm = args.input_interface
-    if arm != "learned" and not args.untie_embeddings_and_output_weights:
-        raise FlagError(
-            f"--input-interface {arm} has no input table to tie to the output head"
-            + (" (tied, the head would train it)" if arm == "frozen" else
-               " (V x r times r x h is no V x h head)" if arm == "factorized" else "")
-            + "; drop --no-untie-embeddings-and-output-weights")
-    if arm in SCHEMES:
-        try:
-            check_options(args.code_bits, args.code_scale, args.hidden_size)
-        except ValueError as e:
-            raise FlagError(str(e)) from None
-        if args.code_projection and args.code_tiling != "repeat":
-            raise FlagError(f"--code-projection maps the n-bit code to the width in place of "
-                            f"the tiling: drop --code-tiling {args.code_tiling}")
-        if args.embedding_init_method_std is not None:
-            raise FlagError(f"--embedding-init-method-std: --input-interface {arm} has no "
-                            f"input table")
-    else:
-        if args.code_tiling != "repeat":
-            raise FlagError(f"--code-tiling {args.code_tiling} needs a fixed-code "
-                            f"--input-interface, not {arm}")
-        if args.code_projection:
-            raise FlagError(f"--code-projection maps a fixed code to the width: it needs a "
-                            f"fixed-code --input-interface ({', '.join(SCHEMES)}), not {arm}")
-    if arm == "factorized":
-        rank = args.input_table_rank
-        if rank is None:
-            raise FlagError("--input-interface factorized needs --input-table-rank")
-        if not 1 <= rank <= args.hidden_size:
-            raise FlagError(f"--input-table-rank {rank} is outside [1, --hidden-size "
-                            f"{args.hidden_size}]: above the width, a factorised table holds "
-                            f"nothing a full one does not")
-    elif args.input_table_rank is not None:
-        raise FlagError(f"--input-table-rank applies to --input-interface factorized only, "
-                        f"not {arm}")
-    if args.embedding_init_method_std is not None and args.embedding_init_method_std <= 0:
-        raise FlagError(f"--embedding-init-method-std {args.embedding_init_method_std} must "
-                        f"be positive")
-
-
-def check_rank_fits_vocab(args: argparse.Namespace, padded_vocab: int) -> None:
-    """Refuse a factorized rank above the padded vocabulary (known once the tokenizer is)."""
-    if args.input_interface == "factorized" and args.input_table_rank > padded_vocab:
-        raise FlagError(f"--input-table-rank {args.input_table_rank} is above the padded "
-                        f"vocabulary of {padded_vocab} tokens: a table of V rows has rank "
-                        f"at most V")
-
-
-def validate_recompute_args(args: argparse.Namespace) -> None:
-    if args.recompute_granularity == "full":
-        if args.recompute_method is None or args.recompute_num_layers is None:
-            raise FlagError("--recompute-granularity full needs --recompute-method "
-                            "{uniform,block} and --recompute-num-layers")
-        if not 1 <= args.recompute_num_layers <= args.num_layers:
-            raise FlagError(f"--recompute-num-layers {args.recompute_num_layers} is "
-                            f"outside [1, --num-layers {args.num_layers}]")
-    elif args.recompute_method is not None or args.recompute_num_layers is not None:
-        raise FlagError("--recompute-method and --recompute-num-layers apply to "
-                        "--recompute-granularity full only")
 
 
 class ShowDefaults(argparse.HelpFormatter):
@@ -646,11 +564,12 @@ def read_training_flags(flags: Sequence[str]) -> argparse.Namespace:
     return parser.parse_known_args(list(flags))[0]
 
 
-def parse_model_args(argv: Optional[Sequence[str]], description: str,
-                     extra=None, fill=None) -> argparse.Namespace:
-    """Parse ``argv`` with the model flags (and ``extra(parser)`` groups), then validate;
-    ``fill(args)``, before the validation, sets flags from elsewhere (the training entry
-    point's ``--use-checkpoint-args``)."""
+def parse_flags(argv: Optional[Sequence[str]], description: str, extra=None,
+                fill=None) -> argparse.Namespace:
+    """Parse ``argv`` with the model flags (and ``extra(parser)`` groups): the flags, with
+    ``--preset``'s, ``fill(args)``'s (flags from elsewhere: the training entry point's
+    ``--use-checkpoint-args``) and the defaults that depend on other flags filled in; not
+    validated."""
     import sys
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(description)
@@ -660,5 +579,30 @@ def parse_model_args(argv: Optional[Sequence[str]], description: str,
     apply_preset(args, argv)
     if fill is not None:
         fill(args)
-    validate_model_args(args)
+    fill_dependent_defaults(args)
     return args
+
+
+def parse_model_args(argv: Optional[Sequence[str]], description: str,
+                     extra=None, fill=None) -> argparse.Namespace:
+    """:func:`parse_flags`, the model flags validated (:meth:`ModelConfig.validate`): what a
+    tool that builds or counts a model reads."""
+    args = parse_flags(argv, description, extra, fill)
+    ModelConfig.from_args(args).validate()
+    return args
+
+
+def parse_training_args(argv: Optional[Sequence[str]], description: str,
+                        fill=None) -> argparse.Namespace:
+    """pretrain_fixedcode.py's flags, refused by every check the flags alone allow
+    (:meth:`RunConfig.validate`) before anything starts."""
+    args = parse_flags(argv, description, add_training_args, fill)
+    RunConfig.from_args(args).validate()
+    return args
+
+
+def check_run_flags(flags: Sequence[str]) -> RunConfig:
+    """The config of a run that will start with ``flags`` (a study's run, a job to submit),
+    refused now as the run would refuse them when it starts (``--use-checkpoint-args`` left
+    out: there is no checkpoint to read yet)."""
+    return RunConfig.from_args(parse_training_args(flags, ""))

@@ -27,7 +27,7 @@ from typing import Optional
 
 from ..runtime.errors import FlagError
 from .arguments import padded_vocab_size
-from .schedule import BatchRamp, check_schedule_flags, ramped_train_iters, train_iters_of_samples
+from .schedule import BatchRamp, ramped_train_iters, train_iters_of_samples
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,10 +58,6 @@ class Derived:
         return consumed
 
 
-# The flags that apply to the checkpoint of --load only (Resolved's fields of the same names).
-LOAD_ONLY_FLAGS = ("finetune", "no_load_optim", "no_load_rng")
-
-
 @dataclasses.dataclass(frozen=True)
 class Resolved:
     device: str  # --device: "cuda" or "cpu" ("auto" settled)
@@ -89,7 +85,7 @@ def derive(args: argparse.Namespace, world: int, vocab_size: int,
            tokenizer_sha256: Optional[str] = None) -> Derived:
     """The values of a job of ``world`` ranks whose tokenizer has ``vocab_size`` tokens
     (padded as Megatron-LM pads it) and files of ``tokenizer_sha256``; a clear error where the
-    batch flags do not fit."""
+    batch flags do not fit the world (the flags' own checks are ``RunConfig.validate``'s)."""
     data_parallel = world // (args.tensor_model_parallel_size * args.pipeline_model_parallel_size)
     global_batch = args.global_batch_size
     if global_batch is None:
@@ -99,9 +95,6 @@ def derive(args: argparse.Namespace, world: int, vocab_size: int,
         raise FlagError(f"--global-batch-size {global_batch} is not a multiple "
                         f"of --micro-batch-size {args.micro_batch_size} x data-parallel size "
                         f"{data_parallel}")
-    if (args.train_iters is None) == (args.train_samples is None):
-        raise FlagError("give exactly one of --train-iters and --train-samples")
-    check_schedule_flags(args)
     rampup = tuple(args.rampup_batch_size) if args.rampup_batch_size else None
     ramp = BatchRamp(global_batch, per_step, rampup and list(rampup))  # checks the ramp
     train_iters = args.train_iters

@@ -1,10 +1,13 @@
-"""argparse types shared by the command lines in tools/. Imports nothing heavy: the
-preprocessing tool starts without torch.
+"""argparse types shared by the command lines in tools/, and the tokenizer flags' own rules.
+Imports nothing heavy: the preprocessing tool starts without torch.
 """
 
 from __future__ import annotations
 
 import argparse
+from typing import Optional
+
+from ..runtime.errors import FlagError
 
 # --tokenizer-type's choices (megatron_ext/datasets/tokenizer.py builds each).
 TOKENIZER_TYPES = ("GPTSentencePieceTokenizer", "SentencePieceTokenizer", "HuggingFaceTokenizer",
@@ -24,6 +27,32 @@ def add_tokenizer_flags(group, **tokenizer_type) -> None:
                        help="GPT2BPETokenizer: the vocabulary (GPT-2's vocab.json)")
     group.add_argument("--merge-file",
                        help="GPT2BPETokenizer: the BPE merges (GPT-2's merges.txt)")
+
+
+def check_tokenizer_flags(tokenizer_type: str, tokenizer_model: Optional[str],
+                          vocab_size: Optional[int], vocab_file: Optional[str],
+                          merge_file: Optional[str]) -> None:
+    """Refuse tokenizer flags that name no tokenizer, naming them (the files are read when
+    the tokenizer is built: datasets/tokenizer.py)."""
+    if tokenizer_type == "GPT2BPETokenizer":
+        if not (vocab_file and merge_file):
+            raise FlagError("--tokenizer-type GPT2BPETokenizer needs --vocab-file and "
+                            "--merge-file")
+        return
+    if vocab_file or merge_file:  # else ignored: Megatron-LM's GPT-3 example gives no type
+        raise FlagError(f"--vocab-file and --merge-file are GPT2BPETokenizer's, not "
+                        f"--tokenizer-type {tokenizer_type}'s: give --tokenizer-type "
+                        f"GPT2BPETokenizer")
+    if tokenizer_type == "NullTokenizer":
+        if not vocab_size or vocab_size < 1:
+            raise FlagError("--tokenizer-type NullTokenizer needs --vocab-size >= 1 "
+                            "(ids 0 to V - 1; EOD is V)")
+        return
+    if tokenizer_type not in TOKENIZER_TYPES:
+        raise FlagError(f"unknown --tokenizer-type {tokenizer_type} (choose from "
+                        f"{', '.join(TOKENIZER_TYPES)})")
+    if not tokenizer_model:
+        raise FlagError(f"--tokenizer-type {tokenizer_type} needs --tokenizer-model")
 
 
 def positive_int(text: str) -> int:

@@ -4,54 +4,17 @@
 megatron.core): the scheduler steps by the samples of each update, so an iteration-based
 schedule (``--lr-warmup-iters``, ``--lr-decay-iters``, ``--lr-warmup-fraction``) and a
 sample-based one (``--lr-warmup-samples``, ``--lr-decay-samples``) mean the same thing, and
-``--rampup-batch-size`` grows the batch without moving the schedule. No torch: the flags
-(:func:`check_schedule_flags`) and the arithmetic (:func:`scheduler_steps`,
-:class:`BatchRamp`, :func:`ramped_train_iters`). Its place: beside ``derived.py``, which
+``--rampup-batch-size`` grows the batch without moving the schedule. No torch: the arithmetic
+(:func:`scheduler_steps`, :class:`BatchRamp`, :func:`ramped_train_iters`; the flags' own
+checks are ``run_config.TrainingConfig.validate``'s). Its place: beside ``derived.py``, which
 takes the number of iterations from here."""
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 from typing import Optional
 
 from ..runtime.errors import FlagError
-
-
-def check_schedule_flags(args: argparse.Namespace) -> None:
-    """Refuse the schedule flags that do not go together, naming them: the sample-based
-    ones need ``--train-samples`` (as in Megatron-LM), a warm-up is given one way, and under
-    a batch ramp the schedule is in samples."""
-    sample_flags = {"--lr-warmup-samples": args.lr_warmup_samples,
-                    "--lr-decay-samples": args.lr_decay_samples,
-                    "--lr-wsd-decay-samples": args.lr_wsd_decay_samples,
-                    "--rampup-batch-size": args.rampup_batch_size}
-    given = [flag for flag, value in sample_flags.items() if value]
-    if args.train_iters is not None and given:
-        raise FlagError(f"{', '.join(given)} count samples: use them with --train-samples, "
-                        f"not --train-iters (as in Megatron-LM)")
-    if args.lr_warmup_fraction is not None:
-        if args.lr_warmup_iters or args.lr_warmup_samples:
-            raise FlagError("give one of --lr-warmup-fraction, --lr-warmup-iters and "
-                            "--lr-warmup-samples")
-        if not 0 <= args.lr_warmup_fraction <= 1:
-            raise FlagError(f"--lr-warmup-fraction {args.lr_warmup_fraction} is outside [0, 1]")
-    if args.lr_warmup_iters and args.lr_warmup_samples:
-        raise FlagError("give one of --lr-warmup-iters and --lr-warmup-samples")
-    if args.lr_decay_iters is not None and args.lr_decay_samples is not None:
-        raise FlagError("give one of --lr-decay-iters and --lr-decay-samples")
-    if args.lr_wsd_decay_iters is not None and args.lr_wsd_decay_samples is not None:
-        raise FlagError("give one of --lr-wsd-decay-iters and --lr-wsd-decay-samples")
-    if args.rampup_batch_size:
-        iteration_flags = [f for f, v in (("--lr-warmup-iters", args.lr_warmup_iters),
-                                          ("--lr-decay-iters", args.lr_decay_iters),
-                                          ("--lr-wsd-decay-iters", args.lr_wsd_decay_iters))
-                           if v]
-        if iteration_flags:
-            raise FlagError(f"{', '.join(iteration_flags)}: under --rampup-batch-size an "
-                            f"iteration has no fixed size; give the schedule in samples "
-                            f"(--lr-warmup-samples, --lr-decay-samples, "
-                            f"--lr-warmup-fraction)")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -74,19 +74,16 @@ def _data_args_file(flag: str, path: str) -> str:
 def data_paths(args: argparse.Namespace) -> tuple[tuple, list[tuple]]:
     """``((flag, paths), [(flag, paths) per split])``: the values of ``--data-path`` and
     ``--train/valid/test-data-path``, or those read from ``--data-args-path`` and
-    ``--per-split-data-args-path`` (Megatron-LM's formats), each with the flag it came from."""
+    ``--per-split-data-args-path`` (Megatron-LM's formats), each with the flag it came from
+    (given one way: ``config.run_config.DataConfig.validate``)."""
     blend = ("--data-path", args.data_path)
     if args.data_args_path:
-        if args.data_path:
-            raise FlagError("give one of --data-path and --data-args-path")
         blend = (f"--data-args-path {args.data_args_path}",
                  _data_args_file("--data-args-path", args.data_args_path).split())
     splits = ("train", "valid", "test")
     per_split = [(f"--{s}-data-path", getattr(args, f"{s}_data_path")) for s in splits]
     if args.per_split_data_args_path:
         flag = "--per-split-data-args-path"
-        if any(paths for _, paths in per_split):
-            raise FlagError(f"give one of --train/valid/test-data-path and {flag}")
         try:
             values = json.loads(_data_args_file(flag, args.per_split_data_args_path))
             per_split = [(f"{flag} {args.per_split_data_args_path} [{s!r}]",
@@ -96,10 +93,6 @@ def data_paths(args: argparse.Namespace) -> tuple[tuple, list[tuple]]:
             raise DataError(f"{flag} {args.per_split_data_args_path}: expected a JSON object "
                             f"with train, valid and test keys, each a list of [weight] "
                             f"prefix or a whitespace-separated string ({e!r})") from None
-    if args.mock_data and (blend[1] or any(paths for _, paths in per_split)):
-        given = blend[0] if blend[1] else next(flag for flag, paths in per_split if paths)
-        raise FlagError(f"give either {given} or --mock-data, not both: --mock-data trains "
-                        f"on synthetic tokens, and the data given would be ignored")
     return blend, per_split
 
 
@@ -143,15 +136,6 @@ def build_datasets(args: argparse.Namespace, tokenizer, num_samples: list[int]):
     paths, per_split_paths = data_paths(args)
     per_split = [_blend(flag, split) for flag, split in per_split_paths]
     blend = None if args.mock_data else _blend(*paths)
-    if any(per_split) and blend:
-        raise FlagError("give either --data-path (with --split) or --train-data-path/"
-                        "--valid-data-path/--test-data-path")
-    if not (args.mock_data or blend or per_split[0]):
-        raise FlagError("give --data-path (indexed dataset prefixes), "
-                        "--train-data-path, or --mock-data")
-    if args.require_data_cache and (args.mock_data or not args.data_cache_path):
-        raise FlagError("--require-data-cache needs --data-cache-path (the caches "
-                        "tools/build_data_cache.py built) and indexed data, not --mock-data")
     if not args.mock_data:
         check_training_data(blend, per_split if any(per_split) else None,
                             None if any(per_split) else args.split, args.seq_length, num_samples)

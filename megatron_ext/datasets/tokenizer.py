@@ -36,17 +36,14 @@ import json
 import os
 from typing import List, Optional
 
-from ..config.flag_types import TOKENIZER_TYPES
-from ..runtime.errors import DataError, FlagError
+from ..config.flag_types import check_tokenizer_flags
+from ..runtime.errors import DataError
 
 SENTENCEPIECE_TYPES = ("GPTSentencePieceTokenizer", "SentencePieceTokenizer")
 
 
 class NullTokenizer:
     def __init__(self, vocab_size: int):
-        if not vocab_size or vocab_size < 1:
-            raise FlagError("--tokenizer-type NullTokenizer needs --vocab-size >= 1 "
-                            "(ids 0 to V - 1; EOD is V)")
         self.vocab_size = vocab_size + 1
         self.eod = vocab_size
         self.unique_identifiers = {"class": "NullTokenizer", "vocab_size": vocab_size}
@@ -146,13 +143,10 @@ class GPT2BPETokenizer:
     (merges.txt), as Megatron-LM's GPT2BPETokenizer: GPT-2's pre-tokenization, no special
     token matched in texts, EOD ``<|endoftext|>``, the vocabulary ``vocab.json``'s."""
 
-    def __init__(self, vocab_file: Optional[str], merge_file: Optional[str]):
+    def __init__(self, vocab_file: str, merge_file: str):
         from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
         for flag, path in (("--vocab-file", vocab_file), ("--merge-file", merge_file)):
-            if not path:
-                raise FlagError("--tokenizer-type GPT2BPETokenizer needs --vocab-file and "
-                                "--merge-file")
             if not os.path.isfile(path):
                 raise DataError(f"{flag} {path} does not exist")
         try:
@@ -182,20 +176,13 @@ def build_tokenizer(tokenizer_type: str, tokenizer_model: Optional[str] = None,
                     vocab_size: Optional[int] = None, vocab_file: Optional[str] = None,
                     merge_file: Optional[str] = None):
     """The tokenizer named by ``--tokenizer-type`` (and ``--tokenizer-model``/``--vocab-size``,
-    or ``--vocab-file``/``--merge-file``)."""
+    or ``--vocab-file``/``--merge-file``), its flags refused first as a run's are
+    (:func:`~megatron_ext.config.flag_types.check_tokenizer_flags`)."""
+    check_tokenizer_flags(tokenizer_type, tokenizer_model, vocab_size, vocab_file, merge_file)
     if tokenizer_type == "GPT2BPETokenizer":
         return GPT2BPETokenizer(vocab_file, merge_file)
-    if vocab_file or merge_file:  # else ignored: Megatron-LM's GPT-3 example gives no type
-        raise FlagError(f"--vocab-file and --merge-file are GPT2BPETokenizer's, not "
-                        f"--tokenizer-type {tokenizer_type}'s: give --tokenizer-type "
-                        f"GPT2BPETokenizer")
     if tokenizer_type == "NullTokenizer":
         return NullTokenizer(vocab_size)
-    if tokenizer_type not in TOKENIZER_TYPES:
-        raise FlagError(f"unknown --tokenizer-type {tokenizer_type} (choose from "
-                        f"{', '.join(TOKENIZER_TYPES)})")
-    if not tokenizer_model:
-        raise FlagError(f"--tokenizer-type {tokenizer_type} needs --tokenizer-model")
     if not os.path.exists(tokenizer_model):
         raise DataError(f"--tokenizer-model {tokenizer_model} does not exist")
     if tokenizer_type in SENTENCEPIECE_TYPES:

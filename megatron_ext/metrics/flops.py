@@ -4,7 +4,6 @@ axis count."""
 
 from __future__ import annotations
 
-import argparse
 from typing import Optional
 
 # Dense (not 2:4-sparse) peak TFLOP/s per GPU, (bf16/fp16, FP8), from NVIDIA's data sheets, by
@@ -20,13 +19,14 @@ PEAK_TFLOPS = (
 )
 
 
-def flops_per_token(args: argparse.Namespace, padded_vocab_size: int) -> float:
+def flops_per_token(args, padded_vocab_size: int) -> float:
     """Model FLOPs per trained token, forward and backward, as Megatron-LM 0.16.1 counts a
     dense GPT (megatron/training/training.py, ``num_floating_point_operations``): each GEMM
     2 FLOPs per multiply-add, 3 times (forward, data and weight gradients), over the query,
     key, value and output projections, the MLP (3 GEMMs with SwiGLU), the output logits,
     and the attention scores and their product with the values at half the sequence
-    (causal). The input embedding, table or code, counts nothing: all arms do the same."""
+    (causal). The input embedding, table or code, counts nothing: all arms do the same.
+    ``args``: the model's flags (a run's, a checkpoint's saved ones, a ``ModelConfig``)."""
     kv_channels = args.hidden_size // args.num_attention_heads
     query = kv_channels * args.num_attention_heads
     key_value = 2 * kv_channels * (args.num_query_groups or args.num_attention_heads)

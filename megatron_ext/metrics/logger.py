@@ -11,7 +11,7 @@ they compare; an FP8 run also shows its MFU against the FP8 peak.
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import math
 import os
 import time
@@ -24,7 +24,8 @@ from megatron.core import parallel_state
 from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
 from megatron.core.transformer.module import param_is_not_shared
 
-from ..config.derived import Derived, run_record
+from ..config.derived import Derived
+from ..config.run_config import LoggingConfig, ModelConfig
 from ..runtime.log import log
 from . import sinks
 from .flops import flops_per_token, peak_flops
@@ -66,28 +67,43 @@ def memory_gib(device: str) -> float:
     return psutil.Process().memory_info().rss / 2**30
 
 
-def metrics_path(args: argparse.Namespace) -> Optional[str]:
-    """The run's metrics file: ``--metrics-file``, else ``metrics.jsonl`` in ``--save``."""
-    if args.metrics_file:
-        return args.metrics_file
-    return os.path.join(args.save, "metrics.jsonl") if args.save else None
+def metrics_path(config: LoggingConfig, save: Optional[str]) -> Optional[str]:
+    """The run's metrics file: ``--metrics-file``, else ``metrics.jsonl`` in ``save``
+    (``--save``)."""
+    if config.metrics_file:
+        return config.metrics_file
+    return os.path.join(save, "metrics.jsonl") if save else None
+
+
+@dataclasses.dataclass(frozen=True)
+class IntervalSkips:
+    """The updates skipped in a log interval, as the log line shows them: for any reason,
+    and for a non-finite loss (counted by ``train.step.SkippedUpdates``)."""
+    skipped: int = 0
+    nonfinite_losses: int = 0
 
 
 class MetricsLogger:
     """Turns each step's values into the log line and the scalars every sink receives
     (:mod:`megatron_ext.metrics.sinks`). Sinks exist on the logging rank only."""
 
-    def __init__(self, args: argparse.Namespace, derived: Derived, model: torch.nn.Module,
-                 is_logging_rank: bool, resumed_iteration: int, wandb_run_id: Optional[str]):
-        self.args, self.derived = args, derived
+    def __init__(self, config: LoggingConfig, model_config: ModelConfig, derived: Derived,
+                 model: torch.nn.Module, is_logging_rank: bool, resumed_iteration: int,
+                 wandb_run_id: Optional[str], *, device: str, save: Optional[str],
+                 record: dict):
+        """``model_config``: the shape the FLOPs are counted for; ``device``: the run's;
+        ``save``: its ``--save`` (where the metrics file and wandb's files go by default);
+        ``record``: its arguments as a checkpoint stores them (wandb's config)."""
+        self.config, self.derived, self.device = config, derived, device
+        self.seq_length = model_config.seq_length
         self.is_logging_rank = is_logging_rank
-        self.num_params = trainable_parameters(model, args.device)
-        self.flops_per_token = flops_per_token(args, derived.padded_vocab_size)
+        self.num_params = trainable_parameters(model, device)
+        self.flops_per_token = flops_per_token(model_config, derived.padded_vocab_size)
         self.peak = self.fp8_peak = None
-        if args.device == "cuda":
+        if device == "cuda":
             name = torch.cuda.get_device_name()
             self.peak = peak_flops(name, fp8=False)
-            if args.fp8_format:
+            if model_config.fp8_format:
                 self.fp8_peak = peak_flops(name, fp8=True)
             log(f"[fixedcode] MFU against the dense bf16 peak of {name}: "
                 f"{self.peak / 1e12:,.0f} TFLOP/s per GPU"
@@ -96,20 +112,19 @@ class MetricsLogger:
                 f"[fixedcode] MFU not shown: no dense bf16 peak known for {name}")
         self.sinks = []
         if is_logging_rank:
-            if args.tensorboard_dir:
-                self.sinks.append(sinks.TensorBoardSink(args.tensorboard_dir))
-            if metrics_path(args):
-                self.sinks.append(sinks.JsonlSink(metrics_path(args), resumed_iteration))
-            if args.wandb_project:
-                self.sinks.append(sinks.WandbSink(args, run_record(args, derived),
-                                                         wandb_run_id))
+            if config.tensorboard_dir:
+                self.sinks.append(sinks.TensorBoardSink(config.tensorboard_dir))
+            if metrics_path(config, save):
+                self.sinks.append(sinks.JsonlSink(metrics_path(config, save),
+                                                  resumed_iteration))
+            if config.wandb_project:
+                self.sinks.append(sinks.WandbSink(config, save, record, wandb_run_id))
         self.consumed_samples = resumed_iteration * derived.global_batch_size
         self.first_iteration = resumed_iteration + 1
         self._reset()
 
     def _reset(self) -> None:
         self.losses, self.times, self.batch_sizes = [], [], []
-        self.skipped_iterations = self.nan_iterations = 0
 
     def _write(self, kind: str, iteration: int, scalars: dict) -> None:
         """``kind`` "step" goes to the per-iteration sinks only, which take a "train" record
@@ -117,7 +132,7 @@ class MetricsLogger:
         scalars = {k: v for k, v in scalars.items() if v is not None}
         where = {"iteration": iteration,
                  "consumed_samples": self.consumed_samples,
-                 "tokens": self.consumed_samples * self.args.seq_length,
+                 "tokens": self.consumed_samples * self.seq_length,
                  "time": time.time()}
         for sink in self.sinks:
             if sink.per_iteration and kind == "train":
@@ -128,7 +143,7 @@ class MetricsLogger:
 
     def is_log_iteration(self, iteration: int) -> bool:
         """Whether the interval ends at ``iteration``: every ``--log-interval`` and the last."""
-        return iteration % self.args.log_interval == 0 or iteration == self.derived.train_iters
+        return iteration % self.config.log_interval == 0 or iteration == self.derived.train_iters
 
     def prints_line(self, iteration: int) -> bool:
         """Whether ``iteration`` prints the training line: each log iteration, and the run's
@@ -137,12 +152,13 @@ class MetricsLogger:
 
     def step(self, iteration: int, loss: Optional[float], grad_norm: Optional[float], lr: float,
              step_time: float, skipped: bool, skipped_total: int,
-             diagnostics: Optional[dict] = None, *, consumed_samples: Optional[int] = None,
-             batch_size: Optional[int] = None) -> None:
+             diagnostics: Optional[dict] = None, *, skips: IntervalSkips,
+             consumed_samples: Optional[int] = None, batch_size: Optional[int] = None) -> None:
         """Record one step (``skipped``: its update was skipped; ``skipped_total``: updates
-        skipped for a failure so far); at a log iteration, log the interval's mean loss, step
-        time and throughput, and this step's grad norm and ``diagnostics`` (scalars measured
-        at it: norms, zeros in the gradient), as Megatron-LM's line does.
+        skipped for a failure so far; ``skips``: those of the interval, this step's
+        included); at a log iteration, log the interval's mean loss, step time and
+        throughput, and this step's grad norm and ``diagnostics`` (scalars measured at it:
+        norms, zeros in the gradient), as Megatron-LM's line does.
         ``consumed_samples`` after it and its ``batch_size`` (default: full global batches;
         they differ under ``--rampup-batch-size``)."""
         batch_size = batch_size or self.derived.global_batch_size
@@ -151,10 +167,8 @@ class MetricsLogger:
         self.batch_sizes.append(batch_size)
         if loss is not None and math.isfinite(loss):
             self.losses.append(loss)
-        self.nan_iterations += loss is not None and not math.isfinite(loss)
-        self.skipped_iterations += skipped
         self.times.append(step_time)
-        if iteration % self.args.tensorboard_log_interval == 0:
+        if iteration % self.config.tensorboard_log_interval == 0:
             finite = loss is not None and math.isfinite(loss) and not skipped
             self._write("step", iteration, {
                 "lm loss": loss if finite else None, "learning-rate": lr,
@@ -162,12 +176,12 @@ class MetricsLogger:
                 "grad-norm": None if grad_norm is None else float(grad_norm)})
         if not self.prints_line(iteration):
             return
-        a, d = self.args, self.derived
+        d = self.derived
         step_time = sum(self.times) / len(self.times)
-        tokens_per_s = sum(self.batch_sizes) / len(self.batch_sizes) * a.seq_length / step_time
+        tokens_per_s = sum(self.batch_sizes) / len(self.batch_sizes) * self.seq_length / step_time
         loss = sum(self.losses) / len(self.losses) if self.losses else None
         grad_norm = None if grad_norm is None else float(grad_norm)
-        mem, reserved = memory_gib(a.device), reserved_gib(a.device)
+        mem, reserved = memory_gib(self.device), reserved_gib(self.device)
         flops_per_device = self.flops_per_token * tokens_per_s / d.world_size
         mfu = flops_per_device / self.peak if self.peak else None
         mfu_fp8 = flops_per_device / self.fp8_peak if self.fp8_peak else None
@@ -179,7 +193,7 @@ class MetricsLogger:
             global_batch_size=batch_size, loss=loss,
             loss_scale=diagnostics.get("loss-scale", 1.0), grad_norm=grad_norm,
             num_zeros=diagnostics.get("num-zeros"), params_norm=diagnostics.get("params-norm"),
-            skipped_iterations=self.skipped_iterations, nan_iterations=self.nan_iterations,
+            skipped_iterations=skips.skipped, nan_iterations=skips.nonfinite_losses,
             tokens_per_s=tokens_per_s, mfu=mfu, mfu_fp8=mfu_fp8, memory_gib=mem,
             reserved_gib=reserved,
             overflow_skipped_total=diagnostics.get("overflow-skipped-iterations"))

@@ -23,6 +23,7 @@ import json
 import os
 from typing import Optional
 
+from ..config.run_config import LoggingConfig
 from ..runtime.errors import DataError, DeviceError
 from ..runtime.files import write_text
 
@@ -109,11 +110,11 @@ class JsonlSink:
         self.file.close()
 
 
-def agree_wandb_run_id(args, saved: Optional[str]) -> Optional[str]:
+def agree_wandb_run_id(config: LoggingConfig, saved: Optional[str]) -> Optional[str]:
     """The wandb run id of this training run, the same on every rank (rank 0's; the id is
     saved in each checkpoint, so ranks other than the logging rank must know it): the one
     ``saved`` in the run's own checkpoint, else a new one. None without ``--wandb-project``."""
-    if not args.wandb_project:
+    if not config.wandb_project:
         return None
     import torch
     chosen = [saved or f"fixedcode-{os.urandom(6).hex()}"]
@@ -128,19 +129,21 @@ class WandbSink:
 
     per_iteration = True  # takes the "step" records
 
-    def __init__(self, args, record: dict, run_id: str):
-        """``record``: the run's arguments with the derived values (derived.run_record)."""
+    def __init__(self, config: LoggingConfig, save: Optional[str], record: dict, run_id: str):
+        """``save``: the run's ``--save`` (its ``wandb`` folder is the default
+        ``--wandb-save-dir``); ``record``: the run's arguments with the derived values
+        (derived.run_record)."""
         try:
             import wandb
         except ImportError as e:
             raise DeviceError("--wandb-project needs wandb: pip install "
                               "'fixedcode[wandb]' (or pip install wandb)") from e
-        save_dir = args.wandb_save_dir or (os.path.join(args.save, "wandb") if args.save
-                                           else None)
+        save_dir = config.wandb_save_dir or (os.path.join(save, "wandb") if save else None)
         if save_dir:
             os.makedirs(save_dir, exist_ok=True)
         self.run = wandb.init(
-            project=args.wandb_project, entity=args.wandb_entity, name=args.wandb_exp_name,
+            project=config.wandb_project, entity=config.wandb_entity,
+            name=config.wandb_exp_name,
             dir=save_dir, id=run_id, resume="allow",
             config=record)
 

@@ -19,10 +19,9 @@ from typing import Sequence
 import torch
 
 from ..codes.kernels import fixed_code_forward, lookup_tables
-from ..codes.limits import check_vocab_fits
 from ..codes.schemes import ARMS, SCHEMES, FixedCode
-from ..config.arguments import (build_parser, check_rank_fits_vocab, padded_vocab_size,
-                                validate_input_args)
+from ..config.arguments import build_parser, padded_vocab_size
+from ..config.run_config import ModelConfig
 from ..runtime.errors import FlagError
 from ..runtime.initialize import destroy_distributed, initialize_distributed
 from .provider import build_code, model_provider
@@ -58,7 +57,7 @@ def arm_args(args: argparse.Namespace, arm: str) -> argparse.Namespace:
     except SystemExit:
         raise FlagError(f"--arms {arm}: not INTERFACE[@--flag=value...] of model flags "
                         f"(the error above)") from None
-    validate_input_args(out)
+    ModelConfig.from_args(out).validate_input()
     return out
 
 
@@ -75,10 +74,7 @@ def padded_vocab(args: argparse.Namespace, arms: Sequence[str], tp: int = 1) -> 
         raise FlagError("--vocab-size is required (or use --preset)")
     padded = padded_vocab_size(args.vocab_size, args.make_vocab_size_divisible_by, tp)
     for arm in arms:
-        one = arm_args(args, arm)
-        if one.input_interface in SCHEMES:
-            check_vocab_fits(padded, one.code_bits, one.vocab_size)
-        check_rank_fits_vocab(one, padded)
+        ModelConfig.from_args(arm_args(args, arm)).check_vocab(padded, args.vocab_size)
     return padded
 
 

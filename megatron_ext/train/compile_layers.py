@@ -7,45 +7,15 @@ compile whole thanks to :mod:`megatron_ext.model.row_linear`; megatron-core is n
 
 Compilation is lazy (the first step's forward and backward passes compile); after each step
 or validation that compiled, :class:`CompileTime` logs how long it took, from dynamo's own
-account, so that the time is not read as the first step's throughput."""
+account, so that the time is not read as the first step's throughput. Where it is refused:
+``config.run_config.RunConfig.check_compile_layers`` (the flags), ``train.setup.resolve_layers``
+(the layers)."""
 
 from __future__ import annotations
 
-import argparse
-
 import torch
 
-from ..runtime.errors import FlagError
 from ..runtime.log import log
-
-
-def check_compile_flags(args: argparse.Namespace, transformer_impl: str) -> None:
-    """Refuse ``--torch-compile-layers`` where a layer did not compile as one graph, tried on
-    CPU with megatron-core 0.16.1 and torch 2.13 (TE's layers were never tried)."""
-    if not args.torch_compile_layers:
-        return
-    if transformer_impl != "local":
-        raise FlagError("--torch-compile-layers compiles the local layers (Transformer "
-                        "Engine's bring their own fused kernels and were never compiled "
-                        "here): add --transformer-impl local")
-    why = {
-        "--tensor-model-parallel-size > 1": args.tensor_model_parallel_size > 1 and
-        "megatron-core's tensor-parallel linears run collectives with async_op=True, which "
-        "dynamo does not trace",
-        "--recompute-granularity selective": args.recompute_granularity == "selective" and
-        "megatron-core's checkpoint of core attention saves the RNG state inside the layer, "
-        "which dynamo does not trace (full recompute compiles)",
-        "--overlap-param-gather": args.overlap_param_gather and
-        "the DDP's forward pre-hooks wait for async all-gathers inside each layer",
-        f"--attention-backend {args.attention_backend}":
-        args.attention_backend in ("unfused", "local") and
-        "megatron-core's DotProductAttention did not trace on CPU (its scores' buffer comes "
-        "from torch.cuda.current_device, redirected there) and was never compiled on a GPU; "
-        "the SDPA backends (auto, flash) compile",
-    }
-    for flag, reason in why.items():
-        if reason:
-            raise FlagError(f"--torch-compile-layers with {flag}: {reason}; drop one")
 
 
 def compile_layers(model: torch.nn.Module, backend: str) -> int:

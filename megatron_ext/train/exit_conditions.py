@@ -11,22 +11,23 @@ training step (:meth:`ExitConditions.check`: save, leave). They all stop at the 
 
 from __future__ import annotations
 
-import argparse
 import signal
 import time
 from typing import Optional
 
+from ..config.run_config import CheckpointConfig
 from ..runtime import exit_signals
 from ..runtime.reductions import max_over_ranks
 
 
 class ExitConditions:
-    def __init__(self, args: argparse.Namespace, device: str, start_time: float):
-        """``device``: the run's (``cuda`` or ``cpu``), where the ranks agree."""
-        self.args = args
+    def __init__(self, config: CheckpointConfig, device: str, start_time: float):
+        """``config``: the exit flags; ``device``: the run's (``cuda`` or ``cpu``), where the
+        ranks agree."""
+        self.config = config
         self.start_time = start_time
         self.device = device
-        if args.exit_signal_handler:
+        if config.exit_signal_handler:
             exit_signals.install()  # already in force when the entry point installed it
 
     def signalled(self) -> Optional[str]:
@@ -36,7 +37,7 @@ class ExitConditions:
 
     def check(self, iteration: int) -> Optional[str]:
         """The reason to stop after ``iteration``, agreed by all ranks, or None."""
-        a = self.args
+        a = self.config
         signum, duration, interval = max_over_ranks([
             exit_signals.received() or 0,
             a.exit_duration_in_mins is not None

@@ -5,18 +5,19 @@ around each validation (unless ``--no-manual-gc-eval``); on again when the loop 
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import gc
 from typing import Iterator
+
+from ..config.run_config import TrainingConfig
 
 
 class GarbageCollection:
     """``--manual-gc``'s policy; without the flag every method does nothing."""
 
-    def __init__(self, args: argparse.Namespace):
-        self.manual, self.interval = args.manual_gc, args.manual_gc_interval
-        self.around_eval = args.manual_gc and args.manual_gc_eval
+    def __init__(self, config: TrainingConfig):
+        self.manual, self.interval = config.manual_gc, config.manual_gc_interval
+        self.around_eval = config.manual_gc and config.manual_gc_eval
 
     def start(self) -> None:
         if self.manual:

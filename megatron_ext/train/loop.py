@@ -6,22 +6,23 @@ Each policy around the step belongs to an object: when to validate
 (:class:`~megatron_ext.train.validation.Validator`), when to save
 (:class:`~megatron_ext.checkpoint.saving.Checkpointer`), when to stop
 (:class:`~megatron_ext.train.exit_conditions.ExitConditions`), what to log
-(:class:`~megatron_ext.metrics.logger.MetricsLogger`), how many non-finite steps to bear
-(:class:`~megatron_ext.train.step.NonFiniteGuard`), when to collect garbage
-(:class:`~megatron_ext.train.gc_policy.GarbageCollection`). The teardown (progress bar,
-profiler, metrics sinks, the collector) is in one ``finally``; a non-finite stop, which every
-rank reaches together, first completes a background save. Rank 0 holds a lease on
-``--save`` (:mod:`~megatron_ext.checkpoint.lease`) from before the run writes there to that
-``finally``. It returns a
-:class:`PretrainResult`.
+(:class:`~megatron_ext.metrics.logger.MetricsLogger`), how many skipped updates to bear
+(:class:`~megatron_ext.train.step.SkippedUpdates`, where they are counted), when to collect
+garbage (:class:`~megatron_ext.train.gc_policy.GarbageCollection`); each takes its own part of
+the run's config (:class:`~megatron_ext.config.run_config.RunConfig`), not the flags. What
+must be closed (the lease rank 0 holds on ``--save``, :mod:`~megatron_ext.checkpoint.lease`,
+from before the run writes there; the metrics sinks, the collector, the profiler, the
+progress bar) joins one teardown as it is made, closed in reverse order however the loop
+ends; a non-finite stop, which every rank reaches together, first completes a background
+save. It returns a :class:`PretrainResult`.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import functools
-import os
 import sys
 import time
 from typing import Callable, Optional
@@ -32,9 +33,10 @@ from tqdm import tqdm
 
 from ..checkpoint.layout import TrainState
 from ..checkpoint.lease import take_save_lease
-from ..checkpoint.saving import Checkpointer
-from ..config.derived import Derived
+from ..checkpoint.saving import Checkpointer, start_save
+from ..config.derived import Derived, run_record
 from ..config.megatron_defaults import defaults_line, query_groups_line
+from ..config.run_config import RunConfig
 from ..datasets.gpt_datasets import samples_per_split, test_split
 from ..metrics.logger import MetricsLogger
 from ..metrics.norms import NormReporter
@@ -48,9 +50,8 @@ from .gc_policy import GarbageCollection
 from .profiling import StepProfiler
 from .setup import set_up
 from .spikes import SpikeDetector
-from .step import (FAILURES, OVERFLOW, NonFiniteGuard, NonFiniteLossError, gathered_parameters,
-                   train_step)
-from .validation import Validator
+from .step import NonFiniteLossError, SkippedUpdates, gathered_parameters, train_step
+from .validation import Batches, Validator
 
 
 def _diagnostics(args, norms: Optional[NormReporter], grad_norms: dict,
@@ -99,9 +100,9 @@ def pretrain(args: argparse.Namespace, model_provider: Callable, forward_step: C
     device = resolve_device(args.device)
     initialize_distributed(device, args.tensor_model_parallel_size,
                            args.pipeline_model_parallel_size, args.seed)
-    exits = ExitConditions(args, device, start_time)
+    exits = ExitConditions(RunConfig.from_args(args).checkpoint, device, start_time)
     setup = set_up(args, device, model_provider)
-    run, derived, state = setup.run, setup.derived, setup.state
+    run, config, derived, state = setup.run, setup.config, setup.derived, setup.state
     reason = exits.signalled()
     if reason:
         return _stopped(state, reason, "during start-up, before training (nothing new to save)")
@@ -111,39 +112,46 @@ def pretrain(args: argparse.Namespace, model_provider: Callable, forward_step: C
     if reason:
         return _stopped(state, reason, "while building the datasets (nothing new to save)")
 
-    own_run = bool(setup.resume_path and run.save) and (
-        os.path.realpath(os.path.dirname(setup.resume_path)) == os.path.realpath(run.save))
-    wandb_run_id = agree_wandb_run_id(run, setup.common["wandb_run_id"] if own_run else None)
-    lease = take_save_lease(run.save, run.save_lease_timeout)  # before --save is written
-    bar = profiler = collector = metrics = None
-    try:
-        metrics = MetricsLogger(run, derived, setup.model, is_logging_rank(), state.iteration,
-                                wandb_run_id)
-        gathered = functools.partial(gathered_parameters, run, setup.ddp)
-        collector = GarbageCollection(run)
-        validator = Validator(run, derived.train_iters, derived.num_microbatches, forward_step,
-                              valid_dataset, test_dataset, setup.ddp, exits, metrics,
-                              collector, gathered=gathered)
-        checkpointer = Checkpointer(run, derived, setup.model, setup.optimizer,
-                                    setup.scheduler, setup.code, wandb_run_id,
-                                    last_saved=state.iteration if setup.resume_path else None,
-                                    gathered=gathered, lease=lease)
-        norms = NormReporter(setup.model) if run.log_params_norm or run.log_layer_norms \
-            else None
-        profiler = StepProfiler(run, torch.distributed.get_rank())
-        _log_start(run, derived, setup.ddp, metrics.num_params)
-        bar = tqdm(total=derived.train_iters, initial=state.iteration, desc="train", unit="it",
-                   disable=not (sys.stderr.isatty() and metrics.is_logging_rank))
-        loss, reason = _train(setup, forward_step, train_iter, exits, metrics,
-                              validator, checkpointer, norms, profiler, collector, bar)
-        reason = reason or validator.test(state)
-    except NonFiniteLossError:  # every rank stops here together: a background save completes
-        checkpointer.finish_pending()
-        raise
-    finally:
-        for part in (bar, profiler, collector, metrics, lease):
-            if part is not None:
-                part.close()
+    wandb_run_id = agree_wandb_run_id(config.logging,
+                                      setup.common["wandb_run_id"] if setup.own else None)
+    checkpointer = None
+    with contextlib.ExitStack() as teardown:
+        try:
+            lease = take_save_lease(run.save, run.save_lease_timeout)  # before --save is written
+            if lease is not None:
+                teardown.callback(lease.close)
+            record = run_record(run, derived)
+            metrics = teardown.enter_context(contextlib.closing(MetricsLogger(
+                config.logging, config.model, derived, setup.model, is_logging_rank(),
+                state.iteration, wandb_run_id, device=device, save=run.save, record=record)))
+            gathered = functools.partial(gathered_parameters, run, setup.ddp)
+            collector = teardown.enter_context(contextlib.closing(
+                GarbageCollection(config.training)))
+            batches = Batches(run.eval_iters, derived.num_microbatches, run.micro_batch_size,
+                              run.seq_length, run.num_workers)
+            validator = Validator(config.logging, batches, derived.train_iters, forward_step,
+                                  valid_dataset, test_dataset, setup.ddp, exits, metrics,
+                                  collector, gathered=gathered)
+            checkpointer = Checkpointer(
+                config.checkpoint,
+                lambda at: start_save(run, derived, setup.model, setup.optimizer,
+                                      setup.scheduler, at, setup.code, wandb_run_id),
+                last_saved=state.iteration if setup.resume_path else None,
+                gathered=gathered, lease=lease)
+            norms = NormReporter(setup.model) if run.log_params_norm or run.log_layer_norms \
+                else None
+            profiler = teardown.enter_context(contextlib.closing(
+                StepProfiler(config.logging, device, torch.distributed.get_rank())))
+            _log_start(run, config, derived, setup.ddp, metrics.num_params)
+            bar = teardown.enter_context(contextlib.closing(tqdm(
+                total=derived.train_iters, initial=state.iteration, desc="train", unit="it",
+                disable=not (sys.stderr.isatty() and metrics.is_logging_rank))))
+            loss, reason = _train(setup, forward_step, train_iter, exits, metrics,
+                                  validator, checkpointer, norms, profiler, collector, bar)
+            reason = reason or validator.test(state)
+        except NonFiniteLossError:  # every rank stops here together: a background save completes
+            checkpointer.finish_pending()
+            raise
     result = PretrainResult(state.iteration, loss, validator.last_loss, reason,
                             validator.test_loss)
     _log_end(result)
@@ -157,10 +165,11 @@ def _train(setup, forward_step, train_iter, exits: ExitConditions,
     """The steps from ``setup.state`` to ``--train-iters`` or an exit condition, then the
     final save; ``(the last update's loss, why it stopped early or None)``."""
     run, derived, state = setup.run, setup.derived, setup.state
+    training = setup.config.training
     optimizer, scheduler, ddp = setup.optimizer, setup.scheduler, setup.ddp
-    guard = NonFiniteGuard(run.max_nonfinite_steps)
-    spikes = (SpikeDetector(run.spiky_loss_factor, run.spiky_loss_samples)
-              if run.check_for_spiky_loss else None)
+    skipped = SkippedUpdates(state, training.max_nonfinite_steps)
+    spikes = (SpikeDetector(training.spiky_loss_factor, training.spiky_loss_samples)
+              if training.check_for_spiky_loss else None)
     loss = reason = None
     if state.validation_pending:  # a signal stopped it before the checkpoint was saved
         reason = validator.validate(state)
@@ -181,9 +190,7 @@ def _train(setup, forward_step, train_iter, exits: ExitConditions,
         state.consumed_train_samples += batch_size
         profiler.step_ended(state.iteration)
         bar.update(1)
-        state.nonfinite_skipped += step.skip in FAILURES
-        state.overflow_skipped += step.skip == OVERFLOW
-        guard.record(state.iteration, step.skip)
+        skipped.record(state.iteration, step.skip)
         compile_time.report(f"iteration {state.iteration}")
         if step.skip is None:
             loss = step.loss
@@ -192,13 +199,16 @@ def _train(setup, forward_step, train_iter, exits: ExitConditions,
                      step.skip is not None, state.nonfinite_skipped,
                      _diagnostics(run, norms, step.norms, step.num_zeros, optimizer, state,
                                   ddp) if log_now else None,
-                     consumed_samples=state.consumed_train_samples, batch_size=batch_size)
+                     skips=skipped.interval, consumed_samples=state.consumed_train_samples,
+                     batch_size=batch_size)
+        if metrics.is_log_iteration(state.iteration):
+            skipped.start_interval()
         if validator.should_validate(state.iteration):
             reason = validator.validate(state)
             compile_time.report(f"the validation after iteration {state.iteration}")
         if step.spike:
-            log(spikes.log_line(state.iteration, run.spiky_loss_action))
-            if run.spiky_loss_action == "stop":
+            log(spikes.log_line(state.iteration, training.spiky_loss_action))
+            if training.spiky_loss_action == "stop":
                 reason = reason or (f"spiky loss at iteration {state.iteration} "
                                     f"(--spiky-loss-action stop)")
         checkpointer.save(state)
@@ -214,8 +224,9 @@ def _stopped(state: TrainState, reason: str, when: str) -> PretrainResult:
     return PretrainResult(state.iteration, exit_reason=reason)
 
 
-def _log_start(run: argparse.Namespace, derived: Derived, ddp, num_params: int) -> None:
-    log(f"[fixedcode] {run.input_interface} arm | {num_params:,} trainable parameters "
+def _log_start(run: argparse.Namespace, config: RunConfig, derived: Derived, ddp,
+               num_params: int) -> None:
+    log(f"[fixedcode] {config.model.arm_description()} | {num_params:,} trainable parameters "
         f"| {run.device} x {derived.world_size} (tp {run.tensor_model_parallel_size}, "
         f"pp {run.pipeline_model_parallel_size}, dp {derived.data_parallel_size}) "
         f"| {derived.num_microbatches} micro-batches per step")

@@ -15,35 +15,20 @@ Each recorded step is one range named ``iteration N``, N as in the training log.
 
 from __future__ import annotations
 
-import argparse
 from typing import Optional
 
 import torch
 
-from ..runtime.errors import FlagError
-
-
-def validate_profile_args(args: argparse.Namespace) -> None:
-    if not args.profile:
-        return
-    if not 0 <= args.profile_step_start < args.profile_step_end:
-        raise FlagError(f"--profile-step-start {args.profile_step_start} must be >= 0 "
-                        f"and below --profile-step-end {args.profile_step_end}")
-    if args.use_pytorch_profiler and not args.tensorboard_dir:
-        raise FlagError("--use-pytorch-profiler writes its trace to --tensorboard-dir; "
-                        "give one")
-    if not args.use_pytorch_profiler and args.device != "cuda":
-        raise FlagError("--profile without --use-pytorch-profiler is for Nsight Systems "
-                        "and needs a GPU; add --use-pytorch-profiler on CPU")
+from ..config.run_config import LoggingConfig
 
 
 class StepProfiler:
     """Call :meth:`step_starts` before each training step and :meth:`step_ended` after it,
     with the number of completed steps; :meth:`close` when the loop ends early."""
 
-    def __init__(self, args: argparse.Namespace, rank: int):
-        self.on = bool(args.profile) and rank in args.profile_ranks
-        self.args, self.rank = args, rank
+    def __init__(self, config: LoggingConfig, device: str, rank: int):
+        self.on = config.profile and rank in config.profile_ranks
+        self.config, self.device, self.rank = config, device, rank
         self.torch_profiler: Optional[torch.profiler.profile] = None
         self.nvtx = None
         self.step_range: Optional[torch.profiler.record_function] = None
@@ -51,17 +36,17 @@ class StepProfiler:
     def step_starts(self, completed: int) -> None:
         if not self.on:
             return
-        if completed == self.args.profile_step_start:
+        if completed == self.config.profile_step_start:
             self._start()
         if self.torch_profiler is not None or self.nvtx is not None:
             self.step_range = torch.profiler.record_function(f"iteration {completed + 1}")
             self.step_range.__enter__()
 
     def _start(self) -> None:
-        a = self.args
+        a = self.config
         if a.use_pytorch_profiler:
             activities = [torch.profiler.ProfilerActivity.CPU]
-            if a.device == "cuda":
+            if self.device == "cuda":
                 activities.append(torch.profiler.ProfilerActivity.CUDA)
             self.torch_profiler = torch.profiler.profile(
                 activities=activities, record_shapes=True,
@@ -79,7 +64,7 @@ class StepProfiler:
         if self.step_range is not None:
             self.step_range.__exit__(None, None, None)
             self.step_range = None
-        if completed >= self.args.profile_step_end:
+        if completed >= self.config.profile_step_end:
             self.close()
 
     def close(self) -> None:
@@ -87,7 +72,7 @@ class StepProfiler:
             self.torch_profiler.stop()  # writes the trace
             self.torch_profiler = None
             print(f"[fixedcode] rank {self.rank}: profiler trace written to "
-                  f"{self.args.tensorboard_dir}", flush=True)
+                  f"{self.config.tensorboard_dir}", flush=True)
         if self.nvtx is not None:
             torch.cuda.synchronize()
             self.nvtx.__exit__(None, None, None)

@@ -1,9 +1,10 @@
 """The set-up of a training run, before its first step, as torchtitan separates it from the
-loop: the flags checked against the machine (:func:`check_flags`), the layers settled
-(:func:`resolve_layers`), the checkpoint to resume and the run's fixed code
-(:func:`resolve_checkpoint`), the model, its DDP wrapper, optimizer and scheduler
-(:func:`build_model_and_optimizer`); :func:`set_up` does them in order and returns one
-:class:`TrainingSetup`. ``args`` (the parsed flags) is read, never written: what start-up
+loop: the flags checked against the machine and the tokenizer (:func:`check_flags`; their own
+checks ran when they were parsed), the layers settled (:func:`resolve_layers`), the
+checkpoint to resume and the run's fixed code
+(:func:`~megatron_ext.checkpoint.resume.resolve_checkpoint`), the model, its DDP wrapper,
+optimizer and scheduler (:func:`build_model_and_optimizer`); :func:`set_up` does them in
+order and returns one :class:`TrainingSetup`. ``args`` (the parsed flags) is read, never written: what start-up
 settles is a frozen :class:`~megatron_ext.config.derived.Resolved`, beside the
 :class:`~megatron_ext.config.derived.Derived` values."""
 
@@ -23,37 +24,35 @@ from megatron.core.optimizer import (OptimizerConfig, ParamKey, distrib_optimize
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler, ParamGroupOverride
 from megatron.core.transformer.module import Float16Module
 
-from ..checkpoint import compatibility, layout, loading
+from ..checkpoint import compatibility, loading
 from ..checkpoint.layout import TrainState
-from ..codes.limits import check_vocab_fits
-from ..codes.schemes import SCHEMES, FixedCode
-from ..config.arguments import check_rank_fits_vocab
-from ..config.derived import LOAD_ONLY_FLAGS, Derived, Resolved, derive, run_record
+from ..checkpoint.resume import resolve_checkpoint
+from ..codes.schemes import FixedCode
+from ..config.derived import Derived, Resolved, derive
+from ..config.run_config import RunConfig
 from ..config.schedule import scheduler_steps
 from ..datasets.tokenizer import tokenizer_digest, tokenizer_from_args
 from ..model.attention import document_mask_refusal, local_core_attention
-from ..model.provider import build_code
 from ..runtime.device_checks import check_cuda_connections, fp8_refusal
 from ..runtime.device_checks import transformer_engine_imports, transformer_engine_version
 from ..runtime.errors import DeviceError, FlagError
 from ..runtime.log import log
-from .compile_layers import check_compile_flags, compile_layers
+from .compile_layers import compile_layers
 from .fused_adam import fuse_torch_adam, torch_adam_fused
-from .profiling import validate_profile_args
 
 
 def check_flags(args: argparse.Namespace, device: str) -> tuple:
-    """Refuse what cannot run on ``device`` (``cuda`` or ``cpu``); returns ``(tokenizer,
-    derived, resolved)``: the values derived from the flags, the world and the tokenizer
-    (:class:`~megatron_ext.config.derived.Derived`) and the flags settled for this machine
-    (:class:`~megatron_ext.config.derived.Resolved`, with the flags' schedule), built once. ``args``
-    is not written into."""
+    """The checks of the flags that need this machine (``device``: ``cuda`` or ``cpu``), its
+    world and what imports, and the tokenizer; the flags' own checks ran when they were
+    parsed (:meth:`~megatron_ext.config.run_config.RunConfig.validate`). Returns
+    ``(tokenizer, derived, resolved)``: the values derived from the flags, the world and the
+    tokenizer (:class:`~megatron_ext.config.derived.Derived`) and the flags settled for this
+    machine (:class:`~megatron_ext.config.derived.Resolved`, with the flags' schedule), built
+    once. ``args`` is not written into."""
+    config = RunConfig.from_args(args)
     tokenizer = tokenizer_from_args(args)
     derived = derive(args, torch.distributed.get_world_size(), tokenizer.vocab_size,
                      tokenizer_digest(tokenizer))
-    if args.log_layer_norms and args.use_distributed_optimizer:
-        raise FlagError("--log-layer-norms reads whole gradients, which "
-                        "--use-distributed-optimizer scatters across ranks; drop one")
     if (args.use_distributed_optimizer and args.dist_ckpt_optim_fully_reshardable
             and not distrib_optimizer.HAVE_APEX_OR_TE):
         raise FlagError("--dist-ckpt-optim-fully-reshardable: neither Transformer "
@@ -61,51 +60,13 @@ def check_flags(args: argparse.Namespace, device: str) -> tuple:
                         "Adam, whose state megatron-core 0.16.1 cannot load in that layout; "
                         "drop the flag (the default layout resumes) or pip install '.[gpu]'")
     transformer_impl, sequence_parallel = resolve_layers(args, device)
-    check_compile_flags(args, transformer_impl)
     resolved = Resolved(device, transformer_impl, sequence_parallel,
                         {k: getattr(args, k) for k in compatibility.SCHEDULE_FLAGS},
                         args.finetune, args.no_load_optim, args.no_load_rng)
-    for flag in LOAD_ONLY_FLAGS:
-        if getattr(args, flag) and not args.load:
-            raise FlagError(f"--{flag.replace('_', '-')} needs --load (the checkpoint it "
-                            f"reads)")
-    if args.overlap_param_gather and not (args.use_distributed_optimizer
-                                          and args.overlap_grad_reduce):
-        raise FlagError("--overlap-param-gather needs --use-distributed-optimizer and "
-                        "--overlap-grad-reduce, as in Megatron-LM")
-    validate_profile_args(resolved.applied_to(args))
+    config.logging.check_device(device)
     torch_adam_fused(args, device)  # refuses what cannot apply
-    if args.ckpt_step is not None and not args.load:
-        raise FlagError("--ckpt-step needs --load")
-    for flag in ("save_interval", "async_save", "keep_last_checkpoints"):
-        if getattr(args, flag) and not args.save:
-            raise FlagError(f"--{flag.replace('_', '-')} needs --save")
-    if args.keep_checkpoints_every and not args.keep_last_checkpoints:
-        raise FlagError("--keep-checkpoints-every applies with --keep-last-checkpoints "
-                        "only (without it every save is kept)")
-    if args.input_interface in SCHEMES:
-        check_vocab_fits(derived.padded_vocab_size, args.code_bits, tokenizer.vocab_size)
-    check_rank_fits_vocab(args, derived.padded_vocab_size)
-    check_input_table_optimizer_flags(args)
+    config.model.check_vocab(derived.padded_vocab_size, tokenizer.vocab_size)
     return tokenizer, derived, resolved
-
-
-def check_input_table_optimizer_flags(args: argparse.Namespace) -> None:
-    """The input table's own learning-rate multiplier and weight decay: a trained table's
-    (learned, factorized), its own (not tied to the head), not below 0."""
-    custom = [flag for flag, value, default in (
-        ("--input-table-lr-mult", args.input_table_lr_mult, 1.0),
-        ("--input-table-weight-decay", args.input_table_weight_decay, None)) if value != default]
-    for flag, value in (("--input-table-lr-mult", args.input_table_lr_mult),
-                        ("--input-table-weight-decay", args.input_table_weight_decay)):
-        if value is not None and value < 0:
-            raise FlagError(f"{flag} {value} is below 0")
-    if custom and args.input_interface not in ("learned", "factorized"):
-        raise FlagError(f"{', '.join(custom)}: --input-interface {args.input_interface} has no "
-                        f"trained input table (learned and factorized have)")
-    if custom and not args.untie_embeddings_and_output_weights:
-        raise FlagError(f"{', '.join(custom)}: the input table is tied to the output head, "
-                        f"which keeps the recipe's; drop --no-untie-embeddings-and-output-weights")
 
 
 def input_table_overrides(args: argparse.Namespace) -> Optional[dict]:
@@ -133,7 +94,9 @@ def resolve_layers(args: argparse.Namespace, device: str) -> tuple[str, bool]:
     sequence parallelism for ``device``, settled as Megatron-LM settles them
     (megatron/training/arguments.py): Transformer Engine layers by default on a GPU where TE
     imports (local layers otherwise, said in the log), sequence parallelism turned off with a
-    warning at TP=1; on a GPU, the checks of :mod:`megatron_ext.runtime.device_checks`."""
+    warning at TP=1; the checks of what these layers run (which need the machine where
+    ``--transformer-impl`` is left to it) and, on a GPU, those of
+    :mod:`megatron_ext.runtime.device_checks`."""
     impl, sequence_parallel = args.transformer_impl, args.sequence_parallel
     if impl is None:
         te = device == "cuda" and transformer_engine_imports()
@@ -152,6 +115,10 @@ def resolve_layers(args: argparse.Namespace, device: str) -> tuple[str, bool]:
                else "") + ": TE's fused norm + linear takes the layer's dtype and would "
             "receive the fp32 stream; use --transformer-impl local, or drop "
             "--fp32-residual-connection")
+    if args.torch_compile_layers and impl != "local":
+        raise FlagError("--torch-compile-layers compiles the local layers (Transformer "
+                        "Engine's bring their own fused kernels and were never compiled "
+                        "here): add --transformer-impl local")
     if args.fp8_format and impl != "transformer_engine":
         raise FlagError("--fp8-format needs --transformer-impl transformer_engine "
                         "(Transformer Engine layers, on a GPU)")
@@ -181,84 +148,11 @@ def resolve_layers(args: argparse.Namespace, device: str) -> tuple[str, bool]:
     return impl, sequence_parallel
 
 
-def resolve_checkpoint(args: argparse.Namespace, derived: Derived, resolved: Resolved):
-    """``(path, common, code, resolved)``: the checkpoint to resume (``None, None`` for a
-    fresh run), the run's fixed code (``None`` for the learned arm), resolved once: the
-    checkpoint's saved code (A and b are never redrawn), else one drawn from the flags; and
-    ``resolved`` with the schedule the run keeps (the checkpoint's, with
-    ``--use-checkpoint-opt_param-scheduler``). The caller passes the code to the model
-    provider and to saving.
-
-    A ``--save`` directory that holds a checkpoint is the run's own: it is resumed even when
-    ``--load`` names another directory (a requeued branch continues, rather than starting
-    over from where it branched), and a run without ``--load`` refuses to overwrite it.
-    ``--finetune``, ``--no-load-optim`` and ``--no-load-rng`` apply to ``--load``'s checkpoint
-    only (``resolved`` says whether they do), and need one there: a run resuming its own
-    saves resumes them whole. Without the optimizer's state the schedule is the flags', from
-    its step 0."""
-    load = args.load
-    saved = layout.latest_iteration(args.save) if args.save else None
-    if args.finetune and saved is not None and \
-            os.path.realpath(load) == os.path.realpath(args.save):
-        raise FlagError(f"--finetune from --load {load} into the same --save: a --save "
-                        f"directory that holds checkpoints is resumed as the run's own; "
-                        f"save the fine-tuning to another directory")
-    if saved is not None and not (load and os.path.realpath(load) == os.path.realpath(args.save)):
-        if not load:
-            raise FlagError(f"--save {args.save} already holds checkpoints (latest: "
-                            f"iteration {saved}); resume them with --load {args.save}, or "
-                            f"save to another directory")
-        log(f"[fixedcode] --save {args.save} holds iteration {saved}: resuming from it, not "
-            f"from --load {load}")
-        load = args.save
-    step = args.ckpt_step if load == args.load else None
-    if load != args.load:  # the run's own saves: resumed whole
-        resolved = dataclasses.replace(resolved, **dict.fromkeys(LOAD_ONLY_FLAGS, False))
-    latest = layout.latest_iteration(load) if load else None
-    asked = [f"--{flag.replace('_', '-')}" for flag in LOAD_ONLY_FLAGS
-             if getattr(resolved, flag)]
-    own = bool(load and args.save) and os.path.realpath(load) == os.path.realpath(args.save)
-    if asked and step is None and latest is None and own and not resolved.finetune:
-        # Megatron-LM's first launch of a job that resumes its own saves (--load = --save):
-        # nothing to load yet, so it starts anew; the flags apply to the saves it resumes
-        log(f"[fixedcode] --load {load} holds no checkpoint yet: starting from a random "
-            f"initialisation ({' '.join(asked)} apply when it resumes its saves)")
-    elif asked and step is None and latest is None:
-        raise FlagError(f"{' '.join(asked)}: --load {load} holds no checkpoint (no "
-                        f"{layout.MARKER}); without one the run would start from a random "
-                        f"initialisation")
-    path = common = None
-    if load and (step is not None or latest is not None):
-        path, common = loading.load_common(load, step)
-        current = run_record(resolved.applied_to(args), derived)
-        compatibility.check_compatible(common["args"], current, path)
-        changed = compatibility.changed_on_resume(common["args"], current)
-        if changed and not resolved.finetune:
-            log(f"[fixedcode] WARNING: resuming {path} with flags changed since it was saved "
-                f"(from here the data order, or what the model computes, is not the "
-                f"uninterrupted run's):\n  " + "\n  ".join(changed))
-        saved = common["fixed_code"]
-        code = None if saved is None else FixedCode.from_dict(saved)
-        if resolved.finetune or resolved.no_load_optim:  # the flags' schedule, from step 0
-            return path, common, code, resolved
-        compatibility.check_optimizer_resharding(common, args, path)
-        changes, schedule = compatibility.reconcile_schedule(
-            common["args"], args, derived.train_iters, derived.global_batch_size, path)
-        resolved = dataclasses.replace(resolved, schedule=schedule)
-        if changes:
-            log("[fixedcode] learning-rate schedule " + (
-                "from these flags, not the checkpoint's: " if args.override_opt_param_scheduler
-                else "kept from the checkpoint; ignored: ") + ", ".join(changes))
-    else:
-        code = build_code(args, derived.padded_vocab_size)
-    return path, common, code, resolved
-
-
 def build_model_and_optimizer(args, derived: Derived, model_provider: Callable,
                               code: Optional[FixedCode] = None):
     """``args``: the flags as the run applies them (:meth:`Resolved.applied_to`); ``code``:
-    the run's fixed code (:func:`resolve_checkpoint`); omitted, the model provider draws one
-    from the flags."""
+    the run's fixed code (:func:`~megatron_ext.checkpoint.resume.resolve_checkpoint`);
+    omitted, the model provider draws one from the flags."""
     pre = parallel_state.is_pipeline_first_stage()
     post = parallel_state.is_pipeline_last_stage()
     model = model_provider(args, derived.padded_vocab_size, pre_process=pre, post_process=post,
@@ -314,12 +208,13 @@ def build_model_and_optimizer(args, derived: Derived, model_provider: Callable,
 
 @dataclasses.dataclass
 class TrainingSetup:
-    """What the loop starts from: the flags as this run applies them (``run``), the values
-    derived from them, the tokenizer, the model (the bare GPTModel), its DDP wrapper, the
-    optimizer and scheduler, the run's fixed code (None for the learned arm), the train
-    state (resumed or fresh), and the checkpoint resumed (``resume_path`` and its common
-    objects; None for a fresh run)."""
+    """What the loop starts from: the flags as this run applies them (``run``, and by concern
+    ``config``), the values derived from them, the tokenizer, the model (the bare GPTModel),
+    its DDP wrapper, the optimizer and scheduler, the run's fixed code (None for the learned
+    arm), the train state (resumed or fresh), and the checkpoint resumed (``resume_path`` and
+    its common objects, None for a fresh run; ``own``: one of the run's own saves)."""
     run: argparse.Namespace
+    config: RunConfig
     derived: Derived
     tokenizer: object
     model: torch.nn.Module
@@ -330,29 +225,31 @@ class TrainingSetup:
     state: TrainState
     resume_path: Optional[str] = None
     common: Optional[dict] = None
+    own: bool = False
 
 
 def set_up(args: argparse.Namespace, device: str, model_provider: Callable) -> TrainingSetup:
     """Check the flags, resolve the checkpoint, build the model and optimizer and load the
     checkpoint into them; the process group is already initialised."""
     tokenizer, derived, resolved = check_flags(args, device)
-    resume_path, common, code, resolved = resolve_checkpoint(args, derived, resolved)
-    run = resolved.applied_to(args)
+    resume = resolve_checkpoint(args, derived, resolved)
+    run = resume.resolved.applied_to(args)
     model, ddp, optimizer, scheduler = build_model_and_optimizer(run, derived, model_provider,
-                                                                 code)
+                                                                 resume.code)
     state = TrainState()
-    if resume_path:
-        loading.load_checkpoint(resume_path, common, model, optimizer, scheduler,
+    if resume.path:
+        loading.load_checkpoint(resume.path, resume.common, model, optimizer, scheduler,
                                 load_optim=not (run.finetune or run.no_load_optim),
                                 load_rng=not (run.finetune or run.no_load_rng))
         if torch_adam_fused(run, device):
             fuse_torch_adam(optimizer)  # the loaded parameter groups are the saved ones
         if run.finetune:  # as Megatron-LM: iteration 0, consumed samples 0
-            log(f"[fixedcode] --finetune: model weights from {resume_path}, iteration 0")
+            log(f"[fixedcode] --finetune: model weights from {resume.path}, iteration 0")
         else:
-            state = TrainState.from_common(common)
-            log(f"[fixedcode] resumed from {resume_path} at iteration {state.iteration}")
+            state = TrainState.from_common(resume.common)
+            log(f"[fixedcode] resumed from {resume.path} at iteration {state.iteration}")
     elif args.load:
         log(f"[fixedcode] no checkpoint in {args.load} yet: starting from scratch")
-    return TrainingSetup(run, derived, tokenizer, model, ddp, optimizer, scheduler, code, state,
-                         resume_path, common)
+    return TrainingSetup(run, RunConfig.from_args(run), derived, tokenizer, model, ddp,
+                         optimizer, scheduler, resume.code, state, resume.path, resume.common,
+                         resume.own)

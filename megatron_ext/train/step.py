@@ -1,7 +1,8 @@
-"""One training step and the guard over failed ones: the global batch's forward and backward
+"""One training step and the count of skipped ones: the global batch's forward and backward
 passes through Megatron-Core's schedule, the agreed skip of a non-finite update, the optimizer
-and scheduler step (:func:`train_step` -> :class:`StepResult`), and :class:`NonFiniteGuard`,
-which ends the run after ``--max-nonfinite-steps`` failures in a row."""
+and scheduler step (:func:`train_step` -> :class:`StepResult`), and :class:`SkippedUpdates`,
+where every skipped update is counted, once, and which ends the run after
+``--max-nonfinite-steps`` failures in a row."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from megatron.core import parallel_state
 from megatron.core.distributed import DistributedDataParallel
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
+from ..checkpoint.layout import TrainState
+from ..metrics.logger import IntervalSkips
 from ..runtime.errors import TrainingError
 from ..runtime.log import log
 from ..runtime.reductions import max_over_ranks, reduce_losses
@@ -58,17 +61,29 @@ class StepResult:
     spike: bool = False  # the loss is a spike (--check-for-spiky-loss), on every rank
 
 
-class NonFiniteGuard:
-    """Counts updates skipped for a failure (:data:`FAILURES`); after
-    ``--max-nonfinite-steps`` in a row, training stops with :class:`NonFiniteLossError` (the
-    last checkpoint is left as it was: no failing update ever reached the weights). fp16
-    overflows above the minimum loss scale neither count nor break a row."""
+class SkippedUpdates:
+    """The one count of skipped updates. Each step's skip (None, or why) is recorded once,
+    into the run's totals in the train state (``nonfinite_skipped``: the failures,
+    :data:`FAILURES`; ``overflow_skipped``: fp16 overflows; both saved with each checkpoint),
+    the current log interval's (:attr:`interval`, started anew by :meth:`start_interval`),
+    and the failures in a row: after ``--max-nonfinite-steps`` of them, training stops with
+    :class:`NonFiniteLossError` (the last checkpoint is left as it was: no failing update
+    ever reached the weights). fp16 overflows above the minimum loss scale and spiky losses
+    neither count as failures nor break a row."""
 
-    def __init__(self, limit: int):
-        self.limit = limit
+    def __init__(self, state: TrainState, limit: int):
+        self.state, self.limit = state, limit
         self.in_a_row = 0
+        self.interval = IntervalSkips()
+
+    def start_interval(self) -> None:
+        self.interval = IntervalSkips()
 
     def record(self, iteration: int, skip: Optional[str]) -> None:
+        self.state.nonfinite_skipped += skip in FAILURES
+        self.state.overflow_skipped += skip == OVERFLOW
+        self.interval = IntervalSkips(self.interval.skipped + (skip is not None),
+                                      self.interval.nonfinite_losses + (skip == NONFINITE_LOSS))
         if skip in (OVERFLOW, SPIKY_LOSS):  # neither a failure nor the end of a row
             return
         if skip is None:

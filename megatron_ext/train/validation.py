@@ -14,14 +14,15 @@ nothing pending.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
+import dataclasses
 from typing import Callable, ContextManager, Optional
 
 import torch
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from ..checkpoint.layout import TrainState
+from ..config.run_config import LoggingConfig
 from ..datasets.gpt_datasets import build_loader
 from ..metrics.logger import MetricsLogger
 from ..runtime.log import log
@@ -30,19 +31,31 @@ from .exit_conditions import ExitConditions
 from .gc_policy import GarbageCollection
 
 
-def validation_loss(args, num_microbatches: int, forward_step, valid_dataset, ddp,
-             exits: ExitConditions) -> tuple[Optional[float], Optional[str]]:
+@dataclasses.dataclass(frozen=True)
+class Batches:
+    """How an evaluation reads its dataset: ``--eval-iters`` global batches of
+    ``num_microbatches`` micro-batches of ``micro_batch_size`` sequences of ``seq_length``
+    tokens per data-parallel rank, through ``num_workers`` loader workers."""
+    global_batches: int
+    num_microbatches: int
+    micro_batch_size: int
+    seq_length: int
+    num_workers: int
+
+
+def validation_loss(batches: Batches, forward_step, valid_dataset, ddp,
+                    exits: ExitConditions) -> tuple[Optional[float], Optional[str]]:
     """``(mean validation loss over the first --eval-iters global batches, None)``, or
     ``(None, reason)`` when an exit signal stopped it after a batch."""
     ddp.eval()
-    batches = iter(build_loader(valid_dataset, args.micro_batch_size, args.num_workers, 0))
+    loader = iter(build_loader(valid_dataset, batches.micro_batch_size, batches.num_workers, 0))
     totals, reason = [], None
     with torch.no_grad():
-        for _ in range(args.eval_iters):
+        for _ in range(batches.global_batches):
             losses = get_forward_backward_func()(
-                forward_step_func=forward_step, data_iterator=batches, model=[ddp],
-                num_microbatches=num_microbatches, seq_length=args.seq_length,
-                micro_batch_size=args.micro_batch_size, forward_only=True)
+                forward_step_func=forward_step, data_iterator=loader, model=[ddp],
+                num_microbatches=batches.num_microbatches, seq_length=batches.seq_length,
+                micro_batch_size=batches.micro_batch_size, forward_only=True)
             totals.extend(losses)
             reason = exits.signalled()
             if reason:
@@ -60,11 +73,12 @@ class Validator:
     each. ``gathered``: a context in which the model holds whole, current parameters
     (``--overlap-param-gather``)."""
 
-    def __init__(self, args: argparse.Namespace, train_iters: int, num_microbatches: int,
+    def __init__(self, config: LoggingConfig, batches: Batches, train_iters: int,
                  forward_step: Callable, valid_dataset, test_dataset, ddp, exits: ExitConditions,
                  metrics: MetricsLogger, collector: GarbageCollection,
                  gathered: Callable[[], ContextManager] = contextlib.nullcontext):
-        self.args, self.train_iters, self.num_microbatches = args, train_iters, num_microbatches
+        """``config``: ``--eval-interval``; ``batches``: what each evaluation reads."""
+        self.config, self.batches, self.train_iters = config, batches, train_iters
         self.gathered = gathered
         self.forward_step, self.ddp = forward_step, ddp
         self.valid_dataset, self.test_dataset = valid_dataset, test_dataset
@@ -74,12 +88,12 @@ class Validator:
 
     def _loss(self, dataset) -> tuple[Optional[float], Optional[str]]:
         with self.gathered(), self.collector.around_validation():
-            return validation_loss(self.args, self.num_microbatches, self.forward_step,
-                                   dataset, self.ddp, self.exits)
+            return validation_loss(self.batches, self.forward_step, dataset, self.ddp,
+                                   self.exits)
 
     def should_validate(self, iteration: int) -> bool:
         return self.valid_dataset is not None and (
-            iteration % self.args.eval_interval == 0 or iteration == self.train_iters)
+            iteration % self.config.eval_interval == 0 or iteration == self.train_iters)
 
     def validate(self, state: TrainState) -> Optional[str]:
         """Validate at ``state.iteration`` and log the loss; the exit reason if a signal
@@ -96,7 +110,7 @@ class Validator:
                 f"the resumed run validates first")
         else:
             self.metrics.validation(state.iteration, loss,
-                                    periodic=state.iteration % self.args.eval_interval == 0,
+                                    periodic=state.iteration % self.config.eval_interval == 0,
                                     final=state.iteration == self.train_iters)
         return reason
 

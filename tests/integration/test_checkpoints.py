@@ -153,21 +153,26 @@ def test_bad_save_flags_are_clear_errors(cpu_dist, flags, message):
 @pytest.fixture
 def checkpointer(cpu_dist, tmp_path):
     """A Checkpointer of the tiny model, saving to tmp_path/ckpt."""
-    from megatron_ext.train.setup import build_model_and_optimizer, resolve_checkpoint, check_flags
+    from megatron_ext.checkpoint.resume import resolve_checkpoint
+    from megatron_ext.config.run_config import CheckpointConfig
+    from megatron_ext.train.setup import build_model_and_optimizer, check_flags
     from pretrain_fixedcode import model_provider, parse_args
     args = parse_args(TINY_RUN + ["--input-interface", "binary", "--train-iters", "4",
                                   "--save", str(tmp_path / "ckpt")])
     _, derived, resolved = check_flags(args, "cpu")
-    _, _, code, resolved = resolve_checkpoint(args, derived, resolved)
-    args = resolved.applied_to(args)
+    resume = resolve_checkpoint(args, derived, resolved)
+    args = resume.resolved.applied_to(args)
     model, _, optimizer, scheduler = build_model_and_optimizer(args, derived, model_provider,
-                                                               code)
-    return saving.Checkpointer(args, derived, model, optimizer, scheduler, code, None, None)
+                                                               resume.code)
+    return saving.Checkpointer(
+        CheckpointConfig.from_args(args),
+        lambda state: saving.start_save(args, derived, model, optimizer, scheduler, state,
+                                        resume.code), None)
 
 
 def test_a_damaged_latest_save_is_refused_naming_the_file_and_the_newest_intact_one(
         checkpointer):
-    save_dir = checkpointer.args.save
+    save_dir = checkpointer.config.save
     for i in (1, 2):
         checkpointer.save(TrainState(iteration=i), final=True)
     path = layout.checkpoint_path(save_dir, 2)
@@ -187,7 +192,7 @@ def test_a_damaged_latest_save_is_refused_naming_the_file_and_the_newest_intact_
 
 
 def test_a_full_disk_keeps_the_previous_save_and_exits_with_its_code(checkpointer, monkeypatch):
-    save_dir = checkpointer.args.save
+    save_dir = checkpointer.config.save
     checkpointer.save(TrainState(iteration=1), final=True)
     monkeypatch.setenv("FIXEDCODE_FAULT_DISK_FULL", "2")
     with pytest.raises(saving.SaveFailed, match="the save of iteration 2 to .* failed .*No space "

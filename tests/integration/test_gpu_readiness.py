@@ -23,6 +23,7 @@ from megatron.core.transformer.module import Float16Module
 from conftest import REPO, TINY_RUN
 from megatron_ext.checkpoint import compatibility, loading, saving
 from megatron_ext.checkpoint.layout import TrainState
+from megatron_ext.checkpoint.resume import resolve_checkpoint
 from megatron_ext.train import setup as training_setup
 from megatron_ext.hf.megatron_checkpoint import load_model, read_checkpoint
 from megatron_ext.config.derived import derive
@@ -337,8 +338,8 @@ def test_distributed_optimizer_saves_and_resumes_without_te_or_apex(cpu_dist, tm
     args = parse_args(TINY_RUN + ["--input-interface", "binary", "--bf16", "--train-iters", "1",
                                   "--use-distributed-optimizer", "--save", str(tmp_path)])
     _, derived, resolved = check_flags(args, "cpu")
-    _, _, code, resolved = training_setup.resolve_checkpoint(args, derived, resolved)  # fresh
-    args = resolved.applied_to(args)
+    resume = resolve_checkpoint(args, derived, resolved)  # fresh
+    code, args = resume.code, resume.resolved.applied_to(args)
     model, ddp, optimizer, scheduler = build_model_and_optimizer(args, derived, model_provider,
                                                                  code)
     (inner,) = optimizer.chained_optimizers
@@ -525,7 +526,8 @@ def test_mfu_is_over_the_bf16_peak_for_bf16_and_fp8_runs(cpu_dist, monkeypatch, 
                                                          capsys, fp8):
     """On an H100 (simulated), a bf16 and an FP8 run both divide by the dense bf16 peak, so
     that their MFU compare; the FP8 run shows its MFU of the FP8 peak beside it."""
-    from megatron_ext.metrics.logger import MetricsLogger
+    from megatron_ext.config.run_config import RunConfig
+    from megatron_ext.metrics.logger import IntervalSkips, MetricsLogger
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a: 3 * 2**30)
     monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda *a: 4 * 2**30)
@@ -533,10 +535,12 @@ def test_mfu_is_over_the_bf16_peak_for_bf16_and_fp8_runs(cpu_dist, monkeypatch, 
     args = parse_args(TINY_RUN + flags)
     derived = derive(args, 1, 512)
     model = build_gpt(args, derived.padded_vocab_size, on_cpu=True)  # TE's layers need a GPU
-    args.device, args.fp8_format = "cuda", "hybrid" if fp8 else None
-    logger = MetricsLogger(args, derived, model, True, 0, None)
+    args.fp8_format = "hybrid" if fp8 else None
+    config = RunConfig.from_args(args)
+    logger = MetricsLogger(config.logging, config.model, derived, model, True, 0, None,
+                           device="cuda", save=None, record={})
     logger.step(1, 5.0, 1.0, 1e-3, step_time=0.5, skipped=False,
-                skipped_total=0)
+                skipped_total=0, skips=IntervalSkips())
     logger.close()
     (record,) = read_metrics(str(tmp_path / "m.jsonl"))
     flops = flops_per_token(args, derived.padded_vocab_size) * record["tokens-per-second"]

@@ -17,7 +17,8 @@ from megatron_ext.hf.megatron_checkpoint import load_model, read_checkpoint
 from megatron_ext.model.provider import build_code, model_provider
 from megatron_ext.runtime.errors import CheckpointError
 from megatron_ext.runtime.initialize import set_seed
-from megatron_ext.train.setup import check_flags, resolve_checkpoint
+from megatron_ext.checkpoint.resume import resolve_checkpoint
+from megatron_ext.train.setup import check_flags
 from pretrain_fixedcode import parse_args
 
 ARMS = {"frozen": ["--input-interface", "frozen"],

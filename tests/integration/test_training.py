@@ -15,8 +15,9 @@ from helpers.megatron_log import final_lines, training_lines, validation_lines
 from helpers.signals import signal_run
 from megatron_ext.checkpoint.compatibility import reconcile_schedule
 from megatron_ext.config.derived import derive
-from megatron_ext.train.profiling import validate_profile_args
-from megatron_ext.train.setup import resolve_checkpoint, check_flags
+from megatron_ext.checkpoint.resume import resolve_checkpoint
+from megatron_ext.config.run_config import LoggingConfig
+from megatron_ext.train.setup import check_flags
 from megatron_ext.runtime.errors import CheckpointError, FixedcodeError, FlagError
 from pretrain_fixedcode import parse_args
 
@@ -305,10 +306,11 @@ def test_pytorch_profiler_records_the_asked_iterations(tmp_path):
     ([], "--profile without --use-pytorch-profiler is for Nsight Systems and needs a GPU"),
 ])
 def test_bad_profile_flags_are_clear_errors(flags, message):
-    args = parse_args(TINY_RUN + ["--train-iters", "5", "--profile", *flags])
-    args.device = "cpu"
+    """The flags' own refusals when they are parsed; Nsight's need of a GPU on this machine's
+    device."""
     with pytest.raises(FlagError, match=re.escape(message)):
-        validate_profile_args(args)
+        args = parse_args(TINY_RUN + ["--train-iters", "5", "--profile", *flags])
+        LoggingConfig.from_args(args).check_device("cpu")
 
 
 SIGNAL_RUN = TINY_RUN + ["--input-interface", "binary", "--exit-signal-handler"]
@@ -464,14 +466,14 @@ def test_a_resumed_run_gets_its_saved_code_once_not_the_flags(cpu_dist, tmp_path
     run = TINY_RUN + ["--input-interface", "gf2", "--save", str(tmp_path), "--train-iters", "2"]
     args = parse_args(run)
     _, derived, resolved = check_flags(args, "cpu")
-    _, _, code, resolved = resolve_checkpoint(args, derived, resolved)
-    args = resolved.applied_to(args)
+    resume = resolve_checkpoint(args, derived, resolved)
+    code, args = resume.code, resume.resolved.applied_to(args)
     model, _, optimizer, scheduler = build_model_and_optimizer(args, derived, model_provider, code)
     assert model.embedding.code == code
     save_checkpoint(args, derived, model, optimizer, scheduler, TrainState(iteration=1), code)
     resumed = parse_args(run + ["--load", str(tmp_path), "--code-seed", "7"])
-    path, _, saved, _ = resolve_checkpoint(resumed, *check_flags(resumed, "cpu")[1:])
-    assert path == f"{tmp_path}/iter_0000001"
+    path, _, saved, _, own = resolve_checkpoint(resumed, *check_flags(resumed, "cpu")[1:])
+    assert path == f"{tmp_path}/iter_0000001" and own
     assert saved == code != build_code(resumed, derived.padded_vocab_size)
     assert not hasattr(resumed, "fixed_code") and not hasattr(args, "fixed_code")
 

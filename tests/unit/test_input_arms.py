@@ -18,7 +18,8 @@ from megatron_ext.model.param_count import count_arms
 from megatron_ext.model.provider import build_code, model_provider
 from megatron_ext.runtime.errors import FixedcodeError
 from megatron_ext.runtime.initialize import set_seed
-from megatron_ext.train.setup import check_flags, resolve_checkpoint
+from megatron_ext.checkpoint.resume import resolve_checkpoint
+from megatron_ext.train.setup import check_flags
 from pretrain_fixedcode import parse_args
 
 SHAPE = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
@@ -116,10 +117,10 @@ def built_for_training(*flags):
     from megatron_ext.train.setup import build_model_and_optimizer
     args = parse_args(TINY_RUN + ["--train-iters", "2", "--min-lr", "1e-4", *flags])
     _, derived, resolved = check_flags(args, "cpu")
-    _, _, code, resolved = resolve_checkpoint(args, derived, resolved)
+    resume = resolve_checkpoint(args, derived, resolved)
     model, ddp, optimizer, _ = build_model_and_optimizer(
-        resolved.applied_to(args), derived, lambda *a, **k: model_provider(*a, on_cpu=True, **k),
-        code)
+        resume.resolved.applied_to(args), derived,
+        lambda *a, **k: model_provider(*a, on_cpu=True, **k), resume.code)
     return model, ddp, optimizer
 
 
@@ -188,7 +189,12 @@ def test_the_input_table_has_its_own_learning_rate_and_weight_decay(cpu_dist, ar
     (["--input-interface", "frozen", "--input-table-lr-mult", "0.5"],
      "--input-table-lr-mult: --input-interface frozen has no trained input table"),
     (["--input-interface", "binary", "--code-projection", "--input-table-weight-decay", "0"],
-     "--input-table-weight-decay: --input-interface binary has no trained input table"),
+     "--input-table-weight-decay: --input-interface binary has no input table: with "
+     "--code-projection it trains a 16 x 64 projection of its fixed code"),
+    (["--input-interface", "gf2", "--code-projection", "--input-table-lr-mult", "0.1"],
+     "--input-table-lr-mult: --input-interface gf2 has no input table: with --code-projection "
+     "it trains a 16 x 64 projection of its fixed code, at the schedule's learning rate and "
+     "weight decay (learned and factorized train a table)"),
     (["--input-interface", "learned", "--input-table-lr-mult", "2",
       "--no-untie-embeddings-and-output-weights"],
      "--input-table-lr-mult: the input table is tied to the output head"),

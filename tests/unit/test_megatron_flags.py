@@ -16,7 +16,8 @@ from megatron_ext.config.megatron_defaults import (DIFFERING_DEFAULTS, defaults_
 from megatron_ext.config.schedule import BatchRamp, ramped_train_iters
 from megatron_ext.model.attention import document_mask_refusal
 from megatron_ext.runtime.errors import FixedcodeError
-from megatron_ext.train.setup import check_flags, resolve_checkpoint
+from megatron_ext.checkpoint.resume import resolve_checkpoint
+from megatron_ext.train.setup import check_flags
 from pretrain_fixedcode import parse_args
 
 
@@ -71,7 +72,7 @@ def test_the_batch_ramp_is_megatron_cores(start, increment, samples, global_batc
     (["--train-iters", "2", "--reset-attention-mask", "--attention-backend", "flash"],
      "--attention-backend flash runs the flash kernel, which takes no mask"),
     (["--train-iters", "2", "--data-args-path", "/nonexistent/blend.txt"],
-     "--data-args-path /nonexistent/blend.txt does not exist"),
+     "give either --data-args-path /nonexistent/blend.txt or --mock-data, not both"),
 ])
 def test_flags_that_do_not_go_together_are_named(cpu_dist, flags, message):
     from megatron_ext.datasets.gpt_datasets import data_paths
@@ -149,8 +150,8 @@ def test_a_first_launch_that_resumes_its_own_saves_starts_anew(cpu_dist, tmp_pat
     is still refused."""
     flags = TINY_RUN + ["--train-iters", "2", "--load", str(tmp_path), "--save", str(tmp_path)]
     args = parse_args(flags + ["--no-load-optim", "--no-load-rng"])
-    path, common, _, _ = resolve_checkpoint(args, *check_flags(args, "cpu")[1:])
-    assert (path, common) == (None, None)
+    resume = resolve_checkpoint(args, *check_flags(args, "cpu")[1:])
+    assert (resume.path, resume.common, resume.own) == (None, None, False)
     assert (f"--load {tmp_path} holds no checkpoint yet: starting from a random initialisation "
             "(--no-load-optim --no-load-rng apply when it resumes its saves)"
             in capsys.readouterr().out)
@@ -182,7 +183,8 @@ def test_document_masks_are_refused_where_the_attention_would_ignore_them():
 def test_the_differing_defaults_are_the_parsers_and_the_docs_table_lists_them():
     args = parse_args(TINY_RUN[:-4] + ["--train-iters", "2"])  # without --eval-iters etc.
     parsed = vars(parse_args(["--num-layers", "1", "--hidden-size", "8", "--ffn-hidden-size",
-                              "16", "--num-attention-heads", "1", "--seq-length", "8"]))
+                              "16", "--num-attention-heads", "1", "--seq-length", "8",
+                              "--train-iters", "1", "--vocab-size", "8", "--mock-data"]))
     table = (REPO / "docs" / "training.md").read_text(encoding="utf-8")
     for dest, (ours, megatron, _) in DIFFERING_DEFAULTS.items():
         assert parsed[dest] == ours != megatron, dest
