@@ -10,13 +10,14 @@ loss against training FLOPs with a power-law fit.
     python tools/study.py eval STUDY_DIR      # evaluate new checkpoints (and probe), then report
     python tools/study.py report STUDY_DIR    # STUDY.md, study.json, figures
 
-``run`` fixes the study's definition in STUDY_DIR/definition.json on first use. With
-``--launcher local`` it trains the runs one after another on this machine (one process, or
-``--nproc-per-node`` under torchrun), then evaluates and reports; a rerun skips finished
-runs and resumes interrupted ones from their checkpoints. With ``--launcher slurm`` it
-submits every run that is neither finished nor queued as a preemption-safe job
-(megatron_ext/study/launch.py), ``--dry-run`` printing the scripts instead; ``eval`` and ``report``
-follow once checkpoints exist. See docs/studies.md.
+``run`` checks every run's flags as the run will start with them, then fixes the study's
+definition in STUDY_DIR/definition.json on first use. With ``--launcher local`` it trains the
+runs one after another on this machine (one process, or ``--nproc-per-node`` under
+torchrun), then evaluates and reports; a rerun skips finished runs and resumes interrupted
+ones from their checkpoints. With ``--launcher slurm`` it submits every run that is neither
+finished nor queued as a preemption-safe job (megatron_ext/study/launch.py), ``--dry-run``
+printing the scripts instead; ``eval`` and ``report`` follow once checkpoints exist. See
+docs/studies.md.
 """
 
 from __future__ import annotations
@@ -82,7 +83,9 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
                              "control": args.control},
                 {"data_path": args.eval_data_path, "tokens": args.eval_tokens,
                  "tasks": args.tasks, "data_dir": args.data_dir, "limit": args.limit})
-            study = spec.settle(args.study_dir, given, save=not args.dry_run)
+            study = spec.settle(args.study_dir, given, save=False)
+            launch.check_runs(study, args.study_dir)  # before anything is saved or started
+            spec.settle(args.study_dir, study, save=not args.dry_run)
             if args.launcher == "slurm":
                 job = slurm.job_options(parser, args, args.study_dir)
                 launch.submit_to_slurm(study, args.study_dir, job, args.dry_run)

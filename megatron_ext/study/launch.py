@@ -4,8 +4,10 @@ per run (:mod:`megatron_ext.launch.slurm`'s job script); then every checkpoint e
 with ``[probes]``, the final ones probed). tools/study.py is the command line.
 
 A run is ``STUDY_DIR/[LEVEL/...]ARM/seedN`` (:func:`.spec.all_runs`); it is finished when
-its latest checkpoint is its last iteration, so a rerun skips it. Each cell of a study's
-factors is evaluated as a study of its own.
+its latest checkpoint is its last iteration, so a rerun skips it. Before any run is started
+or submitted, every run's flags, as it will start with them, pass the checks a run makes
+before it starts (:func:`check_runs`). Each cell of a study's factors is evaluated as a study
+of its own.
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ import sys
 from pathlib import Path
 from typing import Callable, Optional
 
+from ..config.arguments import check_run_flags
 from ..launch import slurm
-from ..runtime.errors import Interrupted, StudyError
+from ..runtime.errors import FixedcodeError, Interrupted, StudyError
 
 from . import spec
 
@@ -56,6 +59,20 @@ def _flags(study_dir: Path, folder: str, cell: spec.Study, arm: spec.Arm, seed: 
            run: Path) -> list[str]:
     main = spec.branched_from(study_dir, folder, arm, seed) if cell.branch else None
     return run_flags(cell, arm, seed, run, main)
+
+
+def check_runs(study: spec.Study, study_dir: Path) -> None:
+    """Refuse the study, naming the run and the flag, where a run's flags (every arm x level
+    x seed, the budget branches too, as each will start) would be refused when it starts:
+    the checks that need only the flags (``RunConfig.validate``, which the run makes again
+    when it starts). A check of its own per call, before anything is started or
+    submitted."""
+    for folder, cell, arm, seed, run in spec.all_runs(study, study_dir):
+        try:
+            check_run_flags(_flags(study_dir, folder, cell, arm, seed, run))
+        except FixedcodeError as e:
+            where = f"{folder} " if folder else ""
+            raise StudyError(f"run {where}{arm.name} seed {seed} ({run}): {e}") from e
 
 
 def train_locally(study: spec.Study, study_dir: Path, nproc: int,

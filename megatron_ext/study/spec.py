@@ -365,9 +365,11 @@ UNSTUDIED_FLAGS = (
 
 
 def _check_flags(study: Study) -> None:
-    """Every run's flags must parse as pretrain_fixedcode.py's (named per arm and level), and
-    use none of :data:`UNSTUDIED_FLAGS`."""
-    from ..config.arguments import add_training_args, build_parser, parse_model_args
+    """Every arm's flags at every level must parse as pretrain_fixedcode.py's (named per arm
+    and level), use none of :data:`UNSTUDIED_FLAGS`, and leave to the study which checkpoint
+    a run loads. (Whether each run's flags go together is checked for every run, as it will
+    start, before any is: ``launch.check_runs``.)"""
+    from ..config.arguments import add_training_args, build_parser
     parser = build_parser("")
     add_training_args(parser)
     for folder, cell in study.cells():
@@ -378,8 +380,12 @@ def _check_flags(study: Study) -> None:
             if unknown:
                 raise StudyError(f"{what} with recipe {study.recipe_path}: "
                                  f"unknown flag(s) {' '.join(unknown)}")
+            if cell.branch is None and "--ckpt-step" in [t.split("=")[0] for t in flags]:
+                raise StudyError(f"{what} with recipe {study.recipe_path}: --ckpt-step: each "
+                                 f"run of a study resumes its own latest checkpoint (a budget "
+                                 f"branch loads the step it branches from); remove it")
             try:
-                parsed = parse_model_args(flags, "", add_training_args)
+                parsed = parser.parse_args(flags)
             except FlagError as e:
                 raise StudyError(f"{what} with recipe {study.recipe_path}: {e}") from e
             except SystemExit as e:  # argparse's refusal of a value (it printed why)

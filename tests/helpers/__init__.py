@@ -6,5 +6,6 @@ reference computations, the workers torchrun starts, small models, datasets and 
 - ``signals``: the entry point as a subprocess, signalled mid-run;
 - ``small_model``: the embedding tests' small model;
 - ``indexed_data``: tiny indexed datasets and the datasets training builds from them;
+- ``checkpoint_files``: stand-in saves (files, manifest, marker) without a training;
 - ``recipes``: a tiny study recipe.
 """

@@ -1,6 +1,6 @@
-"""Saves at scale: the manifest and its verification, retention and its lock, a full disk, and
-asynchronous saves killed mid-write (megatron_ext/checkpoint/manifest.py, retention.py,
-saving.py)."""
+"""Saves at scale: a study's evaluation against retention, a full disk, damaged saves found at
+resume, and asynchronous saves killed mid-write (megatron_ext/checkpoint/saving.py; the files
+alone, manifests and retention without a training, are tests/unit/test_checkpoint_files.py)."""
 
 from __future__ import annotations
 
@@ -19,71 +19,10 @@ from megatron_ext.checkpoint import layout, loading, manifest, retention, saving
 from megatron_ext.checkpoint.layout import MARKER, TrainState
 from megatron_ext.metrics.sinks import read_metrics
 from megatron_ext.runtime.errors import CheckpointError, FlagError
+from helpers.checkpoint_files import write_save
 from helpers.signals import signal_run
 
 CHECK_CHECKPOINT = PRETRAIN.parent / "tools" / "check_checkpoint.py"
-
-
-def write_save(save_dir, iteration: int, marker: bool = True) -> str:
-    """A stand-in save: two files and a manifest, optionally named by the marker."""
-    path = layout.checkpoint_path(str(save_dir), iteration)
-    os.makedirs(path)
-    for name, size in (("__0_0.distcp", 3000), ("common.pt", 100)):
-        with open(os.path.join(path, name), "wb") as f:
-            f.write(os.urandom(size))
-    manifest.write_manifest(path, {})
-    if marker:
-        (save_dir / MARKER).write_text(str(iteration))
-    return path
-
-
-def test_the_manifest_names_a_flipped_byte_a_truncated_and_a_missing_file(tmp_path):
-    path = write_save(tmp_path, 5)
-    assert sorted(manifest.verify(path)) == ["__0_0.distcp", "common.pt"]
-    shard = os.path.join(path, "__0_0.distcp")
-    data = bytearray(open(shard, "rb").read())
-    data[1234] ^= 0x01
-    open(shard, "wb").write(bytes(data))
-    with pytest.raises(manifest.DamagedCheckpoint, match=f"{shard}: checksum .* changed"):
-        manifest.verify(path)
-    open(shard, "wb").write(bytes(data[:2000]))
-    with pytest.raises(manifest.DamagedCheckpoint, match=f"{shard}: 2000 bytes, the manifest "
-                                                         f"says 3000"):
-        manifest.verify(path)
-    os.remove(shard)
-    with pytest.raises(manifest.DamagedCheckpoint, match=f"{shard}: missing"):
-        manifest.verify(path)
-
-
-@pytest.mark.parametrize("keep_last, keep_every, deleted", [
-    (1, None, [1, 2, 3, 4, 5]),
-    (2, None, [1, 2, 3, 4]),
-    (1, 2, [1, 3, 5]),
-    (10, None, []),
-])
-def test_retention_keeps_the_newest_and_every_kth(keep_last, keep_every, deleted):
-    # 8 is newer than the marker (a save completed but not yet named): never deleted.
-    assert retention.to_delete([1, 2, 3, 4, 5, 6, 8], 6, keep_last, keep_every) == deleted
-
-
-def test_retention_deletes_nothing_a_study_evaluation_is_reading(tmp_path):
-    for i in (1, 2, 3):
-        write_save(tmp_path, i)
-    (tmp_path / "iter_0000004.partial").mkdir()  # a save being written
-    logged = []
-    with retention.reading(str(tmp_path), 1):  # as megatron_ext/study/evaluation.py reads
-        assert retention.prune(str(tmp_path), 3, 1, None, logged.append) == [2]
-    assert f"[fixedcode] retention: kept {tmp_path}/iter_0000001: a reader holds its lock" \
-        in logged
-    # The lock lies in .locks/, not beside the saves: the listing is Megatron-LM's.
-    assert sorted(os.listdir(tmp_path)) == sorted([MARKER, retention.LOCKS, "iter_0000001",
-                                                   "iter_0000003", "iter_0000004.partial"])
-    assert os.listdir(tmp_path / retention.LOCKS) == ["iter_0000001.lock"]
-    # Once read, it goes; a reader that comes after the deletion is told so.
-    assert retention.prune(str(tmp_path), 3, 1, None, logged.append) == [1]
-    with pytest.raises(retention.SaveDeleted, match="iter_0000001: deleted"):
-        with retention.reading(str(tmp_path), 1):
-            pass
 
 
 def test_retention_during_a_study_evaluation_spares_the_save_being_read(
@@ -115,26 +54,6 @@ def test_retention_during_a_study_evaluation_spares_the_save_being_read(
     counts = evaluation.evaluate_study(study, tmp_path, progress.append)
     assert deleted == [2] and read == [1, 3] and counts == {"evaluated": 2, "cached": 0}
     assert any(f"skipped: {ckpt}/iter_0000002: deleted" in line for line in progress)
-
-
-def test_a_deletion_killed_midway_leaves_loadable_saves(tmp_path, monkeypatch):
-    for i in (1, 2, 3):
-        write_save(tmp_path, i)
-
-    def killed(path, *args, **kwargs):
-        raise KeyboardInterrupt  # the process dies inside the removal
-
-    monkeypatch.setattr(retention.shutil, "rmtree", killed)
-    with pytest.raises(KeyboardInterrupt):
-        retention.prune(str(tmp_path), 3, 1, None, print)
-    monkeypatch.undo()
-    # The save being deleted was renamed first: nothing lists or loads it, the rest verify.
-    assert layout.completed_iterations(str(tmp_path)) == [2, 3]
-    assert (tmp_path / "iter_0000001.deleting").is_dir()
-    for i in (2, 3):
-        assert loading.check_save(str(tmp_path), i).startswith("ok: ")
-    retention.prune(str(tmp_path), 3, 1, None, print)  # finishes the interrupted deletion
-    assert sorted(os.listdir(tmp_path)) == sorted([MARKER, retention.LOCKS, "iter_0000003"])
 
 
 @pytest.mark.parametrize("flags, message", [

@@ -107,8 +107,9 @@ def recipe(tmp_path):
     ({"arms": ["binary", "gf2"]}, "the control arm 'learned' is not among the arms"),
     ({"arms": ["learned", "binary@--no-such-flag=1"]},
      "arm 'binary@--no-such-flag=1' with recipe"),
-    ({"arms": ["learned", "binary@--recompute-granularity=full"]},
-     "--recompute-granularity full needs --recompute-method"),
+    ({"overrides": ["--ckpt-step", "2"]},
+     "--ckpt-step: each run of a study resumes its own latest checkpoint (a budget branch "
+     "loads the step it branches from); remove it"),
     ({"seeds": [1, 1]}, "duplicate seeds in [1, 1]"),
     ({"overrides": ["--rampup-batch-size", "2", "2", "8"]},
      "--rampup-batch-size: a study counts a checkpoint's compute as its iterations x "

@@ -1,0 +1,201 @@
+"""The typed run configs (megatron_ext/config/run_config.py) without a training: every flag of
+the entry point belongs to one config, building and validating them writes nothing into the
+flags, each refusal that needs only the flags comes when they are parsed, naming them, and a
+study refuses a run's flags before it defines itself, naming the run and the flag
+(megatron_ext/study/launch.py:check_runs)."""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+
+from conftest import TINY_RUN
+from helpers.recipes import TINY_RECIPE
+from megatron_ext.config.arguments import (add_training_args, build_parser, check_run_flags,
+                                           parse_flags)
+from megatron_ext.config.run_config import (CheckpointConfig, DataConfig, LoggingConfig,
+                                            ModelConfig, ParallelConfig, RunConfig,
+                                            TrainingConfig)
+from megatron_ext.runtime.errors import FlagError
+from pretrain_fixedcode import parse_args
+from tools import study
+
+CONCERNS = (ModelConfig, ParallelConfig, TrainingConfig, DataConfig, CheckpointConfig,
+            LoggingConfig)
+# Flags applied while parsing, before a config is built.
+PARSING_ONLY = {"preset"}
+
+
+def test_every_flag_belongs_to_one_config():
+    parser = build_parser("")
+    add_training_args(parser)
+    dests = {a.dest for a in parser._actions if a.dest != "help"
+             and a.default is not argparse.SUPPRESS} - PARSING_ONLY
+    fields = [f.name for cls in CONCERNS for f in dataclasses.fields(cls)]
+    assert len(fields) == len(set(fields)), "a flag in two configs"
+    assert set(fields) == dests, (sorted(dests - set(fields)), sorted(set(fields) - dests))
+
+
+def test_configs_are_frozen_and_built_without_writing_into_the_flags():
+    args = parse_flags(TINY_RUN + ["--train-iters", "2", "--data-path", "a", "b",
+                                   "--profile-ranks", "0", "1"], "", add_training_args)
+    parsed = copy.deepcopy(vars(args))
+    config = RunConfig.from_args(args)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.model.hidden_size = 128
+    assert config.data.data_path == ("a", "b") and config.logging.profile_ranks == (0, 1)
+    assert (config.model.hidden_size, config.training.train_iters) == (64, 2)
+    with pytest.raises(FlagError, match="give either --data-path or --mock-data"):
+        config.validate()
+    assert vars(args) == parsed
+
+
+@pytest.mark.parametrize("flags, expected", [
+    (["--hidden-size", "512", "--num-attention-heads", "8", "--swiglu"], (1344, 32)),
+    (["--hidden-size", "512", "--num-attention-heads", "8", "--no-swiglu",
+      "--max-position-embeddings", "128"], (2048, 128)),
+])
+def test_the_defaults_that_depend_on_other_flags_are_filled_while_parsing(flags, expected):
+    """Megatron-LM's --ffn-hidden-size and --max-position-embeddings defaults, as --preset is
+    applied: when the flags are parsed, not by a validation."""
+    shape = [f for f in TINY_RUN if f not in ("--ffn-hidden-size", "128")]
+    args = parse_args(shape + flags + ["--train-iters", "2"])
+    model = RunConfig.from_args(args).model
+    assert (model.ffn_hidden_size, model.max_position_embeddings) == expected
+
+
+@pytest.mark.parametrize("flags, message", [
+    # the model and input arm
+    (["--hidden-size", "66"], "--hidden-size 66 is not divisible by --num-attention-heads 4"),
+    (["--bf16", "--fp16"], "--bf16 and --fp16 are exclusive"),
+    (["--input-interface", "binary", "--code-bits", "70"], "--code-bits must be in [1, 62]"),
+    # parallelism
+    (["--overlap-param-gather"], "--overlap-param-gather needs --use-distributed-optimizer and "
+                                 "--overlap-grad-reduce, as in Megatron-LM"),
+    # the schedule and optimizer
+    (["--lr-warmup-iters", "2", "--lr-warmup-fraction", "0.1"],
+     "give one of --lr-warmup-fraction, --lr-warmup-iters and --lr-warmup-samples"),
+    (["--lr-warmup-samples", "4"], "--lr-warmup-samples count samples: use them with "
+                                   "--train-samples, not --train-iters"),
+    # the data and tokenizer
+    (["--require-data-cache"], "--require-data-cache needs --data-cache-path"),
+    (["--vocab-file", "vocab.json"], "--vocab-file and --merge-file are GPT2BPETokenizer's"),
+    # checkpoints
+    (["--ckpt-step", "4"], "--ckpt-step needs --load"),
+    (["--save", "x", "--keep-checkpoints-every", "5"],
+     "--keep-checkpoints-every applies with --keep-last-checkpoints only"),
+    (["--no-load-optim"], "--no-load-optim needs --load (the checkpoint it reads)"),
+    (["--load", "x", "--override-opt_param-scheduler", "--use-checkpoint-opt_param-scheduler"],
+     "--override-opt_param-scheduler and --use-checkpoint-opt_param-scheduler are exclusive"),
+    # logging and profiling
+    (["--profile", "--profile-step-start", "5", "--profile-step-end", "5"],
+     "--profile-step-start 5 must be >= 0 and below --profile-step-end 5"),
+    # across concerns
+    (["--log-layer-norms", "--use-distributed-optimizer"],
+     "--log-layer-norms reads whole gradients, which --use-distributed-optimizer scatters"),
+    (["--torch-compile-layers", "--tensor-model-parallel-size", "2"],
+     "--torch-compile-layers with --tensor-model-parallel-size > 1"),
+    (["--input-interface", "binary", "--input-table-lr-mult", "0.5"],
+     "--input-table-lr-mult: --input-interface binary has no trained input table"),
+])
+def test_a_refusal_of_the_flags_alone_comes_when_they_are_parsed(flags, message):
+    """Before any process group, tokenizer or data: the entry point's parse_args, and the
+    check a study or a submission makes of a run's flags, refuse the same way."""
+    with pytest.raises(FlagError, match=re.escape(message)):
+        parse_args(TINY_RUN + ["--train-iters", "2"] + flags)
+    with pytest.raises(FlagError, match=re.escape(message)):
+        check_run_flags(TINY_RUN + ["--train-iters", "2"] + flags)
+
+
+def test_the_checks_that_need_the_machine_or_the_tokenizer_are_named_for_it():
+    config = RunConfig.from_args(parse_args(TINY_RUN + ["--train-iters", "2", "--profile",
+                                                        "--input-interface", "binary"]))
+    config.logging.check_device("cuda")
+    with pytest.raises(FlagError, match="needs a GPU; add --use-pytorch-profiler on CPU"):
+        config.logging.check_device("cpu")
+    config.model.check_vocab(65536, 65000)
+    with pytest.raises(FlagError, match="vocabulary of 65664 tokens .* does not fit a 16-bit "
+                                        "code"):
+        config.model.check_vocab(65664, 65536)
+
+
+# ------------------------------------------------------------------ a study's runs, checked
+
+
+def run_study(tmp_path: Path, recipe_lines: str, *extra: str) -> Path:
+    """``tools/study.py run`` of the tiny recipe with ``recipe_lines`` added; the study's
+    folder."""
+    recipe = tmp_path / "recipe.args"
+    recipe.write_text(TINY_RECIPE + "--tokenizer-type NullTokenizer --vocab-size 511\n"
+                      + recipe_lines)
+    study_dir = tmp_path / "study"
+    study.main(["run", str(study_dir), "--recipe", str(recipe), "--seeds", "1,2", *extra])
+    return study_dir
+
+
+@pytest.mark.parametrize("launcher", [["--arms", "learned,binary"],
+                                      ["--arms", "learned,binary", "--launcher", "slurm",
+                                       "--gpus-per-node", "0", "--dry-run"]],
+                         ids=["local", "slurm-dry-run"])
+@pytest.mark.parametrize("recipe_lines, run, message", [
+    ("--save-interval 1 --keep-checkpoints-every 2\n", "learned seed 1",
+     "--keep-checkpoints-every applies with --keep-last-checkpoints only"),
+    ("--overlap-grad-reduce --overlap-param-gather\n", "learned seed 1",
+     "--overlap-param-gather needs --use-distributed-optimizer and --overlap-grad-reduce"),
+    ("--lr-decay-samples 64\n", "learned seed 1",
+     "--lr-decay-samples count samples: use them with --train-samples, not --train-iters"),
+])
+def test_a_study_refuses_a_runs_flags_before_anything_is_saved_or_started(
+        tmp_path, capsys, launcher, recipe_lines, run, message):
+    """Each run's flags as it will start (the recipe, the arm's, the seed, its --save and
+    --load) get the checks the run makes when it starts: a refusal names the run and the
+    flag, and nothing is written, trained or submitted."""
+    with pytest.raises(SystemExit) as refused:
+        run_study(tmp_path, recipe_lines, *launcher)
+    assert re.match(rf"error: run {run} \(\S+/study/learned/seed1\): {re.escape(message)}",
+                    refused.value.code), refused.value.code
+    assert not (tmp_path / "study").exists()
+    assert "# =====" not in capsys.readouterr().out
+
+
+def test_an_arms_flags_are_checked_in_each_of_its_runs(tmp_path):
+    with pytest.raises(SystemExit, match=re.escape(
+            "error: run og seed 1 ") + r"\S+" + re.escape(
+            ": --overlap-param-gather needs --use-distributed-optimizer")):
+        run_study(tmp_path, "", "--arms", "learned,og:binary@--overlap-param-gather")
+
+
+def test_a_budget_branch_is_checked_with_the_flags_it_adds(tmp_path):
+    """A recipe that keeps the checkpoint's schedule (--use-checkpoint-opt_param-scheduler)
+    trains its runs, but each token budget's cooldown branch overrides the schedule: the
+    branches' flags conflict, and the first branch is named."""
+    recipe = tmp_path / "recipe.args"
+    recipe.write_text(TINY_RECIPE.replace("--train-iters 3", "--train-iters 12")
+                      + "--tokenizer-type NullTokenizer --vocab-size 511 --lr-decay-style WSD "
+                        "--lr-wsd-decay-iters 4 --save-interval 2 "
+                        "--use-checkpoint-opt_param-scheduler\n")
+    toml = tmp_path / "study.toml"
+    toml.write_text(f'recipe = "{recipe}"\narms = ["learned"]\nseeds = [1]\n'
+                    f'[budgets]\ntokens = [1024]\n')
+    with pytest.raises(SystemExit, match=re.escape("error: run budget_1024 learned seed 1 (")
+                       + r"\S+" + re.escape("/study/budget_1024/learned/seed1): "
+                                            "--override-opt_param-scheduler and "
+                                            "--use-checkpoint-opt_param-scheduler are "
+                                            "exclusive")):
+        study.main(["run", str(tmp_path / "study"), "--study", str(toml), "--launcher",
+                    "slurm", "--gpus-per-node", "0", "--dry-run"])
+
+
+def test_a_recipe_that_picks_the_checkpoint_a_run_loads_is_refused_at_definition(tmp_path):
+    """The study sets --load for every run (its own saves; a branch, the run it branches
+    from): a --ckpt-step of the recipe would send every launch back to that step."""
+    with pytest.raises(SystemExit, match=re.escape(
+            "error: arm 'learned' with recipe ") + r"\S+" + re.escape(
+            ": --ckpt-step: each run of a study resumes its own latest checkpoint")):
+        run_study(tmp_path, "--ckpt-step 2\n", "--arms", "learned")
+    assert not (tmp_path / "study").exists()
