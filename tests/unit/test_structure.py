@@ -96,6 +96,23 @@ def test_the_architecture_diagram_is_the_code():
                              f"drawn but not in the code: {sorted(drawn - actual)}")
 
 
+def module_table() -> dict[str, set[str]]:
+    """docs/architecture.md's module table: ``{folder: the names in backquotes of its row's
+    modules column}``."""
+    text = (REPO / "docs" / "architecture.md").read_text(encoding="utf-8")
+    rows = re.findall(r"^\| `(\w+)/` \| .*? \| (.*) \|$", text, re.M)
+    return {folder: set(re.findall(r"`(\w+)`", modules)) for folder, modules in rows}
+
+
+def test_the_architecture_table_names_every_module():
+    """Each folder of the package has a row, and the row names each of its modules."""
+    table = module_table()
+    assert set(table) == set(LAYERS), sorted(set(LAYERS) ^ set(table))
+    for folder in LAYERS:
+        modules = {p.stem for p in (PACKAGE / folder).glob("*.py") if p.stem != "__init__"}
+        assert modules <= table[folder], (folder, sorted(modules - table[folder]))
+
+
 def test_the_readme_tour_names_every_folder():
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     missing = [f for f in LAYERS if f"megatron_ext/{f}/" not in readme]
