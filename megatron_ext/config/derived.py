@@ -4,12 +4,12 @@ command line):
 * :class:`Derived` (built by :func:`derive`): values derived from the flags, the world and
   the tokenizer: the world layout, the batch, the number of iterations and the padded
   vocabulary;
-* :class:`Resolved` (built by ``train.setup.check_flags`` and ``train.setup.resolve_checkpoint``):
-  flags whose value this machine or the checkpoint settles: ``--device auto``, the default
-  ``--transformer-impl``, ``--sequence-parallel`` at TP=1, the learning-rate schedule a
-  resumed run keeps (``--use-checkpoint-opt_param-scheduler``), and whether ``--finetune``,
-  ``--no-load-optim`` and ``--no-load-rng`` apply (to ``--load``'s checkpoint, not the run's
-  own saves).
+* :class:`Resolved` (built by ``train.setup.check_flags`` and
+  ``checkpoint.resume.resolve_checkpoint``): flags whose value this machine or the checkpoint
+  settles: ``--device auto``, the default ``--transformer-impl``, ``--sequence-parallel`` at
+  TP=1, the learning-rate schedule a resumed run keeps
+  (``--use-checkpoint-opt_param-scheduler``), and whether ``--finetune``, ``--no-load-optim``
+  and ``--no-load-rng`` apply (to ``--load``'s checkpoint, not the run's own saves).
 
 Both are frozen and passed explicitly. What reads the flags as the run applies them (the
 model provider, the loop's parts) gets :meth:`Resolved.applied_to`, a copy; checkpoints and

@@ -45,8 +45,9 @@ from .row_linear import RowParallelLinear
 def build_code(args: argparse.Namespace, padded_vocab_size: int) -> Optional[FixedCode]:
     """A new fixed code drawn from the flags (``--input-interface``, ``--code-*``,
     ``--code-seed``); ``None`` for the table arms. A saved model's code is never redrawn:
-    training resumes with the checkpoint's (:func:`megatron_ext.train.setup.resolve_checkpoint`)
-    and passes it to :func:`model_provider`, as the exporters do."""
+    training resumes with the checkpoint's
+    (:func:`megatron_ext.checkpoint.resume.resolve_checkpoint`) and passes it to
+    :func:`model_provider`, as the exporters do."""
     if args.input_interface not in SCHEMES:
         return None
     return FixedCode.create(args.input_interface, num_bits=args.code_bits,

@@ -39,7 +39,7 @@ def _nonfinite_grads(ddp: DistributedDataParallel) -> torch.Tensor:
     return ~torch.isfinite(torch.stack(norms)).all()
 
 
-# Why a step's update was skipped. The first three are failures, counted by NonFiniteGuard;
+# Why a step's update was skipped. The first three are failures (SkippedUpdates' in a row);
 # an fp16 overflow above the minimum loss scale is the dynamic loss scaler at work (it
 # lowers the scale, the next step retries): from its initial 2^32 the scale comes down in
 # the first ~20 steps of every fp16 run.
