@@ -65,6 +65,11 @@ def test_each_new_arm_trains_and_resumes_exactly(arm_runs, arm):
     assert losses[6] < losses[1] - 0.2, f"{arm}: loss {losses[1]} -> {losses[6]}"
     assert f"resumed from {ckpt}/iter_0000003 at iteration 3" in resumed.stdout
     assert step_losses(resumed) == losses  # --save's metrics file: steps 1-3, then 4-6
+    # The start-up line names what the arm trains at the input: a projection is said.
+    start = {"frozen": "frozen arm |", "factorized": "factorized arm |",
+             "binary_map": "binary arm with a trainable 16 x 64 projection of the code "
+                           "(--code-projection) |"}[arm]
+    assert f"[fixedcode] {start}" in straight.stdout
 
 
 def test_the_frozen_table_and_the_code_are_bit_identical_after_training(arm_runs, cpu_dist):

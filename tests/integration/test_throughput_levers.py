@@ -176,7 +176,8 @@ def tiny_layers(*flags: str, linear=None) -> tuple[torch.nn.Module, dict]:
     from megatron.core import tensor_parallel
     from megatron_ext.model import provider
     import pretrain_fixedcode
-    args = pretrain_fixedcode.parse_args(TINY_RUN + ["--device", "cpu", *flags])
+    args = pretrain_fixedcode.parse_args(TINY_RUN + ["--device", "cpu", "--train-iters", "1",
+                                                     *flags])
     spec = provider.local_layer_spec(args)
     if linear is not None:
         spec.submodules.self_attention.submodules.linear_proj = linear

@@ -112,6 +112,15 @@ def test_a_refusal_of_the_flags_alone_comes_when_they_are_parsed(flags, message)
         check_run_flags(TINY_RUN + ["--train-iters", "2"] + flags)
 
 
+def test_the_start_up_line_names_a_code_projection():
+    def arm(*flags):
+        return RunConfig.from_args(parse_args(TINY_RUN + ["--train-iters", "2", *flags]))
+    assert arm("--input-interface", "gf2").model.arm_description() == "gf2 arm"
+    assert arm("--input-interface", "gf2", "--code-projection", "--code-bits", "12").model \
+        .arm_description() == ("gf2 arm with a trainable 12 x 64 projection of the code "
+                               "(--code-projection)")
+
+
 def test_the_checks_that_need_the_machine_or_the_tokenizer_are_named_for_it():
     config = RunConfig.from_args(parse_args(TINY_RUN + ["--train-iters", "2", "--profile",
                                                         "--input-interface", "binary"]))
