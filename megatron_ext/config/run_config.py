@@ -341,25 +341,24 @@ class DataConfig(FlagConfig):
                               self.vocab_file, self.merge_file)
         if self.data_args_path and self.data_path:
             raise FlagError("give one of --data-path and --data-args-path")
-        per_split = [(f"--{s}-data-path", getattr(self, f"{s}_data_path"))
-                     for s in ("train", "valid", "test")]
-        if self.per_split_data_args_path and any(paths for _, paths in per_split):
+        split_flags = [f"--{s}-data-path" for s in ("train", "valid", "test")
+                       if getattr(self, f"{s}_data_path")]
+        if self.per_split_data_args_path and split_flags:
             raise FlagError("give one of --train/valid/test-data-path and "
                             "--per-split-data-args-path")
-        blend = (("--data-path", self.data_path) if self.data_path else
-                 (f"--data-args-path {self.data_args_path}", self.data_args_path))
-        if self.per_split_data_args_path:
-            per_split = [(f"--per-split-data-args-path {self.per_split_data_args_path}",
-                          self.per_split_data_args_path)]
-        split_given = next((name for name, paths in per_split if paths), None)
-        if self.mock_data and (blend[1] or split_given):
-            raise FlagError(f"give either {blend[0] if blend[1] else split_given} or "
-                            f"--mock-data, not both: --mock-data trains on synthetic tokens, "
-                            f"and the data given would be ignored")
-        if blend[1] and split_given:
+        # the flag a blend came from, and the first of those a blend per split came from
+        blend = ("--data-path" if self.data_path else
+                 f"--data-args-path {self.data_args_path}" if self.data_args_path else None)
+        per_split = (f"--per-split-data-args-path {self.per_split_data_args_path}"
+                     if self.per_split_data_args_path else next(iter(split_flags), None))
+        if self.mock_data and (blend or per_split):
+            raise FlagError(f"give either {blend or per_split} or --mock-data, not both: "
+                            f"--mock-data trains on synthetic tokens, and the data given "
+                            f"would be ignored")
+        if blend and per_split:
             raise FlagError("give either --data-path (with --split) or --train-data-path/"
                             "--valid-data-path/--test-data-path")
-        if not (self.mock_data or blend[1] or self.train_data_path
+        if not (self.mock_data or blend or self.train_data_path
                 or self.per_split_data_args_path):
             raise FlagError("give --data-path (indexed dataset prefixes), "
                             "--train-data-path, or --mock-data")

@@ -114,21 +114,21 @@ def pretrain(args: argparse.Namespace, model_provider: Callable, forward_step: C
 
     wandb_run_id = agree_wandb_run_id(config.logging,
                                       setup.common["wandb_run_id"] if setup.own else None)
-    checkpointer = None
     with contextlib.ExitStack() as teardown:
         try:
             lease = take_save_lease(run.save, run.save_lease_timeout)  # before --save is written
             if lease is not None:
-                teardown.callback(lease.close)
-            record = run_record(run, derived)
+                teardown.enter_context(contextlib.closing(lease))
             metrics = teardown.enter_context(contextlib.closing(MetricsLogger(
                 config.logging, config.model, derived, setup.model, is_logging_rank(),
-                state.iteration, wandb_run_id, device=device, save=run.save, record=record)))
+                state.iteration, wandb_run_id, device=device, save=run.save,
+                record=run_record(run, derived))))
             gathered = functools.partial(gathered_parameters, run, setup.ddp)
             collector = teardown.enter_context(contextlib.closing(
                 GarbageCollection(config.training)))
-            batches = Batches(run.eval_iters, derived.num_microbatches, run.micro_batch_size,
-                              run.seq_length, run.num_workers)
+            batches = Batches(config.logging.eval_iters, derived.num_microbatches,
+                              config.training.micro_batch_size, config.model.seq_length,
+                              config.data.num_workers)
             validator = Validator(config.logging, batches, derived.train_iters, forward_step,
                                   valid_dataset, test_dataset, setup.ddp, exits, metrics,
                                   collector, gathered=gathered)
@@ -138,8 +138,8 @@ def pretrain(args: argparse.Namespace, model_provider: Callable, forward_step: C
                                       setup.scheduler, at, setup.code, wandb_run_id),
                 last_saved=state.iteration if setup.resume_path else None,
                 gathered=gathered, lease=lease)
-            norms = NormReporter(setup.model) if run.log_params_norm or run.log_layer_norms \
-                else None
+            norms = (NormReporter(setup.model) if config.logging.log_params_norm
+                     or config.logging.log_layer_norms else None)
             profiler = teardown.enter_context(contextlib.closing(
                 StepProfiler(config.logging, device, torch.distributed.get_rank())))
             _log_start(run, config, derived, setup.ddp, metrics.num_params)

@@ -112,6 +112,24 @@ def test_a_refusal_of_the_flags_alone_comes_when_they_are_parsed(flags, message)
         check_run_flags(TINY_RUN + ["--train-iters", "2"] + flags)
 
 
+@pytest.mark.parametrize("data, message", [
+    ([], "give --data-path (indexed dataset prefixes), --train-data-path, or --mock-data"),
+    (["--data-path", "a", "--valid-data-path", "b"],
+     "give either --data-path (with --split) or --train-data-path/--valid-data-path/"
+     "--test-data-path"),
+    (["--data-path", "a", "--data-args-path", "blend.txt"],
+     "give one of --data-path and --data-args-path"),
+    (["--per-split-data-args-path", "s.json", "--mock-data"],
+     "give either --per-split-data-args-path s.json or --mock-data, not both"),
+    (["--per-split-data-args-path", "s.json", "--test-data-path", "t"],
+     "give one of --train/valid/test-data-path and --per-split-data-args-path"),
+])
+def test_the_data_are_given_one_way(data, message):
+    without_data = [f for f in TINY_RUN if f != "--mock-data"]
+    with pytest.raises(FlagError, match=re.escape(message)):
+        parse_args(without_data + ["--train-iters", "2", *data])
+
+
 def test_the_start_up_line_names_a_code_projection():
     def arm(*flags):
         return RunConfig.from_args(parse_args(TINY_RUN + ["--train-iters", "2", *flags]))
