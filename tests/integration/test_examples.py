@@ -9,15 +9,24 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
-from megatron_ext.launch.slurm import read_job_recipe
+from megatron_ext.launch.slurm import read_job_recipe, run_flags
 
 RECIPE = REPO / "examples" / "smollm2_1p7b" / "recipe.args"
+
+
+def run_args(study, arm, seed: int = 1):
+    """The flags of a study's run of ``arm`` (a spec.Arm) as it starts, --save and --load
+    included, parsed (and so checked) by the entry point."""
+    from megatron_ext.study import launch
+    from pretrain_fixedcode import parse_args
+    return parse_args(launch.run_flags(study, arm, seed, Path("STUDY") / arm.name / f"seed{seed}"))
 
 
 @pytest.mark.parametrize("arm", ["learned", "binary", "gf2"])
 def test_recipe_parses_to_the_reference_shape(arm):
     from pretrain_fixedcode import parse_args
-    args = parse_args(read_job_recipe(RECIPE) + ["--input-interface", arm])
+    args = parse_args(run_flags(read_job_recipe(RECIPE), Path("runs") / arm,
+                                ["--input-interface", arm]))
     assert (args.num_layers, args.hidden_size, args.ffn_hidden_size, args.num_attention_heads,
             args.seq_length) == (24, 2048, 8192, 32, 2048)
     assert args.untie_embeddings_and_output_weights and args.swiglu
@@ -58,13 +67,12 @@ def test_train_script_passes_the_recipe_and_the_arm(tmp_path):
                                                    ("study_seeds_10b.toml", (1, 2, 3), 4882813)])
 def test_paper_study_files_define_the_three_arms(name, seeds, samples):
     from megatron_ext.study import spec
-    from pretrain_fixedcode import parse_args
     path = RECIPE.with_name(name)
     study = spec.build_study(spec.read_study_file(str(path)), path.parent)
     assert [a.name for a in study.arms] == ["learned", "binary", "gf2"]
     assert study.seeds == seeds and study.control == "learned"
     assert study.eval.tasks == ("hellaswag", "piqa", "lambada_openai")
-    args = parse_args([*study.recipe, *study.arm("gf2").training_flags(), "--seed", "1"])
+    args = run_args(study, study.arm("gf2"))
     assert args.train_samples == samples and args.hidden_size == 2048
 
 
@@ -147,15 +155,13 @@ def test_prepare_data_builds_the_recipe_blend_offline(tmp_path):
 def test_scaling_presets_cross_sizes_arms_seeds_and_budgets(path, sizes, seeds, budgets):
     """Each size sets its own learning rate; every budget branches from a stable save."""
     from megatron_ext.study import spec
-    from pretrain_fixedcode import parse_args
     path = REPO / path
     study = spec.build_study(spec.read_study_file(str(path)), path.parent)
     assert tuple(lv.name for lv in study.factors[0].levels) == sizes
     assert study.seeds == seeds and study.budgets == budgets
     cells = dict(study.cells())
     assert len(cells) == len(sizes) * (1 + len(budgets))
-    rates = {parse_args([*cells[s].recipe, "--input-interface", "binary", "--seed", "1"]).lr
-             for s in sizes}
+    rates = {run_args(cells[s], spec.Arm("binary", "binary")).lr for s in sizes}
     assert len(rates) == len(sizes)
     for size in sizes:
         branches = [cells[f"{size}/budget_{b}"].branch for b in budgets]
@@ -167,14 +173,13 @@ def test_the_learning_rate_preset_tunes_the_rate_at_every_size():
     """study_lr.toml: every size x rate is a cell whose --lr is its rate level's, and the
     study tunes the rate (each arm compared at its best one per size)."""
     from megatron_ext.study import spec
-    from pretrain_fixedcode import parse_args
     path = REPO / "examples/cpu_scaling/study_lr.toml"
     study = spec.build_study(spec.read_study_file(str(path)), path.parent)
     assert study.tune == "lr" and [f.name for f in study.factors] == ["size", "lr"]
     cells = dict(study.cells())
     assert len(cells) == 3 * 4 and not study.budgets
     for folder, cell in cells.items():
-        rate = parse_args([*cell.recipe, "--input-interface", "binary", "--seed", "1"]).lr
+        rate = run_args(cell, spec.Arm("binary", "binary")).lr
         assert rate == float(folder.split("/")[1].removeprefix("lr")), folder
 
 
@@ -184,13 +189,11 @@ def test_the_capacity_presets_define_the_arms_of_issue_31():
     paper's shape each arm trains the input parameters of a hand count."""
     from megatron_ext.model.param_count import count_arms
     from megatron_ext.study import spec
-    from pretrain_fixedcode import parse_args
 
     def arms(path):
         study = spec.build_study(spec.read_study_file(str(path)), path.parent)
         assert study.seeds == (1, 2, 3) and study.control == "learned"
-        return study, {a.name: parse_args([*study.recipe, *a.training_flags(), "--seed", "1"])
-                       for a in study.arms}
+        return study, {a.name: run_args(study, a) for a in study.arms}
 
     _, cpu = arms(REPO / "examples/cpu_capacity/study.toml")
     assert {name: (a.input_interface, a.input_table_rank, a.code_projection)
