@@ -49,7 +49,7 @@ def build(variant: str, num_layers: int = NUM_LAYERS):
     args = parse_args(TINY_MODEL + ["--num-layers", str(num_layers), "--vocab-size", str(VOCAB),
                                     "--tensor-model-parallel-size", str(tp),
                                     "--pipeline-model-parallel-size", str(pp), "--device", "cpu",
-                                    *VARIANTS[variant]])
+                                    "--train-iters", "1", "--mock-data", *VARIANTS[variant]])
     model = model_provider(args, padded_vocab_size(VOCAB, args.make_vocab_size_divisible_by, tp),
                            pre_process=parallel_state.is_pipeline_first_stage(),
                            post_process=parallel_state.is_pipeline_last_stage(), on_cpu=True)
