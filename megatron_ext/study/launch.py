@@ -142,6 +142,20 @@ def submit_to_slurm(study: spec.Study, study_dir: Path, job: slurm.Job, dry_run:
                  + f", log {run / f'slurm-{jobs[run]}.log'}")
 
 
+def plan_study(study: spec.Study, cluster, vocab_size: Optional[int] = None) -> list:
+    """The plan (:mod:`megatron_ext.launch.plan`) of every arm of every cell, its seeds
+    alike; a budget's branch trains from its branch point only."""
+    from ..launch.plan import plan_run
+    plans = []
+    for folder, cell in study.cells():
+        iterations = cell.branch.iterations - cell.branch.start if cell.branch else None
+        for arm in cell.arms:
+            plans.append(plan_run("/".join(filter(None, [folder, arm.name])),
+                                  [*cell.recipe, *arm.training_flags()], cluster, vocab_size,
+                                  iterations, len(cell.seeds)))
+    return plans
+
+
 def evaluate_checkpoints(study: spec.Study, study_dir: Path, progress: Progress = _print) -> None:
     """Evaluate the checkpoints not evaluated yet and, with ``[probes]``, probe the final
     ones not probed yet."""
