@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from ..config.arguments import add_training_args, parse_model_args
 from ..config.derived import derive
@@ -113,6 +113,15 @@ def run_args(flags: Sequence[str]) -> argparse.Namespace:
     return parse_model_args(list(flags), "plan", add_training_args)
 
 
+def readable_vocab_size(flags: Sequence[str]) -> Optional[int]:
+    """The vocabulary size of the tokenizer ``flags`` name, or None where it cannot be read
+    here (a login node without the tokenizer's files)."""
+    try:
+        return vocab_size_of(run_args(flags))
+    except FlagError:
+        return None
+
+
 def vocab_size_of(args: argparse.Namespace, given: Optional[int] = None) -> int:
     """The tokenizer's vocabulary size: ``given``, else read from the run's tokenizer (a
     ``FlagError`` naming ``--vocab-size`` where it cannot be read here)."""
@@ -187,6 +196,22 @@ def plan_arms(recipe: Sequence[str], arms: Sequence[tuple[str, list]], cluster: 
     return [plan_run(name, [*recipe, *flags], cluster, vocab_size) for name, flags in arms]
 
 
+def plan_submission(recipe: Sequence[str], plan: Callable[[int], list], cluster: Cluster
+                    ) -> tuple[list, str]:
+    """``(plans, their table)`` for a submission of runs of ``recipe`` (``plan(vocabulary
+    size)`` makes them). Where the recipe's tokenizer cannot be read here: no plans and a
+    line saying so, or, where ``--gpu-memory`` asks for the check, a :class:`FlagError`."""
+    vocab = readable_vocab_size(recipe)
+    if vocab is None:
+        why = ("the recipe's tokenizer cannot be read here (tools/plan.py --vocab-size plans "
+               "without it)")
+        if cluster.memory_gib is not None:
+            raise FlagError(f"--gpu-memory {cluster.memory_gib:g}: no plan to check, {why}")
+        return [], f"# plan: none, {why}"
+    plans = plan(vocab)
+    return plans, plan_table(plans, cluster)
+
+
 def check_fits(plans: Sequence[RunPlan], cluster: Cluster) -> None:
     """Refuse (:class:`LaunchError`) the runs whose memory per GPU exceeds the stated
     memory, each with its largest term and the lever that shrinks it."""
@@ -257,7 +282,11 @@ def plan_table(plans: Sequence[RunPlan], cluster: Cluster) -> str:
                  + " (the other table arms take learned's, the other codes binary's); MFU is "
                  f"of the dense bf16 peak, {peak_flops(cluster.gpu, False) / 1e12:g} TFLOP/s "
                  f"for {cluster.gpu}")
+    alike = {}  # Megatron-LM's line -> the runs it is of
     for plan in plans:
-        lines.append(f"[{plan.name}] {plan.footprint.megatron_line()}")
+        alike.setdefault(plan.footprint.megatron_line(), []).append(plan.name)
+    for line, names in alike.items():
+        more = f" (and {len(names) - 1} more alike)" if len(names) > 1 else ""
+        lines.append(f"[{names[0]}{more}] {line}")
     return "\n".join(lines)
 

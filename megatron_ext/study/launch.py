@@ -111,10 +111,18 @@ def queued_job(name: str) -> Optional[str]:
 
 
 def submit_to_slurm(study: spec.Study, study_dir: Path, job: slurm.Job, dry_run: bool,
-                    progress: Progress = _print) -> None:
+                    progress: Progress = _print, cluster=None) -> None:
     """Submit each run that is neither finished nor queued as a ``job``. A budget's branch
     is a job that starts once its run's job has succeeded (none when that run is
-    finished). ``dry_run`` prints the scripts and dependencies."""
+    finished). ``dry_run`` prints the scripts and dependencies. With ``cluster`` (a
+    :class:`~megatron_ext.launch.plan.Cluster`), the study's plan is printed first and a run
+    that does not fit its GPU memory refuses the submission."""
+    if cluster is not None:
+        from ..launch.plan import check_fits, plan_submission
+        plans, table = plan_submission(
+            study.recipe, lambda vocab: plan_study(study, cluster, vocab), cluster)
+        progress(table)
+        check_fits(plans, cluster)
     jobs = {}  # run folder -> its job id (submitted or queued), or "dry-run"
     for folder, cell, arm, seed, run in spec.all_runs(study, study_dir):
         what = f"{folder + ' ' if folder else ''}{arm.name} seed {seed}"

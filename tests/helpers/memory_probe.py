@@ -7,7 +7,6 @@ process (one rank) or in tests/helpers/memory_worker.py under torchrun."""
 
 from __future__ import annotations
 
-import gc
 import os
 import weakref
 
@@ -30,23 +29,24 @@ SHAPE = ["--num-layers", "2", "--hidden-size", "128", "--num-attention-heads", "
 
 
 class PeakTensorMemory(TorchDispatchMode):
-    """Within it, the bytes of the tensor storages operators create and that are still
-    alive (``live``), and their largest sum (``peak``). Storages alive before it started
-    (parameters, gradient buffers, optimizer state) are not counted."""
+    """Within it, the bytes of the tensor storages operators allocate and that are still
+    alive (``live``), and their largest sum (``peak``). An operator's output that shares an
+    input's storage (a view, an in-place update: of a parameter, a gradient buffer) is not
+    an allocation."""
 
     def __init__(self):
         super().__init__()
-        self.before = {o.untyped_storage().data_ptr() for o in gc.get_objects()
-                       if isinstance(o, torch.Tensor) and o.device.type != "meta"}
         self.live = self.peak = 0
         self.refs = {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        inputs = {t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0]
+                  if isinstance(t, torch.Tensor) and t.device.type != "meta"}
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor) and t.device.type != "meta":
                 storage = t.untyped_storage()
-                if id(storage) in self.refs or storage.data_ptr() in self.before:
+                if id(storage) in self.refs or storage.data_ptr() in inputs:
                     continue
                 size = storage.nbytes()
                 self.live += size
@@ -111,7 +111,6 @@ def _measure(argv: list) -> dict:
     state = state_tensor_bytes(model, optimizer)
     ddp.zero_grad_buffer()
     optimizer.zero_grad()
-    gc.collect()
     with PeakTensorMemory() as memory:
         get_forward_backward_func()(
             forward_step_func=forward_step, data_iterator=data, model=[ddp],

@@ -1,7 +1,7 @@
 """Worker for test_memory_plan.py, run under torchrun with 2 processes: the weights,
 gradients, optimizer state and activation peak of a training step (tests/helpers/
 memory_probe.py) at TP=2 (with and without sequence parallelism), PP=2 (4 micro-batches in
-flight) and DP=2 with the distributed optimizer, for table and fixed-code arms, beside what
+flight) and DP=2 with the distributed optimizer, for the learned table and a fixed code, beside what
 megatron_ext/model/memory.py plans for each rank. Each rank writes DIR/rank<R>.json."""
 
 from __future__ import annotations
@@ -23,8 +23,7 @@ LAYOUTS = {  # name -> (TP, PP, flags)
     "pp2": (1, 2, ["--pipeline-model-parallel-size", "2", "--global-batch-size", "16"]),
     "dp2-dist-opt": (1, 1, ["--use-distributed-optimizer", "--bf16"]),
 }
-ARMS = {"learned": [], "binary": ["--input-interface", "binary"],
-        "frozen": ["--input-interface", "frozen"]}
+ARMS = {"learned": [], "binary": ["--input-interface", "binary"]}
 
 
 def main(root: str) -> None:
