@@ -2,7 +2,7 @@
 memory per GPU (:mod:`megatron_ext.model.memory`, Megatron-LM's accounting), FLOPs per
 iteration (:func:`megatron_ext.metrics.flops.flops_per_token`, the log's and the study's
 count), time to the run's last iteration at a model FLOPs utilisation that was measured
-(:data:`MEASURED`, bench/RESULTS.md) or is assumed (``--assume-mfu``), and GPU-hours, per run
+(:data:`MEASURED_MFU`, bench/RESULTS.md) or is assumed (``--assume-mfu``), and GPU-hours, per run
 and summed over the runs of a submission or a study. tools/plan.py prints it; tools/submit.py
 and ``tools/study.py run --launcher slurm`` print it and refuse to submit a run that does not
 fit the stated GPU memory (:func:`check_fits`).

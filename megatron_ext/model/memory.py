@@ -97,7 +97,8 @@ def stage_parameters(args: argparse.Namespace, padded_vocab: int, stage: int) ->
     return Parameters(trained, frozen)
 
 
-def weight_bytes_per_parameter(args: argparse.Namespace) -> int:
+def dtype_bytes(args: argparse.Namespace) -> int:
+    """Bytes of a weight or an activation in the training dtype (FP8 counted as bf16)."""
     return 2 if args.bf16 or args.fp16 else 4
 
 
@@ -105,17 +106,12 @@ def state_bytes(args: argparse.Namespace, padded_vocab: int, data_parallel: int,
                 stage: int) -> dict:
     """``{"weights", "gradients", "optimizer"}``: bytes one rank of ``stage`` holds."""
     n = stage_parameters(args, padded_vocab, stage)
-    weight = weight_bytes_per_parameter(args)
+    weight = dtype_bytes(args)
     # Adam's two fp32 moments, and an fp32 master copy of 16-bit weights
     optimizer = 8 + (4 if weight == 2 else 0)
     shards = data_parallel if args.use_distributed_optimizer else 1
     return {"weights": (n.trained + n.frozen) * weight, "gradients": n.trained * 4,
             "optimizer": n.trained * optimizer / shards}
-
-
-def activation_dtype_bytes(args: argparse.Namespace) -> int:
-    """Bytes of an activation: the training dtype's (FP8 counted as bf16)."""
-    return 2 if args.bf16 or args.fp16 else 4
 
 
 def _replicated(args: argparse.Namespace) -> float:
@@ -130,7 +126,7 @@ def norm_bytes(args: argparse.Namespace, device: str) -> float:
     ``--fp32-residual-connection``) and its statistics; torch's RMSNorm on a CPU (a
     composite of operators) keeps two fp32 tensors, the input and the normalised input."""
     tokens = args.seq_length * args.micro_batch_size
-    stream = 4 if args.fp32_residual_connection else activation_dtype_bytes(args)
+    stream = 4 if args.fp32_residual_connection else dtype_bytes(args)
     composite = (device == "cpu" and args.transformer_impl != "transformer_engine"
                  and args.normalization == "RMSNorm")
     per_token = 8 * args.hidden_size if composite else stream * args.hidden_size + 8
@@ -144,7 +140,7 @@ def layer_activation_bytes(args: argparse.Namespace, device: str) -> dict:
     h, a, g, d, f = _shape(args)
     t = args.tensor_model_parallel_size
     seq, tokens = args.seq_length, args.seq_length * args.micro_batch_size
-    e, rep = activation_dtype_bytes(args), _replicated(args)
+    e, rep = dtype_bytes(args), _replicated(args)
     te = args.transformer_impl == "transformer_engine"
     heads, groups = a // t, g // t
     # the fused QKV output, kept whole (the value is a view of it); with RoPE the rotated
@@ -194,7 +190,7 @@ def activation_bytes(args: argparse.Namespace, padded_vocab: int, num_microbatch
     micro-batch's forward pass (its logits on the last stage), or, under full recompute,
     while the backward pass recomputes a chunk (the later layers' activations freed)."""
     p, t = args.pipeline_model_parallel_size, args.tensor_model_parallel_size
-    tokens, e = args.seq_length * args.micro_batch_size, activation_dtype_bytes(args)
+    tokens, e = args.seq_length * args.micro_batch_size, dtype_bytes(args)
     hidden = e * tokens * args.hidden_size * _replicated(args)  # one residual-stream tensor
     layers = args.num_layers // p
     per_layer = layer_activation_bytes(args, device)
