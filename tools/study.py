@@ -16,7 +16,9 @@ runs one after another on this machine (one process, or ``--nproc-per-node`` und
 torchrun), then evaluates and reports; a rerun skips finished runs and resumes interrupted
 ones from their checkpoints. With ``--launcher slurm`` it submits every run that is neither
 finished nor queued as a preemption-safe job (megatron_ext/study/launch.py), ``--dry-run``
-printing the scripts instead; ``eval`` and ``report`` follow once checkpoints exist. See
+printing the scripts instead; first it prints the study's plan (memory per GPU, time,
+GPU-hours per run and in all: megatron_ext/launch/plan.py) and refuses a run that does not
+fit ``--gpu-memory``; ``eval`` and ``report`` follow once checkpoints exist. See
 docs/studies.md.
 """
 
@@ -28,7 +30,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from megatron_ext.launch import slurm
+from megatron_ext.launch import plan, slurm
 from megatron_ext.study import launch, spec
 from megatron_ext.runtime.errors import exits_on_error
 
@@ -65,6 +67,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> tuple[argparse.ArgumentParser,
     launch.add_argument("--dry-run", action="store_true",
                         help="slurm: print the job scripts; write and submit nothing")
     slurm.add_job_args(run.add_argument_group("slurm jobs (as tools/submit.py)"))
+    plan.add_plan_args(run)
     for name, text in (("eval", "evaluate the checkpoints not evaluated yet, then report"),
                        ("report", "write STUDY.md, study.json and the figures")):
         sub = commands.add_parser(name, help=text, allow_abbrev=False)
@@ -88,7 +91,10 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
             spec.settle(args.study_dir, study, save=not args.dry_run)
             if args.launcher == "slurm":
                 job = slurm.job_options(parser, args, args.study_dir)
-                launch.submit_to_slurm(study, args.study_dir, job, args.dry_run)
+                cluster = (plan.cluster_from_args(args, job.nodes, job.ntasks_per_node)
+                           if job.gpus_per_node else None)
+                launch.submit_to_slurm(study, args.study_dir, job, args.dry_run,
+                                       cluster=cluster)
                 return {}
             if args.dry_run:
                 parser.error("--dry-run applies to --launcher slurm")

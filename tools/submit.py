@@ -4,7 +4,9 @@ The recipe is a file of pretrain_fixedcode.py flags (model shape, data, schedule
 comments allowed) shared by every arm. For each arm megatron_ext/launch/slurm.py fills
 slurm/fixedcode.sbatch (job name, log, ``--input-interface``, ``--save``/``--load``,
 ``--tensorboard-dir``); this writes it to RUN_DIR/ARM/job.sbatch and submits it with sbatch;
-``--dry-run`` prints the scripts and touches nothing. ``--build-cache`` first queues a CPU job
+``--dry-run`` prints the scripts and touches nothing. First it prints the plan of each arm
+(memory per GPU, time, GPU-hours: megatron_ext/launch/plan.py) and refuses to submit an arm
+that does not fit ``--gpu-memory``. ``--build-cache`` first queues a CPU job
 (slurm/build_data_cache.sbatch, RUN_DIR/data_cache/) that builds the recipe's dataset index caches
 into its ``--data-cache-path``; the arms' jobs wait for it (``--dependency=afterok``) and load the
 caches with ``--require-data-cache``. Usage::
@@ -22,6 +24,8 @@ from typing import Optional, Sequence
 
 from megatron_ext.codes.schemes import ARMS, PAPER_ARMS
 from megatron_ext.study.spec import parse_arm
+from megatron_ext.launch.plan import (add_plan_args, check_fits, cluster_from_args, plan_arms,
+                                      plan_submission)
 from megatron_ext.launch.slurm import (CACHE_JOB, Job, add_job_args, cache_job_script,
                                        check_cache_recipe, job_options, job_script,
                                        read_job_recipe, run_flags, write_and_submit)
@@ -53,8 +57,9 @@ def parse_args(argv: Optional[Sequence[str]]) -> tuple[argparse.Namespace, Job]:
                    help="sbatch --time limit of the cache job (default: the partition's)")
     c.add_argument("--build-cache-cpus-per-task", type=int,
                    help="CPUs of the cache job's one task (default: Slurm's)")
+    add_plan_args(p)
     p.add_argument("--dry-run", action="store_true",
-                   help="print the generated scripts; write and submit nothing")
+                   help="print the plan and the generated scripts; write and submit nothing")
     args = p.parse_args(argv)
     specs = [a for a in args.arms.split(",") if a]
     unknown = sorted({a for a in specs if a.partition(":")[2 if ":" in a else 0]
@@ -70,6 +75,13 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         run_dir = args.run_dir.resolve()
         arms = [parse_arm(spec, ARMS) for spec in args.arms.split(",") if spec]
         recipe = read_job_recipe(args.recipe)
+        if job.gpus_per_node:  # the plan, checked before anything is queued
+            cluster = cluster_from_args(args, job.nodes, job.ntasks_per_node)
+            plans, table = plan_submission(recipe, lambda vocab: plan_arms(
+                recipe, [(arm.name, arm.training_flags()) for arm in arms], cluster, vocab),
+                cluster)
+            print(table)
+            check_fits(plans, cluster)
         cache_job = own = None
         if args.build_cache:
             check_cache_recipe(recipe, args.recipe)

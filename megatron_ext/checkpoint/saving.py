@@ -149,7 +149,8 @@ def start_save(args: argparse.Namespace, derived: Derived, model, optimizer, sch
     """Prepare the save of ``state`` on every rank (the common objects are written now);
     returns the request that writes the shards and completes the save. ``code``: the model's
     fixed code (``None`` for the learned arm), stored whole as the common object
-    ``fixed_code``."""
+    ``fixed_code``. ``optimizer`` and ``scheduler`` None: the model alone (a freshly
+    initialised model saved for the converter, bench/bench_convert.py)."""
     iteration = state.iteration
     final = checkpoint_path(args.save, iteration)
     partial = final + ".partial"
@@ -165,7 +166,7 @@ def start_save(args: argparse.Namespace, derived: Derived, model, optimizer, sch
     sharded = sharded_state(model, optimizer, rng_state(), is_loading=False, metadata=metadata)
     sharded.update(args=run_record(args, derived),
                    fixed_code=None if code is None else code.to_dict(),
-                   scheduler=scheduler.state_dict(),
+                   scheduler=None if scheduler is None else scheduler.state_dict(),
                    wandb_run_id=wandb_run_id, **dataclasses.asdict(state), **provenance())
     strategy = FullyParallelSaveStrategyWrapper(
         get_default_save_sharded_strategy(),

@@ -84,8 +84,14 @@ def check_mappable(args: argparse.Namespace, fixed_code: Optional[dict], source:
 
 
 def hf_state_dict(state: dict, args: argparse.Namespace, dtype: torch.dtype) -> dict:
-    """The HF Llama state dict of a TP=1 Megatron GPTModel state dict (see the module table)."""
-    state = {k: v for k, v in state.items() if not k.endswith("._extra_state")}
+    """The HF Llama state dict of a TP=1 Megatron GPTModel state dict (see the module table).
+    ``state`` is consumed: each tensor is taken out as it is mapped, so that, where nothing
+    else holds the Megatron tensors (the export's case), each is freed once its Hugging Face
+    counterparts exist, and no second copy of the weights is ever held. Every tensor
+    returned owns its storage (the gate and up halves of fc1 are copied apart; safetensors
+    refuses tensors that share one)."""
+    for key in [k for k in state if k.endswith("._extra_state")]:
+        del state[key]
 
     def take(key, as_dtype=dtype):
         if key not in state:
@@ -113,7 +119,8 @@ def hf_state_dict(state: dict, args: argparse.Namespace, dtype: torch.dtype) -> 
         out[o + "self_attn.o_proj.weight"] = take(m + "self_attention.linear_proj.weight")
         out[o + "post_attention_layernorm.weight"] = take(m + "pre_mlp_layernorm.weight")
         gate, up = take(m + "mlp.linear_fc1.weight").chunk(2, dim=0)
-        out[o + "mlp.gate_proj.weight"], out[o + "mlp.up_proj.weight"] = gate, up
+        out[o + "mlp.gate_proj.weight"], out[o + "mlp.up_proj.weight"] = gate.clone(), up.clone()
+        del gate, up
         out[o + "mlp.down_proj.weight"] = take(m + "mlp.linear_fc2.weight")
     out["model.norm.weight"] = take("decoder.final_layernorm.weight")
     if args.untie_embeddings_and_output_weights:

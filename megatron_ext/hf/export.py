@@ -10,38 +10,77 @@ Llama loaded with ``trust_remote_code=True`` (:mod:`.convert` has the weight map
 from __future__ import annotations
 
 import argparse
+import ctypes
+import gc
 import os
 import warnings
 from typing import Callable, Optional
 
+import psutil
 import torch
 import transformers
 from packaging.version import Version
 
 from ..datasets.tokenizer import check_training_tokenizer, tokenizer_from_args
+from ..model.memory import stage_parameters
 from ..runtime.errors import ConversionError, DataError, DeviceError, FlagError
 from ..runtime.initialize import destroy_distributed, initialize_distributed
 
 from .convert import DTYPES, check_mappable, hf_config, hf_state_dict, save_hf_model
 from .megatron_checkpoint import load_model, read_checkpoint
-from .parity import (PROBE_TEXTS, TOLERANCE, load_hf, max_logit_diff, probe_tokens, sample,
-                     tokenizer_mismatch)
+from .parity import (PROBE_TEXTS, TOLERANCE, load_hf, max_logit_diff, megatron_logits,
+                     probe_tokens, sample, tokenizer_mismatch)
 from .tokenizer import hf_tokenizer
 
+# What the conversion holds besides the weights: the interpreter with torch, transformers and
+# Megatron-Core imported (about 0.5 GiB measured, bench/RESULTS.md), with a margin.
+PROCESS_BYTES = 2 ** 30
 # The export's config class needs what transformers 5.24 does (pyproject.toml pins the same
 # floor): 5.17 builds a config with no arguments on save, which a fixed-code config refuses.
 TRANSFORMERS_MIN = "5.24"
 
 
-def validate(model, hf_dir: str, train: argparse.Namespace, tokenizer, has_tokenizer: bool,
-             dtype: torch.dtype, progress: Callable[[str], None] = print) -> dict:
-    """Parity of the export with ``model``; exits with an error when it fails."""
-    if dtype != torch.float32:  # check the mapping, not the rounding
+def memory_needed(train: argparse.Namespace, dtype: torch.dtype) -> int:
+    """The bytes a conversion of the checkpoint whose args are ``train`` needs at its peak:
+    one fp32 copy of the weights (the model the checkpoint is read into, whose tensors the
+    export writes, and later the export reloaded for ``--validate``, never both), a copy in
+    ``dtype`` where it is 16-bit, half a copy in flight (the QKV split, the tensor being read
+    or written), and the process. Never two fp32 copies: the tensors are streamed."""
+    whole = argparse.Namespace(**{**vars(train), "tensor_model_parallel_size": 1,
+                                  "pipeline_model_parallel_size": 1})
+    n = stage_parameters(whole, train.padded_vocab_size, 0)
+    fp32 = 4 * (n.trained + n.frozen)
+    return int(fp32 * (1.5 + (0 if dtype == torch.float32 else 0.5))) + PROCESS_BYTES
+
+
+def check_memory(train: argparse.Namespace, dtype: torch.dtype, path: str) -> None:
+    """Refuse, before any work, a conversion this machine lacks the memory for."""
+    need, available = memory_needed(train, dtype), psutil.virtual_memory().available
+    if need > available:
+        raise DeviceError(f"converting {path} needs about {need / 2 ** 30:.1f} GiB of memory "
+                          f"(one fp32 copy of its weights, half a copy in flight and the "
+                          f"process), and this machine has {available / 2 ** 30:.1f} GiB "
+                          f"available: free memory or convert on a larger machine")
+
+
+def reference(model, train: argparse.Namespace, tokenizer, dtype: torch.dtype
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(tokens, logits)``: the probe batch and the Megatron model's logits of it, its
+    weights first rounded to the export's ``dtype`` (the check is of the mapping, not of the
+    rounding)."""
+    if dtype != torch.float32:
         for p in model.parameters():
             p.data = p.data.to(dtype).float()
-    hf_model = load_hf(hf_dir)
     tokens = probe_tokens(tokenizer.vocab_size, train.seq_length)
-    diff = max_logit_diff(model, hf_model, tokens)
+    return tokens, megatron_logits(model, tokens)
+
+
+def validate(tokens: torch.Tensor, logits: torch.Tensor, hf_dir: str, tokenizer,
+             has_tokenizer: bool, progress: Callable[[str], None] = print) -> dict:
+    """Parity of the export with the Megatron model's ``logits`` of ``tokens``
+    (:func:`reference`); a :class:`ConversionError` when it fails."""
+    hf_model = load_hf(hf_dir)
+    diff = max_logit_diff(logits, hf_model, tokens)
     progress(f"validate: max |logits_hf - logits_megatron| = {diff:.3g} on a "
              f"{list(tokens.shape)} batch (limit {TOLERANCE:g})")
     if not diff <= TOLERANCE:
@@ -58,6 +97,17 @@ def validate(model, hf_dir: str, train: argparse.Namespace, tokenizer, has_token
     return {"max_abs_diff": diff, "generated": generated}
 
 
+def _release_freed_memory() -> None:
+    """Collect what is unreachable and hand the freed heap back to the system (glibc's
+    ``malloc_trim``; elsewhere a no-op): tensors below glibc's mmap threshold are freed into
+    the heap, which otherwise keeps them resident while the next model is built."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def export_checkpoint(load: str, output: str, iteration: Optional[int] = None,
                       dtype: str = "fp32", tokenizer_model: Optional[str] = None,
                       check: bool = False, progress: Callable[[str], None] = print) -> dict:
@@ -72,6 +122,7 @@ def export_checkpoint(load: str, output: str, iteration: Optional[int] = None,
                           f"'transformers>={TRANSFORMERS_MIN}'")
     path, train, fixed_code, iteration = read_checkpoint(str(load), iteration)
     check_mappable(train, fixed_code, path)
+    check_memory(train, DTYPES[dtype], path)
     if os.path.exists(output) and (not os.path.isdir(output) or os.listdir(output)):
         raise FlagError(f"--output {output} exists and is not an empty directory")
     tokenizer = tokenizer_from_args(train, tokenizer_model)
@@ -90,8 +141,16 @@ def export_checkpoint(load: str, output: str, iteration: Optional[int] = None,
     initialize_distributed("cpu")
     try:
         model = load_model(path, train, fixed_code)
+        if check:  # the Megatron model's logits, before its tensors go to the export
+            tokens, logits = reference(model, train, tokenizer, torch_dtype)
+        # One copy of the weights at a time: the state dict alone holds the Megatron
+        # tensors, each freed as it is mapped; the export is reloaded only after it is saved.
+        state = model.state_dict()
+        del model
+        gc.collect()
         save_hf_model(hf_config(train, fixed_code, torch_dtype, tokenizer.eod),
-                      hf_state_dict(model.state_dict(), train, torch_dtype), output)
+                      hf_state_dict(state, train, torch_dtype), output)
+        _release_freed_memory()  # the Megatron tensors, before the export is reloaded
         hf_tok = hf_tokenizer(tokenizer, train.max_position_embeddings)
         if hf_tok is not None:
             hf_tok.save_pretrained(output)
@@ -99,8 +158,8 @@ def export_checkpoint(load: str, output: str, iteration: Optional[int] = None,
                  f"{output} in {dtype}")
         result = {"output": output, "arm": train.input_interface, "iteration": iteration}
         if check:
-            result.update(validate(model, output, train, tokenizer, hf_tok is not None,
-                                   torch_dtype, progress))
+            result.update(validate(tokens, logits, output, tokenizer, hf_tok is not None,
+                                   progress))
         return result
     finally:
         if started:

@@ -16,6 +16,7 @@ import os
 from typing import Optional
 
 from megatron.core import dist_checkpointing
+from megatron.core.dist_checkpointing.mapping import apply_factories
 from megatron.core.models.gpt import GPTModel
 
 from ..checkpoint.compatibility import ADDED_ARGS
@@ -75,7 +76,8 @@ def _paths_from_the_run_folder(args: argparse.Namespace, folder: Optional[str]) 
 
 
 def load_model(path: str, args: argparse.Namespace, fixed_code: Optional[dict]) -> GPTModel:
-    """The checkpoint's model as one fp32 module on CPU, in eval mode. Needs
+    """The checkpoint's model as one fp32 module on CPU, in eval mode: one copy of the
+    weights in memory (built uninitialised, the checkpoint's tensors read into it). Needs
     ``initialize_distributed("cpu")`` (TP=PP=1) first."""
     args = argparse.Namespace(**vars(args))
     args.tensor_model_parallel_size = args.pipeline_model_parallel_size = 1
@@ -89,7 +91,13 @@ def load_model(path: str, args: argparse.Namespace, fixed_code: Optional[dict]) 
     args.cross_entropy_loss_fusion, args.cross_entropy_fusion_impl = False, "native"
     # the saved code, never a redrawn one
     model = model_provider(args, args.padded_vocab_size, on_cpu=True,
-                           code=None if fixed_code is None else FixedCode.from_dict(fixed_code))
-    state = dist_checkpointing.load({"model": model.sharded_state_dict()}, path)
-    model.load_state_dict(state["model"])
+                           code=None if fixed_code is None else FixedCode.from_dict(fixed_code),
+                           initialize=False)
+    # Read into the model's own tensors: megatron-core loads each tensor in place, but returns
+    # the ones it saved in parts (SwiGLU's fc1, as its two halves) concatenated anew, every
+    # layer's at once; with the parts' factories applied here, the halves are views of the
+    # model's fc1 and nothing is concatenated: the weights are in memory once.
+    sharded = model.sharded_state_dict()
+    apply_factories(sharded)
+    dist_checkpointing.load({"model": sharded}, path)
     return model.eval()

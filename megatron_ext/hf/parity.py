@@ -40,9 +40,16 @@ def load_tokenizer(hf_dir: str) -> PreTrainedTokenizerBase:
 
 
 @torch.no_grad()
-def max_logit_diff(megatron_model, hf_model: PreTrainedModel, tokens: torch.Tensor) -> float:
-    """``max |logits_hf - logits_megatron|`` over a batch (Megatron's are ``[b, s, V]``)."""
-    reference = megatron_model(tokens, None, None).float()
+def megatron_logits(megatron_model, tokens: torch.Tensor) -> torch.Tensor:
+    """The Megatron model's fp32 logits ``[b, s, V]`` of a batch: the reference, computed
+    before the model is let go (the export holds one copy of the weights at a time)."""
+    return megatron_model(tokens, None, None).float()
+
+
+@torch.no_grad()
+def max_logit_diff(reference: torch.Tensor, hf_model: PreTrainedModel,
+                   tokens: torch.Tensor) -> float:
+    """``max |logits_hf - logits_megatron|`` over a batch (:func:`megatron_logits`)."""
     return (hf_model(tokens).logits.float() - reference).abs().max().item()
 
 

@@ -1,4 +1,5 @@
 """Launching runs on a cluster.
 
-- ``slurm``: Slurm batch scripts filled from slurm/, and submission.
+- ``slurm``: Slurm batch scripts filled from slurm/, and submission;
+- ``plan``: a run planned before it is queued: memory per GPU, time, GPU-hours.
 """

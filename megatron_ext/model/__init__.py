@@ -7,5 +7,6 @@ count of each arm.
 - ``norm_layers``: torch's norms for the local layers, sequence-parallel ready;
 - ``residual``: the residual add that keeps an fp32 stream;
 - ``row_linear``: the row-parallel linear that torch.compile traces without a break;
-- ``param_count``: trainable parameters per part of each arm, from real modules.
+- ``param_count``: trainable parameters per part of each arm, from real modules;
+- ``memory``: bytes per GPU of a run from its flags (Megatron-LM's theoretical memory).
 """

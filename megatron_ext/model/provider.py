@@ -128,7 +128,8 @@ def cross_entropy_fusion(args: argparse.Namespace, on_cpu: bool) -> bool:
     return True
 
 
-def transformer_config_from_args(args: argparse.Namespace, on_cpu: bool) -> TransformerConfig:
+def transformer_config_from_args(args: argparse.Namespace, on_cpu: bool,
+                                 initialize: bool = True) -> TransformerConfig:
     dtype = params_dtype(args)
     fp8 = {}
     if args.fp8_format:
@@ -159,6 +160,7 @@ def transformer_config_from_args(args: argparse.Namespace, on_cpu: bool) -> Tran
         sequence_parallel=args.sequence_parallel,
         attention_backend=AttnBackend[args.attention_backend],
         use_cpu_initialization=on_cpu,
+        perform_initialization=initialize,
         bias_dropout_fusion=False,  # no biases, dropout 0: the residual add stays plain
         persist_layer_norm=False,  # apex only
         fp32_residual_connection=args.fp32_residual_connection,
@@ -219,15 +221,18 @@ def decoder_spec(args: argparse.Namespace,
 
 def model_provider(args: argparse.Namespace, padded_vocab_size: int, pre_process: bool = True,
                    post_process: bool = True, on_cpu: bool = False,
-                   code: Optional[FixedCode] = None) -> GPTModel:
+                   code: Optional[FixedCode] = None, initialize: bool = True) -> GPTModel:
     """Build the GPTModel of one pipeline stage for the arm ``args.input_interface``.
 
     ``padded_vocab_size``: the tokenizer's, padded (derived.Derived; a checkpoint's saved
     arguments hold it under the same name). ``code``: the fixed code, resolved once by the
     caller (a checkpoint's saved code, or one drawn from the flags); omitted for a fixed arm,
-    a new one is drawn (:func:`build_code`).
+    a new one is drawn (:func:`build_code`). ``initialize`` False: the weights are left
+    unset, for a caller that loads them all (a checkpoint's reader), as Megatron-LM's
+    ``--no-initialization`` (only the fixed code's map and the factorised table's
+    projection are still drawn).
     """
-    config = transformer_config_from_args(args, on_cpu)
+    config = transformer_config_from_args(args, on_cpu, initialize)
     if code is None:
         code = build_code(args, padded_vocab_size)
     if code is not None:

@@ -128,10 +128,18 @@ def queued_job(name: str) -> Optional[str]:
 
 
 def submit_to_slurm(study: spec.Study, study_dir: Path, job: slurm.Job, dry_run: bool,
-                    progress: Progress = _print) -> None:
+                    progress: Progress = _print, cluster=None) -> None:
     """Submit each run that is neither finished nor queued as a ``job``. A budget's branch
     is a job that starts once its run's job has succeeded (none when that run is
-    finished). ``dry_run`` prints the scripts and dependencies."""
+    finished). ``dry_run`` prints the scripts and dependencies. With ``cluster`` (a
+    :class:`~megatron_ext.launch.plan.Cluster`), the study's plan is printed first and a run
+    that does not fit its GPU memory refuses the submission."""
+    if cluster is not None:
+        from ..launch.plan import check_fits, plan_submission
+        plans, table = plan_submission(
+            study.recipe, lambda vocab: plan_study(study, cluster, vocab), cluster)
+        progress(table)
+        check_fits(plans, cluster)
     jobs = {}  # run folder -> its job id (submitted or queued), or "dry-run"
     for folder, cell, arm, seed, run in spec.all_runs(study, study_dir):
         what = f"{folder + ' ' if folder else ''}{arm.name} seed {seed}"
@@ -157,6 +165,20 @@ def submit_to_slurm(study: spec.Study, study_dir: Path, job: slurm.Job, dry_run:
         jobs[run] = slurm.write_and_submit(run, script, after)
         progress(f"{what}: job {jobs[run]}" + (f" after {after}" if after else "")
                  + f", log {run / f'slurm-{jobs[run]}.log'}")
+
+
+def plan_study(study: spec.Study, cluster, vocab_size: Optional[int] = None) -> list:
+    """The plan (:mod:`megatron_ext.launch.plan`) of every arm of every cell, its seeds
+    alike; a budget's branch trains from its branch point only."""
+    from ..launch.plan import plan_run
+    plans = []
+    for folder, cell in study.cells():
+        iterations = cell.branch.iterations - cell.branch.start if cell.branch else None
+        for arm in cell.arms:
+            plans.append(plan_run("/".join(filter(None, [folder, arm.name])),
+                                  [*cell.recipe, *arm.training_flags()], cluster, vocab_size,
+                                  iterations, len(cell.seeds)))
+    return plans
 
 
 def evaluate_checkpoints(study: spec.Study, study_dir: Path, progress: Progress = _print) -> None:

@@ -41,6 +41,7 @@ from ..datasets.gpt_datasets import samples_per_split, test_split
 from ..metrics.logger import MetricsLogger
 from ..metrics.norms import NormReporter
 from ..metrics.sinks import agree_wandb_run_id
+from ..model.memory import footprint
 from ..runtime.helper_processes import tie_forked_children
 from ..runtime.initialize import initialize_distributed, resolve_device
 from ..runtime.log import is_logging_rank, log
@@ -233,6 +234,9 @@ def _log_start(run: argparse.Namespace, config: RunConfig, derived: Derived, ddp
     for line in (defaults_line(run), query_groups_line(run)):
         if line:
             log(line)
+    # Megatron-LM's line, for the most loaded pipeline stage (megatron_ext/model/memory.py)
+    log(footprint(run, derived.padded_vocab_size, derived.data_parallel_size,
+                  derived.num_microbatches, run.device).megatron_line())
     unread = test_split(run)[1]
     if unread:
         log(f"[fixedcode] the test split is not evaluated at the end of training: {unread}")

@@ -206,6 +206,23 @@ def build_model_and_optimizer(args, derived: Derived, model_provider: Callable,
     return model, ddp, optimizer, scheduler
 
 
+def save_initialised_model(args: argparse.Namespace) -> str:
+    """Build the model of the training flags ``args`` on the CPU, initialised as a run starts
+    it (``--seed``), and save it alone to ``--save`` as iteration 0: what the converter reads
+    (tools/convert_to_hf.py), made without a step, the optimizer's state or the memory they
+    take (bench/bench_convert.py converts the 1.7B shape so). Training cannot resume it.
+    Needs a process group of one rank; returns the checkpoint's path."""
+    from ..checkpoint.saving import save_checkpoint
+    from ..model.provider import model_provider
+    from ..runtime.initialize import set_seed
+    tokenizer = tokenizer_from_args(args)
+    derived = derive(args, 1, tokenizer.vocab_size, tokenizer_digest(tokenizer))
+    code = build_code(args, derived.padded_vocab_size)
+    set_seed(args.seed)
+    model = model_provider(args, derived.padded_vocab_size, on_cpu=True, code=code)
+    return save_checkpoint(args, derived, model, None, None, TrainState(), code)
+
+
 @dataclasses.dataclass
 class TrainingSetup:
     """What the loop starts from: the flags as this run applies them (``run``, and by concern

@@ -182,7 +182,8 @@ def test_every_scheme_and_tiling_exports_with_logit_parity(flags, tmp_path, cpu_
     loads with trust_remote_code and gives Megatron's logits."""
     from megatron_ext.config.arguments import padded_vocab_size, parse_model_args
     from megatron_ext.hf.convert import hf_config, save_hf_model
-    from megatron_ext.hf.parity import TOLERANCE, load_hf, max_logit_diff, probe_tokens
+    from megatron_ext.hf.parity import (TOLERANCE, load_hf, max_logit_diff, megatron_logits,
+                                        probe_tokens)
     from megatron_ext.model.provider import model_provider
     args = parse_model_args(TINY_MODEL + ["--vocab-size", "500", "--input-interface", *flags],
                             "test")
@@ -194,7 +195,8 @@ def test_every_scheme_and_tiling_exports_with_logit_parity(flags, tmp_path, cpu_
                   hf_state_dict(model.state_dict(), args, torch.float32), str(tmp_path))
     config = json.loads((tmp_path / "config.json").read_text())
     assert schemes.FixedCode.from_dict(config["fixed_code"]) == code
-    diff = max_logit_diff(model, load_hf(str(tmp_path)), probe_tokens(500, 32))
+    tokens = probe_tokens(500, 32)
+    diff = max_logit_diff(megatron_logits(model, tokens), load_hf(str(tmp_path)), tokens)
     assert diff <= TOLERANCE
 
 

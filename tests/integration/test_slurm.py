@@ -92,12 +92,14 @@ def test_an_arm_with_flags_of_its_own_is_submitted_under_its_name(tmp_path):
 
 
 def test_gpu_container_script_requests_gpus_and_runs_in_the_image(tmp_path):
+    # 2 nodes x 2 GPUs: the recipe's global batch of 8 is 2 per rank (the plan refuses more)
     scripts = dry_run_scripts("--recipe", str(RECIPE), "--run-dir", str(tmp_path),
-                              "--arms", "gf2", "--nodes", "4", "--time", "04:00:00",
+                              "--arms", "gf2", "--nodes", "2", "--gpus-per-node", "2",
+                              "--time", "04:00:00",
                               "--container-image", "nvcr.io/nvidia/pytorch:25.01-py3")
     script = scripts["gf2"]
-    for line in ("#SBATCH --nodes=4", "#SBATCH --ntasks-per-node=8",
-                 "#SBATCH --gpus-per-node=8", "#SBATCH --time=04:00:00"):
+    for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=2",
+                 "#SBATCH --gpus-per-node=2", "#SBATCH --time=04:00:00"):
         assert line in script.splitlines(), line
     assert f"--container-image=nvcr.io/nvidia/pytorch:25.01-py3 " \
            f"--container-mounts={REPO}:{REPO},{tmp_path}:{tmp_path}" in script

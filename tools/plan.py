@@ -1,0 +1,68 @@
+"""Plan a recipe's runs before they are queued: memory per GPU, time and GPU-hours.
+
+From the recipe's flags and the cluster alone (no GPU, no data): per arm, the bytes per GPU
+of weights, gradients, optimizer state and activations on the most loaded pipeline stage
+(with Megatron-LM's start-up line, ``Theoretical memory footprints: weight and
+optimizer=... MB, activation=... MB, total=... MB``), FLOPs per iteration, and the days and
+GPU-hours to the last iteration at the measured MFU (bench/RESULTS.md) and at
+``--assume-mfu``; with ``--study``, every run of a study and their total
+(megatron_ext/launch/plan.py). A run that does not fit ``--gpu-memory`` is an error::
+
+    python tools/plan.py --recipe examples/smollm2_1p7b/recipe.args --nodes 8 \\
+        --gpus-per-node 8 --gpu-memory 80 --vocab-size 49152 [--arms learned,binary,gf2]
+    python tools/plan.py --study examples/smollm2_1p7b/study_100b.toml --nodes 8 \\
+        --gpus-per-node 8 --gpu-memory 80 --vocab-size 49152 --assume-mfu 0.4
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+
+from megatron_ext.codes.schemes import ARMS, PAPER_ARMS
+from megatron_ext.launch.plan import (add_plan_args, check_fits, cluster_from_args, plan_arms,
+                                      plan_table)
+from megatron_ext.launch.slurm import read_job_recipe
+from megatron_ext.runtime.errors import exits_on_error
+from megatron_ext.study import launch, spec
+
+
+def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--recipe", type=Path, help="file of pretrain_fixedcode.py flags")
+    what.add_argument("--study", type=Path, help="a study file (tools/study.py's TOML)")
+    p.add_argument("--arms", default=",".join(PAPER_ARMS),
+                   help="--recipe: comma-separated arms, [NAME:]INTERFACE[@--flag=value...] "
+                        f"(default: {','.join(PAPER_ARMS)})")
+    p.add_argument("--nodes", type=int, default=1, help="nodes per run (default 1)")
+    p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (default 8)")
+    p.add_argument("--vocab-size", type=int, default=None,
+                   help="the tokenizer's vocabulary size, where the recipe's tokenizer is not "
+                        "readable here (default: read from it)")
+    add_plan_args(p)
+    return p.parse_args(argv)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> list:
+    with exits_on_error():
+        args = parse_args(argv)
+        cluster = cluster_from_args(args, args.nodes, args.gpus_per_node)
+        if args.recipe:
+            arms = [spec.parse_arm(a, ARMS) for a in args.arms.split(",") if a]
+            plans = plan_arms(read_job_recipe(args.recipe),
+                              [(arm.name, arm.training_flags()) for arm in arms], cluster,
+                              args.vocab_size)
+        else:
+            study = spec.study_from_flags(str(args.study), dict.fromkeys(
+                ("recipe", "arms", "seeds", "control")), {})
+            plans = launch.plan_study(study, cluster, args.vocab_size)
+        print(plan_table(plans, cluster))
+        check_fits(plans, cluster)
+        return plans
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
