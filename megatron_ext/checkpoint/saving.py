@@ -48,6 +48,7 @@ from ..codes.schemes import FixedCode
 from ..config.derived import Derived, run_record
 from ..runtime.files import read_json, write_json, write_text
 from ..runtime.log import log
+from ..runtime.megatron_compat import async_save_kwargs, installed_release
 from . import manifest, retention
 from .lease import SaveLease, confirm_save_lease
 from .layout import (MARKER, TrainState, checkpoint_path, content_metadata, provenance, rng_state,
@@ -131,7 +132,7 @@ def _complete(args: argparse.Namespace, iteration: int) -> None:
         for part in sorted(glob.glob(os.path.join(partial, "manifest.rank*.json"))):
             known.update(read_json(part))
             os.remove(part)
-        manifest.write_manifest(partial, known)
+        manifest.write_manifest(partial, known, written_by=installed_release())
         os.rename(partial, final)
         write_text(os.path.join(args.save, MARKER), str(iteration))
         if args.keep_last_checkpoints:
@@ -171,7 +172,7 @@ def start_save(args: argparse.Namespace, derived: Derived, model, optimizer, sch
         get_default_save_sharded_strategy(),
         parallel_state.get_data_parallel_group(with_context_parallel=True))
     request = dist_checkpointing.save(sharded, partial, strategy, content_metadata=metadata,
-                                      async_sharded_save=True)
+                                      async_sharded_save=True, **async_save_kwargs())
     if request.async_fn is not None:  # None: nothing to write on this rank
         request = request._replace(
             async_fn=functools.partial(_write_then_checksum, request.async_fn, iteration))

@@ -6,5 +6,6 @@ reference computations, the workers torchrun starts, small models, datasets and 
 - ``signals``: the entry point as a subprocess, signalled mid-run;
 - ``small_model``: the embedding tests' small model;
 - ``indexed_data``: tiny indexed datasets and the datasets training builds from them;
-- ``recipes``: a tiny study recipe.
+- ``recipes``: a tiny study recipe;
+- ``saves``: an older or newer save made from a current one (its common objects rewritten).
 """

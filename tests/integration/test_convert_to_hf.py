@@ -102,8 +102,8 @@ def tp2_export(ckpts, tmp_path_factory):
 
 
 def common_state(ckpt: str) -> dict:
-    from megatron.core import dist_checkpointing
-    return dist_checkpointing.load_common_state_dict(f"{ckpt}/iter_0000003")
+    from megatron_ext.checkpoint.loading import load_common
+    return load_common(ckpt, 3)[1]
 
 
 def megatron_logits(ckpt: str, tokens: torch.Tensor) -> torch.Tensor:
