@@ -48,7 +48,8 @@ from ..codes.schemes import FixedCode
 from ..config.derived import Derived, run_record
 from ..runtime.files import read_json, write_json, write_text
 from ..runtime.log import log
-from ..runtime.megatron_compat import async_save_kwargs, installed_release
+from ..runtime.megatron_compat import (async_save_kwargs, installed_release,
+                                      keep_writer_errors, writer_os_error)
 from . import manifest, retention
 from .lease import SaveLease, confirm_save_lease
 from .layout import (MARKER, TrainState, checkpoint_path, content_metadata, provenance, rng_state,
@@ -102,11 +103,16 @@ def _write_then_checksum(write, iteration: int, rank: int, write_buckets: list,
     full_disk = os.environ.get("FIXEDCODE_FAULT_DISK_FULL") == str(iteration)  # test hook
     if full_disk:
         filesystem_async.open = _FullDisk  # the writers are forked from here and inherit it
+    keep_writer_errors()
     try:
         write(rank, write_buckets, results_queue)
     finally:
         if full_disk:
             del filesystem_async.open
+    error = writer_os_error()
+    if error is not None:  # megatron-core's report of it (0.17.0 on: its type alone) replaced
+        results_queue.get()
+        results_queue.put(error)
     files = [bucket[0] for bucket in write_buckets]
     try:
         sums = manifest.checksum_files(files)
@@ -198,6 +204,13 @@ def remove_failed_save(save_dir: str, iteration: int) -> None:
         shutil.rmtree(final, ignore_errors=True)
 
 
+def _errno_name(error: BaseException) -> str:
+    """`` (ENOSPC)``: the name of the errno of the OSError that caused ``error``, or ``""``."""
+    while error is not None and not (isinstance(error, OSError) and error.errno):
+        error = error.__cause__
+    return "" if error is None else f" ({errno.errorcode.get(error.errno, error.errno)})"
+
+
 class Checkpointer:
     """The run's save policy: every ``--save-interval`` iterations and when the run ends,
     only with ``--save``, never the same iteration twice. With ``--async-save`` a save's
@@ -284,7 +297,7 @@ class Checkpointer:
         if torch.distributed.get_rank() == 0:
             remove_failed_save(self.args.save, iteration)
         if isinstance(error, CheckpointException):  # the writers' errors, by rank (rank 0 has them)
-            error = "; ".join(f"rank {rank}: {exc}" for rank, (exc, _) in
+            error = "; ".join(f"rank {rank}: {exc}{_errno_name(exc)}" for rank, (exc, _) in
                               sorted(error.failures.items())) or "a writer failed on another rank"
         return SaveFailed(
             f"the save of iteration {iteration} to {self.args.save} failed ({error}); its "

@@ -13,6 +13,9 @@ The differences (first release that has them):
 * 0.17.0: ``dist_checkpointing.save`` takes ``async_strategy``, default ``"nvrx"`` (NVIDIA
   Resiliency Extension's writer), and Megatron-Core's own async writer logs that it is
   deprecated: :func:`async_save_kwargs` (see its docstring for why ours stays in use).
+* 0.17.0: a save's writer runs its buckets in threads and reports a failed one by the type of
+  its error alone (``<class 'OSError'>``: a full disk no longer says so):
+  :func:`keep_writer_errors` keeps the error, :func:`writer_os_error` gives it back.
 * 0.18.0: a layer spec's ``mlp`` is ``functools.partial(MLP.as_mlp_submodule,
   submodules=...)``, no longer a ``ModuleSpec``: :func:`mlp_submodules`.
 * 0.18.0: ``NullTokenizer(V)`` counts V ids and its EOD is V - 1 (before: V + 1 ids, EOD V):
@@ -99,6 +102,44 @@ def async_save_kwargs() -> dict:
     logging.getLogger("megatron.core.dist_checkpointing.strategies.torch").addFilter(
         _DropMcoreAsyncDeprecation())
     return {"async_strategy": "mcore"}
+
+
+def writer_in_threads() -> bool:
+    """0.17.0: ``FileSystemWriterAsync`` writes a save's buckets in threads
+    (``write_preloaded_data_multithread``) and keeps only a failed bucket's error type."""
+    from megatron.core.dist_checkpointing.strategies.filesystem_async import (
+        FileSystemWriterAsync)
+
+    return hasattr(FileSystemWriterAsync, "write_preloaded_data_multithread")
+
+
+_writer_errors: list = []  # the OSErrors of this process's failed buckets
+
+
+def keep_writer_errors() -> None:
+    """Record the OSError of each bucket the writer fails to write, in the process that writes
+    (idempotent; the writer processes forked later inherit it)."""
+    from megatron.core.dist_checkpointing.strategies.filesystem_async import (
+        FileSystemWriterAsync)
+
+    original = FileSystemWriterAsync.write_preloaded_data
+    if getattr(original, "keeps_errors", False):
+        return
+
+    def write_bucket(*args, **kwargs):
+        output = original(*args, **kwargs)
+        if output is not None and isinstance(output[1], OSError):
+            _writer_errors.append(output[1])
+        return output
+
+    write_bucket.keeps_errors = True
+    FileSystemWriterAsync.write_preloaded_data = staticmethod(write_bucket)
+
+
+def writer_os_error() -> Optional[OSError]:
+    """The first OSError the writer met in this process since the last call, or None."""
+    errors, _writer_errors[:] = list(_writer_errors), []
+    return errors[0] if errors else None
 
 
 def megatron_core_tokenizer(tokenizer_type: str, tokenizer_model: Optional[str] = None,
@@ -201,6 +242,8 @@ DIFFERENCES = (
                lambda: _module_exists("megatron.core.tokenizers.utils.build_tokenizer")),
     Difference("dist_checkpointing.save takes async_strategy (default nvrx)", "0.17.0",
                has_async_strategy),
+    Difference("the save's writer runs in threads, a failed bucket reported by type", "0.17.0",
+               writer_in_threads),
     Difference("a layer spec's mlp is a partial of MLP.as_mlp_submodule", "0.18.0",
                mlp_is_partial),
     Difference("NullTokenizer(V) counts V ids, EOD V - 1", "0.18.0",
