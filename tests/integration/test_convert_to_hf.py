@@ -324,7 +324,7 @@ def test_null_tokenizer_export_warns_and_has_no_tokenizer(ckpts, tmp_path, cpu_d
         convert_to_hf.main(["--load", ckpts["binary_pp2"], "--output", str(tmp_path / "hf")])
     assert not list(tmp_path.glob("hf/tokenizer*"))
     generation = json.loads((tmp_path / "hf/generation_config.json").read_text())
-    assert generation["eos_token_id"] == 511  # NullTokenizer's EOD: --vocab-size 511
+    assert generation["eos_token_id"] == build_tokenizer("NullTokenizer", None, 511).eod
 
 
 @pytest.mark.integration
