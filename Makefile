@@ -1,28 +1,52 @@
 # The two user-facing targets: `make demo` (the CPU demo of all three arms) and `make test`.
 # Both create .venv when missing: CPU torch 2.13.0 first (any other spec pulls CUDA), then
-# the project with its extras (wandb: the tests run it offline).
+# the project with its extras (wandb: the tests run it offline) and megatron-core 0.16.1.
+# `make test` then tests the second supported release: Python 3.12 with megatron-core 0.19.x,
+# in .venv-mcore019 (torch 2.13.0 there is the CUDA build, which runs on CPU; about 5.8 GB).
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# Python 3.12 for the megatron-core 0.19 leg (pyenv's 3.12.1 where pyenv provides it).
+PY312 ?= PYENV_VERSION=3.12.1 python3.12
+VENV19 := .venv-mcore019
+STAMP19 := $(VENV19)/.installed
+PYTEST := -m pytest -q -n 2 --dist loadgroup --durations=25 $(PYTEST_ARGS)
 
-.PHONY: install demo test clean gpu-wheels gpu-twin
+.PHONY: install demo demo-mcore019 test test-mcore016 test-mcore019 clean gpu-wheels gpu-twin
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e ".[eval,dev,wandb]"
+	$(BIN)/pip install -q -e ".[eval,dev,wandb]" "megatron-core==0.16.1"
 	touch $(STAMP)
+
+$(STAMP19): pyproject.toml
+	test -x $(VENV19)/bin/python || $(PY312) -m venv $(VENV19)
+	$(VENV19)/bin/pip install -q torch==2.13.0
+	$(VENV19)/bin/pip install -q -e ".[eval,dev,wandb]" "megatron-core>=0.19,<0.20"
+	touch $(STAMP19)
 
 install: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/python examples/cpu_demo/run_demo.py
 
-# Two workers (pytest-xdist); tests that start several processes share one worker
-# (xdist_group "processes"), so they never oversubscribe two cores. The 25 slowest are printed.
-test: $(STAMP)
-	$(BIN)/python -m pytest -q -n 2 --dist loadgroup --durations=25 $(PYTEST_ARGS)
+# The demo under megatron-core 0.19.x, into demo-mcore019/ (its table is the same).
+demo-mcore019: $(STAMP19)
+	$(VENV19)/bin/python examples/cpu_demo/run_demo.py --workdir demo-mcore019
+
+# Both supported releases, one after the other: megatron-core 0.16.1 (Python 3.11), then
+# 0.19.x (Python 3.12), whose cross-release tests run the first leg's venv too. Two workers
+# (pytest-xdist); tests that start several processes share one worker (xdist_group
+# "processes"), so they never oversubscribe two cores. The 25 slowest are printed.
+test: test-mcore016 test-mcore019
+
+test-mcore016: $(STAMP)
+	$(BIN)/python $(PYTEST)
+
+test-mcore019: $(STAMP19) $(STAMP)
+	$(VENV19)/bin/python $(PYTEST)
 
 # The cp312 wheels bench/gpu_check.sh installs on a bare GPU image (bench/gpu_wheels.txt),
 # into .whl/ (git-ignored); run where pip can reach the index, then carry .whl/ to the GPU.
@@ -42,4 +66,4 @@ gpu-twin:
 	.gpu-twin/bin/pip install -q -r bench/gpu_twin.txt
 
 clean:
-	rm -rf $(VENV) demo
+	rm -rf $(VENV) $(VENV19) demo demo-mcore019

@@ -78,13 +78,9 @@ def recreated_megatron_lm(source: str, prefix: str, model: str, workers: int) ->
     import multiprocessing
 
     from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder
-    from megatron.core.tokenizers.text.utils.build_tokenizer import build_tokenizer
+    from megatron_ext.runtime.megatron_compat import megatron_core_tokenizer
     global _TOKENIZER
-    _TOKENIZER = build_tokenizer(argparse.Namespace(
-        tokenizer_type="GPTSentencePieceTokenizer", tokenizer_model=model,
-        tokenizer_sentencepiece_legacy=False, tokenizer_special_tokens=None,
-        tokenizer_metadata=None, vocab_file=None, merge_file=None, tokenizer_hf_use_fast=False,
-        trust_remote_code=False, tokenizer_hf_include_special_tokens=False, vocab_size=None))
+    _TOKENIZER = megatron_core_tokenizer("GPTSentencePieceTokenizer", model)
     builder = IndexedDatasetBuilder(f"{prefix}_text_document.bin",
                                     dtype=DType.optimal_dtype(_TOKENIZER.vocab_size))
     with open(source, encoding="utf-8") as f, \

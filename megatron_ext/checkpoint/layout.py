@@ -42,7 +42,6 @@ from typing import Optional
 import numpy as np
 import torch
 
-import megatron.core
 from megatron.core import parallel_state, tensor_parallel
 from megatron.core import dist_checkpointing
 from megatron.core.dist_checkpointing.mapping import ShardedObject
@@ -50,6 +49,7 @@ from megatron.core.dist_checkpointing.mapping import ShardedObject
 import megatron_ext
 
 from ..runtime.errors import CheckpointError
+from ..runtime.megatron_compat import installed_release
 
 MARKER = "latest_checkpointed_iteration.txt"
 
@@ -68,7 +68,7 @@ def provenance() -> dict:
     """What wrote a checkpoint: its format, the software versions, and the folder the run
     started in (what its relative paths are relative to)."""
     return {"checkpoint_format": CHECKPOINT_FORMAT,
-            "megatron_core_version": megatron.core.__version__,
+            "megatron_core_version": installed_release(),
             "fixedcode_version": megatron_ext.__version__,
             "working_directory": os.getcwd()}
 

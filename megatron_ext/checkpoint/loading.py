@@ -16,6 +16,7 @@ import megatron_ext
 
 from ..runtime.errors import CheckpointError
 from ..runtime.log import log
+from ..runtime.megatron_compat import read_common_objects
 from . import manifest, torch_adam
 from .layout import (CHECKPOINT_FORMAT, SCHEDULER_COUNTS_SAMPLES, completed_iterations,
                      checkpoint_path, existing_save, saved_content_metadata, sharded_state)
@@ -56,7 +57,9 @@ def check_save(save_dir: str, iteration: Optional[int] = None) -> str:
         raise CheckpointError(f"{path} has no {manifest.MANIFEST} (written before "
                               f"manifests): cannot verify")
     size = sum(f["size"] for f in files.values())
-    return f"ok: {path}: {len(files)} files, {size / 2**20:.1f} MiB, sizes and checksums match"
+    release = manifest.written_by(path)
+    return (f"ok: {path}: {len(files)} files, {size / 2**20:.1f} MiB, sizes and checksums "
+            f"match; megatron-core {release or '(not recorded: an older save)'}")
 
 
 def newest_intact(load_dir: str, below: int) -> Optional[int]:
@@ -83,7 +86,7 @@ def load_common(load_dir: str, iteration: Optional[int] = None) -> tuple[str, di
                 f"The newest intact save is iteration {older}: load it with --load {load_dir} "
                 f"--ckpt-step {older}" if older is not None
                 else f"No older intact save in {load_dir}")) from None
-    common = dist_checkpointing.load_common_state_dict(path)
+    common = read_common_objects(path, manifest.written_by(path))
     written = common.get("checkpoint_format", 1)
     if written > CHECKPOINT_FORMAT:
         raise CheckpointError(

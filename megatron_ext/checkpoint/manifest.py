@@ -43,14 +43,16 @@ def checksum_files(paths: Iterable[str]) -> dict:
     return {os.path.basename(p): checksum(p) for p in paths}
 
 
-def write_manifest(directory: str, known: dict) -> None:
+def write_manifest(directory: str, known: dict, written_by: str) -> None:
     """Write ``directory/manifest.json`` (atomically, synced): ``known`` (checksums the writers
-    computed) plus every other file of the directory, checksummed now."""
+    computed) plus every other file of the directory, checksummed now, and ``written_by``: the
+    megatron-core release of the save (its format differs between releases: readable before
+    the save's own files are)."""
     files = dict(known)
     for name in sorted(os.listdir(directory)):
         if name not in files and name != MANIFEST and os.path.isfile(os.path.join(directory, name)):
             files[name] = checksum(os.path.join(directory, name))
-    write_json(os.path.join(directory, MANIFEST), {"files": files})
+    write_json(os.path.join(directory, MANIFEST), {"files": files, "megatron_core": written_by})
 
 
 def read_manifest(directory: str) -> Optional[dict]:
@@ -61,6 +63,18 @@ def read_manifest(directory: str) -> Optional[dict]:
     try:
         return json.load(open(path))["files"]
     except (ValueError, KeyError, TypeError) as e:
+        raise DamagedCheckpoint(f"{path}: unreadable manifest ({e})") from None
+
+
+def written_by(directory: str) -> Optional[str]:
+    """The megatron-core release a save was written with, as its manifest records it (None:
+    no manifest, or one from before the record)."""
+    path = os.path.join(directory, MANIFEST)
+    if not os.path.exists(path):
+        return None
+    try:
+        return json.load(open(path)).get("megatron_core")
+    except (ValueError, AttributeError) as e:
         raise DamagedCheckpoint(f"{path}: unreadable manifest ({e})") from None
 
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 import argparse
 import os
 
-from megatron.core import dist_checkpointing
-
 from ..runtime.errors import FlagError
 from ..runtime.log import log
+from ..runtime.megatron_compat import read_common_objects
+from .manifest import written_by
 from .layout import existing_save, latest_iteration
 
 # Taken from the checkpoint where the command line does not give them (Megatron-LM's
@@ -44,7 +44,7 @@ def fill_from_checkpoint(args: argparse.Namespace) -> None:
             f"the flags as given")
         return
     path, _ = existing_save(args.load, args.ckpt_step)
-    saved = dist_checkpointing.load_common_state_dict(path)["args"]
+    saved = read_common_objects(path, written_by(path))["args"]
     taken = []
     for name in UNSET_ONLY + ALWAYS:
         if name in saved and (name in ALWAYS or getattr(args, name) is None):

@@ -50,6 +50,8 @@ from ..config.run_config import CheckpointConfig
 from ..runtime.errors import CheckpointError
 from ..runtime.files import read_json, write_json, write_text
 from ..runtime.log import log
+from ..runtime.megatron_compat import (async_save_kwargs, installed_release,
+                                      keep_writer_errors, writer_os_error)
 from . import manifest, retention
 from .lease import SaveLease, confirm_save_lease
 from .layout import (MARKER, TrainState, checkpoint_path, content_metadata, provenance, rng_state,
@@ -101,11 +103,16 @@ def _write_then_checksum(write, iteration: int, rank: int, write_buckets: list,
     full_disk = os.environ.get("FIXEDCODE_FAULT_DISK_FULL") == str(iteration)  # test hook
     if full_disk:
         filesystem_async.open = _FullDisk  # the writers are forked from here and inherit it
+    keep_writer_errors()
     try:
         write(rank, write_buckets, results_queue)
     finally:
         if full_disk:
             del filesystem_async.open
+    error = writer_os_error()
+    if error is not None:  # megatron-core's report of it (0.17.0 on: its type alone) replaced
+        results_queue.get()
+        results_queue.put(error)
     files = [bucket[0] for bucket in write_buckets]
     try:
         sums = manifest.checksum_files(files)
@@ -131,7 +138,7 @@ def _complete(args: argparse.Namespace, iteration: int) -> None:
         for part in sorted(glob.glob(os.path.join(partial, "manifest.rank*.json"))):
             known.update(read_json(part))
             os.remove(part)
-        manifest.write_manifest(partial, known)
+        manifest.write_manifest(partial, known, written_by=installed_release())
         os.rename(partial, final)
         write_text(os.path.join(args.save, MARKER), str(iteration))
         if args.keep_last_checkpoints:
@@ -172,7 +179,7 @@ def start_save(args: argparse.Namespace, derived: Derived, model, optimizer, sch
         get_default_save_sharded_strategy(),
         parallel_state.get_data_parallel_group(with_context_parallel=True))
     request = dist_checkpointing.save(sharded, partial, strategy, content_metadata=metadata,
-                                      async_sharded_save=True)
+                                      async_sharded_save=True, **async_save_kwargs())
     if request.async_fn is not None:  # None: nothing to write on this rank
         request = request._replace(
             async_fn=functools.partial(_write_then_checksum, request.async_fn, iteration))
@@ -196,6 +203,13 @@ def remove_failed_save(save_dir: str, iteration: int) -> None:
     marker = os.path.join(save_dir, MARKER)
     if not (os.path.isfile(marker) and open(marker).read().strip() == str(iteration)):
         shutil.rmtree(final, ignore_errors=True)
+
+
+def _errno_name(error: BaseException) -> str:
+    """`` (ENOSPC)``: the name of the errno of the OSError that caused ``error``, or ``""``."""
+    while error is not None and not (isinstance(error, OSError) and error.errno):
+        error = error.__cause__
+    return "" if error is None else f" ({errno.errorcode.get(error.errno, error.errno)})"
 
 
 class Checkpointer:
@@ -281,7 +295,7 @@ class Checkpointer:
         if torch.distributed.get_rank() == 0:
             remove_failed_save(self.config.save, iteration)
         if isinstance(error, CheckpointException):  # the writers' errors, by rank (rank 0 has them)
-            error = "; ".join(f"rank {rank}: {exc}" for rank, (exc, _) in
+            error = "; ".join(f"rank {rank}: {exc}{_errno_name(exc)}" for rank, (exc, _) in
                               sorted(error.failures.items())) or "a writer failed on another rank"
         return SaveFailed(
             f"the save of iteration {iteration} to {self.config.save} failed ({error}); its "

@@ -46,7 +46,7 @@ def check_tokenizer_flags(tokenizer_type: str, tokenizer_model: Optional[str],
     if tokenizer_type == "NullTokenizer":
         if not vocab_size or vocab_size < 1:
             raise FlagError("--tokenizer-type NullTokenizer needs --vocab-size >= 1 "
-                            "(ids 0 to V - 1; EOD is V)")
+                            "(ids 0 to V - 1)")
         return
     if tokenizer_type not in TOKENIZER_TYPES:
         raise FlagError(f"unknown --tokenizer-type {tokenizer_type} (choose from "

@@ -1,13 +1,13 @@
 """The learning-rate schedule and the global batch size in samples, as Megatron-LM counts them
 (``get_optimizer_param_scheduler`` and ``update_train_iters`` in its
-``megatron/training/training.py``, ``RampupBatchsizeNumMicroBatchesCalculator`` in
-megatron.core): the scheduler steps by the samples of each update, so an iteration-based
-schedule (``--lr-warmup-iters``, ``--lr-decay-iters``, ``--lr-warmup-fraction``) and a
+``megatron/training/training.py``, and the batch ramp of megatron.core before 0.18.0): the
+scheduler steps by the samples of each update, so an iteration-based schedule (``--lr-warmup-iters``, ``--lr-decay-iters``, ``--lr-warmup-fraction``) and a
 sample-based one (``--lr-warmup-samples``, ``--lr-decay-samples``) mean the same thing, and
-``--rampup-batch-size`` grows the batch without moving the schedule. No torch: the arithmetic
-(:func:`scheduler_steps`, :class:`BatchRamp`, :func:`ramped_train_iters`; the flags' own
-checks are ``run_config.TrainingConfig.validate``'s). Its place: beside ``derived.py``, which
-takes the number of iterations from here."""
+``--rampup-batch-size`` grows the batch without moving the schedule (megatron-core 0.18.0
+removed the ramp: there the flag is refused). No torch (but for a ramp's check): the
+arithmetic (:func:`scheduler_steps`, :class:`BatchRamp`, :func:`ramped_train_iters`; the
+flags' own checks are ``run_config.TrainingConfig.validate``'s). Its place: beside
+``derived.py``, which takes the number of iterations from here."""
 
 from __future__ import annotations
 
@@ -65,6 +65,14 @@ class BatchRamp:
         if rampup is None:
             return
         start, increment, samples = rampup  # each at least 1 (the flag's type)
+        from ..runtime.megatron_compat import has_batch_ramp, installed_release
+        if not has_batch_ramp():  # imports megatron-core: only for a run that asks for a ramp
+            raise FlagError(f"--rampup-batch-size {start} {increment} {samples}: the installed "
+                            f"megatron-core {installed_release()} has no batch-size ramp "
+                            f"(0.18.0 removed it, and Megatron-LM the flag; its "
+                            f"--step-batch-size-schedule is not supported here): train with a "
+                            f"constant --global-batch-size, or under megatron-core 0.16.1 or "
+                            f"0.17.x")
         diff = global_batch_size - start
         if diff < 0 or diff % increment:
             raise FlagError(f"--rampup-batch-size {start} {increment} {samples}: "

@@ -6,8 +6,9 @@ same ids, EOD id and vocabulary size, so data preprocessed by either tool trains
 Each exposes what Megatron-Core's GPT datasets and our tools use: ``vocab_size``, ``eod``,
 ``tokenize(text) -> list[int]`` and ``detokenize(ids) -> str``.
 
-* ``NullTokenizer``: ``--vocab-size V``: the text is the ids, separated by single spaces; EOD is
-  the extra id V, so the vocabulary holds V + 1 ids.
+* ``NullTokenizer``: ``--vocab-size V``: the text is the ids, separated by single spaces; the
+  vocabulary and EOD are the installed megatron-core's: before 0.18.0 EOD is the extra id V
+  (V + 1 ids), from 0.18.0 it is V - 1 (V ids; :mod:`megatron_ext.runtime.megatron_compat`).
 * ``GPTSentencePieceTokenizer``, ``SentencePieceTokenizer`` (the same in megatron.core): a
   sentencepiece ``.model``; ids are sentencepiece's, EOD is its ``</s>`` piece, the vocabulary
   its pieces. No piece is added (Megatron-LM's ``--legacy-tokenizer`` SentencePieceTokenizer adds
@@ -38,14 +39,14 @@ from typing import List, Optional
 
 from ..config.flag_types import check_tokenizer_flags
 from ..runtime.errors import DataError
+from ..runtime.megatron_compat import null_tokenizer_counts
 
 SENTENCEPIECE_TYPES = ("GPTSentencePieceTokenizer", "SentencePieceTokenizer")
 
 
 class NullTokenizer:
     def __init__(self, vocab_size: int):
-        self.vocab_size = vocab_size + 1
-        self.eod = vocab_size
+        self.vocab_size, self.eod = null_tokenizer_counts(vocab_size)
         self.unique_identifiers = {"class": "NullTokenizer", "vocab_size": vocab_size}
         self.files = []  # what it is read from (tokenizer_digest)
 

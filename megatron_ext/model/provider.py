@@ -35,6 +35,7 @@ from ..codes.embedding import FixedCodeEmbedding
 from ..codes.schemes import SCHEMES, FixedCode
 from ..runtime.device_checks import transformer_engine_imports
 from ..runtime.errors import DeviceError, FlagError
+from ..runtime.megatron_compat import mlp_submodules
 from .attention import local_core_attention
 from .input_tables import factorize, freeze
 from .norm_layers import TorchNorm
@@ -187,7 +188,7 @@ def local_layer_spec(args: argparse.Namespace):
             setattr(layer, name, TorchNorm)
     layer.self_attention.submodules.core_attention = local_core_attention(args.attention_backend)
     layer.self_attention.submodules.linear_proj = RowParallelLinear
-    layer.mlp.submodules.linear_fc2 = RowParallelLinear
+    mlp_submodules(spec).linear_fc2 = RowParallelLinear
     return spec
 
 

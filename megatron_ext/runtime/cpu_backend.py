@@ -1,9 +1,11 @@
-"""Run Megatron-Core 0.16.1 on CPU over gloo: used by the tests and the CPU demo only.
+"""Run Megatron-Core (0.16.1 to 0.19.x) on CPU over gloo: used by the tests and the CPU demo only.
 
 Megatron-Core assumes CUDA in a handful of places. :func:`enable` redirects them to the CPU,
 once per process, before any model is built:
 
-* ``torch.cuda.current_device()``, ``torch.cuda.synchronize()`` and tensor factories/moves that name
+* ``torch.cuda.current_device()``, ``torch.cuda.synchronize()``, ``torch.cuda.current_stream()``
+  (DDP's gradient sync waits on it from megatron-core 0.19.0: a stream with nothing to wait
+  for; :mod:`megatron_ext.runtime.megatron_compat`) and tensor factories/moves that name
 ``'cuda'`` (a
   ``TorchFunctionMode`` rewrites the device to ``'cpu'``);
 * the CUDA RNG state calls (``torch.cuda.{get,set}_rng_state``, ``manual_seed``, and
@@ -29,6 +31,8 @@ import logging
 
 import torch
 from torch.overrides import TorchFunctionMode
+
+from . import megatron_compat
 
 _ENABLED = False
 
@@ -59,6 +63,16 @@ class _CudaToCpu(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+class _NoStream:
+    """The current "stream" of a CPU process: work is done when it is issued."""
+
+    def wait_stream(self, stream) -> None:
+        pass
+
+    def wait_event(self, event) -> None:
+        pass
+
+
 class _DropTrackerWarning(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         return "CPU RNG state changed within GPU RNG context" not in record.getMessage()
@@ -87,6 +101,8 @@ def enable() -> None:
 
     torch.cuda.current_device = lambda: 0
     torch.cuda.synchronize = lambda device=None: None
+    if megatron_compat.grad_sync_asks_cuda_stream():
+        torch.cuda.current_stream = lambda device=None: _NoStream()
     torch.cuda.get_rng_state = lambda device="cuda": torch.get_rng_state()
     torch.cuda.set_rng_state = lambda state, device="cuda": torch.set_rng_state(state)
     torch.cuda.manual_seed = lambda seed: torch.default_generator.manual_seed(int(seed))

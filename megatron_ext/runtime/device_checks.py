@@ -87,10 +87,15 @@ def te_pin_refusal(te_version: Optional[str], requirements: list[str]) -> Option
 if __name__ == "__main__":  # the Dockerfile's build check
     import importlib.metadata
 
+    from .megatron_compat import installed_release
+
     with exits_on_error():
         version = transformer_engine_version()
         refusal = te_pin_refusal(version, importlib.metadata.requires("fixedcode") or [])
+        release = installed_release()
         if refusal:
-            raise DeviceError(f"{refusal}: use a base image whose TE is in the pin, or change "
-                              f"the pin in pyproject.toml after testing that TE")
-        print(f"Transformer Engine {version}: within the [gpu] extra's pin")
+            raise DeviceError(f"{refusal} (megatron-core {release}): use a base image whose TE "
+                              f"is in the pin, or change the pin in pyproject.toml after "
+                              f"testing that TE with megatron-core {release}")
+        print(f"Transformer Engine {version}: within the [gpu] extra's pin (megatron-core "
+              f"{release})")

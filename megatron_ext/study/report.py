@@ -355,13 +355,13 @@ def write_report(study: Study, study_dir: Path) -> dict:
     level's tables and the scaling section (:mod:`.scaling`; with a tuned factor, over each
     arm's chosen cells, :mod:`.tuning`): ``{"levels": {level: summary}, "scaling": ...,
     "tuned": choices or None}``."""
-    import megatron.core
+    from ..runtime.megatron_compat import installed_release
     study_dir = Path(study_dir)
     generated = {"time": datetime.datetime.now(datetime.timezone.utc).strftime(
                      "%Y-%m-%d %H:%M UTC"),
                  "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
                  "fixedcode": megatron_ext.__version__,
-                 "megatron_core": megatron.core.__version__}
+                 "megatron_core": installed_release()}
     if not study.factors and not study.budgets:
         return _write_cell(study, study_dir, study_dir.name, collect(study, study_dir),
                            generated)

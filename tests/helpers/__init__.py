@@ -7,5 +7,6 @@ reference computations, the workers torchrun starts, small models, datasets and 
 - ``small_model``: the embedding tests' small model;
 - ``indexed_data``: tiny indexed datasets and the datasets training builds from them;
 - ``checkpoint_files``: stand-in saves (files, manifest, marker) without a training;
-- ``recipes``: a tiny study recipe.
+- ``recipes``: a tiny study recipe;
+- ``saves``: an older or newer save made from a current one (its common objects rewritten).
 """

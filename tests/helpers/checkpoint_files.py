@@ -15,7 +15,7 @@ def write_save(save_dir, iteration: int, marker: bool = True) -> str:
     for name, size in (("__0_0.distcp", 3000), ("common.pt", 100)):
         with open(os.path.join(path, name), "wb") as f:
             f.write(os.urandom(size))
-    manifest.write_manifest(path, {})
+    manifest.write_manifest(path, {}, written_by="0.16.1")
     if marker:
         (save_dir / layout.MARKER).write_text(str(iteration))
     return path

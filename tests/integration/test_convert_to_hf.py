@@ -102,8 +102,8 @@ def tp2_export(ckpts, tmp_path_factory):
 
 
 def common_state(ckpt: str) -> dict:
-    from megatron.core import dist_checkpointing
-    return dist_checkpointing.load_common_state_dict(f"{ckpt}/iter_0000003")
+    from megatron_ext.checkpoint.loading import load_common
+    return load_common(ckpt, 3)[1]
 
 
 def megatron_logits(ckpt: str, tokens: torch.Tensor) -> torch.Tensor:
@@ -326,7 +326,7 @@ def test_null_tokenizer_export_warns_and_has_no_tokenizer(ckpts, tmp_path, cpu_d
         convert_to_hf.main(["--load", ckpts["binary_pp2"], "--output", str(tmp_path / "hf")])
     assert not list(tmp_path.glob("hf/tokenizer*"))
     generation = json.loads((tmp_path / "hf/generation_config.json").read_text())
-    assert generation["eos_token_id"] == 511  # NullTokenizer's EOD: --vocab-size 511
+    assert generation["eos_token_id"] == build_tokenizer("NullTokenizer", None, 511).eod
 
 
 @pytest.mark.integration

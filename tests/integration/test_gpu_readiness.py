@@ -498,7 +498,7 @@ def test_fp32_residual_connection_keeps_the_stream_in_fp32(cpu_dist, arm):
 @pytest.mark.parametrize("version,refusal", [
     ("2.9.0", None), ("2.11.0+3d4a4e6", None), ("2.10.0.dev0+abc", None),
     ("2.7.0+4e7d7c1", "Transformer Engine 2.7.0+4e7d7c1 is outside the [gpu] extra's pin"),
-    ("2.12.0", "Transformer Engine 2.12.0 is outside the [gpu] extra's pin"),
+    ("2.15.0", "Transformer Engine 2.15.0 is outside the [gpu] extra's pin"),
     (None, "Transformer Engine does not import"),
 ])
 def test_the_image_build_refuses_a_transformer_engine_outside_the_pin(version, refusal):

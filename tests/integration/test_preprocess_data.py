@@ -22,7 +22,8 @@ import sentencepiece
 import tokenizers
 import zstandard
 from megatron.core.datasets.indexed_dataset import DType, IndexedDataset, IndexedDatasetBuilder
-from megatron.core.tokenizers.text.utils.build_tokenizer import build_tokenizer
+from megatron_ext.runtime.megatron_compat import installed_release, megatron_core_tokenizer
+from packaging.version import Version
 
 from megatron_ext.datasets import indexed, tokenizer
 from megatron_ext.preprocess import merge, parts, word_cache
@@ -129,15 +130,6 @@ def test_round_trip_through_megatron_indexed_dataset(kind, toks, documents, tmp_
         assert tok.decode(ids[:-1].tolist()) == text
 
 
-def megatron_core_tokenizer(tokenizer_type: str, model=None, vocab_size=None):
-    """The tokenizer Megatron-LM builds for training and preprocessing (megatron.core's)."""
-    return build_tokenizer(argparse.Namespace(
-        tokenizer_type=tokenizer_type, tokenizer_model=model, tokenizer_sentencepiece_legacy=False,
-        tokenizer_special_tokens=None, tokenizer_metadata=None, vocab_file=None, merge_file=None,
-        tokenizer_hf_use_fast=False, trust_remote_code=False,
-        tokenizer_hf_include_special_tokens=False, vocab_size=vocab_size))
-
-
 NAMES = [("GPTSentencePieceTokenizer", "sentencepiece"),
          ("SentencePieceTokenizer", "sentencepiece"), ("HuggingFaceTokenizer", "huggingface")]
 
@@ -195,9 +187,12 @@ def test_word_cache_encodes_as_sentencepiece(options, documents, tmp_path, monke
 
 @pytest.mark.integration
 def test_null_tokenizer_is_megatron_cores(toks, tmp_path):
+    """The installed release's counts: V + 1 ids and EOD V before megatron-core 0.18.0, V ids
+    and EOD V - 1 from it."""
     ours, theirs = tokenizer.build_tokenizer("NullTokenizer", None, 100), \
         megatron_core_tokenizer("NullTokenizer", vocab_size=100)
-    assert (ours.vocab_size, ours.eod) == (theirs.vocab_size, theirs.eod) == (101, 100)
+    counts = (100, 99) if Version(installed_release()) >= Version("0.18.0") else (101, 100)
+    assert (ours.vocab_size, ours.eod) == (theirs.vocab_size, theirs.eod) == counts
     assert ours.tokenize("7 0 99") == theirs.tokenize("7 0 99") == [7, 0, 99]
 
     source = write_jsonl(tmp_path / "ids.jsonl", [{"text": "1 2 3"}, {"text": "99"},
@@ -208,7 +203,8 @@ def test_null_tokenizer_is_megatron_cores(toks, tmp_path):
                               *flags])
     preprocess_data.main(["--input", str(source), "--output-prefix", str(tmp_path / "o"),
                           *flags, "--skip-bad-lines", "--resume"])
-    assert [d.tolist() for d in read_documents(tmp_path / "o")] == [[1, 2, 3, 100], [99, 100]]
+    eod = ours.eod
+    assert [d.tolist() for d in read_documents(tmp_path / "o")] == [[1, 2, 3, eod], [99, eod]]
 
 
 def megatron_lm_reference(tokenizer, source: Path, prefix: Path) -> None:

@@ -26,6 +26,7 @@ import torch  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 from conftest import TINY_RUN, run_pretrain  # noqa: E402
+from helpers.saves import rewrite_common  # noqa: E402
 from megatron_ext.codes.schemes import FixedCode  # noqa: E402
 from megatron_ext.hf.configuration_fixedcode import FixedCodeLlamaConfig  # noqa: E402
 from megatron_ext.hf.modeling_fixedcode import FixedCodeLlamaForCausalLM  # noqa: E402
@@ -453,12 +454,8 @@ def test_a_checkpoint_names_its_data_and_tokenizer_from_the_folder_its_run_start
     with pytest.raises(DataError, match="is a training prefix"):
         check_held_out([info], str(run / "data" / "corpus"), allow=False)
 
-    common = run / "checkpoints" / "iter_0000001" / "common.pt"
-    saved = torch.load(common, weights_only=False)
-    del saved["working_directory"]
-    torch.save(saved, common)
-    from megatron_ext.checkpoint import manifest
-    manifest.write_manifest(str(common.parent), {})
+    rewrite_common(run / "checkpoints", 1,  # as a save from before working_directory
+                   lambda common: {k: v for k, v in common.items() if k != "working_directory"})
     monkeypatch.chdir(run)  # an older checkpoint's tokenizer: from where the reader runs
     assert describe(str(run / "checkpoints")).trained_on == ("data/corpus",)
     (run / "blend.txt").unlink()

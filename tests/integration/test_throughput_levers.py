@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from conftest import TINY_RUN, run_pretrain, step_losses
+from megatron_ext.runtime.megatron_compat import mlp_submodules
 
 STEPS = 6
 ARM = ["--input-interface", "binary", "--train-iters", str(STEPS)]
@@ -181,7 +182,7 @@ def tiny_layers(*flags: str, linear=None) -> tuple[torch.nn.Module, dict]:
     spec = provider.local_layer_spec(args)
     if linear is not None:
         spec.submodules.self_attention.submodules.linear_proj = linear
-        spec.submodules.mlp.submodules.linear_fc2 = linear
+        mlp_submodules(spec).linear_fc2 = linear
     tensor_parallel.model_parallel_cuda_manual_seed(0)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(provider, "local_layer_spec", lambda _: spec)

@@ -13,6 +13,7 @@ import pytest
 from conftest import PP2_RUN, TIMING, TINY_RUN, run_pretrain, step_losses, valid_losses
 from helpers.megatron_log import final_lines, training_lines, validation_lines
 from helpers.signals import signal_run
+from megatron_ext.runtime.megatron_compat import null_tokenizer_counts
 from megatron_ext.checkpoint.compatibility import reconcile_schedule
 from megatron_ext.config.derived import derive
 from megatron_ext.checkpoint.resume import resolve_checkpoint
@@ -429,12 +430,11 @@ def test_a_bad_flag_stops_the_run_with_a_clear_error():
     (["--input-interface", "gf2", "--no-untie-embeddings-and-output-weights"],
      "has no input table to tie to the output head"),
     (["--input-interface", "binary", "--code-bits", "8"],
-     "vocabulary of 512 tokens does not fit a 8-bit code (at most 2^8 = 256); raise "
-     "--code-bits to at least 9"),
+     "does not fit a 8-bit code (at most 2^8 = 256); raise --code-bits to at least 9"),
     # The tokenizer's 1,000 tokens fit 10 bits, its padded vocabulary of 1,200 does not.
     (["--input-interface", "permuted", "--vocab-size", "999", "--code-bits", "10",
       "--make-vocab-size-divisible-by", "300"],
-     "vocabulary of 1200 tokens (the tokenizer's 1000, padded by "
+     f"vocabulary of 1200 tokens (the tokenizer's {null_tokenizer_counts(999)[0]}, padded by "
      "--make-vocab-size-divisible-by) does not fit a 10-bit code (at most 2^10 = 1024); raise "
      "--code-bits to at least 11 or lower --make-vocab-size-divisible-by"),
     (["--input-interface", "binary", "--global-batch-size", "5"],

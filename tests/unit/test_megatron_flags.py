@@ -1,4 +1,5 @@
-"""Megatron-LM's flags without a training: the batch ramp against Megatron-Core's, the
+"""Megatron-LM's flags without a training: the batch ramp against Megatron-Core's (refused
+where the installed release has none), the
 refusals of flags that do not go together (each naming them), and our defaults that differ
 from Megatron-LM's against the parser and docs/training.md."""
 
@@ -7,7 +8,6 @@ from __future__ import annotations
 import re
 
 import pytest
-from megatron.core.num_microbatches_calculator import RampupBatchsizeNumMicroBatchesCalculator
 
 from conftest import REPO, TINY_RUN
 from helpers.gpt2_bpe import gpt2_bpe_files
@@ -15,17 +15,24 @@ from megatron_ext.config.megatron_defaults import (DIFFERING_DEFAULTS, defaults_
                                                   flag_text, query_groups_line)
 from megatron_ext.config.schedule import BatchRamp, ramped_train_iters
 from megatron_ext.model.attention import document_mask_refusal
-from megatron_ext.runtime.errors import FixedcodeError
+from megatron_ext.runtime.errors import FixedcodeError, FlagError
+from megatron_ext.runtime.megatron_compat import (has_batch_ramp, installed_release,
+                                                  megatron_core_batch_ramp)
 from megatron_ext.checkpoint.resume import resolve_checkpoint
 from megatron_ext.train.setup import check_flags
 from pretrain_fixedcode import parse_args
 
 
+# megatron-core 0.18.0 removed the batch-size ramp (and Megatron-LM --rampup-batch-size).
+with_ramp = pytest.mark.skipif(not has_batch_ramp(), reason="the installed megatron-core has "
+                               "no batch ramp: test_a_ramp_is_refused_without_megatron_cores")
+
+
+@with_ramp
 @pytest.mark.parametrize("start,increment,samples,global_batch", [
     (4, 4, 8, 8), (8, 8, 1000, 64), (16, 16, 333, 128), (8, 24, 100, 80)])
 def test_the_batch_ramp_is_megatron_cores(start, increment, samples, global_batch):
-    core = RampupBatchsizeNumMicroBatchesCalculator(
-        global_batch, 2, 2, False, 0, start, increment, samples)
+    core = megatron_core_batch_ramp(global_batch, 2, 2, [start, increment, samples])
     ramp = BatchRamp(global_batch, 4, [start, increment, samples])
     consumed = iterations = 0
     while consumed <= samples + 3 * global_batch:
@@ -37,6 +44,15 @@ def test_the_batch_ramp_is_megatron_cores(start, increment, samples, global_batc
     # Megatron-LM's update_train_iters: the ramp's updates, then whole full batches
     total = consumed + 5 * global_batch + 3
     assert ramped_train_iters(ramp, total) == iterations + 5
+
+
+@pytest.mark.skipif(has_batch_ramp(), reason="the installed megatron-core has the batch ramp")
+def test_a_ramp_is_refused_without_megatron_cores():
+    with pytest.raises(FlagError, match=re.escape(
+            f"--rampup-batch-size 4 4 8: the installed megatron-core {installed_release()} has "
+            f"no batch-size ramp (0.18.0 removed it")):
+        BatchRamp(8, 4, [4, 4, 8])
+    assert BatchRamp(8, 4).batch_size(100) == 8  # a constant batch is what remains
 
 
 @pytest.mark.parametrize("flags,message", [
@@ -52,11 +68,12 @@ def test_the_batch_ramp_is_megatron_cores(start, increment, samples, global_batc
      "give one of --lr-decay-iters and --lr-decay-samples"),
     (["--train-samples", "16", "--rampup-batch-size", "2", "2", "8", "--lr-warmup-iters", "1"],
      "--lr-warmup-iters: under --rampup-batch-size an iteration has no fixed size"),
-    (["--train-samples", "16", "--rampup-batch-size", "2", "3", "8"],
-     "--global-batch-size 4 - START must be a non-negative multiple of INCREMENT"),
-    (["--train-samples", "16", "--rampup-batch-size", "1", "1", "8"],
-     "--rampup-batch-size START 1 is not a multiple of --micro-batch-size x data-parallel "
-     "size 2"),
+    pytest.param(["--train-samples", "16", "--rampup-batch-size", "2", "3", "8"],
+     "--global-batch-size 4 - START must be a non-negative multiple of INCREMENT",
+                 marks=with_ramp),
+    pytest.param(["--train-samples", "16", "--rampup-batch-size", "1", "1", "8"],
+                 "--rampup-batch-size START 1 is not a multiple of --micro-batch-size x "
+                 "data-parallel size 2", marks=with_ramp),
     (["--train-iters", "2", "--finetune"], "--finetune needs --load"),
     (["--train-iters", "2", "--no-load-optim"], "--no-load-optim needs --load"),
     (["--train-iters", "2", "--no-load-rng"], "--no-load-rng needs --load"),

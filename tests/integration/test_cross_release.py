@@ -1,0 +1,106 @@
+"""Checkpoints across the tested megatron-core releases: a save of 0.16.1 resumes under 0.19.x
+with the uninterrupted run's losses; a save of 0.19.x read by 0.16.1 is refused before any work,
+naming both releases; each save records its release, which tools/check_checkpoint.py shows.
+
+The other release runs in its own interpreter: ``make test`` builds the 0.16.1 leg's venv
+(``.venv``, Python 3.11) before the 0.19.x leg (``.venv-mcore019``, Python 3.12) runs these
+tests; without both, they are skipped."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+
+import pytest
+from packaging.version import Version
+
+from conftest import PRETRAIN, REPO, TINY_RUN, run_pretrain, step_losses
+from helpers.indexed_data import make_dataset
+from megatron_ext.checkpoint import loading
+from megatron_ext.runtime.megatron_compat import installed_release
+
+pytestmark = pytest.mark.integration
+
+LEGS = {"0.16.1": REPO / ".venv" / "bin" / "python",
+        "0.19": REPO / ".venv-mcore019" / "bin" / "python"}
+# Saves at iteration 2 of a 4-iteration run (its schedule), then resumed to 4.
+# On indexed data: synthetic (--mock-data) batches follow NullTokenizer's EOD, which moved in
+# 0.18.0, so they differ between the releases.
+TRAIN = [a for a in TINY_RUN if a != "--mock-data"] + ["--train-iters", "4"]
+
+
+@pytest.fixture
+def runs(tmp_path) -> tuple[list, list]:
+    """``(uninterrupted run, run saving every 2 iterations)`` on a tiny indexed dataset."""
+    data = make_dataset(tmp_path / "corpus", [40] * 100)
+    uninterrupted = TRAIN + ["--data-path", data]
+    return uninterrupted, uninterrupted + ["--save-interval", "2"]
+
+
+def other_leg() -> tuple[str, str]:
+    """``(release, python)`` of the tested leg that is not this process's."""
+    this = "0.16.1" if Version(installed_release()) < Version("0.17") else "0.19"
+    (release, python), = [(r, p) for r, p in LEGS.items() if r != this]
+    if not python.exists():
+        pytest.skip(f"the megatron-core {release} leg's venv ({python.parent.parent.name}) is "
+                    f"not built: make test builds both")
+    return release, str(python)
+
+
+def run_with(python: str, args: list, cwd) -> subprocess.CompletedProcess:
+    return subprocess.run([python, str(PRETRAIN), *map(str, args)], capture_output=True,
+                          text=True, cwd=cwd, timeout=300)
+
+
+def metrics_losses(save_dir) -> dict[int, float]:
+    records = [json.loads(line) for line in open(f"{save_dir}/metrics.jsonl")]
+    return {r["iteration"]: r["lm loss"] for r in records
+            if r["kind"] == "train" and "lm loss" in r}
+
+
+def test_a_save_of_the_other_release_resumes_or_is_refused_naming_both(runs, tmp_path):
+    uninterrupted, run = runs
+    release, python = other_leg()
+    theirs = tmp_path / "theirs"
+    saved = run_with(python, run + ["--save", theirs, "--exit-interval", "2"], tmp_path)
+    assert saved.returncode == 0, saved.stderr[-3000:]
+    written = json.load(open(theirs / "iter_0000002" / "manifest.json"))["megatron_core"]
+    assert written.startswith(release)
+    assert loading.check_save(str(theirs)).endswith(f"; megatron-core {written}")
+    if release == "0.16.1":  # an older save: resumed here, as if never interrupted there
+        whole = tmp_path / "whole"
+        assert run_with(python, run + ["--save", whole], tmp_path).returncode == 0
+        resumed = run_pretrain(run + ["--load", theirs, "--save", theirs])
+        assert f"resumed from {theirs}/iter_0000002 at iteration 2" in resumed.stdout
+        assert {i: step_losses(resumed)[i] for i in (3, 4)} == pytest.approx(
+            {i: metrics_losses(whole)[i] for i in (3, 4)}, rel=1e-5)
+        assert step_losses(run_pretrain(uninterrupted)) == pytest.approx(metrics_losses(whole),
+                                                                          rel=1e-5)
+    else:  # a newer save: refused here before any work, naming both releases
+        before = sorted(p.name for p in theirs.iterdir())
+        refused = run_pretrain(run + ["--load", theirs, "--save", theirs], check=False)
+        assert refused.returncode != 0
+        assert (f"was written with megatron-core {written}, which keeps a save's common "
+                f"objects inside its shards (no common.pt); the installed megatron-core "
+                f"{installed_release()} cannot read it") in refused.stderr + refused.stdout
+        assert sorted(p.name for p in theirs.iterdir()) == before
+        assert "iteration        3" not in refused.stdout
+
+
+def test_a_save_of_this_release_under_the_other_resumes_or_is_refused(runs, tmp_path):
+    uninterrupted, run = runs
+    release, python = other_leg()
+    ours = tmp_path / "ours"
+    run_pretrain(run + ["--save", ours, "--exit-interval", "2"])
+    resumed = run_with(python, run + ["--load", ours, "--save", ours], tmp_path)
+    if release == "0.19":  # the newer release reads this older save
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+        assert metrics_losses(ours)[4] == pytest.approx(
+            step_losses(run_pretrain(uninterrupted))[4], rel=1e-5)
+    else:
+        assert resumed.returncode != 0
+        assert (f"was written with megatron-core {installed_release()}, which keeps a save's "
+                f"common objects inside its shards") in resumed.stderr
+        assert "iteration        3" not in resumed.stdout
+    shutil.rmtree(ours)
