@@ -54,9 +54,11 @@ def _words_regex(pre_tokenizer: Optional[dict]) -> Optional[str]:
         return spec.get("type") == "ByteLevel" and all(
             spec.get(key) == value for key, value in BYTE_LEVEL.items())
 
-    if pre_tokenizer and byte_level(pre_tokenizer):
+    if not pre_tokenizer:
+        return None
+    if byte_level(pre_tokenizer):
         return GPT2_WORDS
-    steps = (pre_tokenizer or {}).get("pretokenizers") or []
+    steps = pre_tokenizer.get("pretokenizers") or []
     if (pre_tokenizer.get("type") == "Sequence" and len(steps) == 2 and steps[0] == DIGITS
             and byte_level(steps[1])):
         return DIGIT_WORDS

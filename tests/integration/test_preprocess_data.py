@@ -259,8 +259,8 @@ def test_byte_level_words_encode_as_the_library(shape, toks, gpt2_pair, document
     assert "caf" in encoder.cache.words and " x" not in encoder.cache.words
 
 
-@pytest.mark.parametrize("change", ["normalizer", "prefix space", "no regex", "metaspace", "dropout",
-                                    "lstrip", "truncation"])
+@pytest.mark.parametrize("change", ["normalizer", "prefix space", "no regex", "metaspace",
+                                    "no pre-tokenizer", "dropout", "lstrip", "truncation"])
 def test_byte_level_words_only_where_exact(change, toks):
     """Tokenizers whose words are not GPT-2's regex words, or not encoded apart, are encoded
     whole."""
@@ -274,6 +274,8 @@ def test_byte_level_words_only_where_exact(change, toks):
     elif change == "metaspace":
         spec["pre_tokenizer"] = {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "always",
                                  "split": True}
+    elif change == "no pre-tokenizer":
+        spec["pre_tokenizer"] = None
     elif change == "dropout":
         spec["model"]["dropout"] = 0.1
     elif change == "lstrip":
@@ -286,12 +288,16 @@ def test_byte_level_words_only_where_exact(change, toks):
 
 
 @pytest.mark.integration
-def test_smollm2_shaped_output_equals_megatron_lm_tool(toks, documents, tmp_path):
+@pytest.mark.parametrize("normalizer", [None, {"type": "NFKC"}])
+def test_smollm2_shaped_output_equals_megatron_lm_tool(normalizer, toks, documents, tmp_path):
     """SmolLM2's kind of tokenizer (digits cut one by one, special tokens in the text) writes
-    what Megatron-LM's tool writes with it."""
+    what Megatron-LM's tool writes with it, by words or, with a normalizer, whole texts."""
     folder = tmp_path / "smollm2"
     folder.mkdir()
-    smollm2_shaped(toks["huggingface"]).save(str(folder / "tokenizer.json"))
+    backend = smollm2_shaped(toks["huggingface"])
+    backend.normalizer = normalizer and tokenizers.normalizers.NFKC()
+    assert (byte_level.ByteLevelWordEncoder.create(backend) is None) == bool(normalizer)
+    backend.save(str(folder / "tokenizer.json"))
     (folder / "tokenizer_config.json").write_text(json.dumps(
         {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>"}))
     records = [{"text": d} for d in documents[:6]] + [
