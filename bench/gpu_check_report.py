@@ -7,13 +7,14 @@ checked failed::
     python bench/gpu_check_report.py fp16 RUN.jsonl          # loss-scaler skips
     python bench/gpu_check_report.py compare BF16.jsonl FP8.jsonl
     python bench/gpu_check_report.py speed NAME RUN.jsonl --skip 4 --until 14
-    python bench/gpu_check_report.py ratio LEARNED.jsonl FIXED.jsonl --skip 4 --until 14
+    python bench/gpu_check_report.py ratio BASE.jsonl OTHER.jsonl --label "fixed/learned"
     python bench/gpu_check_report.py profile TRACE_DIR
 
 Throughput (``speed``) is total tokens over total steady time: the iterations after
 ``--skip`` up to ``--until`` (the profiled ones come after it), each weighted by its time,
 per GPU; TFLOP/s and MFU likewise, as the training log computes them (Megatron-LM's FLOP
-count, dense bf16 peak).
+count, dense bf16 peak). ``ratio`` compares two runs' throughput (OTHER over BASE: the fixed
+arm over the learned one, the compiled run over the eager one), MFU and peak memory.
 """
 
 from __future__ import annotations
@@ -113,6 +114,7 @@ def main(argv=None) -> int:
     parser.add_argument("--skip", type=int, default=4, help="warm-up iterations dropped")
     parser.add_argument("--until", type=int, default=10**9, help="last iteration counted")
     parser.add_argument("--gpus", type=int, default=1, help="GPUs of the run")
+    parser.add_argument("--label", default="ratio", help="ratio: the line's name")
     a = parser.parse_args(argv)
     if a.kind == "profile":
         summary = profile_summary(a.paths[0])
@@ -134,10 +136,12 @@ def main(argv=None) -> int:
               f"{gib(t['reserved'])} | {t['iterations']} |")
         return 0
     if a.kind == "ratio":
-        learned, fixed = (throughput(steady(p, a.skip, a.until), a.gpus) for p in a.paths)
-        ratio = fixed["tokens_per_s_per_gpu"] / learned["tokens_per_s_per_gpu"]
-        print(f"fixed/learned tokens/s {ratio:.3f}; peak allocated fixed - learned "
-              f"{fixed['allocated'] - learned['allocated']:+.2f} GiB")
+        base, other = (throughput(steady(p, a.skip, a.until), a.gpus) for p in a.paths)
+        names = [os.path.splitext(os.path.basename(p))[0] for p in a.paths]
+        ratio = other["tokens_per_s_per_gpu"] / base["tokens_per_s_per_gpu"]
+        print(f"{a.label} ({names[1]} / {names[0]}): tokens/s per GPU {ratio:.3f}x; MFU "
+              f"{percent(other['mfu'])} against {percent(base['mfu'])}; peak allocated "
+              f"{gib(other['allocated'])} against {gib(base['allocated'])} GiB")
         return 0
     runs = [train_records(p) for p in a.paths]
     last = runs[0][max(runs[0])]

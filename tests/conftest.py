@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -111,10 +113,14 @@ def pytest_configure(config):
     workers) start from a fork server here: this process runs trainings in-process and so
     holds threads (gloo, wandb, tqdm, xdist's own), and a child forked beside them can inherit
     a lock that one of them held and hang for ever (seen: lm-eval's bootstrap pool, whose
-    workers never exited). A real run forks from a fresh process."""
+    workers never exited). A real run forks from a fresh process. The fork server imports torch
+    and Megatron-Core once, when it starts: a child then has them, where each DataLoader worker
+    of an in-process run imported them again (about 5 s of CPU each, 6 workers for a run with
+    validation and a test split)."""
     config.pluginmanager.register(TierMarks(), "fixedcode-tiers")
     import multiprocessing
     multiprocessing.set_start_method("forkserver", force=True)
+    multiprocessing.set_forkserver_preload(["torch", "megatron.core"])
     if os.environ.get("PYTEST_XDIST_WORKER"):
         os.environ["OMP_NUM_THREADS"] = "1"
         import torch
@@ -356,6 +362,35 @@ def _run(args, nproc: int, env, timeout: int) -> subprocess.CompletedProcess:
         out.seek(0)
         err.seek(0)
         return subprocess.CompletedProcess(proc.args, returncode, out.read(), err.read())
+
+
+def run_torchrun_worker(worker: Path, *args, nproc: int = 2,
+                        timeout: int = 600) -> subprocess.CompletedProcess:
+    """A worker script of tests/helpers under torchrun with ``nproc`` processes, the repository
+    and tests/ on its path; the test fails with the worker's output when it fails."""
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
+                           str(nproc), "--master-port", str(_free_port()), str(worker),
+                           *map(str, args)], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}"})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    return done
+
+
+def run_pretrain_series(runs: dict, root: Path) -> dict[str, subprocess.CompletedProcess]:
+    """``{name: args}``: the runs in this order, each on the same two ranks, in one torchrun
+    launch (tests/helpers/runs_worker.py: the ranks start once); ``{name: run}``, each with its
+    log (``stdout``) and ``.metrics``, its metrics file as it was when the run ended."""
+    from megatron_ext.metrics.sinks import read_metrics
+    plan = root / "plan.json"
+    plan.write_text(json.dumps([[name, [str(a) for a in args]] for name, args in runs.items()]))
+    done = run_torchrun_worker(REPO / "tests" / "helpers" / "runs_worker.py", plan)
+    logs = re.split(r"^=== run (\S+)\n", done.stdout, flags=re.M)[1:]
+    results = {}
+    for name, log in zip(logs[::2], logs[1::2]):
+        results[name] = subprocess.CompletedProcess(done.args, 0, log, "")
+        results[name].metrics = read_metrics(str(root / f"{name}.jsonl"))
+    assert list(results) == list(runs), done.stdout[-3000:]
+    return results
 
 
 def step_losses(run: subprocess.CompletedProcess) -> dict[int, float]:

@@ -2,7 +2,8 @@
 
 ``preprocess`` (the job: inputs to datasets), ``readers`` (find, stream and parse the
 inputs), ``encode`` (a batch of texts to token ids, in the worker processes), ``word_cache``
-(sentencepiece BPE a word at a time), ``parts`` (the resumable work folder of a job),
+(sentencepiece BPE a word at a time, and the cache of words' ids), ``byte_level`` (byte-level
+BPE a word at a time), ``parts`` (the resumable work folder of a job),
 ``merge`` (the parts into one dataset under its final name), ``tokenizer_training`` (a
 tokenizer trained from the same inputs), ``check`` (a dataset's report: token ids against a
 vocabulary and a code, its splits). The indexed format itself, read and written, is

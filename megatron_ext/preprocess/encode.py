@@ -18,6 +18,7 @@ import numpy as np
 
 from ..datasets.tokenizer import (GPT2BPETokenizer, HuggingFaceTokenizer, NullTokenizer,
                                   SentencePieceTokenizer)
+from .byte_level import ByteLevelWordEncoder
 from .readers import Batch, BadInput, parse_unit, unit_bytes
 from .word_cache import WordCachedEncoder
 
@@ -45,7 +46,7 @@ class EncodedBatch:
 
 
 _worker_state: tuple = ()
-_word_encoder: Optional[WordCachedEncoder] = None
+_word_encoder = None  # a WordCachedEncoder or ByteLevelWordEncoder, or None
 
 
 def init_worker(tokenizer, keys: list[str], eod: Optional[int]) -> None:
@@ -57,6 +58,8 @@ def init_worker(tokenizer, keys: list[str], eod: Optional[int]) -> None:
     _word_encoder = None
     if isinstance(tokenizer, SentencePieceTokenizer):
         _word_encoder = WordCachedEncoder.create(tokenizer.sp, tokenizer.model_file)
+    elif isinstance(tokenizer, (HuggingFaceTokenizer, GPT2BPETokenizer)):
+        _word_encoder = ByteLevelWordEncoder.create(tokenizer.tok)
 
 
 def _flatten(ids: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
@@ -66,8 +69,9 @@ def _flatten(ids: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
 
 def _encode_texts(tokenizer, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """``[tokenizer.tokenize(text) for text in texts]`` in one call into the library (for
-    sentencepiece BPE, a distinct word at a time: megatron_ext/preprocess/word_cache.py), as the ids
-    of all texts concatenated (int32) and the count of each text's (int64)."""
+    sentencepiece BPE and byte-level BPE, a distinct word at a time: megatron_ext/preprocess/
+    word_cache.py, byte_level.py), as the ids of all texts concatenated (int32) and the count of
+    each text's (int64)."""
     if _word_encoder is not None:
         return _word_encoder.encode(texts)
     if isinstance(tokenizer, SentencePieceTokenizer):

@@ -16,15 +16,15 @@ copy of the model that does not normalize again (identity map, no dummy prefix, 
 so it sees the same symbols. Anything else (unigram models, or protobuf missing to read the
 model) uses ``encode`` on whole texts.
 
-The cache is per worker process and bounded (:data:`MAX_WORDS`), so memory does not grow with
-the input.
+The cache (:class:`WordCache`, which megatron_ext/preprocess/byte_level.py uses for byte-level BPE
+too) is per worker process and bounded (:data:`MAX_WORDS`), so memory does not grow with the input.
 """
 
 from __future__ import annotations
 
 import itertools
 import re
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -34,13 +34,43 @@ _STRADDLES = re.compile("[^\u2581]\u2581")
 _BPE = 2  # TrainerSpec.model_type
 
 
+class WordCache:
+    """Each distinct word's ids, encoded once by ``encode_words`` (distinct words -> their ids, in
+    one library call) and kept as int32 bytes; cleared when it holds :data:`MAX_WORDS`."""
+
+    def __init__(self, encode_words: Callable[[list[str]], list[list[int]]]):
+        self.encode_words = encode_words
+        self.words: dict[str, bytes] = {}  # word -> its ids, int32 bytes
+
+    def _add(self, words: list[str]) -> None:
+        ids = self.encode_words(words)
+        ends = np.cumsum(np.fromiter(map(len, ids), np.int64, len(ids))) * 4
+        starts = np.concatenate([[0], ends[:-1]])
+        data = np.fromiter(itertools.chain.from_iterable(ids), np.int32).tobytes()
+        self.words.update(zip(words, (data[start:end] for start, end in
+                                      zip(starts.tolist(), ends.tolist()))))
+
+    def ids(self, words: list[list[str]]) -> tuple[np.ndarray, np.ndarray]:
+        """The ids of texts given as their words: all concatenated (int32), and each text's
+        count (int64)."""
+        if len(self.words) > MAX_WORDS:
+            self.words.clear()
+        get = self.words.__getitem__
+        try:
+            encoded = [b"".join(map(get, text_words)) for text_words in words]
+        except KeyError:  # words not seen yet
+            self._add(list(set(itertools.chain.from_iterable(words)).difference(self.words)))
+            encoded = [b"".join(map(get, text_words)) for text_words in words]
+        lengths = np.fromiter(map(len, encoded), np.int64, len(encoded)) // 4
+        return np.frombuffer(b"".join(encoded), np.int32), lengths
+
+
 class WordCachedEncoder:
     """``encode(texts)``: ``processor.encode(texts)``, a distinct word encoded once."""
 
     def __init__(self, processor, word_processor):
         self.processor = processor
-        self.word_processor = word_processor
-        self.words: dict[str, bytes] = {}  # word -> its ids, int32 bytes
+        self.cache = WordCache(lambda words: word_processor.encode(words, num_threads=1))
 
     @classmethod
     def create(cls, processor, model_file: str) -> Optional["WordCachedEncoder"]:
@@ -63,25 +93,6 @@ class WordCachedEncoder:
         model.ClearField("denormalizer_spec")
         return cls(processor, SentencePieceProcessor(model_proto=model.SerializeToString()))
 
-    def _add(self, words: list[str]) -> None:
-        """Encode and cache ``words`` (distinct, not cached), in one call."""
-        ids = self.word_processor.encode(words, num_threads=1)
-        ends = np.cumsum(np.fromiter(map(len, ids), np.int64, len(ids))) * 4
-        starts = np.concatenate([[0], ends[:-1]])
-        data = np.fromiter(itertools.chain.from_iterable(ids), np.int32).tobytes()
-        self.words.update(zip(words, (data[start:end] for start, end in
-                                      zip(starts.tolist(), ends.tolist()))))
-
     def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """The ids of all ``texts`` concatenated (int32), and the count of each text's (int64)."""
-        if len(self.words) > MAX_WORDS:
-            self.words.clear()
-        words = [_WORD.findall(text) for text in self.processor.normalize(texts)]
-        get = self.words.__getitem__
-        try:
-            encoded = [b"".join(map(get, text_words)) for text_words in words]
-        except KeyError:  # words not seen yet
-            self._add(list(set(itertools.chain.from_iterable(words)).difference(self.words)))
-            encoded = [b"".join(map(get, text_words)) for text_words in words]
-        lengths = np.fromiter(map(len, encoded), np.int64, len(encoded)) // 4
-        return np.frombuffer(b"".join(encoded), np.int32), lengths
+        return self.cache.ids([_WORD.findall(text) for text in self.processor.normalize(texts)])

@@ -1,7 +1,7 @@
 """Worker for test_tp_parity.py: the same weights at TP=1 and TP=2 must give the same logits.
 
-``save DIR``: one process (TP=1) builds each arm, saves its weights with dist_checkpointing and
-its logits for a fixed batch. ``check DIR``: run under torchrun with 2 processes (TP=2), loads
+``save DIR``: one process (TP=1; the test's own) builds each arm, saves its weights with
+dist_checkpointing and its logits for a fixed batch. ``check DIR``: run under torchrun with 2 processes (TP=2), loads
 those weights (resharded by dist_checkpointing), gathers the vocab-parallel logits and writes
 the largest difference per arm to ``DIR/tp2_diff.json``.
 """

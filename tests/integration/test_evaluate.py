@@ -95,6 +95,11 @@ def a_lambada_row_the_model_gets_right(hf_dir: str) -> dict:
     pytest.fail("no LAMBADA prefix whose greedy next token is a word")
 
 
+# One worker runs the file (pytest-xdist --dist loadgroup), so its module fixtures are built
+# once, not once per worker that gets one of its tests.
+pytestmark = pytest.mark.xdist_group("evaluate")
+
+
 @pytest.fixture(scope="module")
 def data_dir(models, tmp_path_factory):
     root = tmp_path_factory.mktemp("data")

@@ -25,6 +25,9 @@ ARMS = {"frozen": ["--input-interface", "frozen"],
         "factorized": ["--input-interface", "factorized", "--input-table-rank", "8"],
         "binary_map": ["--input-interface", "binary", "--code-projection"]}
 RUN = TINY_RUN + ["--train-iters", "6", "--lr-warmup-iters", "1"]
+# One worker runs the file, with the study and probes tests: arm_runs and conftest's tiny_study
+# are each built once (under --dist loadgroup the file's tests went to both workers).
+pytestmark = pytest.mark.xdist_group("study")
 
 
 @pytest.fixture(scope="module")

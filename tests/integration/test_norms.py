@@ -5,17 +5,14 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
-import subprocess
-import sys
 from collections import defaultdict
 
 import pytest
 import torch
 from megatron.core import dist_checkpointing
 
-from conftest import REPO, _free_port
+from conftest import REPO, run_torchrun_worker
 from megatron_ext.metrics.norms import NormReporter, watched_groups
 from helpers.norms_worker import LAYOUTS, VARIANTS, batch, build, norms_after_backward
 
@@ -111,11 +108,7 @@ def test_norms_equal_at_tp1_tp2_and_pp2(cpu_dist, tmp_path):
         (tmp_path / variant).mkdir()
         dist_checkpointing.save(model.sharded_state_dict(), str(tmp_path / variant))
         expected[variant] = norms_after_backward(args, model)
-    worker = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
-                             "2", "--master-port", str(_free_port()), str(WORKER), str(tmp_path)],
-                            capture_output=True, text=True, timeout=300,
-                            env={**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}"})
-    assert worker.returncode == 0, worker.stderr[-5000:]
+    run_torchrun_worker(WORKER, tmp_path, timeout=300)
     results = json.loads((tmp_path / "norms.json").read_text())
     assert set(results) == set(LAYOUTS)
     for layout, by_variant in results.items():

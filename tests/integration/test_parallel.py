@@ -9,18 +9,18 @@ also checks it against TP=1."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO, _free_port
+from conftest import REPO, run_torchrun_worker
 from megatron_ext.metrics.sinks import read_metrics
 from helpers.parallel_worker import ARMS, FP32_RESIDUAL_SAVED, LAYOUTS, STEPS
 
 WORKER = REPO / "tests" / "helpers" / "parallel_worker.py"
+# torchrun: both cores; and one worker runs the file, so its fixture (23 runs) is built once
+# (under pytest-xdist --dist loadgroup the tests went to both workers, each building it).
+pytestmark = pytest.mark.xdist_group("processes")
 
 
 def losses(root: Path, name: str) -> dict[int, float]:
@@ -31,12 +31,7 @@ def losses(root: Path, name: str) -> dict[int, float]:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("parallel")
-    worker = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
-                             "2", "--master-port", str(_free_port()), str(WORKER), str(root)],
-                            capture_output=True, text=True, timeout=600,
-                            env={**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}"})
-    assert worker.returncode == 0, worker.stdout[-3000:] + worker.stderr[-5000:]
-    return root, worker.stdout
+    return root, run_torchrun_worker(WORKER, root).stdout
 
 
 def test_sequence_parallel_tp2_equals_tp1_for_every_arm(runs):

@@ -6,6 +6,7 @@ import argparse
 import gzip
 import json
 import os
+import random
 import re
 import signal
 import subprocess
@@ -26,7 +27,7 @@ from megatron_ext.runtime.megatron_compat import installed_release, megatron_cor
 from packaging.version import Version
 
 from megatron_ext.datasets import indexed, tokenizer
-from megatron_ext.preprocess import merge, parts, word_cache
+from megatron_ext.preprocess import byte_level, merge, parts, word_cache
 from megatron_ext.preprocess.encode import EncodedBatch, EncodedKey
 from megatron_ext.preprocess.merge import merge_datasets
 from helpers.gpt2_bpe import ReferenceGPT2BPE
@@ -183,6 +184,124 @@ def test_word_cache_encodes_as_sentencepiece(options, documents, tmp_path, monke
         expected = processor.encode(batch)
         assert lengths.tolist() == [len(ids) for ids in expected]
         assert tokens.tolist() == [i for ids in expected for i in ids]
+
+
+SMOLLM2_SPECIAL = ["<|im_start|>", "<|im_end|>", "<repo_name>", "<repo", "<file_sep>"]
+
+
+def smollm2_shaped(trained: Tok) -> tokenizers.Tokenizer:
+    """The trained byte-level BPE with SmolLM2's pre-tokenizer (each digit cut out, then GPT-2's
+    regex between them) and more special tokens (one the start of another)."""
+    spec = json.loads((Path(trained.model) / "tokenizer.json").read_text())
+    spec["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
+        {"type": "Digits", "individual_digits": True},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}]}
+    backend = tokenizers.Tokenizer.from_str(json.dumps(spec))
+    backend.add_special_tokens(SMOLLM2_SPECIAL)
+    return backend
+
+
+def byte_level_backends(toks, gpt2_pair) -> dict[str, tokenizers.Tokenizer]:
+    return {"trained": tokenizer.build_tokenizer("HuggingFaceTokenizer", toks["huggingface"].model).tok,
+            "smollm2": smollm2_shaped(toks["huggingface"]),
+            "gpt2": tokenizer.build_tokenizer("GPT2BPETokenizer", vocab_file=gpt2_pair[0],
+                                              merge_file=gpt2_pair[1]).tok}
+
+
+# Characters of every class the words regex tells apart, the contractions, added tokens and
+# their pieces; then characters recent Unicode versions added, which libraries may class apart.
+COMMON = (list("aAzé漢ß \t\n\r\x0b\x0c1097٣².,;'-_<>|!?\\\"") + ["'s", "'t", "'re", "'ve", "'m",
+          "'ll", "'d", "'S", "<|endoftext|>", "<|im_start|>", "<|im", "<repo_name>", "\u00a0",
+          "\u0085", "\u2003", "\u2028", "\u3000", "\x1c", "\u200b", "\u0301", "🎭", "Ⅻ", "½"])
+RECENT = ["\u0558", "\u0c5c", "\U00011de3", "\U00016ff4", "\u1c89", "\U0001fae9"]
+
+
+def random_texts(alphabet: list[str], count: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    return ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 24))) for _ in range(count)]
+
+
+@pytest.mark.parametrize("shape", ["trained", "smollm2", "gpt2"])
+def test_byte_level_words_encode_as_the_library(shape, toks, gpt2_pair, documents, monkeypatch):
+    """Encoding a distinct word at a time gives the library's ids on whole texts, the cache
+    cleared between batches; a text holding a character the two class differently is encoded
+    by the library."""
+    backend = byte_level_backends(toks, gpt2_pair)[shape]
+    encoder = byte_level.ByteLevelWordEncoder.create(backend)
+    monkeypatch.setattr(word_cache, "MAX_WORDS", 50)
+
+    def check(texts: list[str]) -> None:
+        tokens, lengths = encoder.encode(texts)
+        expected = [e.ids for e in backend.encode_batch_fast(texts, add_special_tokens=False)]
+        assert lengths.tolist() == [len(ids) for ids in expected]
+        assert tokens.tolist() == [i for ids in expected for i in ids]
+
+    texts = documents[:6] + ["", "  lead\n\n  and   trail  \t", "x  12  3 \n4", "don't 'S"]
+    for batch in (texts, random_texts(COMMON, 3000, seed=1), texts[2:]):
+        check(batch)
+    assert encoder.disagree is None  # the words, not the library, encoded them
+    check(random_texts(COMMON + RECENT, 3000, seed=2))  # some may disagree: texts go whole
+
+    agrees = byte_level.ByteLevelWordEncoder.agrees
+    monkeypatch.setattr(byte_level.ByteLevelWordEncoder, "agrees",
+                        lambda self, character: character not in "é½" and agrees(self, character))
+    encoder = byte_level.ByteLevelWordEncoder.create(backend)
+    check(texts + ["café 1", "½ x", "caf", "é"])
+    assert encoder.disagree.pattern == "[é½]" or encoder.disagree.pattern == "[½é]"
+    assert "caf" in encoder.cache.words and " x" not in encoder.cache.words
+
+
+@pytest.mark.parametrize("change", ["normalizer", "prefix space", "no regex", "metaspace",
+                                    "no pre-tokenizer", "dropout", "lstrip", "truncation"])
+def test_byte_level_words_only_where_exact(change, toks):
+    """Tokenizers whose words are not GPT-2's regex words, or not encoded apart, are encoded
+    whole."""
+    spec = json.loads((Path(toks["huggingface"].model) / "tokenizer.json").read_text())
+    assert byte_level.ByteLevelWordEncoder.create(tokenizers.Tokenizer.from_str(json.dumps(spec)))
+    if change == "normalizer":
+        spec["normalizer"] = {"type": "NFC"}
+    elif change in ("prefix space", "no regex"):
+        spec["pre_tokenizer"]["add_prefix_space" if change == "prefix space" else "use_regex"] = \
+            change == "prefix space"
+    elif change == "metaspace":
+        spec["pre_tokenizer"] = {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "always",
+                                 "split": True}
+    elif change == "no pre-tokenizer":
+        spec["pre_tokenizer"] = None
+    elif change == "dropout":
+        spec["model"]["dropout"] = 0.1
+    elif change == "lstrip":
+        spec["added_tokens"][0]["lstrip"] = True
+    else:
+        spec["truncation"] = {"direction": "Right", "max_length": 8, "strategy": "LongestFirst",
+                              "stride": 0}
+    assert byte_level.ByteLevelWordEncoder.create(
+        tokenizers.Tokenizer.from_str(json.dumps(spec))) is None
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("normalizer", [None, {"type": "NFKC"}])
+def test_smollm2_shaped_output_equals_megatron_lm_tool(normalizer, toks, documents, tmp_path):
+    """SmolLM2's kind of tokenizer (digits cut one by one, special tokens in the text) writes
+    what Megatron-LM's tool writes with it, by words or, with a normalizer, whole texts."""
+    folder = tmp_path / "smollm2"
+    folder.mkdir()
+    backend = smollm2_shaped(toks["huggingface"])
+    backend.normalizer = normalizer and tokenizers.normalizers.NFKC()
+    assert (byte_level.ByteLevelWordEncoder.create(backend) is None) == bool(normalizer)
+    backend.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>"}))
+    records = [{"text": d} for d in documents[:6]] + [
+        {"text": "<|im_start|>user\nWhat is 12 + 30?<|im_end|>\n<|im_start|>42 \n\n 7<|im_end|>"},
+        {"text": ["Act 3, scene 2:", "  1599  ", "<repo>x<repo_name>y<|endoftext|>"]}]
+    source = write_jsonl(tmp_path / "docs.jsonl", records)
+    megatron_lm_reference(megatron_core_tokenizer("HuggingFaceTokenizer", str(folder)), source,
+                          tmp_path / "reference")
+    preprocess_data.main(["--input", str(source), "--output-prefix", str(tmp_path / "ours"),
+                          "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model",
+                          str(folder), "--append-eod", "--workers", "2"])
+    assert output_bytes(tmp_path / "ours") == output_bytes(tmp_path / "reference")
 
 
 @pytest.mark.integration

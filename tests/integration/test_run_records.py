@@ -59,6 +59,11 @@ def wandb_history(wandb_dir) -> tuple[set, dict]:
     return ids, history
 
 
+# One worker runs the file (pytest-xdist --dist loadgroup), so its module fixtures are built
+# once, not once per worker that gets one of its tests.
+pytestmark = pytest.mark.xdist_group("run_records")
+
+
 @pytest.fixture(scope="module")
 def resumed_run(tmp_path_factory):
     """A learned-arm run interrupted at iteration 2 and resumed to 4, with every record on:

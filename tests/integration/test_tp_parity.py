@@ -5,12 +5,11 @@ stay consistent across TP ranks."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
-from conftest import REPO, _free_port
+from conftest import REPO, run_torchrun_worker
+from helpers import tp_parity_worker
 from helpers.tp_parity_worker import ARMS
 
 WORKER = REPO / "tests" / "helpers" / "tp_parity_worker.py"
@@ -18,12 +17,9 @@ WORKER = REPO / "tests" / "helpers" / "tp_parity_worker.py"
 
 @pytest.mark.integration
 @pytest.mark.xdist_group("processes")  # torchrun: both cores
-def test_logits_equal_at_tp1_and_tp2(tmp_path):
-    subprocess.run([sys.executable, str(WORKER), "save", str(tmp_path)], check=True,
-                   capture_output=True, timeout=300)
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                    "--master-port", str(_free_port()), str(WORKER), "check", str(tmp_path)],
-                   check=True, capture_output=True, timeout=300)
+def test_logits_equal_at_tp1_and_tp2(cpu_dist, tmp_path):
+    tp_parity_worker.main("save", str(tmp_path))  # TP=1: this process, one rank
+    run_torchrun_worker(WORKER, "check", tmp_path)
     diffs = json.loads((tmp_path / "tp2_diff.json").read_text())
     assert set(diffs) == set(ARMS)
     for arm, diff in diffs.items():

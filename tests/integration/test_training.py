@@ -10,7 +10,8 @@ import signal
 
 import pytest
 
-from conftest import PP2_RUN, TIMING, TINY_RUN, run_pretrain, step_losses, valid_losses
+from conftest import (PP2_RUN, TIMING, TINY_RUN, run_pretrain, run_pretrain_series,
+                      step_losses, valid_losses)
 from helpers.megatron_log import final_lines, training_lines, validation_lines
 from helpers.signals import signal_run
 from megatron_ext.runtime.megatron_compat import null_tokenizer_counts
@@ -233,17 +234,21 @@ def test_data_parallel_resume_overlapped_reduction_and_fewer_processes(tmp_path)
     """
     run = TINY_RUN + ["--input-interface", "binary", "--train-iters", "6",
                       "--global-batch-size", "8"]
-    straight = step_losses(run_pretrain(run, nproc=2))
     ckpt, single = tmp_path / "ckpt", tmp_path / "single"
     overlapped = run + ["--overlap-grad-reduce", "--ddp-bucket-size", "20000"]
-    # Its save at 2 is written in the background by both ranks (completed before the one at 3).
-    first = run_pretrain(overlapped + ["--save", ckpt, "--load", ckpt, "--exit-interval", "3",
-                                       "--save-interval", "2", "--async-save"], nproc=2)
+    two_ranks = run_pretrain_series({  # one torchrun launch: the ranks start once
+        "straight": run + ["--metrics-file", tmp_path / "straight-metrics.jsonl"],
+        # its save at 2 is written in the background by both ranks (completed before the one
+        # at 3)
+        "first": overlapped + ["--save", ckpt, "--load", ckpt, "--exit-interval", "3",
+                               "--save-interval", "2", "--async-save"],
+        "second": overlapped + ["--save", ckpt, "--load", ckpt]}, tmp_path)
+    straight, first, second = (two_ranks[name] for name in ("straight", "first", "second"))
+    straight = step_losses(straight)
     assert f"saved checkpoint {ckpt}/iter_0000002 (written in the background" in first.stdout
     buckets = re.search(r"gradient reduction overlaps the backward pass: (\d+) buckets",
                         first.stdout)
     assert buckets and int(buckets.group(1)) > 1
-    second = run_pretrain(overlapped + ["--save", ckpt, "--load", ckpt], nproc=2)
     assert f"resumed from {ckpt}/iter_0000003 at iteration 3" in second.stdout
     assert step_losses(second) == straight
 
