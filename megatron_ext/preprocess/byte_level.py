@@ -44,10 +44,6 @@ DIGITS = {"type": "Digits", "individual_digits": True}
 CONTEXTS = ("a", "1", ".", " ")
 
 
-class _Disagree(Exception):
-    """Characters that the library and our regex class differently."""
-
-
 def _words_regex(pre_tokenizer: Optional[dict]) -> Optional[str]:
     """The words regex of a ``tokenizer.json`` pre-tokenizer, None for one not handled here."""
     def byte_level(spec: dict) -> bool:
@@ -130,9 +126,10 @@ class ByteLevelWordEncoder:
         equals one: its text holds none once they are cut out)."""
         plain = [word for word in words if word not in self.added_ids]
         new = set("".join(plain)).difference(self.checked)
-        disagree = [character for character in new if not self.agrees(character)]
-        if disagree:
-            raise _Disagree(disagree)
+        disagree = "".join(character for character in new if not self.agrees(character))
+        if disagree:  # a text holding one is encoded whole (encode): these words' ids go unread
+            known = self.disagree.pattern[1:-1] if self.disagree is not None else ""
+            self.disagree = regex.compile("[" + known + regex.escape(disagree) + "]")
         self.checked |= new
         encoded = dict(zip(plain, (e.ids for e in self.word_tokenizer.encode_batch_fast(
             plain, add_special_tokens=False))))
@@ -140,16 +137,10 @@ class ByteLevelWordEncoder:
 
     def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """The ids of all ``texts`` concatenated (int32), and the count of each text's (int64)."""
+        tokens, lengths = self.cache.ids([self.split(text) for text in texts])
+        # After the words: a character met among them may be one the libraries class apart.
         whole = [] if self.disagree is None else \
             [i for i, text in enumerate(texts) if self.disagree.search(text)]
-        skip = set(whole)
-        try:
-            tokens, lengths = self.cache.ids([[] if i in skip else self.split(text)
-                                              for i, text in enumerate(texts)])
-        except _Disagree as e:
-            known = self.disagree.pattern[1:-1] if self.disagree is not None else ""
-            self.disagree = regex.compile("[" + known + regex.escape("".join(e.args[0])) + "]")
-            return self.encode(texts)
         if not whole:
             return tokens, lengths
         ids = np.split(tokens, np.cumsum(lengths)[:-1])
