@@ -20,7 +20,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from . import fit
+from . import fit, power
 from .stats import crossed_interval, holm, paired_difference, t_interval
 
 NOMINAL = 0.95
@@ -28,9 +28,10 @@ _NODES, _NODE_WEIGHTS = np.polynomial.hermite_e.hermegauss(20)
 _NODE_WEIGHTS = _NODE_WEIGHTS / _NODE_WEIGHTS.sum()
 
 
-def tolerance(trials: int) -> float:
-    """The band's half width around the nominal rate for ``trials`` trials."""
-    return max(0.02, 3 * math.sqrt(NOMINAL * (1 - NOMINAL) / trials))
+def tolerance(trials: int, rate: float = NOMINAL, floor: float = 0.02) -> float:
+    """The band's half width around the nominal ``rate`` for ``trials`` trials: max(``floor``,
+    3 binomial standard errors)."""
+    return max(floor, 3 * math.sqrt(rate * (1 - rate) / trials))
 
 
 def _covers(interval: dict, truth: float) -> bool:
@@ -371,7 +372,7 @@ def probe_selectivity(rng, trials: int, seeds: int, probe_seeds: int, signal: fl
     the ids random or ordered by frequency as BPE's roughly are (:func:`zipf_text`). With no
     signal, a fresh text each trial: the share of trials whose interval excludes 0 (every
     text must read 0, not just their average). With a known signal, one text: coverage of
-    the expected selectivity on it, from ``trials / 5`` (100 to 400) independent models of
+    the expected selectivity on it, from ``trials / 5`` (40 to 400) independent models of
     one probe seed each (at 400 its Monte Carlo error is about 1/40 of the interval's half
     width)."""
     import torch
@@ -383,7 +384,7 @@ def probe_selectivity(rng, trials: int, seeds: int, probe_seeds: int, signal: fl
         if signal:
             big = np.random.default_rng(12345)
             truth = np.mean([probed_selectivity(big, text, signal, 1)
-                             for _ in range(max(100, min(400, trials // 5)))], axis=0)
+                             for _ in range(max(40, min(400, trials // 5)))], axis=0)
         hits = np.zeros(2)
         for _ in range(trials):
             if not signal:
@@ -397,6 +398,53 @@ def probe_selectivity(rng, trials: int, seeds: int, probe_seeds: int, signal: fl
     if signal:
         return {name: rate for name, rate in zip(names, hits / trials)}
     return {name: ("fp", 1 - rate) for name, rate in zip(names, hits / trials)}
+
+
+# ----------------------------------------------------------------------------------- power
+
+def _detected(interval: dict) -> bool:
+    return interval["low"] > 0 or interval["high"] < 0
+
+
+def power_by_seed(rng, trials: int, seeds: int, spread: float) -> dict:
+    """A paired difference per seed, ``N(gap, spread²)``: at the gap the report states for
+    that spread (:func:`.power.detectable`), the share of trials whose paired t interval
+    excludes 0 (80%: the power it claims); at the seeds it names for a gap of half that,
+    the same share (reported: seeds come whole, so at least 80%); and, reported, the share
+    when the stated gap is computed from each trial's own spread, as a report computes it
+    (a fresh study at that gap: what the uncertainty of a few seeds' spread costs)."""
+    parts = [power.Part(spread ** 2 / seeds, seeds - 1, 1.0)]
+    stated = power.detectable(parts)
+    named = power.seeds_needed(stated / 2, parts, seeds)
+    at_stated = at_named = own = 0
+    for _ in range(trials):
+        at_stated += _detected(t_interval(stated + spread * rng.standard_normal(seeds)))
+        at_named += _detected(t_interval(stated / 2 + spread * rng.standard_normal(named)))
+        measured = t_interval(spread * rng.standard_normal(seeds))
+        gap = power.sensitivity(measured)["detectable"]
+        own += _detected(t_interval(gap + spread * rng.standard_normal(seeds)))
+    return {"detected at the stated gap (paired t)": ("power", at_stated / trials),
+            f"detected with the seeds named for half that gap ({named})":
+                ("share", at_named / trials),
+            "detected at the gap stated from each trial's own spread": ("share", own / trials)}
+
+
+def power_crossed(rng, trials: int, seeds: int, items: int, seed_sd: float, item_sd: float,
+                  noise_sd: float) -> dict:
+    """Per-item differences ``gap + seed effect (seed_sd) + item effect (item_sd, a fresh
+    sample of the task's items each trial) + noise (noise_sd)``: at the gap the report
+    states from the true variance parts, the share of trials whose crossed interval
+    excludes 0."""
+    parts = [power.Part((seed_sd ** 2 + noise_sd ** 2 / items) / seeds, seeds - 1, 1.0),
+             power.Part(item_sd ** 2 / items, items - 1, 0.0)]
+    stated = power.detectable(parts)
+    hits = 0
+    for _ in range(trials):
+        diff = (stated + seed_sd * rng.standard_normal((seeds, 1))
+                + item_sd * rng.standard_normal((1, items))
+                + noise_sd * rng.standard_normal((seeds, items)))
+        hits += _detected(crossed_interval(diff, np.zeros_like(diff)))
+    return {"detected at the stated gap (crossed)": ("power", hits / trials)}
 
 
 # ------------------------------------------------------------------------------- scenarios
@@ -459,18 +507,30 @@ SCENARIOS: list[tuple[str, str, Callable, dict]] = [
      dict(seeds=3, probe_seeds=2, signal=0.0, random_ids=False)),
     ("probes", "known selectivity (the ids' bits in noise), one text, 3 seeds x 2 probe seeds",
      probe_selectivity, dict(seeds=3, probe_seeds=2, signal=0.5, random_ids=False)),
+    ("power", "2 seeds", power_by_seed, dict(seeds=2, spread=0.03)),
+    ("power", "3 seeds", power_by_seed, dict(seeds=3, spread=0.03)),
+    ("power", "5 seeds", power_by_seed, dict(seeds=5, spread=0.03)),
+    ("power", "3 seeds x 400 items, seed and item parts alike", power_crossed,
+     dict(seeds=3, items=400, seed_sd=0.02, item_sd=0.5, noise_sd=0.5)),
+    ("power", "5 seeds x 1,000 items, the items' part dominates", power_crossed,
+     dict(seeds=5, items=1000, seed_sd=0.005, item_sd=0.6, noise_sd=0.3)),
 ]
 
 
-KINDS = {"fp": "false_positive", "share": "share", "reference": "coverage_not_asserted"}
+KINDS = {"fp": "false_positive", "share": "share", "reference": "coverage_not_asserted",
+         "power": "power"}
+# The rate each asserted kind must read, and the least half width of its band.
+CENTRES = {"coverage": (NOMINAL, 0.02), "false_positive": (1 - NOMINAL, 0.02),
+           "power": (power.POWER, 0.05)}
 
 
 def run(trials: int, seed: int = 0, checks=None) -> dict:
     """Every scenario (or those whose check is in ``checks``) at ``trials`` trials. Returns
     ``{"trials", "rows": [{"check", "scenario", "interval", "kind", "rate", "trials",
-    "low", "high", "within"}]}``; ``kind`` is ``coverage``,
-    ``false_positive``, or ``share`` and ``coverage_not_asserted`` (reported, not asserted:
-    a rate with no nominal value, or an interval the reports no longer print)."""
+    "low", "high", "within"}]}``; ``kind`` is ``coverage``, ``false_positive``, ``power``
+    (the detected share at the gap a report states, 0.8 ± max(0.05, 3 standard errors)), or
+    ``share`` and ``coverage_not_asserted`` (reported, not asserted: a rate with no nominal
+    value, or an interval the reports no longer print)."""
     rows = []
     for index, (check, scenario, simulate, params) in enumerate(SCENARIOS):
         if checks and check not in checks:
@@ -481,9 +541,9 @@ def run(trials: int, seed: int = 0, checks=None) -> dict:
                           (KINDS[value[0]], value[1]))
             if scenario == ITEMS_DOMINATE and kind == "coverage":
                 kind = "coverage_not_asserted"
-            asserted = kind in ("coverage", "false_positive")
-            centre = NOMINAL if kind == "coverage" else 1 - NOMINAL
-            band = tolerance(trials)
+            asserted = kind in CENTRES
+            centre, floor = CENTRES.get(kind, (NOMINAL, 0.02))
+            band = tolerance(trials, centre, floor)
             rows.append({"check": check, "scenario": scenario, "interval": interval,
                          "kind": kind, "rate": rate, "trials": trials,
                          "low": centre - band if asserted else None,

@@ -30,6 +30,7 @@ from ..metrics.reporting import mean_interval, signed_range
 from ..probes.settings import ESTIMATOR, SELECTIVITY
 from ..runtime.files import write_json
 
+from . import power
 from .spec import Study, run_dir
 from .stats import holm, paired_difference, t_interval
 
@@ -207,9 +208,11 @@ def markdown(study: Study, summary: dict, final: int) -> str:
                   f"the family of its {tested} with a p-value, of all {len(members)} "
                   f"({len(pairs)} pairs of arms × layers × {len(PAIRED)} metrics): a "
                   f"difference is significant after adjustment "
-                  f"when its Holm p < 0.05.", "",
-                  "| b − a | layer | " + " | ".join(t for _, t in PAIRED) + " |",
-                  "|---|---|" + "---:|" * len(PAIRED)]
+                  f"when its Holm p < 0.05. Beside each, what the design detects: "
+                  f"{power.HEADER} (from its seeds' spread; unadjusted, at 95%).", "",
+                  "| b − a | layer | " + " | ".join(t for _, t in PAIRED) + " | "
+                  + " | ".join(f"80% power: {t}" for _, t in PAIRED) + " |",
+                  "|---|---|" + "---:|" * (2 * len(PAIRED))]
         for pair in pairs:
             for row in pair["layers"]:
                 cells = []
@@ -217,6 +220,7 @@ def markdown(study: Study, summary: dict, final: int) -> str:
                     p_holm = next(adjusted)
                     cells.append(signed_range(row[m], 3) + ("" if p_holm is None else
                                                             f" (Holm p {p_holm:.2g})"))
+                cells += [power.cell(row[m], 3) for m, _ in PAIRED]
                 lines.append(f"| {pair['b']} − {pair['a']} | {row['layer']} | "
                              + " | ".join(cells) + " |")
         lines.append("")
