@@ -2,15 +2,18 @@
 across the scenarios that break intervals (seed spread small and large, 2/3/5 seeds, up to
 10,000 items, seed effects shared by the arms, flat and sharp learning-rate curves, the
 scaling law in compute and in model size and budget, probe selectivity with and without
-signal), with its measured coverage (95% intervals) or false-positive rate (a null effect).
-Pure numpy, but for the probes' check, which runs the probes' own fitting (torch);
-``tools/calibrate.py`` runs it and writes ``calibration.json`` and ``calibration.md``.
+signal on a held-out text the seeds share), with its measured coverage (95% intervals) or
+false-positive rate (a null effect), and the power a report states for each comparison
+(:mod:`.power`). Pure numpy, but for the probes' check, which runs the probes' own fitting
+(torch); ``tools/calibrate.py`` runs it and writes ``calibration.json`` and
+``calibration.md``.
 
 Each row is one interval in one scenario: the share of trials whose interval holds the
-truth (or, for ``false_positive`` rows, excludes the null's 0), and the band it must lie in:
-0.95 (0.05) ± :func:`tolerance`, max(0.02, 3 binomial standard errors of the trial count),
-so a full run (2,000 trials) asserts 0.93–0.97 and a quick one a wider band it states.
-One-seed intervals are conditional on that seed and stay out.
+truth (or, for ``false_positive`` rows, excludes the null's 0; for ``power`` rows, excludes
+0 at the gap a report states), and the band it must lie in: 0.95 (0.05) ± :func:`tolerance`,
+max(0.02, 3 binomial standard errors of the trial count), so a full run (2,000 trials)
+asserts 0.93–0.97 and a quick one a wider band it states; 0.8 ± max(0.05, 3 standard errors)
+for power. One-seed intervals are conditional on that seed and stay out.
 """
 
 from __future__ import annotations
@@ -331,6 +334,8 @@ PROBE_TYPES, PROBE_BITS, PROBE_WIDTH = 384, 11, 64
 
 
 def probe_text(rng, random_ids: bool):
+    """The probes' scenario's held-out text (:func:`zipf_text`), its ids random or ordered
+    by frequency."""
     return zipf_text(rng, PROBE_TYPES, 24, 64, id_space=1 << PROBE_BITS if random_ids else None)
 
 
