@@ -8,7 +8,8 @@ per-seed differences: the primary interval), and for downstream tasks also the c
 seeds x items interval (:func:`.stats.crossed_interval`: the task's population of items;
 with one seed conditional on that seed, and labelled so in the table). The differences form
 one family, named with its size, and each carries its Holm-adjusted p-value beside the
-unadjusted one. Every row carries the tokens seen and the steps
+unadjusted one and what its design detects (:mod:`.power`: the smallest gap at 80% power,
+the seeds its measured gap needs). Every row carries the tokens seen and the steps
 skipped. When the arms differ in trainable input parameters, the gap against that count
 (:mod:`.capacity`). With ``[probes]``, the probes of the final checkpoints per layer
 (:mod:`.probing`). Each arm has one colour in every figure
