@@ -208,8 +208,8 @@ def markdown(study: Study, summary: dict, final: int) -> str:
                   f"the family of its {tested} with a p-value, of all {len(members)} "
                   f"({len(pairs)} pairs of arms × layers × {len(PAIRED)} metrics): a "
                   f"difference is significant after adjustment "
-                  f"when its Holm p < 0.05. Beside each, what the design detects: "
-                  f"{power.HEADER} (from its seeds' spread; unadjusted, at 95%).", "",
+                  f"when its Holm p < 0.05. Beside each, what the design detects "
+                  f"({power.HEADER}: from its seeds' spread, unadjusted, at 95%).", "",
                   "| b − a | layer | " + " | ".join(t for _, t in PAIRED) + " | "
                   + " | ".join(f"80% power: {t}" for _, t in PAIRED) + " |",
                   "|---|---|" + "---:|" * (2 * len(PAIRED))]

@@ -150,8 +150,8 @@ def markdown(study: Study, result: dict) -> list[str]:
     others = [a.name for a in study.arms if a.name != study.control]
     needs = (TUNED_NEEDS if study.tune else power.NEEDS)
     lines = ["## Across levels: loss and gap against training compute", "",
-             f"Beside each gap, what the design detects: {power.HEADER} (from the level's "
-             f"seeds' spread; unadjusted, at 95%).", "",
+             f"Beside each gap, what the design detects ({power.HEADER}: from the level's "
+             f"seeds' spread, unadjusted, at 95%).", "",
              "| level | FLOPs | tokens | parameters (non-embedding / total, "
              f"{study.control}) | " + " | ".join(f"{a.name} loss" for a in study.arms)
              + "".join(f" | {arm} − {study.control} (by seed) | 80% power" for arm in others)
