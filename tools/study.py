@@ -57,6 +57,10 @@ def parse_args(argv: Optional[Sequence[str]]) -> tuple[argparse.ArgumentParser,
     d.add_argument("--tasks", help="downstream tasks (from hellaswag,piqa,lambada_openai)")
     d.add_argument("--data-dir", help="folder of <task>.jsonl files for --tasks")
     d.add_argument("--limit", type=int, help="only the first N documents per task")
+    d.add_argument(spec.ALLOW_UNREPORTED, action="store_true",
+                   help="define a tuned study (tune = ...) of fewer than 3 seeds, whose tuned "
+                        "gaps then rest on one reported seed and have no interval (refused "
+                        "otherwise)")
     launch = run.add_argument_group("launching")
     launch.add_argument("--launcher", choices=["local", "slurm"], default="local",
                         help="local: one run after another here; slurm: one job per run")
@@ -85,7 +89,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
                 args.study, {"recipe": args.recipe, "arms": args.arms, "seeds": args.seeds,
                              "control": args.control},
                 {"data_path": args.eval_data_path, "tokens": args.eval_tokens,
-                 "tasks": args.tasks, "data_dir": args.data_dir, "limit": args.limit})
+                 "tasks": args.tasks, "data_dir": args.data_dir, "limit": args.limit},
+                args.allow_unreported_intervals)
             study = spec.settle(args.study_dir, given, save=False)
             launch.check_runs(study, args.study_dir)  # before anything is saved or started
             spec.settle(args.study_dir, study, save=not args.dry_run)

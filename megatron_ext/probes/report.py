@@ -41,10 +41,14 @@ TRIVIAL = {"code carried up": "the code holds the id bits linearly and the resid
                               "carries them up",
            "= random init": "within two standard errors of the random initialisation"}
 SELECTIVITY_NOTE = (
-    "Selectivity (sel.) = chance-corrected accuracy, (acc − chance) / (1 − chance) per bit, of "
-    "the task minus that of its control task (each token type relabelled with the id bits of "
-    "the type next to it in training-corpus frequency): 0 when the probe only memorises types "
-    "or reads their frequency. Unseen: the bits scored on token types no training row has. "
+    "Selectivity (sel.) = the bits read on token types the probe never trained on (the types "
+    "cut into two halves alike in training-corpus frequency; each half's tokens scored by a "
+    "probe fitted on the other half's), as informedness (true-positive minus false-positive "
+    "rate per bit, each type counted once: 0 for a guess independent of the bit, 1 for "
+    "perfect), of the task minus that of its control task (each token type relabelled with the "
+    "id bits of the type next to it in training-corpus frequency): 0 in expectation on any "
+    "text when the probe only memorises types, about 0 when it only reads their frequency. "
+    "Unseen: the bits scored on token types no training row has. "
     "Frequency only: the same probes on features holding only the current and previous "
     "tokens' training frequencies (log count and 16 frequency classes); ‡: a selectivity that "
     "does not beat that baseline's (the 95% interval of their difference, paired by seed — "

@@ -39,10 +39,20 @@ Controls, computed with every score:
   (:mod:`.frequency`; the sample's types sorted by it and swapped in pairs,
   :func:`control_types`), so the control labels keep the task's frequency structure (BPE
   ids are ordered by frequency: the high bits of frequent tokens are skewed). Every bit
-  accuracy stands next to its own chance (the training majority of each bit, scored), and
-  ``selectivity`` is the difference of the chance-corrected accuracies,
-  ``(acc - chance) / (1 - chance)`` per bit, task minus control: 0 for a representation
-  that only memorises types or only knows their frequency;
+  accuracy stands next to its own chance (the training majority of each bit, scored);
+* **selectivity on held-out types** (:func:`held_out_types`): the types are cut into two
+  halves alike in frequency (:func:`type_halves`, whole control pairs), and each half's
+  rows (current and previous token both of it) are scored by a probe fitted on the other
+  half's, every document; ``selectivity`` is the task's informedness there (true-positive
+  minus false-positive rate per bit, each type counted once: :func:`informedness`) minus
+  the control task's. A representation that holds only the types of the tokens (a random
+  vector each: all a probe can do is memorise them) gives the scored types predictions
+  independent of their labels, so it reads 0 in expectation **on every text**, and one
+  that only knows their frequency reads about the same on task and control. (The
+  difference of chance-corrected accuracies ``(acc - chance) / (1 - chance)`` that stood
+  here is 0 only on average over texts: on the one text a study's seeds share it is not,
+  and its interval over seeds excluded 0 about twice as often as stated. It stays in the
+  rows, ``*_corrected``.);
 * **the frequency-only baseline** (``frequency_baseline``): the same probes on features
   that hold only the current and previous tokens' training frequencies
   (:func:`frequency.features`), scored exactly as a layer is; each layer's selectivity
@@ -81,7 +91,7 @@ from . import fit, frequency
 from .collect import Sample, draw_sample, hidden_states, memory_bound
 from .frequency import Unigrams
 from .models import ModelInfo, difference, id_bits_carried, input_note, random_twin
-from .settings import SELECTIVITY, ProbeSettings
+from .settings import ESTIMATOR, SELECTIVITY, ProbeSettings
 
 BIT_TASKS = ("id_bits", "id_bits_control", "prev_bits", "prev_bits_control")
 CLASS_TASKS = ("id_topk", "prev_topk")
@@ -104,15 +114,13 @@ def draws(settings: ProbeSettings, run_key: int = 0) -> tuple[int, list[int]]:
     return int(state[0]), [int(s) for s in state[1:]]
 
 
-def control_types(types: np.ndarray, counts: np.ndarray, seed: int) -> np.ndarray:
-    """Each type's control type: the types sorted by ``counts`` (their training-corpus
-    counts; ties in random order) and cut into consecutive bins of :data:`CONTROL_BIN` (the
-    first bin longer by a random 0 .. CONTROL_BIN - 1, so that the pairing itself varies with
-    ``seed``; a last bin of one joins the one before it); within each bin every type takes
-    the next one's place in a random cycle (no type keeps its own label: that would leak the
-    task into the control). Bins of 2 (swaps of neighbours in frequency) match frequencies
-    best: on a random table over a Zipf vocabulary, bins of 32 make the control easier by
-    0.02."""
+def control_bins(types: np.ndarray, counts: np.ndarray, seed: int
+                 ) -> tuple[np.ndarray, np.ndarray, np.random.Generator]:
+    """The control tasks' bins: ``(order, bin of each place in it, the generator)``: the
+    positions of ``types`` sorted by ``counts`` (their training-corpus counts; ties in random
+    order), cut into consecutive bins of :data:`CONTROL_BIN` (the first bin longer by a random
+    0 .. CONTROL_BIN - 1, so that the bins vary with ``seed``; a last bin of one joins the one
+    before it). The generator, drawn from ``seed``, continues for the pairing."""
     rng = np.random.default_rng([seed, 1])
     order = np.lexsort((rng.random(len(types)), -counts))
     n = len(order)
@@ -120,7 +128,19 @@ def control_types(types: np.ndarray, counts: np.ndarray, seed: int) -> np.ndarra
     if len(edges) > 2 and edges[-1] - edges[-2] == 1:
         del edges[-2]
     starts, stops = np.asarray(edges[:-1]), np.asarray(edges[1:])
-    bin_of = np.repeat(np.arange(len(starts)), stops - starts)
+    return order, np.repeat(np.arange(len(starts)), stops - starts), rng
+
+
+def control_types(types: np.ndarray, counts: np.ndarray, seed: int) -> np.ndarray:
+    """Each type's control type: within each bin of :func:`control_bins` every type takes
+    the next one's place in a random cycle (no type keeps its own label: that would leak the
+    task into the control). Bins of 2 (swaps of neighbours in frequency) match frequencies
+    best: on a random table over a Zipf vocabulary, bins of 32 make the control easier by
+    0.02."""
+    order, bin_of, rng = control_bins(types, counts, seed)
+    n = len(order)
+    starts = np.flatnonzero(np.r_[True, bin_of[1:] != bin_of[:-1]])
+    stops = np.r_[starts[1:], n]
     cycle = order[np.lexsort((rng.random(n), bin_of))]   # each bin's types in random order
     following = np.arange(1, n + 1)
     following[stops - 1] = starts                        # the last of a bin: its first
@@ -129,11 +149,26 @@ def control_types(types: np.ndarray, counts: np.ndarray, seed: int) -> np.ndarra
     return out
 
 
+def type_halves(types: np.ndarray, counts: np.ndarray, seed: int) -> np.ndarray:
+    """Which half of the types each of ``types`` is in (bool), for the held-out-type
+    selectivity: whole bins of :func:`control_bins` (a type with its control partners, so
+    that each half's control labels are its own task labels relabelled), of every two
+    consecutive bins one in each half at random (the halves alike in frequency). A
+    function of the counts and ``seed`` only, never of a representation."""
+    order, bin_of, _ = control_bins(types, counts, seed)
+    out = np.empty(len(types), dtype=bool)
+    if len(order):
+        flip = np.random.default_rng([seed, 4]).random(bin_of[-1] // 2 + 1) < 0.5
+        out[order] = (bin_of % 2 == 1) ^ flip[bin_of // 2]
+    return out
+
+
 class Split:
     """One probe seed's split of the sample, by document: the rows of half of the documents
     (drawn with ``seed``) train, the others score (as boolean tensors; ``train_rows``
     numpy), and the cross-validation folds (whole training documents) that choose the ridge
-    penalty."""
+    penalty; ``document_folds``: every row's fold, all documents in :data:`CV_FOLDS` folds
+    (for the held-out-type fits, which read every document)."""
 
     def __init__(self, sample: Sample, seed: int):
         names = np.unique(sample.document)
@@ -148,6 +183,9 @@ class Split:
         fold_of = dict(zip(np.random.default_rng([seed, 2]).permutation(docs).tolist(),
                            itertools.cycle(range(min(CV_FOLDS, len(docs))))))
         self.folds = np.array([fold_of[d] for d in sample.document[train].tolist()])
+        fold_of = dict(zip(np.random.default_rng([seed, 5]).permutation(names).tolist(),
+                           itertools.cycle(range(min(CV_FOLDS, len(names))))))
+        self.document_folds = np.array([fold_of[d] for d in sample.document.tolist()])
 
 
 class Targets:
@@ -155,7 +193,9 @@ class Targets:
     columns] (±1 bits, one-hot classes), each task's ``columns`` slice, the training
     majority of every column (``majority``), the bits that vary in the training rows
     (``varying``) and the classes. The control pairing orders the types by ``unigrams``
-    (the training corpus's counts), drawn with ``seed``."""
+    (the training corpus's counts), drawn with ``seed``; ``halves``: the rows whose current
+    and previous tokens are both of the first half of the types, and those whose are both
+    of the second (:func:`type_halves`, from the same counts and ``seed``)."""
 
     def __init__(self, sample: Sample, split: Split, unigrams: Unigrams, top_k: int,
                  bits: int, seed: int):
@@ -163,6 +203,11 @@ class Targets:
         types = np.unique(np.concatenate([sample.current, sample.previous]))
         shuffled = control_types(types, unigrams.of(types), seed)
         control = lambda ids: shuffled[np.searchsorted(types, ids)]  # noqa: E731
+        second = type_halves(types, unigrams.of(types), seed)
+        current, previous = (second[np.searchsorted(types, ids)]
+                             for ids in (sample.current, sample.previous))
+        self.halves = [~current & ~previous, current & previous]
+        self.tokens = {"id_bits": sample.current, "prev_bits": sample.previous}
         ids = {"id_bits": sample.current, "id_bits_control": control(sample.current),
                "prev_bits": sample.previous, "prev_bits_control": control(sample.previous)}
         self.classes, self.top = {}, {}
@@ -187,9 +232,8 @@ class Targets:
         self.majority = self.matrix[rows].mean(0)
         self.varying = {task: (self.matrix[rows, self.columns[task]].std(0) > 0)
                         for task in BIT_TASKS}
-        seen = {"id_bits": sample.current, "prev_bits": sample.previous}
         self.unseen = {task: torch.from_numpy(~train & ~np.isin(v, v[train]))
-                       for task, v in seen.items()}
+                       for task, v in self.tokens.items()}
 
     def score(self, task: str, predicted: torch.Tensor, rows: torch.Tensor
               ) -> Optional[float]:
@@ -274,7 +318,8 @@ def run_probes(models: Sequence[ModelInfo], windows: np.ndarray, documents: np.n
     bits = num_bits(models)
     probe = make_draws(sample, unigrams, settings.top_k, bits, seeds)
     first = probe[0].split
-    result = {"settings": dataclasses.asdict(settings), "source": source,
+    result = {"settings": dataclasses.asdict(settings), "estimator": ESTIMATOR,
+              "source": source,
               "tokens_sha256": tokens_sha256(windows), "run_key": run_key,
               "sample_seed": sample_seed, "probe_seeds": seeds, "unigrams": unigrams.source,
               "data": {"windows": int(windows.shape[0]), "seq_length": sample.seq_length,
@@ -415,12 +460,14 @@ def fit_layer(X: torch.Tensor, last: torch.Tensor, targets: Targets, split: Spli
               penalty: Optional[float]) -> tuple[dict, torch.Tensor]:
     """The token-identity probes of states ``X`` (``[sample, hidden]``) and the linear
     read-out to ``last`` (the last layer's states): ``(row, read-out of the scoring rows)``.
-    ``penalty`` None: chosen by cross-validation over the training documents."""
+    ``penalty`` None: chosen by cross-validation over the training documents (each
+    held-out-type fit of the selectivity chooses its own, :func:`held_out_types`)."""
     device = X.device
     on = lambda rows: rows.to(device)  # noqa: E731
     labels = targets.matrix.to(device)
     width = labels.shape[1]
     train, score = split.train, split.score
+    fixed = penalty
     if penalty is None:
         penalty = (fit.choose_penalty(X[on(train)], labels[on(train)], split.folds)
                    if len(np.unique(split.folds)) > 1 else fit.PENALTIES[1])
@@ -431,17 +478,84 @@ def fit_layer(X: torch.Tensor, last: torch.Tensor, targets: Targets, split: Spli
     shifted = fit.ridge(X[on(split.early_train)], labels[on(split.early_train)],
                         penalty)(X[on(split.late_score)]).cpu()
     row = {"layer": None, "ridge": penalty}
+    held = held_out_types(X, targets, split, fixed)
     for task in BIT_TASKS + CLASS_TASKS:
         row[task] = targets.score(task, main[:, :width], score)
     for task in ("id_bits", "prev_bits"):
         corrected = [targets.corrected(t, main[:, :width], score)
                      for t in (task, f"{task}_control")]
         row[f"{task}_corrected"], row[f"{task}_control_corrected"] = corrected
-        row[f"{task}_selectivity"] = None if None in corrected else corrected[0] - corrected[1]
+        row[f"{task}_held_out"], row[f"{task}_control_held_out"] = held[task]
+        row[f"{task}_selectivity"] = None if None in held[task] else (held[task][0]
+                                                                      - held[task][1])
         row[f"{task}_unseen"] = targets.score(task, unseen[task], targets.unseen[task])
     for task in SCORED:
         row[f"{task}_position_transfer"] = targets.score(task, shifted, split.late_score)
     return row, main[:, width:].float()
+
+
+def held_out_types(X: torch.Tensor, targets: Targets, split: Split,
+                   penalty: Optional[float]) -> dict:
+    """The id and previous-token bits, and their control tasks', read on token types the
+    probe never trained on: ``{task: (task, control)}`` informedness (:func:`informedness`),
+    each the mean over the two halves of the types (:func:`type_halves`) of a ridge probe
+    fitted on the rows whose current and previous tokens are both of the other half (every
+    document; ``penalty`` None: chosen by cross-validation over those rows' documents) and
+    scored on the rows whose two tokens are both of this half. A representation that holds
+    only the types of the current and previous tokens (whatever it memorised of them) gives
+    the scored rows predictions independent of their labels, so each reads 0 in
+    expectation on any text (a half of the types for one token only would leave the other
+    token's memorised types to carry the text's co-occurrences across); the control tasks
+    relabel within each half by training frequency, so one that only knows frequency reads
+    about the same on both."""
+    device = X.device
+    parts = [targets.columns[t] for t in BIT_TASKS]     # the matrix's first columns
+    labels = targets.matrix[:, :parts[-1].stop]
+    read: dict = {"id_bits": [], "prev_bits": []}
+    for scored, train in (targets.halves, targets.halves[::-1]):
+        folds = split.document_folds[train]
+        if not train.any() or not scored.any():
+            continue
+        rows, held = torch.from_numpy(train), torch.from_numpy(scored)
+        chosen = penalty if penalty is not None else (
+            fit.choose_penalty(X[rows.to(device)], labels[rows].to(device), folds)
+            if len(np.unique(folds)) > 1 else fit.PENALTIES[1])
+        guess = fit.ridge(X[rows.to(device)], labels[rows].to(device), chosen)(
+            X[held.to(device)]).cpu()
+        varying = labels[rows].std(0) > 0
+        for task, pair in zip(read, (parts[:2], parts[2:])):
+            values = [informedness(guess[:, p], labels[held, p], targets.tokens[task][scored],
+                                   varying[p]) for p in pair]
+            if None not in values:
+                read[task].append(values)
+    return {task: tuple(float(x) for x in np.mean(pairs, axis=0)) if pairs else (None, None)
+            for task, pairs in read.items()}
+
+
+def informedness(predicted: torch.Tensor, labels: torch.Tensor, tokens: np.ndarray,
+                 columns: torch.Tensor) -> Optional[float]:
+    """Bit predictions (``predicted`` > 0) against ``labels`` (±1), ``[rows, bits]``: the
+    true-positive minus the false-positive rate of each bit (2 x balanced accuracy - 1),
+    each token type (``tokens``) counted once by its share of rows predicted 1, averaged
+    over the ``columns`` (bool) whose label both values take among the types. 0 in
+    expectation for predictions independent of the labels however skewed a bit is, 1 for
+    perfect ones; None where no column qualifies."""
+    kinds, inverse = np.unique(tokens, return_inverse=True)
+    index = torch.from_numpy(inverse)
+    count = torch.bincount(index, minlength=len(kinds)).double()[:, None]
+
+    def by_type(values: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(len(kinds), values.shape[1], dtype=torch.float64).index_add_(
+            0, index, values.double()) / count
+
+    share, positive = by_type(predicted > 0), by_type(labels > 0) > 0.5
+    ones = positive.sum(0)
+    used = columns & (ones > 0) & (ones < len(kinds))
+    if not bool(used.any()):
+        return None
+    hit = (share * positive).sum(0) / ones.clamp_min(1)
+    false = (share * ~positive).sum(0) / (len(kinds) - ones).clamp_min(1)
+    return float((hit - false)[used].mean())
 
 
 def mark_trivial(entry: dict, info: ModelInfo, scored: float) -> None:

@@ -1,5 +1,6 @@
 """The knobs of a probe run (tools/probe.py's flags, a study's ``[probes]`` section). Changing
-any of them changes the results, so a study's cached probes are keyed by all of them."""
+any of them changes the results, so a study's cached probes are keyed by all of them (and by
+the selectivity's estimator)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,9 @@ from ..runtime.errors import FlagError
 
 # The selectivities each layer is read against the frequency-only baseline by.
 SELECTIVITY = ("id_bits_selectivity", "prev_bits_selectivity")
+# How they are estimated (megatron_ext.probes.run.held_out_types), recorded with every
+# result: a study's cached probes made by another estimator are computed again.
+ESTIMATOR = "held-out types, informedness, task minus control"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -2,25 +2,28 @@
 across the scenarios that break intervals (seed spread small and large, 2/3/5 seeds, up to
 10,000 items, seed effects shared by the arms, flat and sharp learning-rate curves, the
 scaling law in compute and in model size and budget, probe selectivity with and without
-signal), with its measured coverage (95% intervals) or false-positive rate (a null effect).
-Pure numpy, but for the probes' check, which runs the probes' own fitting (torch);
-``tools/calibrate.py`` runs it and writes ``calibration.json`` and ``calibration.md``.
+signal on a held-out text the seeds share), with its measured coverage (95% intervals) or
+false-positive rate (a null effect), and the power a report states for each comparison
+(:mod:`.power`). Pure numpy, but for the probes' check, which runs the probes' own fitting
+(torch); ``tools/calibrate.py`` runs it and writes ``calibration.json`` and
+``calibration.md``.
 
 Each row is one interval in one scenario: the share of trials whose interval holds the
-truth (or, for ``false_positive`` rows, excludes the null's 0), and the band it must lie in:
-0.95 (0.05) ± :func:`tolerance`, max(0.02, 3 binomial standard errors of the trial count),
-so a full run (2,000 trials) asserts 0.93–0.97 and a quick one a wider band it states.
-One-seed intervals are conditional on that seed and stay out.
+truth (or, for ``false_positive`` rows, excludes the null's 0; for ``power`` rows, excludes
+0 at the gap a report states), and the band it must lie in: 0.95 (0.05) ± :func:`tolerance`,
+max(0.02, 3 binomial standard errors of the trial count), so a full run (2,000 trials)
+asserts 0.93–0.97 and a quick one a wider band it states; 0.8 ± max(0.05, 3 standard errors)
+for power. One-seed intervals are conditional on that seed and stay out.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Callable, Optional
 
 import numpy as np
 
-from . import fit
+from . import fit, power
 from .stats import crossed_interval, holm, paired_difference, t_interval
 
 NOMINAL = 0.95
@@ -28,9 +31,10 @@ _NODES, _NODE_WEIGHTS = np.polynomial.hermite_e.hermegauss(20)
 _NODE_WEIGHTS = _NODE_WEIGHTS / _NODE_WEIGHTS.sum()
 
 
-def tolerance(trials: int) -> float:
-    """The band's half width around the nominal rate for ``trials`` trials."""
-    return max(0.02, 3 * math.sqrt(NOMINAL * (1 - NOMINAL) / trials))
+def tolerance(trials: int, rate: float = NOMINAL, floor: float = 0.02) -> float:
+    """The band's half width around the nominal ``rate`` for ``trials`` trials: max(``floor``,
+    3 binomial standard errors)."""
+    return max(floor, 3 * math.sqrt(rate * (1 - rate) / trials))
 
 
 def _covers(interval: dict, truth: float) -> bool:
@@ -303,69 +307,149 @@ def tuned(rng, trials: int, seeds: int, sizes: int, noise: float, flat: float,
 
 # -------------------------------------------------------------------------- probe selectivity
 
-def zipf_text(rng, vocab: int, windows: int, width: int, block: int = 32):
-    """Held-out windows of a Zipf law over ``vocab`` ids that are ordered by frequency only
-    roughly, as BPE's are (the frequency ranks shuffled within blocks of ``block`` ids: the
-    high bits follow frequency, the low bits do not), two windows per document; and the
-    law's own counts as the training corpus's. ``(windows, documents, Unigrams)``."""
+def zipf_text(rng, vocab: int, windows: int, width: int, block: int = 32,
+              id_space: Optional[int] = None):
+    """Held-out windows of a Zipf law over ``vocab`` types, two windows per document, and
+    the law's own counts as the training corpus's. ``(windows, documents, Unigrams)``. The
+    types' ids are ordered by frequency only roughly, as BPE's are (the frequency ranks
+    shuffled within blocks of ``block`` ids: the high bits follow frequency, the low bits do
+    not); with ``id_space``, they are random distinct ids below it instead (ids that say
+    nothing of frequency)."""
     from ..probes.frequency import Unigrams
-    rank = rng.permuted(np.arange(vocab).reshape(-1, block), axis=1).ravel()
+    if id_space is None:
+        rank = rng.permuted(np.arange(vocab).reshape(-1, block), axis=1).ravel()
+    else:
+        rank = np.full(id_space, np.inf)
+        rank[rng.choice(id_space, vocab, replace=False)] = np.arange(vocab)
     p = 1 / (rank + 1.0)
     p /= p.sum()
-    tokens = rng.choice(vocab, size=(windows, width + 1), p=p)
+    tokens = rng.choice(len(p), size=(windows, width + 1), p=p)
     documents = np.broadcast_to(np.arange(windows)[:, None] // 2, tokens.shape)
     return tokens, documents, Unigrams(np.round(p * 1e9).astype(np.int64), "the Zipf law")
 
 
-PROBE_VOCAB, PROBE_BITS = 2048, 11
+# The probes' scenario: a held-out text of 24 windows of 64 tokens (12 documents) over 384
+# Zipf-distributed types, 768 sampled positions, states of width 64.
+PROBE_TYPES, PROBE_BITS, PROBE_WIDTH = 384, 11, 64
 
 
-def _selectivity(rng, text, signal: float, probe_seeds: int) -> float:
-    """One training seed's id selectivity: a fresh model (a random lookup table of width 16,
-    beside the id's bits scaled by ``signal`` in unit noise when ``signal`` > 0), its own
-    sample of positions, and the mean over ``probe_seeds`` probe seeds (split and control
-    pairing), each scored by the probes' own :func:`~megatron_ext.probes.run.fit_layer`
-    (ridge fixed at 0.01, K = 8), as a study's run is."""
+def probe_text(rng, random_ids: bool):
+    """The probes' scenario's held-out text (:func:`zipf_text`), its ids random or ordered
+    by frequency."""
+    return zipf_text(rng, PROBE_TYPES, 24, 64, id_space=1 << PROBE_BITS if random_ids else None)
+
+
+def probed_selectivity(rng, text, signal: float, probe_seeds: int) -> np.ndarray:
+    """One training seed's ``[id, previous-token]`` selectivity: a fresh model whose states
+    hold only a random vector per token type in noise (no information beyond the current
+    token's type: what the probe can only memorise) and, with ``signal`` > 0, beside it the
+    current and the previous ids' bits scaled by ``signal`` in unit noise; its own sample
+    of positions, and the mean over ``probe_seeds`` probe seeds (split, control pairing,
+    halves of the types), each scored by the probes' own
+    :func:`~megatron_ext.probes.run.fit_layer` (ridge fixed at 0.01, K = 8), as a study's
+    run is."""
     import torch
     from ..codes.schemes import bits_of
     from ..probes.collect import draw_sample
     from ..probes.run import fit_layer, make_draws
     windows, documents, unigrams = text
     sample = draw_sample(windows, documents, 768, int(rng.integers(1 << 31)))
-    ids = torch.from_numpy(sample.current)
-    X = torch.from_numpy(rng.standard_normal((PROBE_VOCAB, 16)))[ids]
+    table = rng.standard_normal((len(unigrams.counts), PROBE_WIDTH))
+    X = torch.from_numpy(table[sample.current]
+                         + 0.5 * rng.standard_normal((len(sample), PROBE_WIDTH)))
     if signal:
-        noise = torch.from_numpy(rng.standard_normal((len(ids), PROBE_BITS)))
-        X = torch.cat([X, signal * (2 * bits_of(ids, PROBE_BITS).double() - 1) + noise], 1)
+        X = torch.cat([X] + [signal * (2 * bits_of(torch.from_numpy(ids), PROBE_BITS).double()
+                                       - 1)
+                             + torch.from_numpy(rng.standard_normal((len(ids), PROBE_BITS)))
+                             for ids in (sample.current, sample.previous)], 1)
     draws = make_draws(sample, unigrams, 8, PROBE_BITS,
                        [int(x) for x in rng.integers(1 << 31, size=probe_seeds)])
-    return float(np.mean([fit_layer(X, X, d.targets, d.split, 0.01)[0]["id_bits_selectivity"]
-                          for d in draws]))
+    rows = [fit_layer(X, X, d.targets, d.split, 0.01)[0] for d in draws]
+    return np.array([[r[f"{task}_selectivity"] for task in ("id_bits", "prev_bits")]
+                     for r in rows]).mean(0)
 
 
-def probe_selectivity(rng, trials: int, seeds: int, probe_seeds: int, signal: float) -> dict:
-    """One held-out text (a Zipf law, :func:`zipf_text`) for the scenario; each trial trains
-    ``seeds`` models (:func:`_selectivity`: each its own sample and probe seeds) and takes
-    the t interval over the seeds of their probe-seed means, as the study's probe table
-    does. The truth: 0 with no signal (a random table: only memorised types); with one, the
-    expected selectivity on this text, from ``trials / 5`` (100 to 400) independent models of
+def probe_selectivity(rng, trials: int, seeds: int, probe_seeds: int, signal: float,
+                      random_ids: bool) -> dict:
+    """Each trial trains ``seeds`` models (:func:`probed_selectivity`: each its own sample and
+    probe seeds) that share one held-out text, as a study's runs do, and takes the t
+    interval over the seeds of their probe-seed means, as the study's probe table does;
+    the ids random or ordered by frequency as BPE's roughly are (:func:`zipf_text`). With no
+    signal, a fresh text each trial: the share of trials whose interval excludes 0 (every
+    text must read 0, not just their average). With a known signal, one text: coverage of
+    the expected selectivity on it, from ``trials / 5`` (40 to 400) independent models of
     one probe seed each (at 400 its Monte Carlo error is about 1/40 of the interval's half
     width)."""
     import torch
     threads = torch.get_num_threads()
     torch.set_num_threads(1)   # tiny solves: threads only add overhead
     try:
-        text = zipf_text(np.random.default_rng([777, int(signal * 100)]), PROBE_VOCAB, 24, 64)
-        truth = 0.0
+        text = probe_text(rng, random_ids)
+        truth = np.zeros(2)
         if signal:
             big = np.random.default_rng(12345)
-            truth = float(np.mean([_selectivity(big, text, signal, 1)
-                                   for _ in range(max(100, min(400, trials // 5)))]))
-        hits = sum(_covers(t_interval([_selectivity(rng, text, signal, probe_seeds)
-                                       for _ in range(seeds)]), truth) for _ in range(trials))
+            truth = np.mean([probed_selectivity(big, text, signal, 1)
+                             for _ in range(max(40, min(400, trials // 5)))], axis=0)
+        hits = np.zeros(2)
+        for _ in range(trials):
+            if not signal:
+                text = probe_text(rng, random_ids)
+            values = np.array([probed_selectivity(rng, text, signal, probe_seeds)
+                               for _ in range(seeds)])
+            hits += [_covers(t_interval(values[:, i]), truth[i]) for i in range(2)]
     finally:
         torch.set_num_threads(threads)
-    return {"id selectivity by seed (probe seeds averaged)": hits / trials}
+    names = ("id selectivity by seed", "previous-token selectivity by seed")
+    if signal:
+        return {name: rate for name, rate in zip(names, hits / trials)}
+    return {name: ("fp", 1 - rate) for name, rate in zip(names, hits / trials)}
+
+
+# ----------------------------------------------------------------------------------- power
+
+def _detected(interval: dict) -> bool:
+    return interval["low"] > 0 or interval["high"] < 0
+
+
+def power_by_seed(rng, trials: int, seeds: int, spread: float) -> dict:
+    """A paired difference per seed, ``N(gap, spread²)``: at the gap the report states for
+    that spread (:func:`.power.detectable`), the share of trials whose paired t interval
+    excludes 0 (80%: the power it claims); at the seeds it names for a gap of half that,
+    the same share (reported: seeds come whole, so at least 80%); and, reported, the share
+    when the stated gap is computed from each trial's own spread, as a report computes it
+    (a fresh study at that gap: what the uncertainty of a few seeds' spread costs)."""
+    parts = [power.Part(spread ** 2 / seeds, seeds - 1, 1.0)]
+    stated = power.detectable(parts)
+    named = power.seeds_needed(stated / 2, parts, seeds)
+    at_stated = at_named = own = 0
+    for _ in range(trials):
+        at_stated += _detected(t_interval(stated + spread * rng.standard_normal(seeds)))
+        at_named += _detected(t_interval(stated / 2 + spread * rng.standard_normal(named)))
+        measured = t_interval(spread * rng.standard_normal(seeds))
+        gap = power.sensitivity(measured)["detectable"]
+        own += _detected(t_interval(gap + spread * rng.standard_normal(seeds)))
+    return {"detected at the stated gap (paired t)": ("power", at_stated / trials),
+            f"detected with the seeds named for half that gap ({named})":
+                ("share", at_named / trials),
+            "detected at the gap stated from each trial's own spread": ("share", own / trials)}
+
+
+def power_crossed(rng, trials: int, seeds: int, items: int, seed_sd: float, item_sd: float,
+                  noise_sd: float) -> dict:
+    """Per-item differences ``gap + seed effect (seed_sd) + item effect (item_sd, a fresh
+    sample of the task's items each trial) + noise (noise_sd)``: at the gap the report
+    states from the true variance parts, the share of trials whose crossed interval
+    excludes 0."""
+    parts = [power.Part((seed_sd ** 2 + noise_sd ** 2 / items) / seeds, seeds - 1, 1.0),
+             power.Part(item_sd ** 2 / items, items - 1, 0.0)]
+    stated = power.detectable(parts)
+    hits = 0
+    for _ in range(trials):
+        diff = (stated + seed_sd * rng.standard_normal((seeds, 1))
+                + item_sd * rng.standard_normal((1, items))
+                + noise_sd * rng.standard_normal((seeds, items)))
+        hits += _detected(crossed_interval(diff, np.zeros_like(diff)))
+    return {"detected at the stated gap (crossed)": ("power", hits / trials)}
 
 
 # ------------------------------------------------------------------------------- scenarios
@@ -420,22 +504,38 @@ SCENARIOS: list[tuple[str, str, Callable, dict]] = [
      dict(seeds=3, sizes=3, noise=0.02, flat=0.0, sharp=0.05)),
     ("tuned", "3 sizes x 4 rates, 5 seeds, arm flat, control sharp", tuned,
      dict(seeds=5, sizes=3, noise=0.02, flat=0.0, sharp=0.05)),
-    ("probes", "no signal (a random table), 3 seeds x 2 probe seeds", probe_selectivity,
-     dict(seeds=3, probe_seeds=2, signal=0.0)),
-    ("probes", "known selectivity (the id bits in noise), 3 seeds x 2 probe seeds",
-     probe_selectivity, dict(seeds=3, probe_seeds=2, signal=0.5)),
+    ("probes", "no signal (types as random vectors), random ids, 3 seeds x 2 probe seeds "
+     "sharing each text", probe_selectivity,
+     dict(seeds=3, probe_seeds=2, signal=0.0, random_ids=True)),
+    ("probes", "no signal (types as random vectors), ids ordered by frequency, 3 seeds x 2 "
+     "probe seeds sharing each text", probe_selectivity,
+     dict(seeds=3, probe_seeds=2, signal=0.0, random_ids=False)),
+    ("probes", "known selectivity (the ids' bits in noise), one text, 3 seeds x 2 probe seeds",
+     probe_selectivity, dict(seeds=3, probe_seeds=2, signal=0.5, random_ids=False)),
+    ("power", "2 seeds", power_by_seed, dict(seeds=2, spread=0.03)),
+    ("power", "3 seeds", power_by_seed, dict(seeds=3, spread=0.03)),
+    ("power", "5 seeds", power_by_seed, dict(seeds=5, spread=0.03)),
+    ("power", "3 seeds x 400 items, seed and item parts alike", power_crossed,
+     dict(seeds=3, items=400, seed_sd=0.02, item_sd=0.5, noise_sd=0.5)),
+    ("power", "5 seeds x 1,000 items, the items' part dominates", power_crossed,
+     dict(seeds=5, items=1000, seed_sd=0.005, item_sd=0.6, noise_sd=0.3)),
 ]
 
 
-KINDS = {"fp": "false_positive", "share": "share", "reference": "coverage_not_asserted"}
+KINDS = {"fp": "false_positive", "share": "share", "reference": "coverage_not_asserted",
+         "power": "power"}
+# The rate each asserted kind must read, and the least half width of its band.
+CENTRES = {"coverage": (NOMINAL, 0.02), "false_positive": (1 - NOMINAL, 0.02),
+           "power": (power.POWER, 0.05)}
 
 
 def run(trials: int, seed: int = 0, checks=None) -> dict:
     """Every scenario (or those whose check is in ``checks``) at ``trials`` trials. Returns
     ``{"trials", "rows": [{"check", "scenario", "interval", "kind", "rate", "trials",
-    "low", "high", "within"}]}``; ``kind`` is ``coverage``,
-    ``false_positive``, or ``share`` and ``coverage_not_asserted`` (reported, not asserted:
-    a rate with no nominal value, or an interval the reports no longer print)."""
+    "low", "high", "within"}]}``; ``kind`` is ``coverage``, ``false_positive``, ``power``
+    (the detected share at the gap a report states, 0.8 ± max(0.05, 3 standard errors)), or
+    ``share`` and ``coverage_not_asserted`` (reported, not asserted: a rate with no nominal
+    value, or an interval the reports no longer print)."""
     rows = []
     for index, (check, scenario, simulate, params) in enumerate(SCENARIOS):
         if checks and check not in checks:
@@ -446,9 +546,9 @@ def run(trials: int, seed: int = 0, checks=None) -> dict:
                           (KINDS[value[0]], value[1]))
             if scenario == ITEMS_DOMINATE and kind == "coverage":
                 kind = "coverage_not_asserted"
-            asserted = kind in ("coverage", "false_positive")
-            centre = NOMINAL if kind == "coverage" else 1 - NOMINAL
-            band = tolerance(trials)
+            asserted = kind in CENTRES
+            centre, floor = CENTRES.get(kind, (NOMINAL, 0.02))
+            band = tolerance(trials, centre, floor)
             rows.append({"check": check, "scenario": scenario, "interval": interval,
                          "kind": kind, "rate": rate, "trials": trials,
                          "low": centre - band if asserted else None,

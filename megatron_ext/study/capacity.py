@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..metrics.reporting import colours, pyplot, save_figure, signed_range
+from . import power
 from .evaluation import metric_names
 from .spec import Study
 
@@ -48,14 +49,17 @@ def markdown(study: Study, capacity: list[dict], final: int, depth: int = 2) -> 
     lines = [f"{'#' * depth} Gap against trainable input parameters", "",
              f"Each arm's final held-out loss (iteration {final:,}) minus `{study.control}`'s, "
              f"paired by seed, mean [95% t interval]; the count is the arm's trainable input "
-             f"parameters (its checkpoint's).", "",
-             "| arm | trainable input parameters | Δ held-out loss (by seed) | seeds |",
-             "|---|---:|---:|---:|"]
+             f"parameters (its checkpoint's); beside it, what the design detects (the "
+             f"smallest gap at 80% power from its seeds' spread, and the seeds its measured "
+             f"gap needs).", "",
+             f"| arm | trainable input parameters | Δ held-out loss (by seed) | seeds | "
+             f"{power.HEADER} |", "|---|---:|---:|---:|---:|"]
     for p in capacity:
         gap, control = p["gap"], p["arm"] == study.control
         lines.append(f"| {p['arm']} | {p['input_parameters']:,} | "
                      + ("control" if control else signed_range(gap)) + " | "
-                     + ("" if control else str(gap["n"] if gap else 0)) + " |")
+                     + ("" if control else str(gap["n"] if gap else 0)) + " | "
+                     + ("" if control else power.cell(gap)) + " |")
     return lines + ["", "![gap against trainable input parameters](input_capacity.png)", ""]
 
 

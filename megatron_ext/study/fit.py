@@ -206,9 +206,10 @@ class _Linear:
         h = np.zeros((len(self.index), len(self.sizes)))
         for arm, w in weights.items():
             h[self.index[arm]] += w
-        variance = float(np.einsum("al,ab,bl->", h, self.covariance, h / self.sizes))
-        half = self.quantile * math.sqrt(max(variance, 0.0))
-        return {"value": value, "low": value - half, "high": value + half}
+        variance = max(float(np.einsum("al,ab,bl->", h, self.covariance, h / self.sizes)), 0.0)
+        half = self.quantile * math.sqrt(variance)
+        return {"value": value, "low": value - half, "high": value + half,
+                "variance": variance, "dof": self.dof, "seeds": int(self.sizes.min())}
 
 
 def fit_arms(points: dict, control: str, target, confidence: float = 0.95,
@@ -225,7 +226,8 @@ def fit_arms(points: dict, control: str, target, confidence: float = 0.95,
     "fixed_alpha": {"alpha"[, "beta"], "arms": {arm: {"at_target", "gap_at_target"}}},
     "axes", "levels" (distinct points), "values" (distinct values per axis), "dof",
     "extrapolated", "why_not"}``; each interval is ``{"value", "low", "high"}`` (None bounds:
-    no interval, ``why_not`` or a bound says why). Refused (``ValueError``) with too few
+    no interval, ``why_not`` or a bound says why), with the estimate's ``variance``, the
+    ``dof`` and ``seeds`` (the fewest of a level) that :mod:`.power` reads. Refused (``ValueError``) with too few
     distinct points (:func:`fit_power_law`)."""
     place = lambda level: tuple(points[level][axis] for axis in axes)  # noqa: E731
     levels = sorted(points, key=place)

@@ -3,7 +3,8 @@ the checkpoint of every run at the study's common final iteration (the one the r
 report reads, so no seed drops out), and their summary across seeds for STUDY.md.
 
 Each run's probes are cached in ``RUN/probes/iter_NNNNNNN.json`` with the settings they
-were computed under, like the evaluation (a cache made under other settings is recomputed).
+were computed under, like the evaluation (a cache made under other settings, or by another
+selectivity estimator, is recomputed).
 Runs are probed one at a time, so there is no CKA across arms here (tools/probe.py compares
 models). Each run is probed under its own probe seeds (``run_key`` = its training seed:
 runs of different seeds draw their own sample, splits and control pairings, the arms of
@@ -26,9 +27,10 @@ from typing import Optional
 from ..checkpoint.layout import completed_iterations, iteration_name
 from ..datasets.held_out import cut_documents, indexed_documents
 from ..metrics.reporting import mean_interval, signed_range
-from ..probes.settings import SELECTIVITY
+from ..probes.settings import ESTIMATOR, SELECTIVITY
 from ..runtime.files import write_json
 
+from . import power
 from .spec import Study, run_dir
 from .stats import holm, paired_difference, t_interval
 
@@ -54,7 +56,9 @@ def read_probes(run: Path, iteration: int, settings) -> Optional[dict]:
     if not path.exists():
         return None
     record = json.loads(path.read_text())
-    return record if record["settings"] == dataclasses.asdict(settings) else None
+    same = (record["settings"] == dataclasses.asdict(settings)
+            and record.get("estimator") == ESTIMATOR)
+    return record if same else None
 
 
 def probe_study(study: Study, study_dir: Path, final: Optional[int], progress=print) -> dict:
@@ -204,9 +208,11 @@ def markdown(study: Study, summary: dict, final: int) -> str:
                   f"the family of its {tested} with a p-value, of all {len(members)} "
                   f"({len(pairs)} pairs of arms × layers × {len(PAIRED)} metrics): a "
                   f"difference is significant after adjustment "
-                  f"when its Holm p < 0.05.", "",
-                  "| b − a | layer | " + " | ".join(t for _, t in PAIRED) + " |",
-                  "|---|---|" + "---:|" * len(PAIRED)]
+                  f"when its Holm p < 0.05. Beside each, what the design detects "
+                  f"({power.HEADER}: from its seeds' spread, unadjusted, at 95%).", "",
+                  "| b − a | layer | " + " | ".join(t for _, t in PAIRED) + " | "
+                  + " | ".join(f"80% power: {t}" for _, t in PAIRED) + " |",
+                  "|---|---|" + "---:|" * (2 * len(PAIRED))]
         for pair in pairs:
             for row in pair["layers"]:
                 cells = []
@@ -214,6 +220,7 @@ def markdown(study: Study, summary: dict, final: int) -> str:
                     p_holm = next(adjusted)
                     cells.append(signed_range(row[m], 3) + ("" if p_holm is None else
                                                             f" (Holm p {p_holm:.2g})"))
+                cells += [power.cell(row[m], 3) for m, _ in PAIRED]
                 lines.append(f"| {pair['b']} − {pair['a']} | {row['layer']} | "
                              + " | ".join(cells) + " |")
         lines.append("")

@@ -8,7 +8,8 @@ per-seed differences: the primary interval), and for downstream tasks also the c
 seeds x items interval (:func:`.stats.crossed_interval`: the task's population of items;
 with one seed conditional on that seed, and labelled so in the table). The differences form
 one family, named with its size, and each carries its Holm-adjusted p-value beside the
-unadjusted one. Every row carries the tokens seen and the steps
+unadjusted one and what its design detects (:mod:`.power`: the smallest gap at 80% power,
+the seeds its measured gap needs). Every row carries the tokens seen and the steps
 skipped. When the arms differ in trainable input parameters, the gap against that count
 (:mod:`.capacity`). With ``[probes]``, the probes of the final checkpoints per layer
 (:mod:`.probing`). Each arm has one colour in every figure
@@ -33,7 +34,7 @@ from ..metrics.reporting import (colours, mean_interval, number, pyplot, save_fi
 from ..metrics.sinks import summarise_run
 from ..runtime.files import write_text
 
-from . import capacity
+from . import capacity, power
 from .evaluation import label, metric_names, metric_value, read_cached
 from .spec import Study, run_dir
 from .stats import crossed_interval, holm, paired_difference, t_interval
@@ -248,6 +249,14 @@ def family(summary: dict) -> list[tuple[str, str, str, dict]]:
     return out
 
 
+POWER_NOTE = (
+    "What the design detects (80% power): the smallest true gap each interval would exclude "
+    "0 for four times in five, from its own spread (the seeds' and, by seed and item, the "
+    "items'), taken as the truth, and the seeds per arm that would detect the gap it "
+    "measured (unadjusted, at 95%; with 2 or 3 seeds the spread itself is uncertain: "
+    "`tools/calibrate.py`'s power rows).")
+
+
 def family_table(summary: dict) -> list[str]:
     """Each difference's unadjusted and Holm-adjusted p-value over the family of every
     difference the report shows (pairs of arms x metrics x intervals)."""
@@ -259,15 +268,18 @@ def family_table(summary: dict) -> list[str]:
              f"which the Holm adjustment is over. Each interval is 95% unadjusted; the "
              f"Holm-adjusted p-values keep the chance of any false difference in the family at "
              f"5% (a difference is significant after adjustment when its Holm p < 0.05).", "",
+             POWER_NOTE, "",
              "| difference | metric | interval | p | Holm p (family of "
-             f"{tested}) |", "|---|---|---|---:|---:|"]
+             f"{tested}) | {power.HEADER} |", "|---|---|---|---:|---:|---:|"]
     for (pair, name, kind, interval), p_holm in zip(members, adjusted):
         what = ("by seed" if kind == "by_seed" else
                 "by item, conditional on the one seed" if interval.get("conditional") else
                 "by seed and item")
         lines.append(f"| {pair} | {label(name)} | {what} | "
-                     f"{number(interval['p'], '.3g')} | {number(p_holm, '.3g')} |")
+                     f"{number(interval['p'], '.3g')} | {number(p_holm, '.3g')} | "
+                     f"{power.cell(interval)} |")
     return lines
+
 
 
 def markdown(study: Study, title: str, summary: dict, generated: dict) -> str:

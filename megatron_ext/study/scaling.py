@@ -28,12 +28,14 @@ import numpy as np
 
 from ..metrics.reporting import colours, number, pyplot, save_figure, signed_range
 
-from . import fit
+from . import fit, power
 from .evaluation import label, metric_value
 from .spec import Study, read_study_recipe
 from .stats import paired_difference
 
 PAPER_RECIPE = "examples/smollm2_1p7b/recipe.args"
+TUNED_NEEDS = ("no interval (1 reported seed): an interval needs 2 reported seeds, 3 seeds "
+               "in a tuned study (the first half choose)")
 PAPER_PRESET = "smollm2-1.7b"  # its vocabulary
 PAPER_TOKENS = 100e9
 
@@ -146,11 +148,15 @@ def analyse(study: Study, runs: dict, summaries: dict) -> dict:
 def markdown(study: Study, result: dict) -> list[str]:
     points = result["points"]
     others = [a.name for a in study.arms if a.name != study.control]
+    needs = (TUNED_NEEDS if study.tune else power.NEEDS)
     lines = ["## Across levels: loss and gap against training compute", "",
+             f"Beside each gap, what the design detects ({power.HEADER}: from the level's "
+             f"seeds' spread, unadjusted, at 95%).", "",
              "| level | FLOPs | tokens | parameters (non-embedding / total, "
              f"{study.control}) | " + " | ".join(f"{a.name} loss" for a in study.arms)
-             + "".join(f" | {arm} − {study.control} (by seed)" for arm in others) + " |",
-             "|---|---:|---:|---:|" + "---:|" * (len(study.arms) + len(others))]
+             + "".join(f" | {arm} − {study.control} (by seed) | 80% power" for arm in others)
+             + " |",
+             "|---|---:|---:|---:|" + "---:|" * (len(study.arms) + 2 * len(others))]
     for level, p in sorted(points.items(), key=lambda kv: kv[1]["compute"]):
         params = p["parameters"][study.control]
         # paired at the row's own final iteration (a gap series may run further when a
@@ -161,7 +167,8 @@ def markdown(study: Study, result: dict) -> list[str]:
                      f"{params['non_embedding']:,} / {params['total']:,} | "
                      + " | ".join(number(np.mean(list(p["loss"][a.name].values())), ".4f")
                                   for a in study.arms)
-                     + "".join(f" | {signed_range(gap)}" for gap in final_gaps) + " |")
+                     + "".join(f" | {signed_range(gap)} | {power.cell(gap, needs=needs)}"
+                               for gap in final_gaps) + " |")
     lines += ["", "![loss against FLOPs](loss_vs_flops.png)", "",
               "![gap to the control against FLOPs](gap_vs_flops.png)", ""]
     if result["task_gaps"]:
@@ -271,7 +278,8 @@ def _law_table(study: Study, fits: dict, where: str, order: str) -> list[str]:
                                           else "") for a in amplitudes]
         cells.append(_extrapolated(f["at_target"], bounds, ".3f"))
         cells.append("—" if arm.name == study.control else
-                     _extrapolated(f["gap_at_target"], bounds, "+.3f"))
+                     _with_power(_extrapolated(f["gap_at_target"], bounds, "+.3f"),
+                                 None if bounds else f["gap_at_target"]))
         cells.append(", ".join(f"{r:+.4f}" for r in f["fit"]["residuals"]))
         lines.append(f"| {arm.name} | " + " | ".join(cells) + " |")
     return lines
@@ -286,9 +294,11 @@ def _gap_table(study: Study, fits: dict, slopes: list[str], where: str, fixed: s
              "|---|" + "---:|" * (len(slopes) + 2) + "---|"]
     for arm, g in fits["gaps"].items():
         sensitivity = fits["fixed_alpha"]["arms"][arm]["gap_at_target"]
-        lines.append(f"| {arm} | " + " | ".join(_range(s, "+.4f") for s in g["slopes"])
-                     + f" | {_extrapolated(g['at_target'], {}, '+.3f')} | "
-                     f"{_extrapolated(sensitivity, {}, '+.3f')} | "
+        direct = _with_power(_extrapolated(g["at_target"], {}, "+.3f"), g["at_target"])
+        lines.append(f"| {arm} | " + " | ".join(_with_power(_range(s, "+.4f"), s)
+                                                for s in g["slopes"])
+                     + f" | {direct} | "
+                     f"{_with_power(_extrapolated(sensitivity, {}, '+.3f'), sensitivity)} | "
                      + ", ".join(f"{r:+.4f}" for r in g["fit"]["residuals"]) + " |")
     return lines + [""]
 
@@ -302,6 +312,14 @@ def _range(interval: dict, spec: str) -> str:
         return f"{format(interval['value'], spec)} (no interval)"
     return (f"{format(interval['value'], spec)} [{format(interval['low'], spec)}, "
             f"{format(interval['high'], spec)}]")
+
+
+def _with_power(text: str, interval) -> str:
+    """``text`` (a gap or slope and its interval) with what the design detects there
+    (:func:`.power.cell`), where it has an interval."""
+    if interval is None or interval.get("low") is None:
+        return text
+    return f"{text} (80% power: {power.cell(interval, 3)})"
 
 
 def _parameter(interval: dict, bound, spec: str) -> str:

@@ -249,12 +249,14 @@ def read_study_recipe(path: str) -> list[str]:
     return recipes.read_recipe(Path(path), PER_RUN_FLAGS, "the study sets for every run")
 
 
-def build_study(fields: dict, base: Path) -> Study:
+def build_study(fields: dict, base: Path, allow_unreported_intervals: bool = False) -> Study:
     """A study from ``fields`` (a study file's keys, or flags): ``recipe``, ``overrides``
     (flags appended to the recipe's, e.g. a smaller ``--train-samples``), ``arms``,
     ``seeds``, ``control``, ``eval`` (a dict of :class:`EvalSettings` fields), ``probes`` (a
     dict of :class:`ProbeSettings` fields; ``data_path`` defaults to the eval's). Relative
-    paths are taken from ``base`` (the study file's folder, or the working directory)."""
+    paths are taken from ``base`` (the study file's folder, or the working directory).
+    ``allow_unreported_intervals``: define a tuned study of fewer than 3 seeds, whose tuned
+    gaps have no interval (refused otherwise)."""
     unknown = set(fields) - {"recipe", "overrides", "arms", "seeds", "control", "eval",
                              "probes", "factors", "budgets", "tune"}
     if unknown:
@@ -296,14 +298,19 @@ def build_study(fields: dict, base: Path) -> Study:
                   seeds=seeds, control=control, eval=EvalSettings(**evaluation),
                   probes=probes, factors=parse_factors(fields.get("factors") or {}),
                   budgets=_budgets(fields.get("budgets")), tune=fields.get("tune"))
-    _check_tune(study)
+    _check_tune(study, allow_unreported_intervals)
     _check_held_out(study)
     _check_flags(study)
     return study
 
 
-def _check_tune(study: Study) -> None:
-    """``tune`` names a factor of two levels or more, and a held-out set picks the best."""
+ALLOW_UNREPORTED = "--allow-unreported-intervals"
+
+
+def _check_tune(study: Study, allow_unreported_intervals: bool) -> None:
+    """``tune`` names a factor of two levels or more, a held-out set picks the best, and
+    there are seeds enough for the tuned gaps to have an interval (at least 3: the first
+    half choose, at least 2 are reported) unless ``allow_unreported_intervals``."""
     if study.tune is None:
         return
     factor = next((f for f in study.factors if f.name == study.tune), None)
@@ -316,6 +323,12 @@ def _check_tune(study: Study) -> None:
     if not study.eval.data_path:
         raise StudyError(f"tune = {study.tune!r} chooses by the held-out loss: give "
                          f"[eval] data_path")
+    if len(study.seeds) < 3 and not allow_unreported_intervals:
+        raise StudyError(f"tune = {study.tune!r} with {len(study.seeds)} seed(s): the first "
+                         f"half of the seeds choose each arm's level and the others are "
+                         f"reported, so the tuned gaps would rest on one reported seed and "
+                         f"have no interval; give at least 3 seeds (2 reported), or "
+                         f"{ALLOW_UNREPORTED} to run it without intervals")
 
 
 def _check_held_out(study: Study) -> None:
@@ -409,13 +422,14 @@ def read_study_file(path: str) -> dict:
 SPEC_FILE = "definition.json"
 
 
-def study_from_flags(study_file: Optional[str], flags: dict, evaluation: dict
-                     ) -> Optional[Study]:
+def study_from_flags(study_file: Optional[str], flags: dict, evaluation: dict,
+                     allow_unreported_intervals: bool = False) -> Optional[Study]:
     """The study that a ``--study`` file and the command line define together (flags win), or
     None when they define none. ``flags``: ``recipe``, ``arms``, ``seeds`` and ``control`` as
     given (lists comma-separated; None when absent); ``evaluation``: the ``[eval]`` keys given
     by flags (None when absent). A flag's path is relative to the working directory, the
-    file's paths to the file's folder."""
+    file's paths to the file's folder. ``allow_unreported_intervals``: as
+    :func:`build_study`."""
     fields, base = {}, Path.cwd()
     if study_file:
         fields, base = read_study_file(study_file), Path(study_file).resolve().parent
@@ -431,7 +445,7 @@ def study_from_flags(study_file: Optional[str], flags: dict, evaluation: dict
                            else split(value) if key == "tasks" else value)
     if merged:
         fields["eval"] = merged
-    return build_study(fields, base) if fields else None
+    return build_study(fields, base, allow_unreported_intervals) if fields else None
 
 
 def settle(study_dir: Path, study: Optional[Study], save: bool = True) -> Study:

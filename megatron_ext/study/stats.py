@@ -45,7 +45,9 @@ def crossed_interval(arm: Sequence[Sequence[float]], control: Sequence[Sequence[
 
     With one seed only the items vary: a t interval over the items' differences,
     conditional on that run (``"conditional": True``): an interval for these two trained
-    models, not for the arms."""
+    models, not for the arms. With two seeds or more, ``variance_parts`` holds the by-seed
+    and the items' parts ``[variance, degrees of freedom]`` (the items' None with one item),
+    from which :mod:`.power` reads what the design detects."""
     a, c = np.asarray(arm, dtype=float), np.asarray(control, dtype=float)
     if a.shape != c.shape or a.ndim != 2 or 0 in a.shape:
         raise ValueError(f"paired scores must be two [seeds, items] arrays of one shape, got "
@@ -67,7 +69,8 @@ def crossed_interval(arm: Sequence[Sequence[float]], control: Sequence[Sequence[
         resid = diff - row[:, None] - col[None, :] + mean
         ms_resid = float((resid ** 2).sum()) / ((seeds - 1) * (items - 1))
         parts.append((max(ms_items - ms_resid, 0.0) / (seeds * items), items - 1))
-    return {**out, **_interval(mean, parts, confidence)}
+    return {**out, **_interval(mean, parts, confidence),
+            "variance_parts": [list(parts[0]), list(parts[1]) if items > 1 else None]}
 
 
 def _interval(mean: float, parts: list, confidence: float) -> dict:

@@ -39,7 +39,7 @@ from megatron_ext.probes.models import (check_held_out, check_text_tokenizer,  #
                                          describe)
 from megatron_ext.probes.run import (Split, Targets, draws, fit_layer, num_bits,  # noqa: E402
                                      run_probes)
-from megatron_ext.probes.settings import ProbeSettings  # noqa: E402
+from megatron_ext.probes.settings import ESTIMATOR, ProbeSettings  # noqa: E402
 from megatron_ext.study.calibration import zipf_text  # noqa: E402
 from megatron_ext.probes.text import jsonl_documents  # noqa: E402
 from megatron_ext.datasets.tokenizer import NullTokenizer, build_tokenizer  # noqa: E402
@@ -398,6 +398,17 @@ def test_the_study_probes_each_final_checkpoint_once(tiny_study, capsys):
     assert (study_dir / "probes.png").read_bytes().startswith(b"\x89PNG")
     study.main(["eval", str(study_dir)])
     assert "[study] probed 0 final checkpoints (4 cached)" in capsys.readouterr().out
+    # a cache made by another selectivity estimator is not read (it is probed again)
+    from megatron_ext.study.probing import cache_path, read_probes
+    from megatron_ext.study.spec import settle
+    run, settings = study_dir / "binary/seed1", settle(study_dir, None).probes
+    saved = cache_path(run, 3).read_text()
+    assert json.loads(saved)["estimator"] == ESTIMATOR and read_probes(run, 3, settings)
+    cache_path(run, 3).write_text(json.dumps({**json.loads(saved), "estimator": "older"}))
+    try:
+        assert read_probes(run, 3, settings) is None
+    finally:
+        cache_path(run, 3).write_text(saved)
 
 
 @pytest.mark.integration

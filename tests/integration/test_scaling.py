@@ -215,7 +215,7 @@ def test_the_holm_family_counts_the_comparisons_it_adjusts():
     counted the intervals without a p-value too), and a NaN is refused, not sorted."""
     from megatron_ext.study.report import family_table
     from megatron_ext.study.stats import holm
-    with_p = {"mean": 0.1, "low": 0.05, "high": 0.15, "p": 0.01}
+    with_p = {"mean": 0.1, "n": 3, "low": 0.05, "high": 0.15, "half_width": 0.05, "p": 0.01}
     no_p = {"mean": 0.1, "low": None, "high": None, "p": None, "conditional": True}
     summary = {"differences": {"binary": {"valid_loss": {"by_seed": with_p, "by_item": no_p}}},
                "pairwise": []}
@@ -328,12 +328,46 @@ def test_a_tuned_factor_compares_each_arm_at_its_own_best_level(recipe, tmp_path
     assert summary["tuned"]["d64"]["binary"]["reported"] == [2, 3]
     assert [s for _, d in scaling_gaps["d64"] for s in d["seeds"]] == [2, 3, 2, 3]
     assert "| binary − learned (by seed) |" in text
-    assert re.search(r"^\| d64 \| 1e\+12 \| .* \| \+0\.2000 \[\+0\.2000, \+0\.2000\] \|$", text,
-                     flags=re.M)
+    assert re.search(r"^\| d64 \| 1e\+12 \| .* \| \+0\.2000 \[\+0\.2000, \+0\.2000\] \| "
+                     r"±0\.0000 · 2 seeds \|$", text, flags=re.M)
+
+
+def test_a_tuned_study_of_two_seeds_is_refused_unless_its_intervals_may_go_unreported(
+        recipe, tmp_path, capsys):
+    """Two seeds leave one reported seed: refused at definition, naming the flag; with the
+    flag the report says each tuned gap has no interval and names the seeds that give one,
+    and the command line takes it."""
+    fields = {"recipe": str(recipe), "arms": ["learned", "binary"], "seeds": [1, 2],
+              "factors": {"size": SIZES, "lr": LRS}, "tune": "lr",
+              "eval": {"data_path": str(tmp_path / "heldout"), "tokens": 64}}
+    with pytest.raises(StudyError, match=re.escape(
+            "tune = 'lr' with 2 seed(s): the first half of the seeds choose each arm's level "
+            "and the others are reported, so the tuned gaps would rest on one reported seed "
+            "and have no interval; give at least 3 seeds (2 reported), or "
+            "--allow-unreported-intervals to run it without intervals")):
+        spec.build_study(fields, Path.cwd())
+    study = spec.build_study(fields, Path.cwd(), allow_unreported_intervals=True)
+    fabricate(study, tmp_path / "S", tuned_loss)
+    write_report(study, tmp_path / "S")
+    text = (tmp_path / "S" / "STUDY.md").read_text()
+    assert re.search(r"^\| d96 \| .* \| \+0\.1000 \(1 seed: no interval\) \| no interval \(1 "
+                     r"reported seed\): an interval needs 2 reported seeds, 3 seeds in a tuned "
+                     r"study \(the first half choose\) \|$", text, flags=re.M)
+    toml = tmp_path / "s.toml"
+    toml.write_text(f'recipe = "{recipe}"\narms = ["learned", "binary"]\nseeds = [1, 2]\n'
+                    f'tune = "lr"\n[eval]\ndata_path = "{tmp_path / "heldout"}"\n'
+                    f'[factors.size]\nd64 = "{SIZES["d64"]}"\n[factors.lr]\n'
+                    + "".join(f'{k} = "{v}"\n' for k, v in LRS.items()))
+    run = ["run", str(tmp_path / "T"), "--study", str(toml), "--launcher", "slurm",
+           "--gpus-per-node", "0", "--ntasks-per-node", "1", "--dry-run"]
+    with pytest.raises(SystemExit, match="--allow-unreported-intervals to run it"):
+        study_tool.main(run)
+    study_tool.main(run + ["--allow-unreported-intervals"])
+    assert "# ===== d64/lo learned seed 2:" in capsys.readouterr().out
 
 
 def test_a_tuned_study_round_trips_through_its_definition(recipe, tmp_path):
-    study = build(recipe, {"size": SIZES, "lr": LRS}, tune="lr",
+    study = build(recipe, {"size": SIZES, "lr": LRS}, tune="lr", seeds=[1, 2, 3],
                   eval={"data_path": str(tmp_path / "heldout"), "tokens": 64})
     spec.settle(tmp_path / "S", study)
     assert spec.settle(tmp_path / "S", None) == study

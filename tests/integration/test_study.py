@@ -16,7 +16,7 @@ import torch
 from conftest import STUDY_PIQA, study_trains_in_process
 from helpers.recipes import TINY_RECIPE
 from megatron_ext.launch.slurm import REPO
-from megatron_ext.study import spec
+from megatron_ext.study import power, spec
 from megatron_ext.study.stats import crossed_interval, holm, paired_difference, t_interval
 from megatron_ext.runtime.errors import DataError, FlagError, StudyError
 from tools import study
@@ -267,10 +267,14 @@ def test_a_study_trains_evaluates_and_reports(tiny_study):
     # learned vs binary: valid loss by seed, piqa by seed and by seed and item: one family
     assert "Family of comparisons: the 3 difference intervals above" in text
     rows = re.findall(r"^\| binary − control \| (.+?) \| (by seed(?: and item)?) \| "
-                      r"([\d.e+-]+) \| ([\d.e+-]+) \|$", text, flags=re.M)
+                      r"([\d.e+-]+) \| ([\d.e+-]+) \| (.+) \|$", text, flags=re.M)
     assert len(rows) == 3
-    p_values = [float(p) for *_, p, _ in rows]
-    assert [float(h) for *_, h in rows] == pytest.approx(holm(p_values), rel=1e-2)
+    p_values = [float(p) for *_, p, _, _ in rows]
+    assert [float(h) for *_, h, _ in rows] == pytest.approx(holm(p_values), rel=1e-2)
+    # beside each, what the design detects: the loss's from its 2 seeds' spread
+    assert rows[0][:2] == ("validation loss", "by seed")
+    assert rows[0][4] == power.cell(diff["valid_loss"]["by_seed"])
+    assert re.fullmatch(r"±\d\.\d{4} · (\d+|more than 1,000) seeds", rows[0][4])
     assert summary["pairwise"] == []
     assert "| binary | `--input-interface binary` |" in text
     assert re.search(r"\| binary \| 2 \| 0 \| \d\.\d{4} ± \d\.\d{4} \|", text)

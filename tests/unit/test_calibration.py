@@ -29,7 +29,8 @@ def quick():
 def test_every_printed_interval_is_within_its_band_at_a_reduced_trial_count(quick):
     asserted = [r for r in quick["rows"] if r["within"] is not None]
     checks = {r["check"] for r in asserted}
-    assert checks == {"t by seed", "downstream", "fit", "fit L(N, D)", "tuned", "probes"}
+    assert checks == {"t by seed", "downstream", "fit", "fit L(N, D)", "tuned", "probes",
+                      "power"}
     outside = [r for r in asserted if not r["within"]]
     assert not outside, outside
     # the crossed interval is there in every downstream scenario, with 2 to 5 seeds

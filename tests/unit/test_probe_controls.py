@@ -186,3 +186,24 @@ def test_control_types_swap_neighbours_in_training_frequency_and_vary_with_the_s
         assert max(abs(rank[a] - rank[b]) for a, b in zip(types, control)) <= 2
         pairings.add(control.tobytes())
     assert len(pairings) > 1
+
+
+def test_a_representation_of_types_only_reads_no_selectivity_on_any_text():
+    """States that hold only a random vector per token type (the probe can memorise types,
+    nothing else): on each of three held-out texts, the mean id and previous-token
+    selectivity of 60 such models (each its own sample, probe seed and vectors) is 0 within
+    its Monte Carlo error (the chi-square of the six means over their standard errors below
+    its 0.999 quantile), not only on average over texts: a study's seeds share one text."""
+    from scipy import stats
+    from megatron_ext.study.calibration import probe_text, probed_selectivity
+    rng = np.random.default_rng(4)
+    chi2, threads = 0.0, torch.get_num_threads()
+    torch.set_num_threads(1)   # tiny solves: threads only add overhead
+    try:
+        for random_ids in (True, False, True):
+            text = probe_text(rng, random_ids)
+            values = np.array([probed_selectivity(rng, text, 0.0, 1) for _ in range(60)])
+            chi2 += float((values.mean(0) ** 2 / (values.var(0, ddof=1) / len(values))).sum())
+    finally:
+        torch.set_num_threads(threads)
+    assert chi2 < stats.chi2.ppf(0.999, 6), chi2
