@@ -20,7 +20,7 @@ import traceback
 import types
 import unittest.mock
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 import pytest
 
@@ -65,6 +65,32 @@ class TierMarks:
                                         f"tests/unit/: move it to tests/integration/")
             if not set(marked) & {"unit", "integration", "slurm"}:
                 item.add_marker(getattr(pytest.mark, folder))
+
+
+@contextlib.contextmanager
+def environment_kept() -> Iterator[None]:
+    saved = dict(os.environ)
+    yield
+    if os.environ != saved:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+@pytest.fixture(autouse=True)
+def environment_restored():
+    """A test leaves the environment as it found it: Megatron-Core's model constructors set
+    the ``NVTE_*`` attention switches in ``os.environ`` (their backend's; ``auto`` sets all
+    three to 1), which then refused another backend in a later test on the same worker that
+    built a model itself."""
+    with environment_kept():
+        yield
+
+
+@pytest.fixture(autouse=True, scope="module")
+def module_environment_restored():
+    """The same for a test module's own fixtures (a model built once per module)."""
+    with environment_kept():
+        yield
 
 
 @pytest.fixture(autouse=True)
