@@ -126,10 +126,12 @@ def _complete(args: argparse.Namespace, iteration: int) -> None:
     writes the manifest, renames the save to its final name, moves the marker, applies
     retention; the other ranks wait for it."""
     # Test hooks: die after the shards, before completion; or stay inside the save a while
-    # (a window for a signal to arrive in).
+    # (a window for a signal to arrive in): "S" seconds in every save, "S@N" in iteration N's.
     if os.environ.get("FIXEDCODE_FAULT_AFTER_SHARDS") == str(iteration):
         os._exit(17)
-    time.sleep(float(os.environ.get("FIXEDCODE_TEST_SAVE_SECONDS", 0)))
+    seconds, _, at = os.environ.get("FIXEDCODE_TEST_SAVE_SECONDS", "0").partition("@")
+    if not at or at == str(iteration):
+        time.sleep(float(seconds))
     messages = []  # retention's, from rank 0, printed by the logging rank
     if torch.distributed.get_rank() == 0:
         final = checkpoint_path(args.save, iteration)

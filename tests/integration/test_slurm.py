@@ -374,7 +374,7 @@ def test_preempted_job_requeues_resumes_and_ends_with_the_uninterrupted_loss(
        start-up): the run ends without training a step or saving;
     2. during the validation at EVAL_AT: the run stops validating, saves, and the next run
        validates EVAL_AT before it trains on;
-    3. during the save at SAVE_AT (FIXEDCODE_TEST_SAVE_SECONDS holds every save open 3 s):
+    3. during the save at SAVE_AT (FIXEDCODE_TEST_SAVE_SECONDS holds that save open 3 s):
        the save completes, then the run stops, and the next one resumes from it.
 
     At the end: 4 restarts (0 for the other job), both COMPLETED, the same final loss and
@@ -400,7 +400,7 @@ def test_preempted_job_requeues_resumes_and_ends_with_the_uninterrupted_loss(
 
 def preemption_scenario(slurm_env, root: Path) -> None:
     """The scenario of the test above, in the folder ``root``."""
-    env = {**slurm_env, "FIXEDCODE_TEST_SAVE_SECONDS": "3"}   # sbatch passes it to the job
+    env = {**slurm_env, "FIXEDCODE_TEST_SAVE_SECONDS": f"3@{SAVE_AT}"}  # sbatch passes it on
     deadline = time.monotonic() + 540   # ~2.5 min on an idle 2-core machine; slack for a busy one
     root.mkdir()
     recipe = write_recipe(root / "recipe.args")
