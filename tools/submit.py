@@ -4,7 +4,8 @@ The recipe is a file of pretrain_fixedcode.py flags (model shape, data, schedule
 comments allowed) shared by every arm. For each arm megatron_ext/launch/slurm.py fills
 slurm/fixedcode.sbatch (job name, log, ``--input-interface``, ``--save``/``--load``,
 ``--tensorboard-dir``); this writes it to RUN_DIR/ARM/job.sbatch and submits it with sbatch;
-``--dry-run`` prints the scripts and touches nothing. First it prints the plan of each arm
+``--dry-run`` prints the scripts and touches nothing. First it checks each arm's flags as its
+job will start with them (what a run refuses before it starts), then prints the plan of each arm
 (memory per GPU, time, GPU-hours: megatron_ext/launch/plan.py) and refuses to submit an arm
 that does not fit ``--gpu-memory``. ``--build-cache`` first queues a CPU job
 (slurm/build_data_cache.sbatch, RUN_DIR/data_cache/) that builds the recipe's dataset index caches
@@ -27,8 +28,9 @@ from megatron_ext.study.spec import parse_arm
 from megatron_ext.launch.plan import (add_plan_args, check_fits, cluster_from_args, plan_arms,
                                       plan_submission)
 from megatron_ext.launch.slurm import (CACHE_JOB, Job, add_job_args, cache_job_script,
-                                       check_cache_recipe, job_options, job_script,
-                                       read_job_recipe, run_flags, write_and_submit)
+                                       check_cache_recipe, check_job_runs, job_options,
+                                       job_script, read_job_recipe, run_flags,
+                                       write_and_submit)
 from megatron_ext.runtime.errors import exits_on_error
 
 
@@ -75,6 +77,13 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         run_dir = args.run_dir.resolve()
         arms = [parse_arm(spec, ARMS) for spec in args.arms.split(",") if spec]
         recipe = read_job_recipe(args.recipe)
+        if args.build_cache:
+            check_cache_recipe(recipe, args.recipe)
+        own = ["--require-data-cache"] if (args.build_cache and
+                                           "--require-data-cache" not in recipe) else []
+        runs = {arm.name: run_flags(recipe, run_dir / arm.name, arm.training_flags() + own)
+                for arm in arms}
+        check_job_runs(runs)  # each arm's flags, as its job will start, before anything is queued
         if job.gpus_per_node:  # the plan, checked before anything is queued
             cluster = cluster_from_args(args, job.nodes, job.ntasks_per_node)
             plans, table = plan_submission(recipe, lambda vocab: plan_arms(
@@ -82,14 +91,12 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                 cluster)
             print(table)
             check_fits(plans, cluster)
-        cache_job = own = None
+        cache_job = None
         if args.build_cache:
-            check_cache_recipe(recipe, args.recipe)
             cache_dir = run_dir / CACHE_JOB
             script = cache_job_script(job, recipe, cache_dir, run_dir, {
                 "cpus-per-task": args.build_cache_cpus_per_task, "time": args.build_cache_time,
                 "partition": args.build_cache_partition})
-            own = [] if "--require-data-cache" in recipe else ["--require-data-cache"]
             if args.dry_run:
                 print(f"# ===== {CACHE_JOB}: {cache_dir / 'job.sbatch'} =====\n{script}")
                 cache_job = "CACHE_JOB_ID"
@@ -98,8 +105,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                 print(f"{CACHE_JOB}: job {cache_job}, log {cache_dir / f'slurm-{cache_job}.log'}")
         for arm in arms:
             arm_dir = run_dir / arm.name
-            flags = run_flags(recipe, arm_dir, arm.training_flags() + (own or []))
-            script = job_script(job, f"{run_dir.name}-{arm.name}", arm_dir, flags, run_dir)
+            script = job_script(job, f"{run_dir.name}-{arm.name}", arm_dir, runs[arm.name],
+                                run_dir)
             if args.dry_run:
                 after = (f"# submitted with: sbatch --dependency=afterok:{cache_job} "
                          f"{arm_dir / 'job.sbatch'}\n" if cache_job else "")

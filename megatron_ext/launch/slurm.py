@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import List, Optional
 
 from ..config import recipes
-from ..runtime.errors import LaunchError
+from ..config.arguments import check_run_flags
+from ..runtime.errors import FixedcodeError, LaunchError
 
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATE = REPO / "slurm" / "fixedcode.sbatch"
@@ -117,6 +118,19 @@ def run_flags(recipe: List[str], run_dir: Path, own: List[str]) -> List[str]:
     return recipe + own + ["--save", ckpt, "--load", ckpt,
                            "--tensorboard-dir", str(run_dir / "tensorboard"),
                            "--exit-signal-handler"]
+
+
+def check_job_runs(runs: dict) -> None:
+    """Refuse, naming the job and the flag, where a job's run (``{name: its flags}``, as
+    :func:`run_flags` gives them) would refuse its flags when it starts: the checks that need
+    only the flags (``RunConfig.validate``), before anything is queued."""
+    for name, flags in runs.items():
+        try:
+            check_run_flags(flags)
+        except FixedcodeError as e:
+            raise LaunchError(f"{name}: {e}") from e
+        except SystemExit as e:  # argparse's refusal of a value (it printed why)
+            raise LaunchError(f"{name}: its flags do not parse: {e.code or 'see above'}") from e
 
 
 def flag_lines(flags: List[str]) -> str:

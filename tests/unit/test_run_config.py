@@ -23,7 +23,7 @@ from megatron_ext.config.run_config import (CheckpointConfig, DataConfig, Loggin
                                             TrainingConfig)
 from megatron_ext.runtime.errors import FlagError
 from pretrain_fixedcode import parse_args
-from tools import study
+from tools import study, submit
 
 CONCERNS = (ModelConfig, ParallelConfig, TrainingConfig, DataConfig, CheckpointConfig,
             LoggingConfig)
@@ -226,3 +226,24 @@ def test_a_recipe_that_picks_the_checkpoint_a_run_loads_is_refused_at_definition
             ": --ckpt-step: each run of a study resumes its own latest checkpoint")):
         run_study(tmp_path, "--ckpt-step 2\n", "--arms", "learned")
     assert not (tmp_path / "study").exists()
+
+
+def test_submit_refuses_an_arms_flags_before_anything_is_queued(tmp_path, capsys):
+    """tools/submit.py checks each arm's flags as its job will start with them (the recipe,
+    the arm's, its --save and --load), naming the arm and the flag; nothing is written or
+    printed as a script."""
+    recipe = tmp_path / "recipe.args"
+    recipe.write_text(TINY_RECIPE + "--tokenizer-type NullTokenizer --vocab-size 511\n")
+    with pytest.raises(SystemExit) as refused:
+        submit.main(["--recipe", str(recipe), "--run-dir", str(tmp_path / "runs"),
+                     "--arms", "learned,og:binary@--overlap-param-gather",
+                     "--gpus-per-node", "0", "--ntasks-per-node", "1", "--dry-run"])
+    assert refused.value.code == ("error: og: --overlap-param-gather needs "
+                                  "--use-distributed-optimizer and --overlap-grad-reduce, as in Megatron-LM")
+    assert "# =====" not in capsys.readouterr().out and not (tmp_path / "runs").exists()
+    recipe.write_text(recipe.read_text() + "--keep-checkpoints-every 2\n")
+    with pytest.raises(SystemExit, match="^error: learned: --keep-checkpoints-every applies "
+                                         "with --keep-last-checkpoints only"):
+        submit.main(["--recipe", str(recipe), "--run-dir", str(tmp_path / "runs"),
+                     "--gpus-per-node", "0", "--ntasks-per-node", "1"])
+    assert not (tmp_path / "runs").exists()
