@@ -21,7 +21,7 @@ from megatron.core.datasets.indexed_dataset import IndexedDataset
 
 from conftest import REPO, TINY_RUN
 from helpers.gpt2_bpe import gpt2_bpe_files
-from helpers.indexed_data import make_dataset, training_data
+from helpers.indexed_data import make_dataset, null_vocab_size, training_data
 from megatron_ext.datasets.indexed import IndexCheckError, read_index, token_id_range
 from megatron_ext.datasets.split_checks import (check_train_epochs, split_problems, split_ranges,
                                                 train_epochs)
@@ -334,16 +334,12 @@ def test_the_tool_lists_every_problem(tmp_path, capsys):
     assert [f["prefix"] for f in saved["files"]] == [small, wide]
 
 
-# The --vocab-size whose NullTokenizer holds ids 0..98 on the installed release: 98 (EOD 98)
-# before megatron-core 0.18.0, 99 (EOD 98) from it.
-NULL_VOCAB_TO_98 = 99 - (null_tokenizer_counts(99)[0] - 99)
-
-
 @pytest.mark.parametrize("flags,ok", [
     (["--vocab-size", "99"], True),
     (["--vocab-size", "98"], False),
-    (["--tokenizer-type", "NullTokenizer", "--vocab-size", str(NULL_VOCAB_TO_98)], True),
-    (["--tokenizer-type", "NullTokenizer", "--vocab-size", str(NULL_VOCAB_TO_98 - 1)], False),
+    # ids 0..98: EOD 98 (--vocab-size 98 before megatron-core 0.18.0, 99 from it)
+    (["--tokenizer-type", "NullTokenizer", "--vocab-size", str(null_vocab_size(99))], True),
+    (["--tokenizer-type", "NullTokenizer", "--vocab-size", str(null_vocab_size(98))], False),
     (["--code-bits", "7"], True),
     (["--code-bits", "6"], False),
     (["--seq-length", "32", "--eval-iters", "0"], True),
