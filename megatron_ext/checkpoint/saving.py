@@ -75,13 +75,13 @@ def _fork_writer_results_queue() -> None:
 
 class _FullDisk:
     """Test hook ``FIXEDCODE_FAULT_DISK_FULL``: a file created on a full disk; every write
-    fails with ENOSPC, as the writer then sees it."""
+    fails with ENOSPC, as write(2) fails there (naming no file)."""
 
     def __init__(self, path, mode="r", *args, **kwargs):
-        self.path, self.file = path, open(path, mode, *args, **kwargs)
+        self.file = open(path, mode, *args, **kwargs)
 
     def write(self, data):
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), self.path)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     def __enter__(self):
         return self

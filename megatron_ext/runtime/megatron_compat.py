@@ -13,9 +13,12 @@ The differences (first release that has them):
 * 0.17.0: ``dist_checkpointing.save`` takes ``async_strategy``, default ``"nvrx"`` (NVIDIA
   Resiliency Extension's writer), and Megatron-Core's own async writer logs that it is
   deprecated: :func:`async_save_kwargs` (see its docstring for why ours stays in use).
-* 0.17.0: a save's writer runs its buckets in threads and reports a failed one by the type of
-  its error alone (``<class 'OSError'>``: a full disk no longer says so):
-  :func:`keep_writer_errors` keeps the error, :func:`writer_os_error` gives it back.
+* 0.17.0: a save's writer runs its buckets in threads of the caller's process (before: forked
+  processes) and reports a failed one by the type of its error alone (``<class 'OSError'>``:
+  a full disk no longer says so); the error it keeps holds, through its frames, a view of the
+  bucket's data in a reference cycle, which crashes CPython 3.12.0-3.12.1's garbage collector:
+  :func:`keep_writer_errors` keeps the error, named and without the view,
+  :func:`writer_os_error` gives it back.
 * 0.18.0: a layer spec's ``mlp`` is ``functools.partial(MLP.as_mlp_submodule,
   submodules=...)``, no longer a ``ModuleSpec``: :func:`mlp_submodules`.
 * 0.18.0: ``NullTokenizer(V)`` counts V ids and its EOD is V - 1 (before: V + 1 ids, EOD V):
@@ -40,6 +43,7 @@ import functools
 import inspect
 import logging
 import os
+import traceback
 from typing import Callable, Optional
 
 from .errors import CheckpointError
@@ -116,9 +120,59 @@ def writer_in_threads() -> bool:
 _writer_errors: list = []  # the OSErrors of this process's failed buckets
 
 
+def _release_frames(error: BaseException) -> None:
+    """Clear the locals of the finished frames ``error`` and the errors chained to it were
+    raised through (the frame still running keeps its own)."""
+    errors, seen = [error], set()
+    while errors:
+        error = errors.pop()
+        if error is not None and id(error) not in seen:
+            seen.add(id(error))
+            traceback.clear_frames(error.__traceback__)
+            errors += [error.__cause__, error.__context__]
+
+
+def _bucket_result(output, file: str):
+    """A bucket's ``(index, write results or error)``, its error named and freed of the
+    bucket's data, and kept (:func:`writer_os_error`)."""
+    error = output[1]
+    if isinstance(error, BaseException):
+        _release_frames(error)
+        if isinstance(error, OSError):
+            if error.filename is None:  # write(2) and fsync(2) name no file
+                error.filename = file
+            _writer_errors.append(error)
+    return output
+
+
+class _BucketResults:
+    """The results queue of one bucket's writer, its result passed through
+    :func:`_bucket_result` before it is put."""
+
+    def __init__(self, results, file: str):
+        self.results, self.file = results, file
+
+    def put(self, output) -> None:
+        self.results.put(_bucket_result(output, self.file))
+
+
 def keep_writer_errors() -> None:
-    """Record the OSError of each bucket the writer fails to write, in the process that writes
-    (idempotent; the writer processes forked later inherit it)."""
+    """In the process that writes a save's buckets (idempotent; the writer processes forked
+    later inherit it), make each failed bucket's error the one a full disk needs:
+
+    * named: an OSError of write(2) or fsync(2) names no file; the bucket's file is set on it;
+    * without the bucket's data: the frames it was raised through held a view of the data
+      (torch writes a ``BytesIO.getbuffer()``), and from 0.17.0, where the bucket is written
+      in the caller's process, the error and those frames stay in a reference cycle (the
+      bucket's result, a local of the frame the error holds). CPython 3.12.0 and 3.12.1 crash
+      when the garbage collector clears such a view (gh-111049, fixed in 3.12.2): the
+      frames' locals are released when the error is made;
+    * kept: from 0.17.0 the writer reports a failed bucket by its type alone;
+      :func:`writer_os_error` gives the error back.
+
+    A bucket's writer (``write_preloaded_data``) puts its result in a results queue (before
+    0.17.0, in a forked process) or, the one bucket written in the calling thread from 0.17.0,
+    returns it."""
     from megatron.core.dist_checkpointing.strategies.filesystem_async import (
         FileSystemWriterAsync)
 
@@ -127,10 +181,11 @@ def keep_writer_errors() -> None:
         return
 
     def write_bucket(*args, **kwargs):
+        file = kwargs["write_bucket"][0]  # megatron-core passes the bucket by keyword
+        if kwargs.get("results_queue") is not None:
+            kwargs["results_queue"] = _BucketResults(kwargs["results_queue"], file)
         output = original(*args, **kwargs)
-        if output is not None and isinstance(output[1], OSError):
-            _writer_errors.append(output[1])
-        return output
+        return output if output is None else _bucket_result(output, file)
 
     write_bucket.keeps_errors = True
     FileSystemWriterAsync.write_preloaded_data = staticmethod(write_bucket)

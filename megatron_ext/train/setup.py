@@ -33,6 +33,7 @@ from ..config.run_config import RunConfig
 from ..config.schedule import scheduler_steps
 from ..datasets.tokenizer import tokenizer_digest, tokenizer_from_args
 from ..model.attention import document_mask_refusal, local_core_attention
+from ..model.provider import build_code
 from ..runtime.device_checks import check_cuda_connections, fp8_refusal
 from ..runtime.device_checks import transformer_engine_imports, transformer_engine_version
 from ..runtime.errors import DeviceError, FlagError

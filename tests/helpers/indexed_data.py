@@ -9,6 +9,7 @@ from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 
 from conftest import TINY_RUN
 from megatron_ext.datasets.gpt_datasets import build_train_valid_test, samples_per_split
+from megatron_ext.runtime.megatron_compat import null_tokenizer_counts
 from megatron_ext.train.setup import check_flags
 from pretrain_fixedcode import parse_args
 
@@ -22,6 +23,12 @@ def make_dataset(prefix, lengths, dtype=np.uint16, first_id=0, modulo=500) -> st
         builder.add_document(ids, [length])
     builder.finalize(f"{prefix}.idx")
     return str(prefix)
+
+
+def null_vocab_size(ids: int) -> int:
+    """The --vocab-size whose NullTokenizer holds ``ids`` ids (its EOD the last) on the installed
+    release: ``ids - 1`` before megatron-core 0.18.0, ``ids`` from it."""
+    return ids - (null_tokenizer_counts(ids)[0] - ids)
 
 
 def training_data(*flags):

@@ -21,14 +21,19 @@ from megatron.core.datasets.indexed_dataset import IndexedDataset
 
 from conftest import REPO, TINY_RUN
 from helpers.gpt2_bpe import gpt2_bpe_files
-from helpers.indexed_data import make_dataset, training_data
+from helpers.indexed_data import make_dataset, null_vocab_size, training_data
 from megatron_ext.datasets.indexed import IndexCheckError, read_index, token_id_range
 from megatron_ext.datasets.split_checks import (check_train_epochs, split_problems, split_ranges,
                                                 train_epochs)
 from megatron_ext.datasets.tokenizer import NullTokenizer
 from megatron_ext.runtime import errors
 from megatron_ext.runtime.errors import DataError
+from megatron_ext.runtime.megatron_compat import null_tokenizer_counts
 from tools import check_data
+
+# TINY_RUN's NullTokenizer --vocab-size 511 holds 512 ids before megatron-core 0.18.0 (EOD 511),
+# 511 from it (EOD 510): the first id past its vocabulary.
+PAST_TINY_VOCAB = null_tokenizer_counts(511)[0]
 
 
 # --- --split as megatron.core divides a dataset ------------------------------------------------
@@ -191,9 +196,10 @@ def test_a_small_dataset_is_refused_fast_naming_the_split(cpu_dist, tmp_path):
     ("truncated .bin", "error: --data-path: {train}.bin is truncated: 1,000 bytes, but "
                        "{train}.idx describes 2,680"),
     ("malformed --split", "error: --split 1,1,1,1: give one to three"),
-    ("ids of another tokenizer", "{train}.bin holds token id 512 (in its first or last "
-                                 "tokens), outside the --tokenizer-type NullTokenizer "
-                                 "vocabulary of 512: it was tokenized by another tokenizer"),
+    ("ids of another tokenizer", f"{{train}}.bin holds token id {PAST_TINY_VOCAB} (in its "
+                                 f"first or last tokens), outside the --tokenizer-type "
+                                 f"NullTokenizer vocabulary of {PAST_TINY_VOCAB}: it was "
+                                 f"tokenized by another tokenizer"),
 ])
 def test_training_refuses_data_it_cannot_use(cpu_dist, tmp_path, case, message):
     train = make_dataset(tmp_path / "train", [20] * 67)
@@ -214,7 +220,7 @@ def test_training_refuses_data_it_cannot_use(cpu_dist, tmp_path, case, message):
     if case == "ids of another tokenizer":  # an <EOD> past the vocabulary ends the last document
         train = make_dataset(tmp_path / "train", [20] * 66 + [19], modulo=511)
         data = np.memmap(f"{train}.bin", np.uint16, mode="r+")
-        data[-1] = 512  # TINY_RUN's NullTokenizer --vocab-size 511: ids 0..511 (EOD 511)
+        data[-1] = PAST_TINY_VOCAB
     with pytest.raises(DataError) as e:
         training_data("--eval-iters", "2", *flags, "--data-cache-path", tmp_path / "cache")
     assert message.format(train=train, valid=valid) in errors.message(e.value)
@@ -331,8 +337,9 @@ def test_the_tool_lists_every_problem(tmp_path, capsys):
 @pytest.mark.parametrize("flags,ok", [
     (["--vocab-size", "99"], True),
     (["--vocab-size", "98"], False),
-    (["--tokenizer-type", "NullTokenizer", "--vocab-size", "98"], True),  # EOD 98: 99 ids
-    (["--tokenizer-type", "NullTokenizer", "--vocab-size", "97"], False),
+    # ids 0..98: EOD 98 (--vocab-size 98 before megatron-core 0.18.0, 99 from it)
+    (["--tokenizer-type", "NullTokenizer", "--vocab-size", str(null_vocab_size(99))], True),
+    (["--tokenizer-type", "NullTokenizer", "--vocab-size", str(null_vocab_size(98))], False),
     (["--code-bits", "7"], True),
     (["--code-bits", "6"], False),
     (["--seq-length", "32", "--eval-iters", "0"], True),

@@ -26,6 +26,7 @@ import torch  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 from conftest import TINY_RUN, run_pretrain  # noqa: E402
+from helpers.indexed_data import null_vocab_size  # noqa: E402
 from helpers.saves import rewrite_common  # noqa: E402
 from megatron_ext.codes.schemes import FixedCode  # noqa: E402
 from megatron_ext.hf.configuration_fixedcode import FixedCodeLlamaConfig  # noqa: E402
@@ -504,9 +505,9 @@ def test_jsonl_text_of_another_tokenizer_than_the_models_is_refused(exports, com
     binary, ids_only = describe(exports["binary"]), describe(exports["ids_only"])
     check_text_tokenizer([binary, ids_only],
                          build_tokenizer("HuggingFaceTokenizer", comedy_tokenizer), "its own")
-    check_text_tokenizer([ids_only], NullTokenizer(VOCAB - 1), "ids")  # EOD: 4,096 ids in all
+    check_text_tokenizer([ids_only], NullTokenizer(null_vocab_size(VOCAB)), "ids")
     with pytest.raises(DataError, match="--jsonl: ids has 4,097 ids, model ids_only reads 4,096"):
-        check_text_tokenizer([ids_only], NullTokenizer(VOCAB), "ids")
+        check_text_tokenizer([ids_only], NullTokenizer(null_vocab_size(VOCAB + 1)), "ids")
 
 
 def test_a_bad_jsonl_line_is_named_with_its_flag(tmp_path):

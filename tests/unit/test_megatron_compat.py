@@ -5,6 +5,7 @@ touches a name that moved."""
 
 from __future__ import annotations
 
+import errno
 import re
 
 import pytest
@@ -49,3 +50,34 @@ def test_only_the_compat_module_touches_a_moved_name():
                       for name in MOVED if name in p.read_text(encoding="utf-8")
                       and p.name not in ("megatron_compat.py", "test_megatron_compat.py"))
     assert touching == []
+
+
+@pytest.mark.skipif(not megatron_compat.writer_in_threads(), reason="before megatron-core "
+                    "0.17.0 each bucket is written in a forked process, which exits after it")
+def test_a_bucket_failed_on_a_full_disk_leaves_no_view_of_its_data_alive():
+    """/dev/full: a real ENOSPC on the write of a bucket's bytes. megatron-core 0.17.0 on keeps
+    the error in the caller's process, whose traceback held the frame that wrote the data's
+    ``getbuffer()`` view: a view kept in a reference cycle, which CPython 3.12.0 and 3.12.1 crash
+    on when the garbage collector clears it (gh-111049). Once the error is kept, no view of the
+    data is left: the BytesIO can grow again, and its error names ENOSPC and the file."""
+    import io
+    import queue
+
+    from megatron.core.dist_checkpointing.strategies.filesystem_async import (
+        FileSystemWriterAsync)
+    from torch.distributed.checkpoint.filesystem import _StorageWriterTransforms
+    from torch.distributed.checkpoint.metadata import MetadataIndex
+    from torch.distributed.checkpoint.planner import WriteItem, WriteItemType
+
+    megatron_compat.keep_writer_errors()
+    data = io.BytesIO(bytes(1 << 20))  # past the file's buffer: written, and failed, at once
+    item = WriteItem(index=MetadataIndex("common"), type=WriteItemType.BYTE_IO)
+    count = queue.Queue()
+    count.put(0)
+    FileSystemWriterAsync.write_preloaded_data(  # as megatron-core calls it
+        [_StorageWriterTransforms()], local_proc_idx=0,
+        write_bucket=("/dev/full", "full", ([(item, data)], [])), results_queue=queue.Queue(),
+        count_queue=count, use_fsync=True)
+    error = megatron_compat.writer_os_error()
+    assert error.errno == errno.ENOSPC and error.filename == "/dev/full"
+    data.write(b"more")  # BufferError while a view of it is alive
