@@ -214,7 +214,7 @@ def save_initialised_model(args: argparse.Namespace) -> str:
     take (bench/bench_convert.py converts the 1.7B shape so). Training cannot resume it.
     Needs a process group of one rank; returns the checkpoint's path."""
     from ..checkpoint.saving import save_checkpoint
-    from ..model.provider import build_code, model_provider
+    from ..model.provider import model_provider
     from ..runtime.initialize import set_seed
     tokenizer = tokenizer_from_args(args)
     derived = derive(args, 1, tokenizer.vocab_size, tokenizer_digest(tokenizer))
