@@ -14,6 +14,7 @@ cannot start.
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import shutil
@@ -23,6 +24,7 @@ import sys
 import tempfile
 import time
 import warnings
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
@@ -31,6 +33,7 @@ from conftest import TIMING
 from helpers.megatron_log import training_lines
 from megatron_ext.codes.schemes import PAPER_ARMS
 from megatron_ext.checkpoint.saving import SaveFailed
+from tools import submit as submit_tool
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "slurm" / "recipes" / "tiny_cpu.args"
@@ -42,13 +45,30 @@ ARMS = PAPER_ARMS  # tools/submit.py's default arms
 
 
 def submit(*args: str, env=None) -> subprocess.CompletedProcess:
+    """tools/submit.py with ``args``, in a process of its own under the cluster's ``env``."""
     return subprocess.run([sys.executable, str(REPO / "tools" / "submit.py"), *args],
                           capture_output=True, text=True, env=env)
 
 
+def dry_run(*args: str) -> subprocess.CompletedProcess:
+    """``tools/submit.py --dry-run ARGS`` in this process (it only prints): its exit status,
+    stdout and stderr as its own process would end (a status-1 ``SystemExit`` prints its
+    message)."""
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        try:
+            submit_tool.main(["--dry-run", *args])
+            status = 0
+        except SystemExit as end:
+            status = end.code if isinstance(end.code, int) else 1
+            if isinstance(end.code, str):
+                print(end.code, file=sys.stderr)
+    return subprocess.CompletedProcess(args, status, out.getvalue(), err.getvalue())
+
+
 def dry_run_scripts(*args: str) -> dict:
     """{arm: script} from the ``# ===== ARM: PATH =====`` sections of --dry-run's output."""
-    done = submit("--dry-run", *args)
+    done = dry_run(*args)
     assert done.returncode == 0, done.stderr
     parts = re.split(r"^# ===== (\w+): \S+ =====\n", done.stdout, flags=re.M)
     return dict(zip(parts[1::2], parts[2::2]))
@@ -86,8 +106,8 @@ def test_an_arm_with_flags_of_its_own_is_submitted_under_its_name(tmp_path):
         for line in lines + [f"--save {ckpt}", f"--load {ckpt}"]:
             assert line in scripts[name].splitlines() or \
                 f"    {line}" in scripts[name].splitlines(), (name, line)
-    refused = submit("--dry-run", "--recipe", str(RECIPE), "--run-dir", str(run_dir),
-                     "--arms", "learned,tabled")
+    refused = dry_run("--recipe", str(RECIPE), "--run-dir", str(run_dir),
+                      "--arms", "learned,tabled")
     assert refused.returncode == 2 and "unknown arm(s) ['tabled']" in refused.stderr
 
 
@@ -115,14 +135,12 @@ def test_gpu_container_script_requests_gpus_and_runs_in_the_image(tmp_path):
 def test_bad_input_is_refused_naming_the_flag(tmp_path, recipe_text, extra, flag):
     recipe = tmp_path / "recipe.args"
     recipe.write_text(recipe_text)
-    done = submit("--recipe", str(recipe), "--run-dir", str(tmp_path / "run"), "--dry-run",
-                  *extra)
+    done = dry_run("--recipe", str(recipe), "--run-dir", str(tmp_path / "run"), *extra)
     assert done.returncode != 0 and flag in done.stderr, done.stderr
 
 
 def test_missing_recipe_is_refused_naming_the_file(tmp_path):
-    done = submit("--recipe", str(tmp_path / "nope.args"), "--run-dir", str(tmp_path),
-                  "--dry-run")
+    done = dry_run("--recipe", str(tmp_path / "nope.args"), "--run-dir", str(tmp_path))
     assert done.returncode != 0 and f"--recipe {tmp_path / 'nope.args'}" in done.stderr
 
 
