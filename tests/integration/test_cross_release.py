@@ -9,7 +9,6 @@ tests; without both, they are skipped."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 
 import pytest
