@@ -167,10 +167,13 @@ def series(release: str) -> tuple:
     return Version(release).release[:2]
 
 
+CARRIED = carried_megatron_core()
+
+
 # Once per `make test`, on the leg of the megatron-core series the GPU check installs (the
 # image has none): the script's steps are the same on both legs, the release under them is not.
-@pytest.mark.skipif(series(installed_release()) != series(carried_megatron_core()),
-                    reason=f"the GPU check runs megatron-core {carried_megatron_core()} "
+@pytest.mark.skipif(series(installed_release()) != series(CARRIED),
+                    reason=f"the GPU check runs megatron-core {CARRIED} "
                            f"(bench/gpu_wheels.txt): its rehearsal runs on that series' leg")
 def test_the_rehearsal_runs_every_step_from_a_clean_copy(report, tmp_path, capsys):
     """GPU_CHECK_REHEARSAL=1 from a copy of the tracked tree: the carried wheel installed with
