@@ -37,6 +37,17 @@ def test_the_mlp_submodules_are_found_in_every_release_and_replaced_in_place():
     assert megatron_compat.mlp_submodules(spec).linear_fc1 is fc1
 
 
+@pytest.mark.parametrize("vocab_size", [1, 8, 50257])
+def test_the_null_tokenizer_loaded_alone_counts_as_its_package_class(vocab_size):
+    """null_tokenizer_counts loads NullTokenizer's file alone (not its package, which imports
+    every tokenizer library): the same counts as the class the package exports."""
+    from megatron.core.tokenizers.text.libraries import NullTokenizer
+
+    packaged = NullTokenizer(vocab_size)
+    assert megatron_compat.null_tokenizer_counts(vocab_size) == (packaged.vocab_size,
+                                                                 packaged.eod)
+
+
 # Names that moved or went between the supported releases: only the compat module says them.
 MOVED = ("tokenizers.text.utils", "tokenizers.utils.build_tokenizer", "as_mlp_submodule",
          "async_strategy", "load_common_state_dict", "RampupBatchsize",
