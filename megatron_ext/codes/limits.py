@@ -1,11 +1,24 @@
-"""The rules a fixed code's flags and vocabulary must follow (megatron_ext/codes/schemes.py),
-without torch: the data tools check them at start-up, before any tensor is needed."""
+"""The names of the arms and codes, and the rules a fixed code's flags and vocabulary must follow
+(megatron_ext/codes/schemes.py), without torch: the data tools and the run config check them at
+start-up, before any tensor is needed, and a tool that only reads a run's files imports no torch."""
 
 from __future__ import annotations
 
 from typing import Optional
 
 from ..runtime.errors import FlagError
+
+# The fixed codes (--input-interface).
+SCHEMES = ("binary", "gf2", "permuted", "random")
+# The input tables (--input-interface): the learned table, the control; Megatron's initial
+# table, never trained; a learned table of rank --input-table-rank (V x r, then r x h).
+TABLES = ("learned", "frozen", "factorized")
+# The arms (--input-interface): an input table or a fixed code.
+ARMS = (*TABLES, *SCHEMES)
+PAPER_ARMS = ("learned", "binary", "gf2")  # the paper's comparison (submit's, the demo's)
+TABLE_SCHEMES = ("permuted", "random")  # the code input x(t) is a stored per-id table
+TILINGS = ("repeat", "recode")
+VALUE_MAPS = ("pm1", "01")
 
 MAX_BITS = 62
 

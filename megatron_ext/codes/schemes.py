@@ -31,18 +31,8 @@ from typing import Optional
 
 import torch
 
-from .limits import check_options, check_vocab_fits
-
-SCHEMES = ("binary", "gf2", "permuted", "random")
-# The input tables (--input-interface): the learned table, the control; Megatron's initial
-# table, never trained; a learned table of rank --input-table-rank (V x r, then r x h).
-TABLES = ("learned", "frozen", "factorized")
-# The arms (--input-interface): an input table or a fixed code.
-ARMS = (*TABLES, *SCHEMES)
-PAPER_ARMS = ("learned", "binary", "gf2")  # the paper's comparison (submit's, the demo's)
-TABLE_SCHEMES = ("permuted", "random")  # the code input x(t) is a stored per-id table
-TILINGS = ("repeat", "recode")
-VALUE_MAPS = ("pm1", "01")
+from .limits import (ARMS, PAPER_ARMS, SCHEMES, TABLE_SCHEMES, TABLES, TILINGS,  # noqa: F401
+                     VALUE_MAPS, check_options, check_vocab_fits)
 
 
 def num_blocks(num_bits: int, hidden_size: int) -> int:

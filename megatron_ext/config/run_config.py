@@ -28,8 +28,7 @@ import argparse
 import dataclasses
 from typing import Optional
 
-from ..codes.limits import check_options, check_vocab_fits
-from ..codes.schemes import SCHEMES
+from ..codes.limits import SCHEMES, check_options, check_vocab_fits
 from ..runtime.errors import FlagError
 from .flag_types import check_tokenizer_flags
 

@@ -274,6 +274,20 @@ def test_throughput_is_total_tokens_over_total_steady_time(report, tmp_path, cap
         "MFU 10.0% against 7.5%; peak allocated 50.0 against 52.0 GiB"
 
 
+def test_the_report_reads_a_metrics_file_without_importing_torch(tmp_path):
+    """The check calls the report once per row and line (seven times in the default plan): as
+    a user runs it, it reads the metrics file and prints the row without importing torch
+    (about 1 s of CPU each, when the metrics reader's config imported the codes with torch)."""
+    path = records(tmp_path / "m.jsonl", [(i, 8192, 1000, 100, 0.1, 50) for i in range(1, 6)])
+    done = subprocess.run([sys.executable, "-X", "importtime", "bench/gpu_check_report.py",
+                           "speed", "run", path, "--skip", "2", "--until", "5"],
+                          capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "| run | 8,192 | 100.0 | 10.0% | n/a | 50.0 | 51.0 | 3 |"
+    imported = {line.split("|")[-1].strip() for line in done.stderr.splitlines()}
+    assert "megatron_ext.metrics.sinks" in imported and "torch" not in imported
+
+
 def test_fp8_must_stay_within_one_percent_of_bf16_at_every_iteration(report, tmp_path):
     main = report.main
     bf16 = tmp_path / "bf16.jsonl"
