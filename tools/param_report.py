@@ -24,7 +24,7 @@ import sys
 from typing import Optional, Sequence
 
 from megatron_ext.config.arguments import parse_model_args
-from megatron_ext.codes.schemes import ARMS
+from megatron_ext.codes.limits import ARMS
 from megatron_ext.model.param_count import (ARMS_WITHOUT_FLAGS, code_rows, count_arms,
                                            format_table, input_rms)
 from megatron_ext.runtime.errors import exits_on_error

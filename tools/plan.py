@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from megatron_ext.codes.schemes import ARMS, PAPER_ARMS
+from megatron_ext.codes.limits import ARMS, PAPER_ARMS
 from megatron_ext.launch.plan import (add_plan_args, check_fits, cluster_from_args, plan_arms,
                                       plan_table)
 from megatron_ext.launch.slurm import read_job_recipe

@@ -23,7 +23,7 @@ import argparse
 from pathlib import Path
 from typing import Optional, Sequence
 
-from megatron_ext.codes.schemes import ARMS, PAPER_ARMS
+from megatron_ext.codes.limits import ARMS, PAPER_ARMS
 from megatron_ext.study.spec import parse_arm
 from megatron_ext.launch.plan import (add_plan_args, check_fits, cluster_from_args, plan_arms,
                                       plan_submission)

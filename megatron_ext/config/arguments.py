@@ -13,7 +13,7 @@ import argparse
 import math
 from typing import Optional, Sequence
 
-from ..codes.schemes import ARMS, TILINGS
+from ..codes.limits import ARMS, TILINGS
 from ..runtime.errors import FlagError
 from .flag_types import add_tokenizer_flags, nonnegative_int, positive_int
 from .run_config import ModelConfig, RunConfig

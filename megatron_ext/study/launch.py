@@ -34,11 +34,14 @@ def _print(message: str) -> None:
 
 
 def finished(run: Path) -> bool:
-    """Whether the run's latest checkpoint is its last iteration."""
+    """Whether the run's latest checkpoint is its last iteration (a run with no checkpoint
+    folder is not, and asks for no import of torch or megatron-core)."""
+    ckpt = run / "checkpoints"
+    if not ckpt.is_dir():
+        return False
     from ..checkpoint.layout import latest_iteration
     from ..checkpoint.loading import load_common
-    ckpt = run / "checkpoints"
-    if not ckpt.is_dir() or latest_iteration(str(ckpt)) is None:
+    if latest_iteration(str(ckpt)) is None:
         return False
     common = load_common(str(ckpt))[1]
     return common["iteration"] >= common["args"]["train_iters"]

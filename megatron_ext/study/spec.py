@@ -32,7 +32,7 @@ import tomllib
 from pathlib import Path
 from typing import Optional
 
-from ..codes.schemes import ARMS
+from ..codes.limits import ARMS
 from ..config import recipes
 from ..probes.settings import ProbeSettings
 from ..runtime.errors import FlagError, StudyError
