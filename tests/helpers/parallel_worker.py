@@ -14,11 +14,11 @@ import os
 import sys
 
 import megatron_ext  # noqa: F401
-from megatron.core import parallel_state
 
 from conftest import TINY_RUN
 from megatron_ext.train.loop import pretrain
 from pretrain_fixedcode import datasets_provider, forward_step, model_provider, parse_args
+from helpers.runs_worker import lay_out
 from helpers.tp_parity_worker import ARMS
 
 STEPS = 10
@@ -37,8 +37,8 @@ FP32_RESIDUAL_SAVED = 5
 def train(root: str, name: str, flags: list) -> None:
     args = parse_args(TINY_RUN + ["--train-iters", str(STEPS), "--device", "cpu",
                                   "--metrics-file", os.path.join(root, name + ".jsonl"), *flags])
+    lay_out(args)
     pretrain(args, model_provider, forward_step, datasets_provider)
-    parallel_state.destroy_model_parallel()  # the next run may lay the ranks out otherwise
 
 
 def main(root: str) -> None:
