@@ -30,7 +30,7 @@ SHAPE = ["--hidden-size", "1024", "--num-attention-heads", "16", "--ffn-hidden-s
          "--mock-data", "--bf16", "--train-iters", "1", "--device", "cpu",
          "--input-interface", "binary"]
 LAYERS = (1, 8)
-pytestmark = pytest.mark.xdist_group("processes")  # the converter's processes: both cores
+pytestmark = pytest.mark.xdist_group("convert_memory")  # its module fixture: built once
 
 
 @pytest.fixture(scope="module")

@@ -52,8 +52,8 @@ RUNS = {  # name -> (extra training flags, processes)
 }
 TP2 = "learned_tied_tp2"
 # One worker runs the file (pytest-xdist --dist loadgroup): its checkpoints are built once,
-# with the torchrun trainings, which take both cores.
-pytestmark = pytest.mark.xdist_group("processes")
+# on the worker that builds conftest's pp2_checkpoint (test_training.py's pipeline test too).
+pytestmark = pytest.mark.xdist_group("pp2_checkpoint")
 
 
 @pytest.fixture(scope="module")

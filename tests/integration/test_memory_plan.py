@@ -63,7 +63,6 @@ def test_the_activation_peak_is_planned(cpu_dist, flags):
     check(measure(flags))
 
 
-@pytest.mark.xdist_group("processes")  # torchrun: both cores
 def test_layouts_tp2_pp2_and_the_distributed_optimizer(tmp_path):
     """Each rank's state equals its plan (its TP shard, its PP stage, its share of the
     distributed optimizer: the ranks' shards sum to the whole); its activation peak is

@@ -97,7 +97,6 @@ def test_grad_norms_equal_torch(cpu_dist, variant):
 
 
 @pytest.mark.integration
-@pytest.mark.xdist_group("processes")  # torchrun: both cores
 def test_norms_equal_at_tp1_tp2_and_pp2(cpu_dist, tmp_path):
     """Tensor-parallel duplicates count once; under pipelining layers keep their global
     numbers and the last stage's copy of a tied table is not counted again."""

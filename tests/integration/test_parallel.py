@@ -18,9 +18,9 @@ from megatron_ext.metrics.sinks import read_metrics
 from helpers.parallel_worker import ARMS, FP32_RESIDUAL_SAVED, LAYOUTS, STEPS
 
 WORKER = REPO / "tests" / "helpers" / "parallel_worker.py"
-# torchrun: both cores; and one worker runs the file, so its fixture (23 runs) is built once
-# (under pytest-xdist --dist loadgroup the tests went to both workers, each building it).
-pytestmark = pytest.mark.xdist_group("processes")
+# One worker runs the file, so its fixture (23 runs) is built once (under pytest-xdist
+# --dist loadgroup the tests went to both workers, each building it).
+pytestmark = pytest.mark.xdist_group("parallel")
 
 
 def losses(root: Path, name: str) -> dict[int, float]:

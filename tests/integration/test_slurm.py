@@ -37,9 +37,9 @@ from tools import submit as submit_tool
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "slurm" / "recipes" / "tiny_cpu.args"
-# One worker runs them all, one after another (pytest-xdist --dist loadgroup): the cluster
-# test's two-task jobs take both cores.
-pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("processes")]
+# One worker runs them all (pytest-xdist --dist loadgroup): the module brings its cluster up
+# once.
+pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("slurm")]
 CPU_JOB = ["--gpus-per-node", "0", "--ntasks-per-node", "2"]
 ARMS = PAPER_ARMS  # tools/submit.py's default arms
 

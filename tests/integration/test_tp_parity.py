@@ -16,7 +16,6 @@ WORKER = REPO / "tests" / "helpers" / "tp_parity_worker.py"
 
 
 @pytest.mark.integration
-@pytest.mark.xdist_group("processes")  # torchrun: both cores
 def test_logits_equal_at_tp1_and_tp2(cpu_dist, tmp_path):
     tp_parity_worker.main("save", str(tmp_path))  # TP=1: this process, one rank
     run_torchrun_worker(WORKER, "check", tmp_path)

@@ -221,7 +221,6 @@ def test_a_resume_at_another_global_batch_is_a_changed_schedule():
 
 
 @pytest.mark.integration
-@pytest.mark.xdist_group("processes")  # torchrun: both cores
 def test_data_parallel_resume_overlapped_reduction_and_fewer_processes(tmp_path):
     """Two processes (data parallel over gloo, two micro-batches each per step):
 
@@ -262,7 +261,7 @@ def test_data_parallel_resume_overlapped_reduction_and_fewer_processes(tmp_path)
 
 
 @pytest.mark.integration
-@pytest.mark.xdist_group("processes")  # torchrun, and conftest's pp2_checkpoint
+@pytest.mark.xdist_group("pp2_checkpoint")  # conftest's pp2_checkpoint: built on one worker
 def test_pipeline_parallel_trains(pp2_checkpoint, tmp_path):
     """Two pipeline stages over gloo: the last stage reports a decreasing loss and the
     checkpoint of both stages loads back."""
