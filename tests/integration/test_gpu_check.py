@@ -22,6 +22,7 @@ import pytest
 from packaging.version import Version
 
 from conftest import REPO
+from helpers.imports import run_importing
 from megatron_ext.runtime.megatron_compat import installed_release
 
 SCRIPT = REPO / "bench" / "gpu_check.sh"
@@ -279,12 +280,10 @@ def test_the_report_reads_a_metrics_file_without_importing_torch(tmp_path):
     a user runs it, it reads the metrics file and prints the row without importing torch
     (about 1 s of CPU each, when the metrics reader's config imported the codes with torch)."""
     path = records(tmp_path / "m.jsonl", [(i, 8192, 1000, 100, 0.1, 50) for i in range(1, 6)])
-    done = subprocess.run([sys.executable, "-X", "importtime", "bench/gpu_check_report.py",
-                           "speed", "run", path, "--skip", "2", "--until", "5"],
-                          capture_output=True, text=True, cwd=REPO, timeout=60)
+    done, imported = run_importing(["bench/gpu_check_report.py", "speed", "run", path,
+                                    "--skip", "2", "--until", "5"], REPO)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip() == "| run | 8,192 | 100.0 | 10.0% | n/a | 50.0 | 51.0 | 3 |"
-    imported = {line.split("|")[-1].strip() for line in done.stderr.splitlines()}
     assert "megatron_ext.metrics.sinks" in imported and "torch" not in imported
 
 

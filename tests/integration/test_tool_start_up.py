@@ -6,12 +6,10 @@ that are not there). tools/check_data.py and tools/preprocess_data.py have their
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
 from conftest import REPO
+from helpers.imports import run_importing
 
 SMOLLM2 = "examples/smollm2_1p7b"
 COMMANDS = {
@@ -28,13 +26,10 @@ COMMANDS = {
 @pytest.mark.integration
 @pytest.mark.parametrize("name", COMMANDS)
 def test_the_command_imports_neither_torch_nor_megatron_core(name, tmp_path):
-    argv = [a.format(tmp=tmp_path / "runs") for a in COMMANDS[name]]
-    done = subprocess.run([sys.executable, "-X", "importtime", *argv], cwd=REPO,
-                          capture_output=True, text=True, timeout=60)
+    done, imported = run_importing([a.format(tmp=tmp_path / "runs") for a in COMMANDS[name]],
+                                   REPO)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip(), "the command printed its plan or scripts"
-    imported = {line.split("|")[-1].strip() for line in done.stderr.splitlines()
-                if line.startswith("import time:")}
     assert "megatron_ext" in imported
     assert not {"torch", "megatron.core"} & imported, sorted(
         m for m in imported if m.split(".")[0] in ("torch", "megatron"))
