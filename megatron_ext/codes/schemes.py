@@ -31,6 +31,7 @@ from typing import Optional
 
 import torch
 
+# The names are defined in limits.py, without torch; the codes' public module has them too.
 from .limits import (ARMS, PAPER_ARMS, SCHEMES, TABLE_SCHEMES, TABLES, TILINGS,  # noqa: F401
                      VALUE_MAPS, check_options, check_vocab_fits)
 
