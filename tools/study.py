@@ -58,9 +58,10 @@ def parse_args(argv: Optional[Sequence[str]]) -> tuple[argparse.ArgumentParser,
     d.add_argument("--data-dir", help="folder of <task>.jsonl files for --tasks")
     d.add_argument("--limit", type=int, help="only the first N documents per task")
     d.add_argument(spec.ALLOW_UNREPORTED, action="store_true",
-                   help="define a tuned study (tune = ...) of fewer than 3 seeds, whose tuned "
-                        "gaps then rest on one reported seed and have no interval (refused "
-                        "otherwise)")
+                   help=f"define a tuned study (tune = ...) of fewer than "
+                        f"{spec.seeds_for_reported(spec.REPORTED_SEEDS)} seeds, whose tuned "
+                        f"gaps then rest on fewer than {spec.REPORTED_SEEDS} reported seeds: "
+                        f"no interval, or one of 1 degree of freedom (refused otherwise)")
     launch = run.add_argument_group("launching")
     launch.add_argument("--launcher", choices=["local", "slurm"], default="local",
                         help="local: one run after another here; slurm: one job per run")

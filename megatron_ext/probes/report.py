@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Sequence
 
+from ..metrics.intervals import t_interval
 from ..metrics.reporting import MISSING, colours, number, pyplot, save_figure
 from ..runtime.files import write_text
 
@@ -55,6 +57,16 @@ SELECTIVITY_NOTE = (
     "probe seeds in a probe run, training seeds in a study — reaches 0; with one seed, the "
     "difference is not above 0).")
 BASELINE = "frequency only"
+
+
+def beats_baseline(differences: Sequence[float]) -> dict:
+    """A selectivity minus the frequency-only baseline's, paired by seed (probe seeds in a
+    probe run, training seeds in a study): their t interval and ``beats``, whether it is
+    above 0 (with one seed, the difference above 0). A cell that does not beat it is
+    marked ‡."""
+    interval = t_interval(list(differences))
+    low = interval["mean"] if interval["low"] is None else interval["low"]
+    return {**interval, "beats": bool(low > 0)}
 
 
 def _cell(row: dict, key: str) -> str:

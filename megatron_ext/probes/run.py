@@ -91,6 +91,7 @@ from . import fit, frequency
 from .collect import Sample, draw_sample, hidden_states, memory_bound
 from .frequency import Unigrams
 from .models import ModelInfo, difference, id_bits_carried, input_note, random_twin
+from .report import beats_baseline
 from .settings import ESTIMATOR, SELECTIVITY, ProbeSettings
 
 BIT_TASKS = ("id_bits", "id_bits_control", "prev_bits", "prev_bits_control")
@@ -423,17 +424,14 @@ def combine(rows: Sequence[dict]) -> dict:
 
 def versus_baseline(row: dict, baseline: dict) -> None:
     """``row["versus_frequency"]``: each selectivity minus the frequency-only baseline's,
-    paired by probe seed, with its t interval and ``beats`` (its interval above 0; with one
-    probe seed, the difference above 0)."""
+    paired by probe seed (:func:`beats_baseline`)."""
     out = {}
     for key in SELECTIVITY:
         mine = row["over_probe_seeds"].get(key, {}).get("values")
         theirs = baseline["over_probe_seeds"].get(key, {}).get("values")
         if not mine or not theirs or len(mine) != len(theirs):
             continue
-        interval = t_interval([a - b for a, b in zip(mine, theirs)])
-        low = interval["mean"] if interval["low"] is None else interval["low"]
-        out[key] = {**interval, "beats": bool(low > 0)}
+        out[key] = beats_baseline([a - b for a, b in zip(mine, theirs)])
     row["versus_frequency"] = out
 
 

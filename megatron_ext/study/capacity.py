@@ -45,21 +45,25 @@ def points(study: Study, summary: dict) -> list[dict]:
     return sorted(out, key=lambda p: (p["input_parameters"], p["arm"]))
 
 
-def markdown(study: Study, capacity: list[dict], final: int, depth: int = 2) -> list[str]:
+def markdown(study: Study, capacity: list[dict], final: int, family: int = 1,
+             depth: int = 2) -> list[str]:
+    """The table of the gaps against the count; ``family``: the size of the report's family
+    of differences these gaps belong to (the power at Holm's 0.05/family beside 95%)."""
     lines = [f"{'#' * depth} Gap against trainable input parameters", "",
              f"Each arm's final held-out loss (iteration {final:,}) minus `{study.control}`'s, "
              f"paired by seed, mean [95% t interval]; the count is the arm's trainable input "
-             f"parameters (its checkpoint's); beside it, what the design detects (the "
-             f"smallest gap at 80% power from its seeds' spread, and the seeds its measured "
-             f"gap needs).", "",
+             f"parameters (its checkpoint's); beside it, what the design detects (as in the "
+             f"family table: the smallest gap at 80% expected power and the seeds its "
+             f"measured gap needs, at 95%"
+             + (f" / at Holm's 0.05/{family}" if family > 1 else "") + ").", "",
              f"| arm | trainable input parameters | Δ held-out loss (by seed) | seeds | "
-             f"{power.HEADER} |", "|---|---:|---:|---:|---:|"]
+             f"{power.header(family)} |", "|---|---:|---:|---:|---:|"]
     for p in capacity:
         gap, control = p["gap"], p["arm"] == study.control
         lines.append(f"| {p['arm']} | {p['input_parameters']:,} | "
                      + ("control" if control else signed_range(gap)) + " | "
                      + ("" if control else str(gap["n"] if gap else 0)) + " | "
-                     + ("" if control else power.cell(gap)) + " |")
+                     + ("" if control else power.cell(gap, family=family)) + " |")
     return lines + ["", "![gap against trainable input parameters](input_capacity.png)", ""]
 
 

@@ -27,6 +27,7 @@ from typing import Optional
 from ..checkpoint.layout import completed_iterations, iteration_name
 from ..datasets.held_out import cut_documents, indexed_documents
 from ..metrics.reporting import mean_interval, signed_range
+from ..probes.report import beats_baseline
 from ..probes.settings import ESTIMATOR, SELECTIVITY
 from ..runtime.files import write_json
 
@@ -93,47 +94,53 @@ def probe_study(study: Study, study_dir: Path, final: Optional[int], progress=pr
 
 def summarise(study: Study, study_dir: Path, final: Optional[int]) -> dict:
     """``{arm: {"seeds", "chance", "trained": [layer rows], "random_init": [...]}}``: each
-    metric of each layer as a t interval over the seeds probed at ``final``."""
+    metric of each layer as a t interval over the seeds probed at ``final``
+    (:func:`arm_summary`)."""
     out = {}
     for arm in study.arms if final is not None else ():
         records = {seed: r for seed in study.seeds
                    for r in [read_probes(run_dir(study_dir, arm, seed), final, study.probes)]
                    if r is not None}
-        if not records:
-            continue
-        first = next(iter(records.values()))
-        entry = {"seeds": sorted(records), "chance": first["chance"],
-                 "tokens_sha256": sorted({r["tokens_sha256"] for r in records.values()})}
-        for init in ("trained", "random_init"):
-            per_seed = [r["models"][arm.name][init] for r in records.values()]
-            entry[init] = [
-                {"layer": layer, **({"note": rows[0]["note"]} if "note" in rows[0] else {}),
-                 # marked when every seed's row is
-                 "trivial": {t: why for t, why in rows[0].get("trivial", {}).items()
-                             if all(t in row.get("trivial", {}) for row in rows)},
-                 **{m: t_interval([row[m] for row in rows]) for m, _ in METRICS
-                    if all(row.get(m) is not None for row in rows)}}
-                for layer, rows in enumerate(zip(*per_seed))]
-        entry["frequency_baseline"] = {
-            m: t_interval([r["frequency_baseline"][m] for r in records.values()])
-            for m, _ in METRICS if all(r["frequency_baseline"].get(m) is not None
-                                       for r in records.values())}
-        for layer, row in enumerate(entry["trained"]):
-            row["versus_frequency"] = {}
-            for m in SELECTIVITY:
-                gaps = {s: r["models"][arm.name]["trained"][layer][m]
-                                - r["frequency_baseline"][m] for s, r in records.items()
-                                if r["models"][arm.name]["trained"][layer].get(m) is not None
-                                and r["frequency_baseline"].get(m) is not None}
-                if gaps:
-                    d = t_interval(list(gaps.values()))
-                    low = d["mean"] if d["low"] is None else d["low"]
-                    row["versus_frequency"][m] = {**d, "beats": bool(low > 0)}
-        entry["by_seed"] = {seed: [{m: row.get(m) for m, _ in PAIRED}
-                                   for row in r["models"][arm.name]["trained"]]
-                            for seed, r in records.items()}
-        out[arm.name] = entry
+        if records:
+            out[arm.name] = arm_summary(arm.name, records)
     return out
+
+
+def arm_summary(arm: str, records: dict) -> dict:
+    """One arm's entry of :func:`summarise` from its runs' probe records (``{seed: the
+    probes' result}``): each metric of each layer a t interval over the seeds, and each
+    trained layer's selectivity against the frequency-only baseline, paired by seed
+    (``versus_frequency``, :func:`megatron_ext.probes.report.beats_baseline`)."""
+    first = next(iter(records.values()))
+    entry = {"seeds": sorted(records), "chance": first["chance"],
+             "tokens_sha256": sorted({r["tokens_sha256"] for r in records.values()})}
+    for init in ("trained", "random_init"):
+        per_seed = [r["models"][arm][init] for r in records.values()]
+        entry[init] = [
+            {"layer": layer, **({"note": rows[0]["note"]} if "note" in rows[0] else {}),
+             # marked when every seed's row is
+             "trivial": {t: why for t, why in rows[0].get("trivial", {}).items()
+                         if all(t in row.get("trivial", {}) for row in rows)},
+             **{m: t_interval([row[m] for row in rows]) for m, _ in METRICS
+                if all(row.get(m) is not None for row in rows)}}
+            for layer, rows in enumerate(zip(*per_seed))]
+    entry["frequency_baseline"] = {
+        m: t_interval([r["frequency_baseline"][m] for r in records.values()])
+        for m, _ in METRICS if all(r["frequency_baseline"].get(m) is not None
+                                   for r in records.values())}
+    for layer, row in enumerate(entry["trained"]):
+        row["versus_frequency"] = {}
+        for m in SELECTIVITY:
+            gaps = [r["models"][arm]["trained"][layer][m] - r["frequency_baseline"][m]
+                    for r in records.values()
+                    if r["models"][arm]["trained"][layer].get(m) is not None
+                    and r["frequency_baseline"].get(m) is not None]
+            if gaps:
+                row["versus_frequency"][m] = beats_baseline(gaps)
+    entry["by_seed"] = {seed: [{m: row.get(m) for m, _ in PAIRED}
+                               for row in r["models"][arm]["trained"]]
+                        for seed, r in records.items()}
+    return entry
 
 
 def differences(summary: dict) -> list[dict]:
@@ -209,9 +216,9 @@ def markdown(study: Study, summary: dict, final: int) -> str:
                   f"({len(pairs)} pairs of arms × layers × {len(PAIRED)} metrics): a "
                   f"difference is significant after adjustment "
                   f"when its Holm p < 0.05. Beside each, what the design detects "
-                  f"({power.HEADER}: from its seeds' spread, unadjusted, at 95%).", "",
+                  f"({power.header(tested)}). {power.NOTE}", "",
                   "| b − a | layer | " + " | ".join(t for _, t in PAIRED) + " | "
-                  + " | ".join(f"80% power: {t}" for _, t in PAIRED) + " |",
+                  + " | ".join(f"80% expected power: {t}" for _, t in PAIRED) + " |",
                   "|---|---|" + "---:|" * (2 * len(PAIRED))]
         for pair in pairs:
             for row in pair["layers"]:
@@ -220,7 +227,7 @@ def markdown(study: Study, summary: dict, final: int) -> str:
                     p_holm = next(adjusted)
                     cells.append(signed_range(row[m], 3) + ("" if p_holm is None else
                                                             f" (Holm p {p_holm:.2g})"))
-                cells += [power.cell(row[m], 3) for m, _ in PAIRED]
+                cells += [power.cell(row[m], 3, family=tested) for m, _ in PAIRED]
                 lines.append(f"| {pair['b']} − {pair['a']} | {row['layer']} | "
                              + " | ".join(cells) + " |")
         lines.append("")

@@ -8,9 +8,9 @@ per-seed differences: the primary interval), and for downstream tasks also the c
 seeds x items interval (:func:`.stats.crossed_interval`: the task's population of items;
 with one seed conditional on that seed, and labelled so in the table). The differences form
 one family, named with its size, and each carries its Holm-adjusted p-value beside the
-unadjusted one and what its design detects (:mod:`.power`: the smallest gap at 80% power,
-the seeds its measured gap needs). Every row carries the tokens seen and the steps
-skipped. When the arms differ in trainable input parameters, the gap against that count
+unadjusted one and what its design detects (:mod:`.power`: the smallest gap at 80%
+expected power and the seeds its measured gap needs, at 95% and at Holm's 0.05/m). Every
+row carries the tokens seen and the steps skipped. When the arms differ in trainable input parameters, the gap against that count
 (:mod:`.capacity`). With ``[probes]``, the probes of the final checkpoints per layer
 (:mod:`.probing`). Each arm has one colour in every figure
 (:func:`megatron_ext.metrics.reporting.colours`).
@@ -249,37 +249,37 @@ def family(summary: dict) -> list[tuple[str, str, str, dict]]:
     return out
 
 
-POWER_NOTE = (
-    "What the design detects (80% power): the smallest true gap each interval would exclude "
-    "0 for four times in five, from its own spread (the seeds' and, by seed and item, the "
-    "items'), taken as the truth, and the seeds per arm that would detect the gap it "
-    "measured (unadjusted, at 95%; with 2 or 3 seeds the spread itself is uncertain: "
-    "`tools/calibrate.py`'s power rows).")
+def family_size(summary: dict) -> int:
+    """The differences of the report's family with a p-value: the ``m`` of its Holm
+    adjustment."""
+    return sum(interval["p"] is not None for *_, interval in family(summary))
 
 
 def family_table(summary: dict) -> list[str]:
     """Each difference's unadjusted and Holm-adjusted p-value over the family of every
-    difference the report shows (pairs of arms x metrics x intervals)."""
+    difference the report shows (pairs of arms x metrics x intervals), and what its design
+    detects at 95% and at Holm's 0.05/m (:mod:`.power`)."""
     members = family(summary)
     adjusted = holm([interval["p"] for *_, interval in members])
-    tested = sum(interval["p"] is not None for *_, interval in members)
+    tested = family_size(summary)
     lines = [f"Family of comparisons: the {len(members)} difference intervals above (pairs "
              f"of arms × metrics × by seed / by seed and item), {tested} with a p-value, "
              f"which the Holm adjustment is over. Each interval is 95% unadjusted; the "
              f"Holm-adjusted p-values keep the chance of any false difference in the family at "
              f"5% (a difference is significant after adjustment when its Holm p < 0.05).", "",
-             POWER_NOTE, "",
+             f"{power.NOTE} Each is given at the intervals' 95% and, after the `/`, at "
+             f"Holm's 0.05/{tested}: a p-value below it is significant after adjustment "
+             f"whatever the family's other results.", "",
              "| difference | metric | interval | p | Holm p (family of "
-             f"{tested}) | {power.HEADER} |", "|---|---|---|---:|---:|---:|"]
+             f"{tested}) | {power.header(tested)} |", "|---|---|---|---:|---:|---:|"]
     for (pair, name, kind, interval), p_holm in zip(members, adjusted):
         what = ("by seed" if kind == "by_seed" else
                 "by item, conditional on the one seed" if interval.get("conditional") else
                 "by seed and item")
         lines.append(f"| {pair} | {label(name)} | {what} | "
                      f"{number(interval['p'], '.3g')} | {number(p_holm, '.3g')} | "
-                     f"{power.cell(interval)} |")
+                     f"{power.cell(interval, family=tested)} |")
     return lines
-
 
 
 def markdown(study: Study, title: str, summary: dict, generated: dict) -> str:
@@ -428,7 +428,8 @@ def _write_cell(study: Study, study_dir: Path, title: str, runs: dict, generated
     if summary["input_capacity"]:
         capacity.plot(study, summary["input_capacity"], study_dir / "input_capacity.png")
         text += "\n" + "\n".join(capacity.markdown(study, summary["input_capacity"],
-                                                   summary["final_iteration"]))
+                                                   summary["final_iteration"],
+                                                   family_size(summary)))
     if study.probes and summary["final_iteration"] is not None:
         from . import probing
         summary["probes"] = probing.summarise(study, study_dir, summary["final_iteration"])

@@ -30,12 +30,12 @@ from ..metrics.reporting import colours, number, pyplot, save_figure, signed_ran
 
 from . import fit, power
 from .evaluation import label, metric_value
-from .spec import Study, read_study_recipe
+from .spec import REPORTED_SEEDS, Study, read_study_recipe, seeds_for_reported
 from .stats import paired_difference
 
 PAPER_RECIPE = "examples/smollm2_1p7b/recipe.args"
-TUNED_NEEDS = ("no interval (1 reported seed): an interval needs 2 reported seeds, 3 seeds "
-               "in a tuned study (the first half choose)")
+TUNED_NEEDS = ("no interval (1 reported seed): an interval needs 2 reported seeds, and one "
+               "that detects a gap of a few spreads 3 (5 seeds: the first half choose)")
 PAPER_PRESET = "smollm2-1.7b"  # its vocabulary
 PAPER_TOKENS = 100e9
 
@@ -148,26 +148,33 @@ def analyse(study: Study, runs: dict, summaries: dict) -> dict:
 def markdown(study: Study, result: dict) -> list[str]:
     points = result["points"]
     others = [a.name for a in study.arms if a.name != study.control]
-    needs = (TUNED_NEEDS if study.tune else power.NEEDS)
+    needs, trained = (TUNED_NEEDS, seeds_for_reported) if study.tune else (power.NEEDS, None)
+    seeds_note = (f" In a tuned study the gaps are over the reported seeds, and the seeds "
+                  f"column and the seeds a gap needs count every seed the design trains "
+                  f"(the first half choose: {seeds_for_reported(REPORTED_SEEDS)} seeds report "
+                  f"{REPORTED_SEEDS})." if study.tune else "")
     lines = ["## Across levels: loss and gap against training compute", "",
-             f"Beside each gap, what the design detects ({power.HEADER}: from the level's "
-             f"seeds' spread, unadjusted, at 95%).", "",
+             f"Beside each gap, what the design detects ({power.HEADER}, at 95%, "
+             f"unadjusted as the intervals are). {power.NOTE}{seeds_note}", "",
              "| level | FLOPs | tokens | parameters (non-embedding / total, "
-             f"{study.control}) | " + " | ".join(f"{a.name} loss" for a in study.arms)
-             + "".join(f" | {arm} − {study.control} (by seed) | 80% power" for arm in others)
-             + " |",
-             "|---|---:|---:|---:|" + "---:|" * (len(study.arms) + 2 * len(others))]
+             f"{study.control}) | seeds | " + " | ".join(f"{a.name} loss" for a in study.arms)
+             + "".join(f" | {arm} − {study.control} (by seed) | 80% expected power"
+                       for arm in others) + " |",
+             "|---|---:|---:|---:|---:|" + "---:|" * (len(study.arms) + 2 * len(others))]
     for level, p in sorted(points.items(), key=lambda kv: kv[1]["compute"]):
         params = p["parameters"][study.control]
         # paired at the row's own final iteration (a gap series may run further when a
         # third arm's runs are evaluated less far)
         final_gaps = [paired_difference(p["loss"][arm], p["loss"][study.control])
                       for arm in others]
+        reported = len(p["loss"][study.control])
+        seeds = (f"{len(study.seeds)} ({reported} reported)" if study.tune else str(reported))
         lines.append(f"| {level} | {p['compute']:.3g} | {p['tokens']:,} | "
-                     f"{params['non_embedding']:,} / {params['total']:,} | "
+                     f"{params['non_embedding']:,} / {params['total']:,} | {seeds} | "
                      + " | ".join(number(np.mean(list(p["loss"][a.name].values())), ".4f")
                                   for a in study.arms)
-                     + "".join(f" | {signed_range(gap)} | {power.cell(gap, needs=needs)}"
+                     + "".join(f" | {signed_range(gap)} | "
+                               f"{power.cell(gap, needs=needs, trained=trained)}"
                                for gap in final_gaps) + " |")
     lines += ["", "![loss against FLOPs](loss_vs_flops.png)", "",
               "![gap to the control against FLOPs](gap_vs_flops.png)", ""]
@@ -319,7 +326,7 @@ def _with_power(text: str, interval) -> str:
     (:func:`.power.cell`), where it has an interval."""
     if interval is None or interval.get("low") is None:
         return text
-    return f"{text} (80% power: {power.cell(interval, 3)})"
+    return f"{text} (80% expected power: {power.cell(interval, 3)})"
 
 
 def _parameter(interval: dict, bound, spec: str) -> str:

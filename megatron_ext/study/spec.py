@@ -30,7 +30,7 @@ import re
 import shlex
 import tomllib
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 from ..codes.limits import ARMS
 from ..config import recipes
@@ -305,12 +305,34 @@ def build_study(fields: dict, base: Path, allow_unreported_intervals: bool = Fal
 
 
 ALLOW_UNREPORTED = "--allow-unreported-intervals"
+# A tuned study's reported seeds, at least: 2 degrees of freedom, whose interval detects a
+# gap of about 5 per-seed spreads at 80% expected power (with 2 reported seeds, 1 degree of
+# freedom: about 28; with 1, no interval).
+REPORTED_SEEDS = 3
+
+
+def split_seeds(seeds: Sequence) -> tuple[list, list]:
+    """``(selection, reported)`` of a tuned study: the first half of the sorted seeds
+    (rounded down, at least one) choose each arm's level, the others are reported; one seed
+    does both."""
+    seeds = sorted(seeds)
+    if len(seeds) < 2:
+        return seeds, seeds
+    half = len(seeds) // 2
+    return seeds[:half], seeds[half:]
+
+
+def seeds_for_reported(reported: int) -> int:
+    """The fewest seeds a tuned study trains for ``reported`` reported seeds
+    (:func:`split_seeds`): 2·reported − 1, the selection's included."""
+    return 2 * reported - 1
 
 
 def _check_tune(study: Study, allow_unreported_intervals: bool) -> None:
     """``tune`` names a factor of two levels or more, a held-out set picks the best, and
-    there are seeds enough for the tuned gaps to have an interval (at least 3: the first
-    half choose, at least 2 are reported) unless ``allow_unreported_intervals``."""
+    there are seeds enough for the tuned gaps to have an interval that can detect something
+    (:data:`REPORTED_SEEDS` reported: 5 seeds, the first half choose) unless
+    ``allow_unreported_intervals``."""
     if study.tune is None:
         return
     factor = next((f for f in study.factors if f.name == study.tune), None)
@@ -323,12 +345,23 @@ def _check_tune(study: Study, allow_unreported_intervals: bool) -> None:
     if not study.eval.data_path:
         raise StudyError(f"tune = {study.tune!r} chooses by the held-out loss: give "
                          f"[eval] data_path")
-    if len(study.seeds) < 3 and not allow_unreported_intervals:
-        raise StudyError(f"tune = {study.tune!r} with {len(study.seeds)} seed(s): the first "
-                         f"half of the seeds choose each arm's level and the others are "
-                         f"reported, so the tuned gaps would rest on one reported seed and "
-                         f"have no interval; give at least 3 seeds (2 reported), or "
-                         f"{ALLOW_UNREPORTED} to run it without intervals")
+    reported = len(split_seeds(study.seeds)[1])
+    if reported < REPORTED_SEEDS and not allow_unreported_intervals:
+        from .power import Part, detectable  # scipy: only when refusing
+
+        def spread(r: int) -> str:  # the smallest gap r reported seeds detect
+            return f"{detectable([Part(1 / r, r - 1, 1.0)]):.1f}"
+        weak = ("no interval" if reported < 2 else
+                f"an interval of {reported - 1} degree of freedom, which detects only gaps "
+                f"above {spread(reported)} times the per-seed spread of a difference at "
+                f"80% expected power")
+        raise StudyError(
+            f"tune = {study.tune!r} with {len(study.seeds)} seed(s): the first half of the "
+            f"seeds choose each arm's level and the others are reported, so its tuned gaps "
+            f"would rest on {reported} reported seed(s): {weak}; give at least "
+            f"{seeds_for_reported(REPORTED_SEEDS)} seeds ({REPORTED_SEEDS} reported: gaps "
+            f"from {spread(REPORTED_SEEDS)} times that spread), or {ALLOW_UNREPORTED} to run "
+            f"it anyway")
 
 
 def _check_held_out(study: Study) -> None:

@@ -6,8 +6,8 @@ lowest mean final held-out loss over the *selection seeds*; the scaling section
 (:mod:`.scaling`) then reads the groups as its levels, each arm's runs of the other seeds
 (the *reported seeds*) taken from its chosen cell (differences still paired by seed).
 
-The seeds are split (:func:`split_seeds`: the first half, rounded down, chooses; the rest
-report), so a reported loss is never the one its level was chosen on: a choice made on
+The seeds are split (:func:`.spec.split_seeds`: the first half, rounded down, chooses; the
+rest report), so a reported loss is never the one its level was chosen on: a choice made on
 the reported runs themselves picks the level whose runs were lucky (the winner's curse:
 the chosen loss biased low, most for an arm flat in the factor), which no interval over
 those runs accounts for. With one seed the split is impossible: that seed chooses and
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from ..metrics.reporting import number
 
-from .spec import Study
+from .spec import Study, split_seeds
 
 
 def tuned_levels(study: Study) -> list[str]:
@@ -35,16 +35,6 @@ def group_of(study: Study, folder: str) -> tuple[str, str]:
     index = [f.name for f in study.factors].index(study.tune)
     parts = folder.split("/")
     return "/".join(parts[:index] + parts[index + 1:]), parts[index]
-
-
-def split_seeds(seeds: list) -> tuple[list, list]:
-    """``(selection, reported)``: the first half of the sorted seeds (rounded down, at least
-    one) choose the level, the others are reported; one seed does both."""
-    seeds = sorted(seeds)
-    if len(seeds) < 2:
-        return seeds, seeds
-    half = len(seeds) // 2
-    return seeds[:half], seeds[half:]
 
 
 def best_level(losses: dict, seeds: list):

@@ -10,7 +10,8 @@ import math
 import pytest
 
 from megatron_ext.study import calibration
-from megatron_ext.study.tuning import best_level, split_seeds
+from megatron_ext.study.spec import split_seeds
+from megatron_ext.study.tuning import best_level
 from tools import calibrate
 
 TRIALS = 40
