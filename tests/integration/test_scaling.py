@@ -297,7 +297,7 @@ def test_a_tuned_factor_compares_each_arm_at_its_own_best_level(recipe, tmp_path
     """size x lr with tune = "lr": each arm's chosen rate per size is its known best, the gap
     against compute is the known gap at the best rates (0 where there is none, not the 0.2
     that one rate for all would read at d64), and the edge-of-grid choice is flagged."""
-    study = build(recipe, {"size": SIZES, "lr": LRS}, tune="lr", seeds=[1, 2, 3],
+    study = build(recipe, {"size": SIZES, "lr": LRS}, tune="lr", seeds=[1, 2, 3, 4, 5],
                   eval={"data_path": str(tmp_path / "heldout"), "tokens": 64})
     assert study.cells()[0][0] == "d64/lo"
     fabricate(study, tmp_path / "S", tuned_loss)
@@ -323,18 +323,21 @@ def test_a_tuned_factor_compares_each_arm_at_its_own_best_level(recipe, tmp_path
     assert "## Tuned factor `lr`: each arm at its best level" in text
     assert "`binary` at `d64`: its best `lr` (`hi`) is at the edge of the grid" in text
     assert "`learned` at `d64`" not in text
-    # seed 1 chooses, seeds 2 and 3 are reported
-    assert "Selection seeds: 1; reported seeds: 2, 3." in text
-    assert summary["tuned"]["d64"]["binary"]["reported"] == [2, 3]
-    assert [s for _, d in scaling_gaps["d64"] for s in d["seeds"]] == [2, 3, 2, 3]
+    # seeds 1 and 2 choose, seeds 3 to 5 are reported; the seeds column counts all 5
+    assert "Selection seeds: 1, 2; reported seeds: 3, 4, 5." in text
+    assert summary["tuned"]["d64"]["binary"]["reported"] == [3, 4, 5]
+    assert [s for _, d in scaling_gaps["d64"] for s in d["seeds"]] == [3, 4, 5, 3, 4, 5]
     assert "| binary − learned (by seed) |" in text
-    assert re.search(r"^\| d64 \| 1e\+12 \| .* \| \+0\.2000 \[\+0\.2000, \+0\.2000\] \| "
-                     r"±0\.0000 · 2 seeds \|$", text, flags=re.M)
+    # the fabricated gap is the same for every seed: no spread, so no gap and no seed count
+    assert re.search(r"^\| d64 \| 1e\+12 \| .* \| 5 \(3 reported\) \| .* \| "
+                     r"\+0\.2000 \[\+0\.2000, \+0\.2000\] \| the seeds measured no spread: no "
+                     r"detectable gap, no seed count \|$", text, flags=re.M)
 
 
 def test_a_tuned_study_of_two_seeds_is_refused_unless_its_intervals_may_go_unreported(
         recipe, tmp_path, capsys):
-    """Two seeds leave one reported seed: refused at definition, naming the flag; with the
+    """Two seeds leave one reported seed, four two (an interval of 1 degree of freedom):
+    refused at definition, naming the flag and what the interval would detect; with the
     flag the report says each tuned gap has no interval and names the seeds that give one,
     and the command line takes it."""
     fields = {"recipe": str(recipe), "arms": ["learned", "binary"], "seeds": [1, 2],
@@ -342,17 +345,23 @@ def test_a_tuned_study_of_two_seeds_is_refused_unless_its_intervals_may_go_unrep
               "eval": {"data_path": str(tmp_path / "heldout"), "tokens": 64}}
     with pytest.raises(StudyError, match=re.escape(
             "tune = 'lr' with 2 seed(s): the first half of the seeds choose each arm's level "
-            "and the others are reported, so the tuned gaps would rest on one reported seed "
-            "and have no interval; give at least 3 seeds (2 reported), or "
-            "--allow-unreported-intervals to run it without intervals")):
+            "and the others are reported, so its tuned gaps would rest on 1 reported seed(s): "
+            "no interval; give at least 5 seeds (3 reported: gaps from 5.1 times that "
+            "spread), or --allow-unreported-intervals to run it anyway")):
         spec.build_study(fields, Path.cwd())
+    with pytest.raises(StudyError, match=re.escape(
+            "on 2 reported seed(s): an interval of 1 degree of freedom, which detects only "
+            "gaps above 27.6 times the per-seed spread of a difference at 80% expected "
+            "power; give at least 5 seeds")):
+        spec.build_study({**fields, "seeds": [1, 2, 3, 4]}, Path.cwd())
     study = spec.build_study(fields, Path.cwd(), allow_unreported_intervals=True)
     fabricate(study, tmp_path / "S", tuned_loss)
     write_report(study, tmp_path / "S")
     text = (tmp_path / "S" / "STUDY.md").read_text()
-    assert re.search(r"^\| d96 \| .* \| \+0\.1000 \(1 seed: no interval\) \| no interval \(1 "
-                     r"reported seed\): an interval needs 2 reported seeds, 3 seeds in a tuned "
-                     r"study \(the first half choose\) \|$", text, flags=re.M)
+    assert re.search(r"^\| d96 \| .* \| 2 \(1 reported\) \| .* \| \+0\.1000 \(1 seed: no "
+                     r"interval\) \| no interval \(1 reported seed\): an interval needs 2 "
+                     r"reported seeds, and one that detects a gap of a few spreads 3 \(5 seeds: "
+                     r"the first half choose\) \|$", text, flags=re.M)
     toml = tmp_path / "s.toml"
     toml.write_text(f'recipe = "{recipe}"\narms = ["learned", "binary"]\nseeds = [1, 2]\n'
                     f'tune = "lr"\n[eval]\ndata_path = "{tmp_path / "heldout"}"\n'
@@ -367,7 +376,7 @@ def test_a_tuned_study_of_two_seeds_is_refused_unless_its_intervals_may_go_unrep
 
 
 def test_a_tuned_study_round_trips_through_its_definition(recipe, tmp_path):
-    study = build(recipe, {"size": SIZES, "lr": LRS}, tune="lr", seeds=[1, 2, 3],
+    study = build(recipe, {"size": SIZES, "lr": LRS}, tune="lr", seeds=[1, 2, 3, 4, 5],
                   eval={"data_path": str(tmp_path / "heldout"), "tokens": 64})
     spec.settle(tmp_path / "S", study)
     assert spec.settle(tmp_path / "S", None) == study

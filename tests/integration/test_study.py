@@ -271,10 +271,13 @@ def test_a_study_trains_evaluates_and_reports(tiny_study):
     assert len(rows) == 3
     p_values = [float(p) for *_, p, _, _ in rows]
     assert [float(h) for *_, h, _ in rows] == pytest.approx(holm(p_values), rel=1e-2)
-    # beside each, what the design detects: the loss's from its 2 seeds' spread
+    # beside each, what the design detects: the loss's from its 2 seeds' spread, at 95%
+    # and at Holm's 0.05/3
     assert rows[0][:2] == ("validation loss", "by seed")
-    assert rows[0][4] == power.cell(diff["valid_loss"]["by_seed"])
-    assert re.fullmatch(r"±\d\.\d{4} · (\d+|more than 1,000) seeds", rows[0][4])
+    assert rows[0][4] == power.cell(diff["valid_loss"]["by_seed"], family=3)
+    figures = r"±\d+\.\d{4} · (\d+|more than 1,000) seeds"
+    assert re.fullmatch(f"{figures} / {figures}", rows[0][4])
+    assert f"| {power.header(3)} |" in text
     assert summary["pairwise"] == []
     assert "| binary | `--input-interface binary` |" in text
     assert re.search(r"\| binary \| 2 \| 0 \| \d\.\d{4} ± \d\.\d{4} \|", text)

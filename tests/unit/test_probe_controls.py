@@ -193,7 +193,16 @@ def test_a_representation_of_types_only_reads_no_selectivity_on_any_text():
     nothing else): on each of three held-out texts, the mean id and previous-token
     selectivity of 60 such models (each its own sample, probe seed and vectors) is 0 within
     its Monte Carlo error (the chi-square of the six means over their standard errors below
-    its 0.999 quantile), not only on average over texts: a study's seeds share one text."""
+    its 0.999 quantile), not only on average over texts: a study's seeds share one text.
+
+    This is the unit tier's guard of the probes' false positives (the calibration's 40-trial
+    rows cannot catch 10%). A study's interval over 3 seeds (2 probe seeds each) excludes 0
+    in 10% of texts, not 5%, when the texts' offsets have a variance 0.39 times that of a
+    seed's value (t₂: 4.303/√(1 + 3·0.39) = its 95% point, 2.920); each mean here, over 60
+    models of one probe seed (whose variance is 1 to 2 times a seed's of two), then has
+    offsets 12.7 to 24.4 times its variance, and the chi-square exceeds its 0.999 quantile
+    with probability 0.94 to 0.99 (an offset the same on every text: 0.9999 or more); at the
+    nominal rate, with probability 0.001."""
     from scipy import stats
     from megatron_ext.study.calibration import probe_text, probed_selectivity
     rng = np.random.default_rng(4)
@@ -207,3 +216,45 @@ def test_a_representation_of_types_only_reads_no_selectivity_on_any_text():
     finally:
         torch.set_num_threads(threads)
     assert chi2 < stats.chi2.ppf(0.999, 6), chi2
+
+
+def test_the_frequency_mark_flags_every_cell_a_frequency_only_representation_reaches():
+    """Ids in exact frequency order: the id is a function of the frequency, so states that
+    hold only the tokens' frequencies read a positive selectivity on some texts (7-8% of
+    them, docs/probes.md), and no estimator can read that as 0 while reading a code's id
+    bits. The mark guards the reader: on 4 such texts, each probed by 3 training seeds of 2
+    probe seeds as a study's runs are, every cell whose selectivity the frequency-only
+    baseline reaches (its mean, paired by seed, at least the cell's) is printed with ‡, for
+    states of the frequencies in another form than the baseline's features
+    (calibration.frequency_states) and for those features themselves (always marked); a
+    code (the ids' bits in noise: a known signal) is never marked."""
+    from megatron_ext.study.calibration import against_frequency, exact_order_text
+    from megatron_ext.study.probing import _cell, arm_summary
+    rng = np.random.default_rng(7)
+    reached, threads = {"frequency": 0, "baseline": 0, "code": 0}, torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for _ in range(4):
+            text = exact_order_text(rng)
+            for states in reached:
+                records = {}
+                for seed in (1, 2, 3):
+                    (model, baseline) = against_frequency(rng, text, states, 2)
+                    row = dict(zip(("id_bits_selectivity", "prev_bits_selectivity"), model))
+                    records[seed] = {
+                        "chance": {}, "tokens_sha256": "text",
+                        "models": {"m": {"trained": [row], "random_init": [row]}},
+                        "frequency_baseline": dict(zip(row, baseline))}
+                layer = arm_summary("m", records)["trained"][0]
+                for m in ("id_bits_selectivity", "prev_bits_selectivity"):
+                    gaps = [r["models"]["m"]["trained"][0][m] - r["frequency_baseline"][m]
+                            for r in records.values()]
+                    marked = "‡" in _cell(layer, m)
+                    if np.mean(gaps) <= 0:
+                        reached[states] += 1
+                        assert marked, (states, m, gaps)
+                    assert marked if states == "baseline" else True
+                    assert not marked if states == "code" else True, gaps
+    finally:
+        torch.set_num_threads(threads)
+    assert reached["baseline"] == 8 and reached["code"] == 0 and reached["frequency"] > 0
