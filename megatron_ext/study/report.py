@@ -10,9 +10,9 @@ with one seed conditional on that seed, and labelled so in the table). The diffe
 one family, named with its size, and each carries its Holm-adjusted p-value beside the
 unadjusted one and what its design detects (:mod:`.power`: the smallest gap at 80%
 expected power and the seeds its measured gap needs, at 95% and at Holm's 0.05/m). Every
-row carries the tokens seen and the steps skipped. When the arms differ in trainable input parameters, the gap against that count
-(:mod:`.capacity`). With ``[probes]``, the probes of the final checkpoints per layer
-(:mod:`.probing`). Each arm has one colour in every figure
+row carries the tokens seen and the steps skipped. When the arms differ in trainable input
+parameters, the gap against that count (:mod:`.capacity`). With ``[probes]``, the probes of
+the final checkpoints per layer (:mod:`.probing`). Each arm has one colour in every figure
 (:func:`megatron_ext.metrics.reporting.colours`).
 """
 
