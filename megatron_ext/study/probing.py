@@ -215,8 +215,9 @@ def markdown(study: Study, summary: dict, final: int) -> str:
                   f"the family of its {tested} with a p-value, of all {len(members)} "
                   f"({len(pairs)} pairs of arms × layers × {len(PAIRED)} metrics): a "
                   f"difference is significant after adjustment "
-                  f"when its Holm p < 0.05. Beside each, at 95% and, after the `/`, at "
-                  f"Holm's 0.05/{tested}: {power.NOTE}", "",
+                  f"when its Holm p < 0.05. Beside each, at 95%"
+                  + (f" and, after the `/`, at Holm's 0.05/{tested}" if tested > 1 else "")
+                  + f": {power.NOTE}", "",
                   "| b − a | layer | " + " | ".join(t for _, t in PAIRED) + " | "
                   + " | ".join(f"80% expected power: {t}" for _, t in PAIRED) + " |",
                   "|---|---|" + "---:|" * (2 * len(PAIRED))]
