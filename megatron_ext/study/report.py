@@ -267,9 +267,10 @@ def family_table(summary: dict) -> list[str]:
              f"which the Holm adjustment is over. Each interval is 95% unadjusted; the "
              f"Holm-adjusted p-values keep the chance of any false difference in the family at "
              f"5% (a difference is significant after adjustment when its Holm p < 0.05).", "",
-             f"{power.NOTE} Each is given at the intervals' 95% and, after the `/`, at "
-             f"Holm's 0.05/{tested}: a p-value below it is significant after adjustment "
-             f"whatever the family's other results.", "",
+             power.NOTE + ("" if tested <= 1 else
+                           f" Each is given at the intervals' 95% and, after the `/`, at "
+                           f"Holm's 0.05/{tested}: a p-value below it is significant after "
+                           f"adjustment whatever the family's other results."), "",
              "| difference | metric | interval | p | Holm p (family of "
              f"{tested}) | {power.header(tested)} |", "|---|---|---|---:|---:|---:|"]
     for (pair, name, kind, interval), p_holm in zip(members, adjusted):
