@@ -217,7 +217,7 @@ def markdown(study: Study, summary: dict, final: int) -> str:
                   f"difference is significant after adjustment "
                   f"when its Holm p < 0.05. Beside each, at 95%"
                   + (f" and, after the `/`, at Holm's 0.05/{tested}" if tested > 1 else "")
-                  + f": {power.NOTE}", "",
+                  + f". {power.NOTE}", "",
                   "| b − a | layer | " + " | ".join(t for _, t in PAIRED) + " | "
                   + " | ".join(f"80% expected power: {t}" for _, t in PAIRED) + " |",
                   "|---|---|" + "---:|" * (2 * len(PAIRED))]

@@ -154,7 +154,7 @@ def markdown(study: Study, result: dict) -> list[str]:
                   f"(the first half choose: {seeds_for_reported(REPORTED_SEEDS)} seeds report "
                   f"{REPORTED_SEEDS})." if study.tune else "")
     lines = ["## Across levels: loss and gap against training compute", "",
-             f"Beside each gap, at 95% (unadjusted, as the intervals are): "
+             f"Beside each gap, at 95% (unadjusted, as the intervals are). "
              f"{power.NOTE}{seeds_note}", "",
              "| level | FLOPs | tokens | parameters (non-embedding / total, "
              f"{study.control}) | seeds | " + " | ".join(f"{a.name} loss" for a in study.arms)
