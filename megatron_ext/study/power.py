@@ -17,9 +17,9 @@ the interval's own critical ratio (:func:`detection`; for one part exactly the t
 "Assurance in clinical trial design", Pharmaceutical Statistics 4:187-201). The seeds'
 spread is itself measured, with few degrees of freedom; taken as the truth (the power at
 the measured spread), the gap printed for 80% is detected by a fresh study of the same
-design only about 58% (2 seeds), 63% (3) and 69% (5) of the time. Here the power is averaged over
-what the seeds' part of the variance could be given its measured value ``v`` with ``m``
-degrees of freedom: ``v·m/χ²_m`` (the reference prior 1/σ), by Gauss-Legendre quadrature
+design only about 58% (2 seeds), 63% (3) and 67% (5) of the time. Here the power is
+averaged over what the seeds' part of the variance could be given its measured value ``v``
+with ``m`` degrees of freedom: ``v·m/χ²_m`` (the reference prior 1/σ), by Gauss-Legendre quadrature
 (:func:`expected_detection`). The t statistic is pivotal, so that average is exactly the
 share of studies of the design, measuring their own spread, whose printed gap a fresh
 study of the same design detects, whatever the true spread: 80% (the calibration's power
