@@ -38,6 +38,8 @@ def quick():
     return calibration.run(TRIALS, seed=1, checks=QUICK)
 
 
+# the two tests of the module's `quick` run: on one worker, so that it is simulated once
+@pytest.mark.xdist_group("calibration")
 def test_every_printed_interval_is_within_its_band_at_a_reduced_trial_count(quick):
     assert {c for c, *_ in calibration.SCENARIOS} == {*QUICK, "power", "frequency mark"}
     asserted = [r for r in quick["rows"] if r["within"] is not None]
@@ -51,6 +53,7 @@ def test_every_printed_interval_is_within_its_band_at_a_reduced_trial_count(quic
                                for c, label, *_ in calibration.SCENARIOS)
 
 
+@pytest.mark.xdist_group("calibration")
 def test_the_suite_separates_a_miscalibrated_interval(quick):
     """The choice made on the reported seeds is measured (not asserted) beside the split
     one; the family of 3 sizes, unadjusted, misses far more often than 5%."""
