@@ -6,7 +6,7 @@ row's upper end only); the tuned factor's seed split; the tool's files.
 At 40 trials a false-positive row's band is 0-15%: it cannot catch a 10% rate. The unit
 tier's guards of the false positives that matter are tests on cheaper statistics with their
 power stated: the probes' selectivity on any text (tests/unit/test_probe_controls.py, the
-chi-square of 360 models' means), the power statements (tests/unit/test_study_power.py,
+chi-square of 360 models' means, simulated there to fail at a 10% rate), the power statements (tests/unit/test_study_power.py,
 computed exactly over a study's spread). The power and frequency-mark scenarios (about
 0.1 s a trial) run there and in the full run, not at 40 trials here."""
 
