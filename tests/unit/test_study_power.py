@@ -52,6 +52,13 @@ def test_the_power_is_finite_where_scipys_noncentral_t_is_not():
                                * scipy_stats.chi2.pdf(v, 1), 0, np.inf, limit=200)[0]
         assert float(power.two_sided_power(12.706, 1, shift)) == pytest.approx(exact, abs=1e-9)
     assert math.isfinite(power.expected_detection(3.0, [power.Part(1e-12, 1, 1.0)]))
+    # the issue's `1000 seeds`: a spread of 1e-9 (a spread, not rounding) at 1,000 seeds is
+    # a noncentrality of 1.8e10, where scipy's power is NaN (scipy 1.17, 1.18) and was read
+    # as "not enough"
+    tiny = [power.Part(1e-18, 2, 1.0)]
+    assert np.isnan(scipy_stats.nct.sf(scipy_stats.t.isf(0.025, 999), 999,
+                                       1 / math.sqrt(1e-18 * 3 / 1000)))
+    assert not power.no_spread(tiny, 1.0) and power.seeds_needed(1.0, tiny, 3) == 2
 
 
 def _unit(seeds: int) -> list:
