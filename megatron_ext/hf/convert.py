@@ -42,6 +42,8 @@ unknown weight) is refused by :func:`check_mappable` / :func:`hf_state_dict`.
 from __future__ import annotations
 
 import argparse
+import json
+import os
 from typing import Optional
 
 import torch
@@ -49,6 +51,7 @@ from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
 from ..codes.schemes import ARMS, SCHEMES, FixedCode
 from ..runtime.errors import CheckpointError, ConversionError
+from ..runtime.files import read_json, write_text
 from .configuration_fixedcode import FixedCodeLlamaConfig
 from .modeling_fixedcode import FixedCodeLlamaForCausalLM
 
@@ -230,7 +233,8 @@ def build_hf_model(config: LlamaConfig, state: dict, device: str = "meta") -> Ll
 
 def save_hf_model(config: LlamaConfig, state: dict, output: str) -> None:
     """Write ``config.json``, safetensors and ``generation_config.json`` (EOD ends and pads a
-    generation), plus the custom code files for a fixed-code arm."""
+    generation), plus the custom code files for a fixed-code arm; a stock Llama's config also
+    in the keys of transformers 4 (:func:`add_transformers4_keys`)."""
     if isinstance(config, FixedCodeLlamaConfig):
         FixedCodeLlamaConfig.register_for_auto_class()
         FixedCodeLlamaForCausalLM.register_for_auto_class("AutoModelForCausalLM")
@@ -238,3 +242,17 @@ def save_hf_model(config: LlamaConfig, state: dict, output: str) -> None:
     model.generation_config = GenerationConfig(eos_token_id=config.eos_token_id,
                                                pad_token_id=config.eos_token_id)
     model.save_pretrained(output)
+    if not isinstance(config, FixedCodeLlamaConfig):
+        add_transformers4_keys(os.path.join(output, "config.json"))
+
+
+def add_transformers4_keys(path: str) -> None:
+    """Add to a stock Llama's ``config.json`` the keys a reader built on transformers 4 reads
+    where transformers 5 writes ``rope_parameters`` and ``dtype``: ``rope_theta`` (without
+    it, such a reader takes RoPE's base as 10,000 in silence: vLLM bundling transformers 4,
+    vllm-project/vllm#42624, llama.cpp's converter before December 2025) and
+    ``torch_dtype``. transformers 5 reads them as the same values, without a word."""
+    config = read_json(path)
+    config.setdefault("rope_theta", config["rope_parameters"]["rope_theta"])
+    config.setdefault("torch_dtype", config["dtype"])
+    write_text(path, json.dumps(config, indent=2, sort_keys=True) + "\n")

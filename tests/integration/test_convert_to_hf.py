@@ -49,7 +49,7 @@ RUNS = {  # name -> (extra training flags, processes)
     "gf2": (GQA + ["--input-interface", "gf2", "--code-scale", "0.37", "--tokenizer-type",
                    "SentencePieceTokenizer", "--tokenizer-model", "{sp}"], 1),
     "random_recode": (["--input-interface", "random", "--code-tiling", "recode", "--code-bits",
-                       "11"], 1),
+                       "11", "--rotary-base", "130000"], 1),
     "learned_tied_tp2": (["--no-untie-embeddings-and-output-weights",
                           "--tensor-model-parallel-size", "2", "--tokenizer-type",
                           "SentencePieceTokenizer", "--tokenizer-model", "{sp}"], 2),
@@ -315,6 +315,10 @@ def test_as_table_writes_the_checkpoints_code_as_a_stock_llamas_table(name, ckpt
     config = json.loads(Path(hf_dir, "config.json").read_text())
     assert config["model_type"] == "llama" and config["architectures"] == ["LlamaForCausalLM"]
     assert "auto_map" not in config and not list(Path(hf_dir).glob("*.py"))
+    # RoPE's base and the dtype also where a reader built on transformers 4 looks for them
+    assert config["rope_theta"] == config["rope_parameters"]["rope_theta"] == float(
+        saved["args"]["rotary_base"])
+    assert config["torch_dtype"] == config["dtype"] == "float32"
     assert config[RECORD_KEY] == {"arm": name.split("_")[0], "code": code.describe(),
                                   "input_table": "fixed, never trained",
                                   "code_projection": False, "fixed_code": saved["fixed_code"]}
