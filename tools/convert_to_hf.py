@@ -24,6 +24,7 @@ from typing import Optional, Sequence
 
 from megatron_ext.hf.convert import DTYPES
 from megatron_ext.hf.export import export_checkpoint
+from megatron_ext.hf.model_card import LICENSE_PLACEHOLDER
 from megatron_ext.runtime.errors import exits_on_error
 
 
@@ -49,9 +50,12 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
 def main(argv: Optional[Sequence[str]] = None) -> dict:
     with exits_on_error():
         args = parse_args(argv)
-        return export_checkpoint(args.load, args.output, args.iteration, args.dtype,
-                                 args.tokenizer_model, check=args.validate,
-                                 as_table=args.as_table)
+        result = export_checkpoint(args.load, args.output, args.iteration, args.dtype,
+                                   args.tokenizer_model, check=args.validate,
+                                   as_table=args.as_table)
+        print(f"before publishing {args.output}, put its licence in {result['card']} "
+              f"(license: {LICENSE_PLACEHOLDER})")
+        return result
 
 
 if __name__ == "__main__":

@@ -195,7 +195,7 @@ def export_checkpoint(load: str, output: str, iteration: Optional[int] = None,
                     "a stock LlamaForCausalLM" if stock else
                     "FixedCodeLlamaForCausalLM (load with trust_remote_code=True; "
                     "--as-table for a stock Llama)")
-                 + f"; model card {card}: fill in its licence before publishing")
+                 + f"; model card {card}")
         result = {"output": output, "arm": train.input_interface, "iteration": iteration,
                   "stock": stock, "card": card}
         if check:

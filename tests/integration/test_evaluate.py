@@ -27,6 +27,7 @@ from transformers import (AutoModelForCausalLM, AutoTokenizer, LlamaConfig,  # n
 from conftest import TINY_RUN, run_pretrain  # noqa: E402
 from megatron_ext.codes.schemes import FixedCode  # noqa: E402
 from megatron_ext.hf.configuration_fixedcode import FixedCodeLlamaConfig  # noqa: E402
+from megatron_ext.hf.model_card import read_card, render  # noqa: E402
 from megatron_ext.hf.modeling_fixedcode import FixedCodeLlamaForCausalLM  # noqa: E402
 from megatron_ext.hf.tokenizer import hf_tokenizer  # noqa: E402
 from megatron_ext.datasets.tokenizer import build_tokenizer  # noqa: E402
@@ -393,13 +394,19 @@ def test_the_evaluation_is_written_into_the_model_card_and_a_second_run_updates_
             values["lambada_openai", "perplexity"]}, rel=1e-4)
     assert {r.dataset_args["num_few_shot"] for r in results} == {0}
     assert [r[6] for r in rows] == ["4", "3", "4", "4"]  # documents
-    # A second run, of PIQA alone on two documents: its row replaced, the others kept.
+    # A second run, of PIQA alone on two documents: its row replaced, the others kept, and a
+    # model-index entry added by hand for another dataset too.
+    metadata["model-index"][0]["results"].append(
+        {"task": {"type": "text-generation"}, "metrics": [{"type": "acc", "value": 50.0}],
+         "dataset": {"name": "ARC", "type": "allenai/ai2_arc", "split": "test"}})
+    Path(table, "README.md").write_text(render(metadata, read_card(f"{table}/README.md")[1]))
     (tmp_path / "piqa.jsonl").write_text("".join(json.dumps(r) + "\n" for r in PIQA[:2]))
     before = Path(table, "README.md").read_text()
     evaluate.main([table, "--tasks", "piqa", "--data-dir", str(tmp_path), "--output-dir",
                    str(tmp_path / "out"), "--device", "cpu", "--bootstrap-iters", "0"])
     again, rows_again, results_again = card_rows(table)
-    assert len(rows_again) == 4 and len(results_again) == 4
+    assert len(rows_again) == 4 and len(results_again) == 5
+    assert ("allenai/ai2_arc", 50.0) in {(r.dataset_type, r.metric_value) for r in results_again}
     assert [r[6] for r in rows_again] == ["4", "2", "4", "4"]
     assert rows_again[0] == rows[0] and rows_again[2:] == rows[2:]
     assert [r["task"] for r in again["fixedcode"]["evaluation"]] == [
