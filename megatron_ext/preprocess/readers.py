@@ -313,7 +313,9 @@ def parse_unit(raw, line: int, kind: str, keys: list[str]) -> dict[str, list[str
     try:
         record = json.loads(text)
     except json.JSONDecodeError as e:
-        raise BadInput(line, "malformed JSON", f"{e.msg} at column {e.colno}") from None
+        # json says "Invalid control character at" (then the place): the column is the place
+        what = e.msg.removesuffix(" at")
+        raise BadInput(line, "malformed JSON", f"{what} at column {e.colno}") from None
     if not isinstance(record, dict):
         raise BadInput(line, "malformed JSON", f"a {type(record).__name__}, not an object")
     texts = {}

@@ -13,6 +13,7 @@ documents. Deterministic for a seed.
 
 from __future__ import annotations
 
+import functools
 import random
 import unicodedata
 
@@ -38,6 +39,13 @@ DIGITS = ["0123456789", "٠١٢٣٤٥٦٧٨٩", "०१२३४५६७८९"
 EMPTY_LOOKING = [" ", "\n", "\t", "\u200b", "\ufeff", "\u00a0", "\u2028", "  \n  "]
 
 
+def recently_assigned() -> list[str]:
+    """The characters Python's ``regex`` knows as assigned (Unicode 17) and this Python's
+    ``unicodedata`` does not."""
+    return _characters()[1]
+
+
+@functools.lru_cache(maxsize=1)
 def _characters() -> tuple[dict[str, list[str]], list[str]]:
     """Every character by this Python's general category, and the recently assigned ones:
     those ``regex`` knows as assigned (Unicode 17) and this Python's ``unicodedata`` (Unicode
@@ -79,4 +87,9 @@ def breaker_texts(seed: int = 0, count: int = 400, long_chars: int = 4000) -> li
                  "".join(categories["Lo"][:8]) + "a1.-_"]
     long_texts = ["".join(rng.choice(alphabet) for _ in range(long_chars)) for alphabet in alphabets]
     long_texts.append(PLAIN[:40] + "x" * long_chars + PLAIN[:40])
-    return texts + pieces + long_texts + EMPTY_LOOKING
+    # Recent characters beside contractions, letters, digits and punctuation: where a library
+    # that classes one as a letter cuts other words than one that does not (X's: X + 's, or X'
+    # + s).
+    neighbours = ["{x}'s", "{x}'ll", "a{x}b", "1{x}2", ".{x}.", " {x} ", "{x}{x}'d"]
+    beside = [rng.choice(neighbours).replace("{x}", x) for x in rng.sample(recent, 60)]
+    return texts + pieces + beside + long_texts + EMPTY_LOOKING
