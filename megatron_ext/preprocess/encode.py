@@ -154,13 +154,14 @@ def sampled(path: str, line: int, fraction: float) -> bool:
 
 def _verify(tokenizer, batch: Batch, lines: list[int], texts: list[str], text_document,
             tokens: np.ndarray, lengths: np.ndarray, by_reference: np.ndarray,
-            fraction: float) -> tuple[int, list[int]]:
-    """The sampled documents gigatoken encoded, encoded again by the reference: how many, and
-    the lines of those whose ids differ."""
+            fraction: float) -> tuple[np.ndarray, list[int]]:
+    """The sampled documents gigatoken encoded, encoded again by the reference: which (a mask
+    over the batch's documents), and the lines of those whose ids differ."""
     documents = [d for d, line in enumerate(lines) if sampled(batch.path, line, fraction)]
     chosen = np.isin(text_document, documents) & ~by_reference
+    checked = np.zeros(len(lines), bool)
     if not chosen.any():
-        return 0, []
+        return checked, []
     again, again_lengths = reference_encode(tokenizer, _word_encoder,
                                             [texts[i] for i in np.flatnonzero(chosen)])
     ends = np.cumsum(lengths)
@@ -172,7 +173,8 @@ def _verify(tokenizer, batch: Batch, lines: list[int], texts: list[str], text_do
             if n != lengths[i] or not np.array_equal(again[start:start + n],
                                                      tokens[ends[i] - n:ends[i]]):
                 differ.add(lines[text_document[i]])
-    return len(set(text_document[chosen].tolist())), sorted(differ)
+    checked[text_document[chosen]] = True
+    return checked, sorted(differ)
 
 
 def encode_batch(batch: Batch) -> EncodedBatch:
@@ -195,7 +197,7 @@ def encode_batch(batch: Batch) -> EncodedBatch:
 
     # A document is its texts with ids; one without any, for any key, is bad input.
     encoded, empty = {}, np.zeros(len(lines), bool)
-    reference, verified, differences = np.zeros(len(lines), bool), 0, []
+    reference, verified, differences = np.zeros(len(lines), bool), np.zeros(len(lines), bool), []
     for key in keys:
         tokens, lengths, by_reference = _encode_texts(tokenizer, texts[key])
         text_document = np.repeat(np.arange(len(lines)), text_counts[key])
@@ -206,7 +208,7 @@ def encode_batch(batch: Batch) -> EncodedBatch:
         if _gigatoken is not None and verify_fraction > 0:
             checked, differ = _verify(tokenizer, batch, lines, texts[key], text_document, tokens,
                                       lengths, by_reference, verify_fraction)
-            verified += checked
+            verified |= checked
             differences += [(line, key) for line in differ]
     for i in np.flatnonzero(empty):
         key = next(key for key in keys if encoded[key][3][i] == 0)
@@ -217,5 +219,6 @@ def encode_batch(batch: Batch) -> EncodedBatch:
         input_index=batch.input_index, end_line=batch.end_line, disk_bytes=batch.disk_bytes,
         text_bytes=sum(unit_bytes(raw) for _, raw in batch.units),
         documents=int(len(lines) - empty.sum()), keys=keys_encoded, bad=sorted(bad),
-        reference_documents=int((reference & ~empty).sum()), verified=verified,
+        reference_documents=int((reference & ~empty).sum()),
+        verified=int((verified & ~reference & ~empty).sum()),
         differences=sorted(differences))
