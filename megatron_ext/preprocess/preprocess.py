@@ -148,6 +148,11 @@ def _encode_parts(args, paths: list[str], tokenizer, dtype, work: WorkDir,
     # threads of its own (a notebook, the tests) gets a fork server: a child forked beside
     # other threads can inherit a lock one of them held and hang
     method = "fork" if threading.active_count() == 1 else "forkserver"
+    if gigatoken and method == "fork":
+        # imported once, before the workers fork: each would import them at its first batch
+        # (awkward, which gigatoken's batches return, is 0.3 s of CPU)
+        import awkward  # noqa: F401
+        import gigatoken  # noqa: F401
     pool = multiprocessing.get_context(method).Pool(
         args.workers, initializer=init_worker,
         initargs=(tokenizer, args.json_keys, eod, gigatoken, args.verify_fraction))
