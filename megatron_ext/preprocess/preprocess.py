@@ -120,14 +120,15 @@ class _Progress:
         self.bar.close()
 
 
-def choose_encoder(tokenizer, requested: str) -> Optional[str]:
-    """Why gigatoken will not encode (``--encoder``), None when it will."""
+def choose_encoder(tokenizer, requested: str) -> tuple[Optional[bool], Optional[str]]:
+    """Whether gigatoken encodes (``--encoder``): None if not, else whether in batches (which
+    return awkward arrays); and why not."""
     if requested == "reference":
-        return "--encoder reference"
+        return None, "--encoder reference"
     made = gigatoken_encoder(tokenizer)
     if isinstance(made, str) and requested == "gigatoken":
         raise FlagError(f"--encoder gigatoken: {made}; pass --encoder auto or reference")
-    return made if isinstance(made, str) else None
+    return (None, made) if isinstance(made, str) else (made.batched, None)
 
 
 def reference_library(tokenizer) -> str:
@@ -138,8 +139,9 @@ def reference_library(tokenizer) -> str:
 
 
 def _encode_parts(args, paths: list[str], tokenizer, dtype, work: WorkDir,
-                  done: list[dict], gigatoken: bool) -> list[dict]:
-    """Encode the inputs after the complete parts ``done`` into new parts: their manifests."""
+                  done: list[dict], batched: Optional[bool]) -> list[dict]:
+    """Encode the inputs after the complete parts ``done`` into new parts: their manifests
+    (gigatoken encodes unless ``batched`` is None)."""
     start_input, after_line = (done[-1]["end_input"], done[-1]["end_line"]) if done else (0, 0)
     eod = tokenizer.eod if args.append_eod else None
     manifests, index = [], len(done)
@@ -148,14 +150,13 @@ def _encode_parts(args, paths: list[str], tokenizer, dtype, work: WorkDir,
     # threads of its own (a notebook, the tests) gets a fork server: a child forked beside
     # other threads can inherit a lock one of them held and hang
     method = "fork" if threading.active_count() == 1 else "forkserver"
-    if gigatoken and method == "fork":
-        # imported once, before the workers fork: each would import them at its first batch
+    if batched and method == "fork":
+        # imported once, before the workers fork: each would import it at its first batch
         # (awkward, which gigatoken's batches return, is 0.3 s of CPU)
         import awkward  # noqa: F401
-        import gigatoken  # noqa: F401
     pool = multiprocessing.get_context(method).Pool(
         args.workers, initializer=init_worker,
-        initargs=(tokenizer, args.json_keys, eod, gigatoken, args.verify_fraction))
+        initargs=(tokenizer, args.json_keys, eod, batched is not None, args.verify_fraction))
     progress = _Progress(paths, start_input)
     try:
         batches = iter_batches(paths, args.text_document, args.json_keys, start_input, after_line)
@@ -225,7 +226,7 @@ def preprocess(args: argparse.Namespace) -> Summary:
                             "give one key")
     tokenizer = tokenizer_from_args(args)
     dtype = optimal_dtype(tokenizer.vocab_size)
-    gigatoken_note = choose_encoder(tokenizer, args.encoder)
+    batched, gigatoken_note = choose_encoder(tokenizer, args.encoder)
 
     work = WorkDir(args.output_prefix)
     settings = {"--tokenizer-type": args.tokenizer_type, "--vocab-size": args.vocab_size,
@@ -239,8 +240,7 @@ def preprocess(args: argparse.Namespace) -> Summary:
     manifests = work.start(settings, inputs, args.resume)
     resumed = sum(m["documents"] for m in manifests)
     if not (manifests and manifests[-1]["final"]):
-        manifests += _encode_parts(args, paths, tokenizer, dtype, work, manifests,
-                                   gigatoken_note is None)
+        manifests += _encode_parts(args, paths, tokenizer, dtype, work, manifests, batched)
 
     filled = [i for i, manifest in enumerate(manifests) if manifest["documents"]]
     if not filled:
