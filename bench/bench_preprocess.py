@@ -192,7 +192,8 @@ class Commands:
                 return ([python, "-c", RUN_MEGATRON_LM,
                          os.path.join(self.megatron_lm, "tools/preprocess_data.py"),
                          *self._flags(source, prefix), "--workers", str(workers),
-                         "--log-interval", "100000000"], {**self.env, "PYTHONPATH": self.megatron_lm})
+                         "--log-interval", "100000000"],
+                        {**self.env, "PYTHONPATH": self.megatron_lm})
             return ([python, __file__, "--recreated-child", *self._flags(source, prefix),
                      "--workers", str(workers)], {**self.env, "PYTHONPATH": str(REPO)})
         if which == "fast":
@@ -365,8 +366,8 @@ def main() -> None:
     runs = [(which, workers) for which in args.commands
             for workers in (args.workers if which.startswith("ours") else args.workers[-1:])]
     print(measure.machine())
-    print(f"classic: {'Megatron-LM ' + args.megatron_lm if args.megatron_lm and not args.recreated else 're-created'}"
-          f"; fast: {args.megatron_lm_main or 'not run'}")
+    classic = "re-created" if args.recreated or not args.megatron_lm else args.megatron_lm
+    print(f"classic: {classic}; fast: {args.megatron_lm_main or 'not run'}")
     with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
         with open(f"{tmp}/tiny.jsonl", "w", encoding="utf-8") as f:
             f.writelines(json.dumps({"text": s}) + "\n" for s in scenes()[:5])

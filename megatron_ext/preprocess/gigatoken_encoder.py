@@ -72,6 +72,14 @@ def _resident_bytes() -> int:
         return 0
 
 
+def _loaded(build: Callable):
+    """``build()``'s gigatoken tokenizer, or why gigatoken cannot load it."""
+    try:
+        return build()
+    except Exception as e:  # noqa: BLE001 - gigatoken raises ValueError or its Rust errors
+        return f"gigatoken cannot load it ({str(e).splitlines()[0]})"
+
+
 class _SpecialText:
     """Whether a text holds any of some strings (few first characters: a ``in`` each first)."""
 
@@ -144,13 +152,12 @@ class GigatokenEncoder:
     admits (:meth:`admits`) and by ``reference`` (an ``encode(texts) -> (tokens, lengths)``) for
     the rest."""
 
-    def __init__(self, build: Callable, reference: Callable, special: _SpecialText,
+    def __init__(self, build: Callable, backend, reference: Callable, special: _SpecialText,
                  characters: Optional[CharacterCheck] = None, digits: bool = False,
                  stripped: Optional[dict] = None):
-        self.build, self.reference = build, reference
+        self.build, self.backend, self.reference = build, backend, reference
         self.special, self.characters, self.digits = special, characters, digits
         self.stripped = stripped  # the character map, when sentencepiece strips spaces
-        self.backend = build()
         # gigatoken's byte-level BPE keeps its word cache across batch calls (an awkward array
         # each); its sentencepiece BPE only across single calls: 4x faster a text at a time
         self.batched = not self.backend.__class__.__name__.startswith("SentencePiece")
@@ -182,25 +189,28 @@ class GigatokenEncoder:
         if digits:  # the stretches between digits get GPT-2's pre-tokenizer alone
             spec["pre_tokenizer"] = spec["pre_tokenizer"]["pretokenizers"][1]
         data = json.dumps(spec)
-        try:
-            gigatoken.Tokenizer.from_json(data)
-        except Exception as e:  # noqa: BLE001 - gigatoken raises ValueError or its Rust errors
-            return f"gigatoken cannot load it ({str(e).splitlines()[0]})"
+
+        def build():
+            return gigatoken.Tokenizer.from_json(data).backend
+
+        backend = _loaded(build)
+        if isinstance(backend, str):
+            return backend
         gpt2 = regex.compile(GPT2_WORDS)
 
         def gigatoken_agrees(character: str) -> bool:
             for context in CONTEXTS:
-                text = (context + character).encode()
-                ends = np.cumsum([len(word) for word in gigatoken.pretokenizer(text)]).tolist()
-                ours = [len(text.decode()[:m.end()].encode()) for m in gpt2.finditer(text.decode())]
+                text = context + character
+                words = gigatoken.pretokenizer(text.encode())
+                ends = np.cumsum([len(word) for word in words]).tolist()
+                ours = [len(text[:m.end()].encode()) for m in gpt2.finditer(text)]
                 if ends != ours:
                     return False
             return True
 
         characters = CharacterCheck(lambda c: words.agrees(c) and gigatoken_agrees(c))
         special = _SpecialText([token["content"] for token in spec.get("added_tokens") or []])
-        return cls(lambda: gigatoken.Tokenizer.from_json(data).backend, reference,
-                   special, characters=characters, digits=digits)
+        return cls(build, backend, reference, special, characters=characters, digits=digits)
 
     @classmethod
     def _for_sentencepiece(cls, gigatoken, tokenizer, reference):
@@ -211,10 +221,14 @@ class GigatokenEncoder:
         model = sentencepiece_model_pb2.ModelProto()
         with open(tokenizer.model_file, "rb") as f:
             model.ParseFromString(f.read())
-        try:
-            gigatoken.Tokenizer.from_sentencepiece(tokenizer.model_file)
-        except Exception as e:  # noqa: BLE001 - gigatoken raises ValueError or its Rust errors
-            return f"gigatoken cannot load it ({str(e).splitlines()[0]})"
+        model_file = tokenizer.model_file
+
+        def build():
+            return gigatoken.Tokenizer.from_sentencepiece(model_file).backend
+
+        backend = _loaded(build)
+        if isinstance(backend, str):
+            return backend
         mapping = Charsmap(model.normalizer_spec.precompiled_charsmap)
         # A text holding a character the map changes, other than an ASCII control (which is a
         # grapheme of its own), or one that could continue a longer key, goes to the reference:
@@ -225,9 +239,8 @@ class GigatokenEncoder:
             if mapping.later or changed else None
         special = _SpecialText([p.piece for p in model.pieces if p.type != _NORMAL_PIECE]
                                + ["\r\n"] * mapping.crlf)
-        model_file = tokenizer.model_file
-        return cls(lambda: gigatoken.Tokenizer.from_sentencepiece(model_file).backend, reference,
-                   special, characters=check and CharacterCheck(check),
+        return cls(build, backend, reference, special,
+                   characters=check and CharacterCheck(check),
                    stripped=mapping.single if model.normalizer_spec.remove_extra_whitespaces
                    else None)
 
@@ -285,8 +298,8 @@ class GigatokenEncoder:
         slow = np.flatnonzero(by_reference)
         lengths = np.zeros(len(texts), np.int64)
         pieces = [None] * len(texts)
-        for where, (tokens, counts) in ((fast, self.encode_with_gigatoken([texts[i] for i in fast])),
-                                        (slow, self.reference([texts[i] for i in slow]))):
+        for where, encode in ((fast, self.encode_with_gigatoken), (slow, self.reference)):
+            tokens, counts = encode([texts[i] for i in where])
             lengths[where] = counts
             for i, ids in zip(where, np.split(tokens, np.cumsum(counts)[:-1])):
                 pieces[i] = ids

@@ -85,7 +85,8 @@ def breaker_texts(seed: int = 0, count: int = 400, long_chars: int = 4000) -> li
     # Long words: one script's letters, digits, or a mix, never a space.
     alphabets = ["abcdefghijklmnopqrstuvwxyz", "漢字中文测试東京", "0123456789",
                  "".join(categories["Lo"][:8]) + "a1.-_"]
-    long_texts = ["".join(rng.choice(alphabet) for _ in range(long_chars)) for alphabet in alphabets]
+    long_texts = ["".join(rng.choice(alphabet) for _ in range(long_chars))
+                  for alphabet in alphabets]
     long_texts.append(PLAIN[:40] + "x" * long_chars + PLAIN[:40])
     # Recent characters beside contractions, letters, digits and punctuation: where a library
     # that classes one as a letter cuts other words than one that does not (X's: X + 's, or X'

@@ -83,8 +83,8 @@ def tokenizer_files(tmp_path_factory) -> dict[str, dict]:
     for name, options in {**SENTENCEPIECE, "no_byte_fallback": {}}.items():
         sentencepiece.SentencePieceTrainer.train(
             sentence_iterator=iter(lines), model_prefix=str(folder / name), vocab_size=600,
-            model_type="bpe", byte_fallback=name != "no_byte_fallback", minloglevel=2, num_threads=1,
-            **options)
+            model_type="bpe", byte_fallback=name != "no_byte_fallback", minloglevel=2,
+            num_threads=1, **options)
         kind = "GPTSentencePieceTokenizer" if name == "llama" else "SentencePieceTokenizer"
         made[name] = dict(tokenizer_type=kind, tokenizer_model=str(folder / f"{name}.model"))
     return made
@@ -151,7 +151,8 @@ def test_charsmap_reads_sentencepiece_keys(tokenizer_files):
     assert {"\u0301", "\uff9e", "\u3099"} <= mapping.later and "a" not in mapping.later
     for character, replacement in list(mapping.single.items())[::50]:
         if replacement.strip() and character not in mapping.later:
-            assert processor.normalize(f"x{character}x") == f"▁x{replacement}x".replace(" ", "▁")
+            expected = f"▁x{replacement}x".replace(" ", "▁")
+            assert processor.normalize(f"x{character}x") == expected
     assert Charsmap(b"").single == {}
 
 
