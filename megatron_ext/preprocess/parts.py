@@ -55,7 +55,8 @@ class PartWriter:
     def write(self, batch: EncodedBatch) -> None:
         for key, encoded in batch.keys.items():
             if len(encoded.tokens):
-                largest = int(encoded.tokens.max())
+                largest = encoded.max_token_id if encoded.max_token_id is not None \
+                    else int(encoded.tokens.max())
                 if largest > np.iinfo(self.dtype).max:
                     raise DataError(f"token id {largest} does not fit the output dtype "
                                     f"{np.dtype(self.dtype).name} chosen from the vocabulary "
