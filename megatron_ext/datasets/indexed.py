@@ -72,10 +72,12 @@ class Index:
         return int(np.sum(self.sequence_lengths[begin:end], dtype=np.int64))
 
 
-def read_index(prefix: str) -> Index:
-    """The index of dataset ``prefix``, checked against itself and against the ``.bin`` size."""
+def read_index(prefix: str, bin_size: Optional[int] = None) -> Index:
+    """The index of dataset ``prefix``, checked against itself and against the ``.bin`` size
+    (``bin_size``: the bytes of tokens that are not a ``.bin`` file yet, such as a
+    preprocessing part's)."""
     idx_path, bin_path = f"{prefix}.idx", f"{prefix}.bin"
-    for path in (idx_path, bin_path):
+    for path in (idx_path, bin_path) if bin_size is None else (idx_path,):
         if not os.path.isfile(path):
             raise IndexCheckError(f"{path} does not exist")
     idx_size = os.path.getsize(idx_path)
@@ -108,7 +110,8 @@ def read_index(prefix: str) -> Index:
         raise IndexCheckError(f"{idx_path}: its sequence offsets disagree with its sequence "
                               f"lengths")
     expected = int(ends[-1]) if sequences else 0
-    bin_size = os.path.getsize(bin_path)
+    if bin_size is None:
+        bin_size = os.path.getsize(bin_path)
     if bin_size != expected:
         what = "truncated" if bin_size < expected else "longer than its index says"
         raise IndexCheckError(f"{bin_path} is {what}: {bin_size:,} bytes, but {idx_path} "

@@ -1,6 +1,12 @@
-"""Worker side of tools/preprocess_data.py: a batch of input units -> token ids per JSON key.
+"""Worker side of tools/preprocess_data.py: a task of input -> token ids per JSON key, written by
+the worker to its own token files in the work folder.
 
-Each ``--workers`` process runs :func:`encode_batch` on whole batches, single-threaded. Texts are
+Each ``--workers`` process runs :func:`encode_task` on whole tasks, single-threaded: spans of
+files it reads itself, or batches the main process read (compressed inputs, tables), each cut
+into batches of about 0.5 MB that :func:`encode_batch` encodes. The tokens of a task are appended
+to the worker's file of each key (``worker-PID_KEY.bin``), and the task's answer names where
+(:class:`WrittenKey`), with the index of its documents and its counts: the main process, which
+orders the answers, moves no token. Texts are
 encoded by gigatoken where it gives the reference library's ids (``--encoder``:
 megatron_ext/preprocess/gigatoken_encoder.py decides each text before it is encoded), else by the
 reference encoders (:func:`reference_encode`); a deterministic sample of the documents gigatoken
@@ -14,12 +20,13 @@ without any token is reported as bad (Megatron-LM would store it as an empty doc
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import itertools
 import os
 import zlib
-from typing import Optional
+from typing import Iterator, Optional
 
 import numpy as np
 
@@ -28,7 +35,7 @@ from ..datasets.tokenizer import (GPT2BPETokenizer, HuggingFaceTokenizer, NullTo
                                   SentencePieceTokenizer)
 from .byte_level import ByteLevelWordEncoder
 from .gigatoken_encoder import GigatokenEncoder
-from .readers import Batch, BadInput, parse_unit, unit_bytes
+from .readers import Batch, BadInput, Span, parse_unit, unit_bytes
 from .word_cache import WordCachedEncoder
 
 
@@ -44,7 +51,7 @@ class EncodedKey:
 
 @dataclasses.dataclass
 class EncodedBatch:
-    """A worker's answer for a :class:`~megatron_ext.preprocess.readers.Batch`."""
+    """The encoding of a :class:`~megatron_ext.preprocess.readers.Batch`."""
 
     input_index: int
     end_line: int
@@ -58,7 +65,40 @@ class EncodedBatch:
     differences: list = dataclasses.field(default_factory=list)  # [(line, key)] of those
 
 
+@dataclasses.dataclass
+class WrittenKey:
+    """A task's documents for one JSON key: their tokens, ``nbytes`` bytes at ``offset`` of the
+    worker's token file ``file`` (a name in the work folder), and their index."""
+
+    file: str
+    offset: int
+    nbytes: int
+    tokens: int
+    max_token_id: int  # -1 without tokens; above the dtype's range: nothing was written
+    sequence_lengths: np.ndarray  # int32, one per sequence
+    sequences_per_document: np.ndarray  # int64, one per document
+
+
+@dataclasses.dataclass
+class TaskResult:
+    """A worker's answer for a task: where its tokens are, its index, its counts, and where in
+    the inputs it ends (``end_offset``: the byte offset, when the task ended in a span)."""
+
+    end_input: int
+    end_line: int
+    end_offset: Optional[int]
+    disk_bytes: int
+    text_bytes: int
+    documents: int
+    keys: dict  # {key: WrittenKey}
+    bad: list  # [(input index, line, kind, detail)], in input order
+    reference_documents: int
+    verified: int
+    differences: list  # [(input index, line, key)]
+
+
 _worker_state: tuple = ()
+_token_files: dict = {}  # {key: this worker's open token file}
 _word_encoder = None  # a WordCachedEncoder or ByteLevelWordEncoder, or None
 _gigatoken: Optional[GigatokenEncoder] = None
 
@@ -83,14 +123,16 @@ def gigatoken_encoder(tokenizer, words=None) -> "GigatokenEncoder | str":
 
 
 def init_worker(tokenizer, keys: list[str], eod: Optional[int], gigatoken: bool = False,
-                verify_fraction: float = 0.0) -> None:
+                verify_fraction: float = 0.0, folder: Optional[str] = None) -> None:
     """Pool initializer: a megatron_ext.datasets.tokenizer tokenizer, the JSON keys, the id to
     append (None: no EOD), whether gigatoken encodes what it can (the main process checked that
-    it can), and the share of its documents the reference encodes again."""
-    global _worker_state, _word_encoder, _gigatoken
+    it can), the share of its documents the reference encodes again, and the work folder where
+    :func:`encode_task` writes the tokens."""
+    global _worker_state, _word_encoder, _gigatoken, _token_files
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per worker process
     os.environ.setdefault("RAYON_NUM_THREADS", "1")  # gigatoken runs with parallel=False anyway
-    _worker_state = (tokenizer, keys, eod, verify_fraction)
+    _worker_state = (tokenizer, keys, eod, verify_fraction, folder)
+    _token_files = {}
     _word_encoder = word_encoder(tokenizer)
     _gigatoken = gigatoken_encoder(tokenizer, _word_encoder) if gigatoken else None
 
@@ -187,12 +229,14 @@ def _verify(tokenizer, batch: Batch, lines: list[int], texts: list[str], text_do
 
 
 def encode_batch(batch: Batch) -> EncodedBatch:
-    tokenizer, keys, eod, verify_fraction = _worker_state
+    """The documents of ``batch``, encoded; bad units reported by line."""
+    tokenizer, keys, eod, verify_fraction, _ = _worker_state
     lines, bad = [], []
     texts = {key: [] for key in keys}
     text_counts = {key: [] for key in keys}
     text_bytes = 0
-    for line, raw in batch.iter_units():
+    units, end_line = batch.read_units()
+    for line, raw in units:
         text_bytes += unit_bytes(raw)
         try:
             parsed = parse_unit(raw, line, batch.kind, keys)
@@ -228,9 +272,83 @@ def encode_batch(batch: Batch) -> EncodedBatch:
     keys_encoded = {key: _documents(*encoded[key], ~empty, eod, dtype) for key in keys}
 
     return EncodedBatch(
-        input_index=batch.input_index, end_line=batch.end_line, disk_bytes=batch.disk_bytes,
+        input_index=batch.input_index, end_line=end_line, disk_bytes=batch.disk_bytes,
         text_bytes=text_bytes,
         documents=int(len(lines) - empty.sum()), keys=keys_encoded, bad=sorted(bad),
         reference_documents=int((reference & ~empty).sum()),
         verified=int((verified & ~reference & ~empty).sum()),
         differences=sorted(differences))
+
+
+def token_file_name(key: str) -> str:
+    """This worker's token file of ``key`` (in the work folder)."""
+    return f"worker-{os.getpid()}_{key}.bin"
+
+
+def _token_file(key: str):
+    if key not in _token_files:
+        _token_files[key] = open(os.path.join(_worker_state[4], token_file_name(key)), "ab",
+                                 buffering=0)
+    return _token_files[key]
+
+
+def _encoded_batches(source) -> Iterator[EncodedBatch]:
+    """A task's source (a Span or a Batch) encoded batch by batch; a span's lines numbered on
+    from its first as its blocks are split."""
+    if isinstance(source, Batch):
+        yield encode_batch(source)
+        return
+    line = source.first_line
+    for block in source.blocks():
+        encoded = encode_batch(source.batch(block, line))
+        line = encoded.end_line + 1
+        yield encoded
+
+
+def encode_task(sources: list) -> TaskResult:
+    """Encode a task's sources (:class:`~megatron_ext.preprocess.readers.Span`\\ s and
+    :class:`~megatron_ext.preprocess.readers.Batch`\\ es, in input order), append the tokens to
+    this worker's token files, and answer where they are."""
+    tokenizer, keys, *_ = _worker_state
+    dtype = optimal_dtype(tokenizer.vocab_size)
+    files = {key: _token_file(key) for key in keys}
+    offsets = {key: os.lseek(f.fileno(), 0, os.SEEK_END) for key, f in files.items()}
+    written = dict.fromkeys(keys, 0)
+    largest = dict.fromkeys(keys, -1)
+    lengths = {key: [] for key in keys}
+    per_document = {key: [] for key in keys}
+    bad, differences = [], []
+    counts = collections.Counter()
+    end_input, end_line = 0, 0
+    for source in sources:
+        for encoded in _encoded_batches(source):
+            end_input, end_line = encoded.input_index, encoded.end_line
+            bad += [(encoded.input_index, *entry) for entry in encoded.bad]
+            differences += [(encoded.input_index, *entry) for entry in encoded.differences]
+            counts.update(disk_bytes=encoded.disk_bytes, text_bytes=encoded.text_bytes,
+                          documents=encoded.documents, verified=encoded.verified,
+                          reference_documents=encoded.reference_documents)
+            for key, documents in encoded.keys.items():
+                largest[key] = max(largest[key], documents.max_token_id)
+                if largest[key] > np.iinfo(dtype).max:
+                    continue  # the main process refuses the task
+                data = memoryview(documents.tokens).cast("B")
+                while len(data):
+                    data = data[files[key].write(data):]
+                written[key] += documents.tokens.nbytes
+                lengths[key].append(documents.sequence_lengths.astype(np.int32))
+                per_document[key].append(documents.sequences_per_document)
+    keys_written = {key: WrittenKey(
+        file=token_file_name(key), offset=offsets[key], nbytes=written[key],
+        tokens=written[key] // np.dtype(dtype).itemsize, max_token_id=largest[key],
+        sequence_lengths=np.concatenate([np.zeros(0, np.int32), *lengths[key]]),
+        sequences_per_document=np.concatenate([np.zeros(0, np.int64), *per_document[key]]))
+        for key in keys}
+    last = sources[-1]
+    return TaskResult(
+        end_input=end_input, end_line=end_line,
+        end_offset=last.end if isinstance(last, Span) else None,
+        disk_bytes=counts["disk_bytes"], text_bytes=counts["text_bytes"],
+        documents=counts["documents"], keys=keys_written, bad=bad,
+        reference_documents=counts["reference_documents"], verified=counts["verified"],
+        differences=differences)

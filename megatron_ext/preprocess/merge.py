@@ -1,20 +1,28 @@
-"""Last step of tools/preprocess_data.py: merge part datasets into one, and give it its final name.
+"""Last step of tools/preprocess_data.py: merge the parts into one dataset, and give it its final
+name.
 
 The result is byte for byte what megatron.core's ``IndexedDatasetBuilder.add_index`` over the parts
 followed by ``finalize`` writes (the tests check this), but in memory bounded by the largest part:
 the builder holds every document's length and boundary as Python objects (about 100 bytes per
 document) until ``finalize``, whereas this writes the index one part and one section at a time
-(megatron_ext/datasets/indexed.py). A single part is already the merged dataset: it is linked,
+(megatron_ext/datasets/indexed.py). The ``.bin`` is the parts' token segments copied to their
+places in it, in the kernel where it can (``copy_file_range``), by the worker processes
+(:func:`copy_segments`, given as ``map``); tokens that are one whole file already are linked,
 not copied.
 """
 
 from __future__ import annotations
 
+import errno
+import functools
 import os
 import shutil
 
 from ..datasets.indexed import read_index, write_index
+from ..runtime.errors import DataError
 from ..runtime.files import publish
+
+COPY_BYTES = 64 << 20  # bytes per copy job
 
 
 def _link_or_copy(source: str, target: str) -> None:
@@ -24,33 +32,69 @@ def _link_or_copy(source: str, target: str) -> None:
         shutil.copyfile(source, target)
 
 
-def _append(source: str, out) -> None:
-    """Append the file ``source`` to the open file ``out``, in the kernel where it can."""
-    with open(source, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        try:
-            copied = 0
-            while copied < size:
-                copied += os.copy_file_range(f.fileno(), out.fileno(), size - copied)
-        except (AttributeError, OSError):
-            f.seek(copied)
-            out.seek(0, os.SEEK_END)
-            shutil.copyfileobj(f, out, 1 << 24)
+def _copy_range(source: int, target: int, offset: int, nbytes: int, at: int) -> None:
+    kernel = hasattr(os, "copy_file_range")
+    while nbytes:
+        if kernel:
+            try:
+                copied = os.copy_file_range(source, target, nbytes, offset, at)
+            except OSError as e:  # another file system, or none that can
+                if e.errno not in (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL):
+                    raise
+                kernel = False
+                continue
+        else:
+            data = os.pread(source, min(nbytes, 1 << 24), offset)
+            copied = os.pwrite(target, data, at) if data else 0
+        if not copied:
+            raise DataError(f"a token file of the work folder ends {nbytes:,} bytes early: "
+                            "was it changed?")
+        offset, nbytes, at = offset + copied, nbytes - copied, at + copied
 
 
-def merge_datasets(part_prefixes: list[str], merged_prefix: str) -> None:
-    """Write ``merged_prefix.bin``/``.idx``: the parts' documents, in order. Each part must hold
-    a token (megatron.core cannot open a dataset with an empty ``.bin``)."""
-    indexes = [read_index(prefix) for prefix in part_prefixes]
-    if len(part_prefixes) == 1:
-        for ext in ("bin", "idx"):
-            _link_or_copy(f"{part_prefixes[0]}.{ext}", f"{merged_prefix}.{ext}")
-        return
+def copy_segments(target: str, jobs: list[tuple[str, int, int, int]]) -> int:
+    """Copy each ``(source, offset, bytes, target offset)`` of ``jobs`` into the file ``target``
+    (a task of the worker pool); the bytes copied."""
+    out = os.open(target, os.O_WRONLY)
+    try:
+        for source, offset, nbytes, at in jobs:
+            fd = os.open(source, os.O_RDONLY)
+            try:
+                _copy_range(fd, out, offset, nbytes, at)
+            finally:
+                os.close(fd)
+    finally:
+        os.close(out)
+    return sum(job[2] for job in jobs)
+
+
+def merge_datasets(parts: list[tuple[str, list]], merged_prefix: str, map=map) -> None:
+    """Write ``merged_prefix.bin``/``.idx``: the parts' documents, in order. A part is the prefix
+    of its ``.idx`` and the segments that hold its tokens, ``(path, offset, bytes)`` in order;
+    each must hold a token (megatron.core cannot open a dataset with an empty ``.bin``).
+    ``map`` runs the copy jobs (a pool's ``imap_unordered``)."""
+    indexes = [read_index(prefix, bin_size=sum(segment[2] for segment in segments))
+               for prefix, segments in parts]
     write_index(f"{merged_prefix}.idx", indexes[0].dtype,
                 [(index.sequence_lengths, index.document_indices) for index in indexes])
-    with open(f"{merged_prefix}.bin", "wb") as out:
-        for prefix in part_prefixes:
-            _append(f"{prefix}.bin", out)
+    segments = [segment for _, part_segments in parts for segment in part_segments]
+    target = f"{merged_prefix}.bin"
+    if len(segments) == 1 and segments[0][1] == 0 \
+            and os.path.getsize(segments[0][0]) == segments[0][2]:
+        _link_or_copy(segments[0][0], target)
+        return
+    jobs, at = [[]], 0
+    for path, offset, nbytes in segments:
+        while nbytes:  # jobs of COPY_BYTES, a segment split where it is longer
+            piece = min(nbytes, COPY_BYTES - sum(job[2] for job in jobs[-1]))
+            jobs[-1].append((path, offset, piece, at))
+            offset, nbytes, at = offset + piece, nbytes - piece, at + piece
+            if sum(job[2] for job in jobs[-1]) >= COPY_BYTES:
+                jobs.append([])
+    with open(target, "wb") as f:
+        f.truncate(at)
+    for _ in map(functools.partial(copy_segments, target), [job for job in jobs if job]):
+        pass
 
 
 def publish_dataset(built_prefix: str, final_prefix: str) -> None:

@@ -1,8 +1,10 @@
 """The preprocessing job of tools/preprocess_data.py (which describes what it writes and
-guarantees): inputs encoded in order by a pool of worker processes (:mod:`.encode`: gigatoken
-where it gives the reference library's ids, ``--encoder``) into the parts of a resumable work
-folder (:mod:`.parts`), then merged and published under the final names (:mod:`.merge`). Neither
-megatron.core nor torch is imported.
+guarantees): inputs cut into tasks and encoded in order by a pool of worker processes
+(:mod:`.tasks`; :mod:`.encode`: gigatoken where it gives the reference library's ids,
+``--encoder``), which write the tokens into a resumable work folder whose parts this process
+completes from their answers (:mod:`.parts`), then merged and published under the final names
+(:mod:`.merge`). This process reads no input that a worker can read itself and moves no token.
+Neither megatron.core nor torch is imported.
 """
 
 from __future__ import annotations
@@ -25,11 +27,12 @@ from ..runtime.errors import DataError, FlagError
 from ..runtime.files import file_fingerprint
 
 from ..datasets.indexed import optimal_dtype
-from .encode import EncodedBatch, encode_batch, gigatoken_encoder, init_worker
+from .encode import TaskResult, gigatoken_encoder, init_worker
 from .gigatoken_encoder import gigatoken_version
 from .merge import merge_datasets, publish_dataset
 from .parts import WorkDir, dataset_prefix
-from .readers import describe_bad_input, expand_inputs, input_kind, iter_batches
+from .readers import describe_bad_input, expand_inputs, input_kind
+from .tasks import plan_tasks, run_in_order, task_bytes
 
 ENCODERS = ("auto", "gigatoken", "reference")  # --encoder
 
@@ -81,18 +84,6 @@ class Summary:
         return "\n".join(lines)
 
 
-def _in_order(pool, batches: Iterator, window: int) -> Iterator[EncodedBatch]:
-    """encode_batch over ``batches`` in order, with at most ``window`` batches in flight, input
-    and results alike (Pool.imap would let results pile up whenever writing lags behind)."""
-    pending = collections.deque()
-    for batch in batches:
-        pending.append(pool.apply_async(encode_batch, (batch,)))
-        if len(pending) >= window:
-            yield pending.popleft().get()
-    while pending:
-        yield pending.popleft().get()
-
-
 class _Progress:
     """A tqdm bar over input bytes on disk, with documents, tokens and text megabytes per second."""
 
@@ -106,9 +97,9 @@ class _Progress:
         self.start = time.monotonic()
         self.documents = self.tokens = self.text_bytes = 0
 
-    def update(self, batch: EncodedBatch) -> None:
+    def update(self, batch: TaskResult) -> None:
         self.documents += batch.documents
-        self.tokens += sum(len(encoded.tokens) for encoded in batch.keys.values())
+        self.tokens += sum(written.tokens for written in batch.keys.values())
         self.text_bytes += batch.text_bytes
         elapsed = max(time.monotonic() - self.start, 1e-9)
         self.bar.set_postfix_str(
@@ -120,15 +111,14 @@ class _Progress:
         self.bar.close()
 
 
-def choose_encoder(tokenizer, requested: str) -> tuple[Optional[bool], Optional[str]]:
-    """Whether gigatoken encodes (``--encoder``): None if not, else whether in batches (which
-    return awkward arrays); and why not."""
+def choose_encoder(tokenizer, requested: str) -> Optional[str]:
+    """Why gigatoken does not encode (``--encoder``); None where it does."""
     if requested == "reference":
-        return None, "--encoder reference"
+        return "--encoder reference"
     made = gigatoken_encoder(tokenizer)
     if isinstance(made, str) and requested == "gigatoken":
         raise FlagError(f"--encoder gigatoken: {made}; pass --encoder auto or reference")
-    return (None, made) if isinstance(made, str) else (made.batched, None)
+    return made if isinstance(made, str) else None
 
 
 def reference_library(tokenizer) -> str:
@@ -138,52 +128,56 @@ def reference_library(tokenizer) -> str:
             "GPT2BPETokenizer": "tokenizers"}.get(name, name)
 
 
-def _encode_parts(args, paths: list[str], tokenizer, dtype, work: WorkDir,
-                  done: list[dict], batched: Optional[bool]) -> list[dict]:
-    """Encode the inputs after the complete parts ``done`` into new parts: their manifests
-    (gigatoken encodes unless ``batched`` is None)."""
-    start_input, after_line = (done[-1]["end_input"], done[-1]["end_line"]) if done else (0, 0)
-    eod = tokenizer.eod if args.append_eod else None
-    manifests, index = [], len(done)
-    part = work.new_part(index, args.json_keys, dtype)
+def _pool(args, tokenizer, folder: str, gigatoken: bool):
+    """The worker processes: ``--workers`` of them, each initialized to encode."""
     # fork (as Megatron-LM's tool) from this tool's single-threaded process; a caller with
     # threads of its own (a notebook, the tests) gets a fork server: a child forked beside
     # other threads can inherit a lock one of them held and hang
     method = "fork" if threading.active_count() == 1 else "forkserver"
-    if batched and method == "fork":
-        # imported once, before the workers fork: each would import it at its first batch
-        # (awkward, which gigatoken's batches return, is 0.3 s of CPU)
-        import awkward  # noqa: F401
-    pool = multiprocessing.get_context(method).Pool(
+    eod = tokenizer.eod if args.append_eod else None
+    return multiprocessing.get_context(method).Pool(
         args.workers, initializer=init_worker,
-        initargs=(tokenizer, args.json_keys, eod, batched is not None, args.verify_fraction))
+        initargs=(tokenizer, args.json_keys, eod, gigatoken, args.verify_fraction, folder))
+
+
+def _encode_parts(args, paths: list[str], tokenizer, dtype, work: WorkDir,
+                  done: list[dict], pool) -> list[dict]:
+    """Encode the inputs after the complete parts ``done`` into new parts: their manifests."""
+    start_input, after_line, after_offset = (
+        (done[-1]["end_input"], done[-1]["end_line"], done[-1].get("end_offset")) if done
+        else (0, 0, 0))
+    manifests, index = [], len(done)
+    part = work.new_part(args.json_keys, dtype)
     progress = _Progress(paths, start_input)
+    size = task_bytes(sum(os.path.getsize(path) for path in paths[start_input:]),
+                      args.workers, args.part_tokens)
     try:
-        batches = iter_batches(paths, args.text_document, args.json_keys, start_input, after_line)
-        for encoded in _in_order(pool, batches, window=2 * args.workers):
-            if encoded.bad and not args.skip_bad_lines:
-                where = describe_bad_input(paths[encoded.input_index], *encoded.bad[0])
+        tasks = plan_tasks(paths, args.text_document, args.json_keys, start_input, after_line,
+                           after_offset, size)
+        for result in run_in_order(pool, tasks, window=2 * args.workers):
+            if result.bad and not args.skip_bad_lines:
+                input_index, *bad = result.bad[0]
+                where = describe_bad_input(paths[input_index], *bad)
                 raise DataError(f"{where}; fix it or pass --skip-bad-lines, and rerun "
                                 "with --resume to keep the work done")
-            if encoded.differences:
-                line, key = encoded.differences[0]
+            if result.differences:
+                input_index, line, key = result.differences[0]
                 raise DataError(
-                    f"{paths[encoded.input_index]}:{line}: gigatoken's ids differ from the "
+                    f"{paths[input_index]}:{line}: gigatoken's ids differ from the "
                     f"reference library's ({reference_library(tokenizer)}) for key {key!r} "
                     "(--verify-fraction); nothing is published: rerun with --encoder reference "
                     "(and --resume to keep the work done), and please report the line")
-            part.write(encoded)
-            progress.update(encoded)
+            part.add(result)
+            progress.update(result)
             if part.is_full(args.part_tokens):
-                manifests.append(work.complete_part(index, part, encoded.input_index,
-                                                    encoded.end_line, final=False))
+                manifests.append(work.complete_part(index, part, result.end_input,
+                                                    result.end_line, result.end_offset,
+                                                    final=False))
                 index += 1
-                part = work.new_part(index, args.json_keys, dtype)
+                part = work.new_part(args.json_keys, dtype)
     finally:
-        pool.terminate()
         progress.close()
-        part.close()
-    manifests.append(work.complete_part(index, part, len(paths) - 1, 0, final=True))
+    manifests.append(work.complete_part(index, part, len(paths) - 1, 0, None, final=True))
     return manifests
 
 
@@ -226,7 +220,7 @@ def preprocess(args: argparse.Namespace) -> Summary:
                             "give one key")
     tokenizer = tokenizer_from_args(args)
     dtype = optimal_dtype(tokenizer.vocab_size)
-    batched, gigatoken_note = choose_encoder(tokenizer, args.encoder)
+    gigatoken_note = choose_encoder(tokenizer, args.encoder)
 
     work = WorkDir(args.output_prefix)
     settings = {"--tokenizer-type": args.tokenizer_type, "--vocab-size": args.vocab_size,
@@ -239,16 +233,23 @@ def preprocess(args: argparse.Namespace) -> Summary:
     inputs = [[os.path.abspath(path), file_fingerprint(path)] for path in paths]
     manifests = work.start(settings, inputs, args.resume)
     resumed = sum(m["documents"] for m in manifests)
-    if not (manifests and manifests[-1]["final"]):
-        manifests += _encode_parts(args, paths, tokenizer, dtype, work, manifests, batched)
-
-    filled = [i for i, manifest in enumerate(manifests) if manifest["documents"]]
+    filled = None
+    pool = _pool(args, tokenizer, work.path, gigatoken_note is None)
+    try:
+        if not (manifests and manifests[-1]["final"]):
+            manifests += _encode_parts(args, paths, tokenizer, dtype, work, manifests, pool)
+        filled = [manifest for manifest in manifests if manifest["documents"]]
+        for key in args.json_keys if filled else []:
+            merge_datasets([(work.part_prefix(m["part"], key),
+                             [(os.path.join(work.path, name), offset, nbytes)
+                              for name, offset, nbytes in work.segments(m, key)])
+                            for m in filled], work.merged_prefix(key), pool.imap_unordered)
+    finally:
+        pool.terminate()
     if not filled:
         work.remove()
         raise DataError(f"the {len(paths)} input files hold no documents: nothing to "
                         "write")
-    for key in args.json_keys:
-        merge_datasets([work.part_prefix(i, key) for i in filled], work.merged_prefix(key))
     for key in args.json_keys:
         publish_dataset(work.merged_prefix(key), dataset_prefix(args.output_prefix, key))
     work.remove()

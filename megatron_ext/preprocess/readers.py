@@ -28,8 +28,10 @@ import gzip
 import io
 import json
 import os
-from typing import Iterator
+from typing import Iterator, Optional
 
+import msgspec
+import numpy as np
 import zstandard
 
 from ..runtime.errors import DataError, DeviceError, FlagError
@@ -57,8 +59,7 @@ def describe_bad_input(path: str, line: int, kind: str, detail: str) -> str:
 @dataclasses.dataclass
 class Batch:
     """Consecutive units of one input file, the unit of work of a worker: listed, or (lines of
-    JSONL or text) a block of whole lines read at once, which the worker splits (the main
-    process, which feeds every worker, then spends no time per line)."""
+    JSONL or text) a block of whole lines, which the worker splits."""
 
     input_index: int
     path: str
@@ -69,15 +70,117 @@ class Batch:
     block: bytes = b""  # whole lines from first_line on, instead of units
     first_line: int = 0
 
-    def iter_units(self) -> Iterator:
-        """``(line number, raw)`` of each unit; blank lines skipped, as documents they are not."""
+    def read_units(self) -> tuple[list, int]:
+        """``(line number, raw)`` of each unit, blank lines skipped (as documents they are not),
+        and the number of the batch's last line."""
         if not self.block:
-            yield from self.units
-            return
-        jsonl = self.kind == "jsonl"
-        for number, line in enumerate(self.block.split(b"\n"), start=self.first_line):
-            if line.strip():
-                yield number, line if jsonl else line.rstrip(b"\r")
+            return self.units, self.end_line
+        pieces = self.block.split(b"\n")
+        if self.kind == "jsonl":
+            units = [(number, line) for number, line in enumerate(pieces, self.first_line)
+                     if line.strip()]
+        else:
+            units = [(number, line.rstrip(b"\r"))
+                     for number, line in enumerate(pieces, self.first_line) if line.strip()]
+        return units, self.first_line + len(pieces) - 1 - self.block.endswith(b"\n")
+
+
+@dataclasses.dataclass
+class Span:
+    """Whole lines of an uncompressed JSONL or text input, its bytes ``start`` to ``end``, which
+    the worker reads itself (``whole``: a text file that is one document): the main process only
+    cuts the files at line ends. ``first_line`` is the number of the line at ``start``; 0 until
+    the newlines of the span before it are counted (:func:`count_newlines`, in a worker)."""
+
+    input_index: int
+    path: str
+    kind: str
+    start: int
+    end: int
+    first_line: int
+    whole: bool = False
+    continued: bool = False  # the file goes on after ``end``, in the next span
+
+    def blocks(self) -> Iterator[bytes]:
+        """The span's bytes, read from disk in blocks of whole lines of about BATCH_BYTES (a
+        ``whole`` file at once)."""
+        with open(self.path, "rb") as f:
+            if self.whole:
+                yield f.read()
+                return
+            f.seek(self.start)
+            position = self.start
+            while position < self.end:
+                block = f.read(min(BATCH_BYTES, self.end - position))
+                if not block:
+                    raise DataError(f"{self.path}: shorter than when this run began "
+                                    f"({self.end:,} bytes); was it changed?")
+                if not block.endswith(b"\n") and position + len(block) < self.end:
+                    block += f.readline()
+                position += len(block)
+                yield block
+
+    def batch(self, block: bytes, first_line: int) -> Batch:
+        """A block of :meth:`blocks` as a :class:`Batch` whose first line is ``first_line``."""
+        if self.whole:
+            return Batch(self.input_index, self.path, self.kind, [(1, block)], 1, len(block))
+        return Batch(self.input_index, self.path, self.kind, [], 0, len(block), block=block,
+                     first_line=first_line)
+
+
+def count_newlines(path: str, start: int, end: int) -> int:
+    """The newlines in bytes ``start`` to ``end`` of ``path`` (run by a worker: the first line
+    number of the span after)."""
+    buffer = bytearray(min(1 << 22, max(end - start, 1)))
+    view = np.frombuffer(buffer, np.uint8)
+    count = 0
+    with open(path, "rb", buffering=0) as f:
+        f.seek(start)
+        while start < end:
+            read = f.readinto(memoryview(buffer)[:min(len(buffer), end - start)])
+            if not read:
+                break
+            count += int(np.count_nonzero(view[:read] == 10))
+            start += read
+    return count
+
+
+def ranged(path: str) -> bool:
+    """Whether the workers read ``path`` themselves, by :class:`Span`: an uncompressed JSONL or
+    text input (the others are read by the main process, decompressed or decoded)."""
+    return input_kind(path) in ("jsonl", "text") and _strip_compression(path) == path
+
+
+def offset_after_lines(path: str, lines: int) -> int:
+    """The byte offset in ``path`` after its first ``lines`` lines."""
+    with open(path, "rb") as f:
+        for _ in range(lines):
+            f.readline()
+        return f.tell()
+
+
+def spans(index: int, path: str, text_document: str, after_line: int,
+          after_offset: Optional[int], span_bytes: int, first_bytes: int) -> Iterator[Span]:
+    """The :class:`Span`\\ s of a ranged input after ``after_line`` lines (at ``after_offset``
+    when known): the first of ``first_bytes``, the others of ``span_bytes``, each cut after a
+    line end; a span ``continued`` ends before the file does."""
+    kind, size = input_kind(path), os.path.getsize(path)
+    if kind == "text" and text_document == "file":
+        if after_line < 1:
+            yield Span(index, path, kind, 0, size, 1, whole=True)
+        return
+    start = offset_after_lines(path, after_line) if after_offset is None else after_offset
+    first_line, limit = after_line + 1, first_bytes
+    with open(path, "rb") as f:
+        while start < size:
+            end = start + limit
+            if end < size:
+                f.seek(end)
+                f.readline()
+                end = f.tell()
+            yield Span(index, path, kind, start, min(end, size), first_line,
+                       continued=end < size)
+            start, first_line, limit = end, 0, span_bytes
 
 
 def _folder_inputs(folder: str) -> list[str]:
@@ -285,32 +388,37 @@ def open_input(path: str, keys: list[str]):
     return TableFile(path, kind, keys) if kind in TABLE_KINDS else InputFile(path)
 
 
-def iter_batches(paths: list[str], text_document: str, keys: list[str], start_input: int = 0,
+def file_batches(index: int, path: str, text_document: str, keys: list[str],
                  after_line: int = 0) -> Iterator[Batch]:
-    """Batches of units of ``paths``, in order, from input ``start_input`` after ``after_line``."""
-    for index in range(start_input, len(paths)):
-        path, kind = paths[index], input_kind(paths[index])
-        skip = after_line if index == start_input else 0
-        f = open_input(path, keys)
-        blocks = kind == "jsonl" or (kind == "text" and text_document == "line")
-        try:
-            units, size, reported, end_line = [], 0, 0, skip
-            for line, raw in f.units(text_document, kind == "jsonl", skip):
-                if blocks:
-                    end_line = line + raw.count(b"\n") - raw.endswith(b"\n")
-                    yield Batch(index, path, kind, [], end_line, f.position() - reported,
-                                block=raw, first_line=line)
-                    reported = f.position()
-                    continue
-                end_line = line
-                units.append((line, raw))
-                size += unit_bytes(raw)
-                if size >= BATCH_BYTES:
-                    yield Batch(index, path, kind, units, end_line, f.position() - reported)
-                    units, size, reported = [], 0, f.position()
-            yield Batch(index, path, kind, units, end_line, f.position() - reported)
-        finally:
-            f.close()
+    """Batches of units of input ``index``, ``path``, after ``after_line`` lines (rows), read in
+    this process."""
+    kind = input_kind(path)
+    f = open_input(path, keys)
+    blocks = kind == "jsonl" or (kind == "text" and text_document == "line")
+    try:
+        units, size, reported, end_line = [], 0, 0, after_line
+        for line, raw in f.units(text_document, kind == "jsonl", after_line):
+            if blocks:
+                end_line = line + raw.count(b"\n") - raw.endswith(b"\n")
+                yield Batch(index, path, kind, [], end_line, f.position() - reported,
+                            block=raw, first_line=line)
+                reported = f.position()
+                continue
+            end_line = line
+            units.append((line, raw))
+            size += unit_bytes(raw)
+            if size >= BATCH_BYTES:
+                yield Batch(index, path, kind, units, end_line, f.position() - reported)
+                units, size, reported = [], 0, f.position()
+        yield Batch(index, path, kind, units, end_line, f.position() - reported)
+    finally:
+        f.close()
+
+
+def iter_batches(paths: list[str], text_document: str, keys: list[str]) -> Iterator[Batch]:
+    """Batches of units of ``paths``, in order, read in this process."""
+    for index, path in enumerate(paths):
+        yield from file_batches(index, path, text_document, keys)
 
 
 def _decode(raw: bytes, line: int) -> str:
@@ -335,19 +443,33 @@ def _texts_of(value, key: str, line: int) -> list[str]:
     return texts
 
 
+_JSON = msgspec.json.Decoder()
+
+
 def parse_unit(raw, line: int, kind: str, keys: list[str]) -> dict[str, list[str]]:
-    """The texts of each key in a unit (a list per key: a value may be a list of sentences)."""
+    """The texts of each key in a unit (a list per key: a value may be a list of sentences).
+
+    JSON is decoded by msgspec, which for what it accepts gives what ``json.loads`` gives (it
+    refuses more: NaN, lone surrogates, invalid UTF-8); a line it refuses goes to ``json``,
+    whose verdict and message stand."""
     if kind in TABLE_KINDS:
         return {key: _texts_of(raw[key], key, line) for key in keys}
-    text = _decode(raw, line)
-    if kind == "text":
-        return {keys[0]: [text]}
-    try:
-        record = json.loads(text)
-    except json.JSONDecodeError as e:
-        # json says "Invalid control character at" (then the place): the column is the place
-        what = e.msg.removesuffix(" at")
-        raise BadInput(line, "malformed JSON", f"{what} at column {e.colno}") from None
+    record = None
+    if kind == "jsonl":
+        try:
+            record = _JSON.decode(raw)
+        except (msgspec.DecodeError, ValueError):
+            pass
+    if record is None:
+        text = _decode(raw, line)
+        if kind == "text":
+            return {keys[0]: [text]}
+        try:
+            record = json.loads(text)
+        except json.JSONDecodeError as e:
+            # json says "Invalid control character at" (then the place): the column is the place
+            what = e.msg.removesuffix(" at")
+            raise BadInput(line, "malformed JSON", f"{what} at column {e.colno}") from None
     if not isinstance(record, dict):
         raise BadInput(line, "malformed JSON", f"a {type(record).__name__}, not an object")
     texts = {}
@@ -364,7 +486,7 @@ def iter_texts(paths: list[str], text_document: str, keys: list[str],
     this process (the tokenizer trainer, the probes' JSONL text); a bad unit ends the run
     with an error naming the file and line (after ``flag``, the option that gave the file)."""
     for batch in iter_batches(paths, text_document, keys):
-        for line, raw in batch.iter_units():
+        for line, raw in batch.read_units()[0]:
             try:
                 yield parse_unit(raw, line, batch.kind, keys)
             except BadInput as e:

@@ -28,7 +28,7 @@ from packaging.version import Version
 
 from megatron_ext.datasets import indexed, tokenizer
 from megatron_ext.preprocess import byte_level, merge, parts, word_cache
-from megatron_ext.preprocess.encode import EncodedBatch, EncodedKey
+from megatron_ext.preprocess.encode import TaskResult, WrittenKey
 from megatron_ext.preprocess.merge import merge_datasets
 from helpers.gpt2_bpe import ReferenceGPT2BPE
 from tools import preprocess_data, train_tokenizer
@@ -427,7 +427,8 @@ def test_gpt2_bpe_output_equals_megatron_lm_tool(gpt2_pair, documents, tmp_path)
         preprocess_data.main(flags + ["--resume"])
     merges.write_bytes(Path(gpt2_pair[1]).read_bytes())  # restored, as it was read
     os.utime(merges, ns=(merged_at, merged_at))
-    assert preprocess_data.main(flags + ["--resume"]).resumed_documents == 9
+    # the complete parts: documents of docs.jsonl (a task may hold its tail and more.jsonl)
+    assert 0 < preprocess_data.main(flags + ["--resume"]).resumed_documents <= 9
     assert output_bytes(tmp_path / "ours") == output_bytes(tmp_path / "reference")
 
 
@@ -485,24 +486,30 @@ def test_workers_and_parts_do_not_change_the_output(toks, documents, tmp_path):
 
 
 @pytest.mark.parametrize("dtype", [np.uint16, np.int32])
-def test_part_writer_writes_what_the_builder_add_document_writes(dtype, tmp_path):
-    """Our .bin/.idx writer (no megatron.core) against megatron.core's builder."""
+def test_part_index_and_merge_write_what_the_builder_add_document_writes(dtype, tmp_path):
+    """A part's index and the merge of its token segments (no megatron.core) against
+    megatron.core's builder."""
     rng = np.random.default_rng(0)
     sequences = rng.integers(1, 4, size=40)  # documents of 1 to 3 sequences
     lengths = rng.integers(1, 50, size=int(sequences.sum()))
     tokens = rng.integers(0, 60000, int(lengths.sum())).astype(np.int32)
-    part = parts.PartWriter({"text": f"{tmp_path}/ours"}, dtype)
-    batch = EncodedBatch(0, 0, 0, 0, len(sequences), {"text": EncodedKey(
-        tokens, lengths, sequences)}, [])
-    part.write(batch)
-    part.finish()
+    # a worker's answer: its tokens at an offset of its token file, behind another task's
+    (tmp_path / "tokens.bin").write_bytes(b"\0" * 6 + tokens.astype(dtype).tobytes())
+    part = parts.PartIndex(["text"], dtype)
+    part.add(TaskResult(0, 0, None, 0, 0, len(sequences), {"text": WrittenKey(
+        "tokens.bin", 6, tokens.astype(dtype).nbytes, len(tokens), int(tokens.max()),
+        lengths.astype(np.int32), sequences)}, [], 0, 0, []))
+    part.finish({"text": f"{tmp_path}/ours"}, str(tmp_path))
+    assert part.segments == {"text": [["tokens.bin", 6, tokens.astype(dtype).nbytes]]}
+    merge_datasets([(f"{tmp_path}/ours", [(f"{tmp_path}/tokens.bin", 6,
+                                           tokens.astype(dtype).nbytes)])], f"{tmp_path}/merged")
     builder = IndexedDatasetBuilder(f"{tmp_path}/builder.bin", dtype=dtype)
     ends = np.cumsum(lengths)
     for first, last in zip(np.cumsum(sequences) - sequences, np.cumsum(sequences)):
         start = ends[first - 1] if first else 0
         builder.add_document(tokens[start:ends[last - 1]], lengths[first:last].tolist())
     builder.finalize(f"{tmp_path}/builder.idx")
-    assert output_bytes_of(f"{tmp_path}/ours") == output_bytes_of(f"{tmp_path}/builder")
+    assert output_bytes_of(f"{tmp_path}/merged") == output_bytes_of(f"{tmp_path}/builder")
     assert DType.optimal_dtype(65499) == indexed.optimal_dtype(65499)
     assert DType.optimal_dtype(65500) == indexed.optimal_dtype(65500)
 
@@ -520,7 +527,16 @@ def test_merge_writes_what_the_builder_add_index_writes(documents_per_part, tmp_
         builder.finalize(f"{tmp_path}/part{p}.idx")
         prefixes.append(f"{tmp_path}/part{p}")
 
-    merge_datasets(prefixes, f"{tmp_path}/ours")
+    # each part's tokens as segments of files, as the workers leave them: the first part's
+    # split in two, the others whole
+    parts_given = []
+    for p, prefix in enumerate(prefixes):
+        size = os.path.getsize(f"{prefix}.bin")
+        segments = [(f"{prefix}.bin", 0, size)] if p else [
+            (f"{prefix}.bin", 0, size // 4 * 2), (f"{prefix}.bin", size // 4 * 2,
+                                                  size - size // 4 * 2)]
+        parts_given.append((prefix, segments))
+    merge_datasets(parts_given, f"{tmp_path}/ours")
     builder = IndexedDatasetBuilder(f"{tmp_path}/builder.bin", dtype=np.uint16)
     for prefix in prefixes:
         builder.add_index(prefix)
@@ -565,6 +581,27 @@ def test_skip_bad_lines_counts_them_and_keeps_the_rest(toks, documents, tmp_path
     run(toks["sentencepiece"], [write_jsonl(tmp_path / "good.jsonl", good)], tmp_path / "good")
     assert summary.bad_lines == dict.fromkeys(BAD_LINES, 1)
     assert output_bytes(tmp_path / "mixed") == output_bytes(tmp_path / "good")
+
+
+@pytest.mark.integration
+def test_a_bad_line_deep_in_a_file_cut_into_ranges_is_named_exactly(toks, documents, tmp_path):
+    """The workers read byte ranges of a file and count the lines before them: a bad line far
+    into the file, after blank and CRLF lines, is named by its own number."""
+    lines = [json.dumps({"text": d}).encode() for d in documents] * 3
+    lines[5:5] = [b"", b"   "]  # blank lines: no documents, but lines
+    lines = [line + b"\r" if i % 7 == 3 else line for i, line in enumerate(lines)]
+    bad_at = len(lines) - 4
+    lines[bad_at - 1] = b'{"text": oops}'
+    source = tmp_path / "many.jsonl"
+    source.write_bytes(b"\n".join(lines) + b"\n")
+    flags = ["--workers", "2", "--part-tokens", "10000"]
+    assert source.stat().st_size > 20 * 10000  # many ranges
+    with pytest.raises(SystemExit, match=rf"many\.jsonl:{bad_at}: malformed JSON"):
+        run(toks["sentencepiece"], [source], tmp_path / "out", *flags)
+    summary = run(toks["sentencepiece"], [source], tmp_path / "skipped", *flags,
+                  "--skip-bad-lines")
+    assert summary.bad_lines == {"malformed JSON": 1}
+    assert summary.documents == len(documents) * 3 - 1
 
 
 @pytest.mark.integration
@@ -867,9 +904,9 @@ def test_a_difference_found_by_verification_stops_naming_file_and_line(toks, doc
     import dataclasses
     from megatron_ext.preprocess import preprocess
     source = write_jsonl(tmp_path / "docs.jsonl", [{"text": d} for d in documents[:5]])
-    in_order = preprocess._in_order
-    monkeypatch.setattr(preprocess, "_in_order", lambda *args, **kwargs: (
-        dataclasses.replace(batch, differences=[(3, "text")])
+    in_order = preprocess.run_in_order
+    monkeypatch.setattr(preprocess, "run_in_order", lambda *args, **kwargs: (
+        dataclasses.replace(batch, differences=[(0, 3, "text")])
         for batch in in_order(*args, **kwargs)))
     with pytest.raises(SystemExit, match=rf"{re.escape(str(source))}:3: gigatoken's ids differ "
                                          r"from the reference library's \(sentencepiece\)"):

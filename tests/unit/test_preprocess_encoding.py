@@ -251,3 +251,29 @@ def test_malformed_json_names_the_column_once():
     assert error.value.detail == "Invalid control character at column 14"
     assert str(error.value) == "line 3: malformed JSON (Invalid control character at column 14)"
 
+
+
+@pytest.mark.parametrize("raw", [
+    b'{"text": "plain"}', b'{"text": "a", "text": "last wins"}',
+    b'{"text": "x", "n": NaN}', b'{"text": "x", "n": 1E400}', b'{"text": "\\u0000\\/"}',
+    b'{"text": "x", "n": 123456789012345678901234567890}', b'  {"text": ["a", "b"]}\r',
+    b'{"text": "caf\xc3\xa9 \xe2\x80\xa8"}'])
+def test_json_lines_parse_as_json_loads_parses_them(raw):
+    """msgspec decodes; where it refuses what ``json`` accepts, ``json`` decides: the texts are
+    what ``json.loads`` gives."""
+    record = json.loads(raw.decode())
+    texts = record["text"] if isinstance(record["text"], list) else [record["text"]]
+    assert parse_unit(raw, 1, "jsonl", ["text"]) == {"text": texts}
+
+
+@pytest.mark.parametrize("raw, kind, detail", [
+    (b'{"text": "x"} {"text": "y"}', "malformed JSON", "Extra data at column 15"),
+    (b'\xef\xbb\xbf{"text": "x"}', "malformed JSON",
+     "Unexpected UTF-8 BOM (decode using utf-8-sig) at column 1"),
+    (b'{"text": "caf\xe9"}', "invalid UTF-8", "bytes b'\\xe9'"),
+    (b'{"text": "\\ud800 lone"}', "invalid UTF-8", "key 'text': surrogates not allowed")])
+def test_json_lines_msgspec_refuses_get_jsons_verdict(raw, kind, detail):
+    """A line msgspec refuses is reported as before it was used: json's verdict and message."""
+    with pytest.raises(BadInput) as error:
+        parse_unit(raw, 5, "jsonl", ["text"])
+    assert (error.value.kind, error.value.detail) == (kind, detail)
