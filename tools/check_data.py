@@ -24,7 +24,8 @@ from typing import Optional
 from megatron_ext.preprocess.check import check_file, format_report, vocabulary
 from megatron_ext.runtime.errors import exits_on_error
 from megatron_ext.runtime.files import write_json
-from megatron_ext.config.flag_types import add_tokenizer_flags, positive_int
+from megatron_ext.config.data_config import add_tokenizer_flags
+from megatron_ext.config.flag_types import positive_int
 from megatron_ext.datasets.split_checks import split_ranges
 
 

@@ -25,7 +25,8 @@ from typing import Optional
 
 from megatron_ext.preprocess.preprocess import Summary, preprocess
 from megatron_ext.preprocess.readers import TEXT_DOCUMENT_MODES
-from megatron_ext.config.flag_types import add_tokenizer_flags, positive_int
+from megatron_ext.config.data_config import add_tokenizer_flags
+from megatron_ext.config.flag_types import positive_int
 from megatron_ext.runtime.errors import exits_on_error
 
 

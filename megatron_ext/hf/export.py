@@ -22,6 +22,7 @@ import transformers
 from packaging.version import Version
 
 from ..datasets.tokenizer import check_training_tokenizer, tokenizer_from_args
+from ..config.run_config import RunConfig
 from ..model.memory import stage_parameters
 from ..runtime.errors import ConversionError, DataError, DeviceError, FlagError
 from ..runtime.initialize import destroy_distributed, initialize_distributed
@@ -46,8 +47,8 @@ def memory_needed(train: argparse.Namespace, dtype: torch.dtype) -> int:
     export writes, and later the export reloaded for ``--validate``, never both), a copy in
     ``dtype`` where it is 16-bit, half a copy in flight (the QKV split, the tensor being read
     or written), and the process. Never two fp32 copies: the tensors are streamed."""
-    whole = argparse.Namespace(**{**vars(train), "tensor_model_parallel_size": 1,
-                                  "pipeline_model_parallel_size": 1})
+    whole = RunConfig.from_record(vars(train)).replace(tensor_model_parallel_size=1,
+                                                       pipeline_model_parallel_size=1)
     n = stage_parameters(whole, train.padded_vocab_size, 0)
     fp32 = 4 * (n.trained + n.frozen)
     return int(fp32 * (1.5 + (0 if dtype == torch.float32 else 0.5))) + PROCESS_BYTES

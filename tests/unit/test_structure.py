@@ -16,7 +16,7 @@ from conftest import REPO
 
 PACKAGE = REPO / "megatron_ext"
 # The package's folders, lowest first: a folder imports only folders before it here.
-LAYERS = ["runtime", "codes", "config", "model", "datasets", "checkpoint", "metrics", "train",
+LAYERS = ["runtime", "codes", "config", "checkpoint", "model", "datasets", "metrics", "train",
           "launch", "preprocess", "hf", "probes", "study"]
 
 
@@ -181,3 +181,54 @@ def test_every_package_docstring_lists_its_modules(init):
     subpackages = {p.parent.name for p in init.parent.glob("*/__init__.py")}
     named = set(re.findall(r"``(\w+)``", doc))
     assert modules | subpackages <= named, sorted((modules | subpackages) - named)
+
+
+# The folders that take the run's config (issue 48): the parsed flags stop at the entry points.
+CONFIG_TAKERS = ("model", "train", "checkpoint", "metrics", "launch")
+
+
+def functions(path: Path):
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield node
+
+
+@pytest.mark.parametrize("path", [p for p in MODULES if part_of(p) in CONFIG_TAKERS],
+                         ids=lambda p: str(p.relative_to(REPO)))
+def test_the_run_code_takes_configs_not_the_parsed_flags(path):
+    """No signature there takes an ``argparse.Namespace`` (by annotation, or as ``args``), no
+    Namespace is built there, and no config is built again from flags: the run's config is
+    built once, at the entry point, and handed down."""
+    text = path.read_text(encoding="utf-8")
+    for function in functions(path):
+        arguments = function.args.posonlyargs + function.args.args + function.args.kwonlyargs
+        assert "args" not in [a.arg for a in arguments], f"{function.name} takes args"
+        annotations = [ast.unparse(a.annotation) for a in arguments if a.annotation]
+        assert not [a for a in annotations if "Namespace" in a], function.name
+    assert "Namespace(" not in text
+    assert not re.search(r"\b(from_flags|from_args|parse_args|parse_run_config)\(", text)
+
+
+def test_only_the_named_handoff_builds_a_namespace():
+    """The one place the package hands megatron-core an ``argparse.Namespace`` is
+    ``runtime/megatron_compat.py:megatron_core_tokenizer`` (megatron-core's build_tokenizer
+    reads one; megatron-core itself reads no global args); besides it only the Hugging Face
+    reader keeps a checkpoint's saved flags as one."""
+    building = {p.relative_to(PACKAGE).as_posix() for p in MODULES
+                if "argparse.Namespace(" in p.read_text(encoding="utf-8")}
+    assert building == {"runtime/megatron_compat.py", "hf/megatron_checkpoint.py"}
+
+
+def test_each_flag_is_declared_once_by_a_config_field():
+    """pretrain_fixedcode.py's flags are declared by the configs' fields alone: no module of
+    the package adds one by hand (``add_argument`` of a field's flag)."""
+    from megatron_ext.config.flag_fields import flag_name
+    from megatron_ext.config.run_config import CONCERNS
+    flags = {flag_name(f.name) for concern in CONCERNS for f in concern.flag_fields()}
+    by_hand = []
+    for path in MODULES:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and ast.unparse(node.func).endswith("add_argument"):
+                names = [a.value for a in node.args if isinstance(a, ast.Constant)]
+                by_hand += [f"{path.relative_to(REPO)}: {n}" for n in names if n in flags]
+    assert len(flags) > 140 and not by_hand, by_hand
