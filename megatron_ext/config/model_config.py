@@ -1,8 +1,9 @@
 """The model and its input arm as flags: :class:`ModelConfig`, one field per flag (Megatron-LM's
 names: ``--num-layers``, ``--swiglu``, ...; ours: ``--input-interface``, ``--code-*``), with the
 checks that need only these flags (:meth:`ModelConfig.validate`) and the one that needs the
-tokenizer (:meth:`ModelConfig.check_vocab`); the named shapes of ``--preset`` and Megatron's
-vocabulary padding. Defaults are the paper's backbone: RMSNorm, SwiGLU, no linear biases,
+tokenizer (:meth:`ModelConfig.check_vocab`); what attention and a document mask need of the
+layers (:func:`attention_backend_refusal`, :func:`document_mask_refusal`); the named shapes
+of ``--preset`` and Megatron's vocabulary padding. Defaults are the paper's backbone: RMSNorm, SwiGLU, no linear biases,
 RoPE, an untied output head; Megatron-LM's spellings of those choices (``--swiglu``,
 ``--disable-bias-linear``, ``--untie-embeddings-and-output-weights``, ``--normalization
 RMSNorm``) are accepted, and each has a ``--no-...`` form."""
@@ -29,6 +30,42 @@ PRESETS = {
 
 INPUT_GROUP = "fixed-code input"
 RECOMPUTE_GROUP = "activation recompute"
+
+
+def attention_backend_refusal(transformer_impl: str, backend: str) -> Optional[str]:
+    """Why ``--attention-backend`` cannot run on the layers ``transformer_impl``, or None:
+    ``fused`` is Transformer Engine's (cuDNN) attention, ``local`` Megatron-Core's attention
+    of the local layers."""
+    if transformer_impl == "local" and backend == "fused":
+        return ("--attention-backend fused selects Transformer Engine's fused (cuDNN) "
+                "attention, which needs --transformer-impl transformer_engine; on local layers "
+                "use auto or flash (torch's SDPA) or unfused")
+    if transformer_impl != "local" and backend == "local":
+        return ("--attention-backend local is Megatron-Core's attention of the local layers: "
+                "it needs --transformer-impl local, as in Megatron-LM")
+    return None
+
+
+def document_mask_refusal(transformer_impl: str, backend: str, device: Optional[str],
+                          masked_softmax_fusion: bool, pipeline_size: int) -> Optional[str]:
+    """Why ``--reset-attention-mask`` (an explicit ``[b, 1, s, s]`` mask, documents packed in
+    one sequence kept apart) cannot run with these layers, or None. It runs on local layers
+    with SDPA (``auto``: on a GPU the memory-efficient or cuDNN kernel, which take a mask) or
+    with Megatron-Core's ``DotProductAttention`` (``unfused``/``local``; on a GPU with
+    ``--no-masked-softmax-fusion``: the fused causal softmax ignores the mask)."""
+    if transformer_impl != "local":
+        return ("--reset-attention-mask needs --transformer-impl local: Transformer Engine's "
+                "layers are built for a causal mask and are not given this one")
+    if backend == "flash":
+        return ("--reset-attention-mask: --attention-backend flash runs the flash kernel, "
+                "which takes no mask; use auto (SDPA picks a kernel that does) or unfused")
+    if backend in ("unfused", "local") and device == "cuda" and masked_softmax_fusion:
+        return ("--reset-attention-mask with --attention-backend unfused on a GPU needs "
+                "--no-masked-softmax-fusion: the fused causal softmax ignores the mask")
+    if pipeline_size > 2:
+        return ("--reset-attention-mask with more than 2 pipeline stages: the middle stages "
+                "read no batch, so they would not have the mask")
+    return None
 
 
 def padded_vocab_size(vocab_size: int, divisible_by: int, tp: int) -> int:

@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from typing import Optional
 
 from ..runtime.errors import FlagError
 from .checkpoint_config import CheckpointConfig
 from .data_config import DataConfig
 from .logging_config import LoggingConfig
-from .model_config import ModelConfig
+from .model_config import ModelConfig, attention_backend_refusal, document_mask_refusal
 from .parallel_config import ParallelConfig
 from .training_config import TrainingConfig
 
@@ -113,6 +114,36 @@ class RunConfig:
                             f"--no-untie-embeddings-and-output-weights")
         if model.torch_compile_layers:
             self.check_compile_layers()
+        if model.transformer_impl is not None:
+            self.check_layers(model.transformer_impl)
+
+    def check_layers(self, impl: str, device: Optional[str] = None) -> None:
+        """What the transformer layers ``impl`` cannot run with these flags, refused naming
+        them: when the flags are parsed where ``--transformer-impl`` is given, at start-up
+        for the layers the machine settles (``train.setup.resolve_layers``, with its
+        ``device``: the rules of the document mask that need it)."""
+        model = self.model
+        if impl == "transformer_engine" and model.fp32_residual_connection:
+            raise FlagError(
+                "--fp32-residual-connection with --transformer-impl transformer_engine"
+                + (" (the default on a GPU where TE imports)" if model.transformer_impl is None
+                   else "") + ": TE's fused norm + linear takes the layer's dtype and would "
+                "receive the fp32 stream; use --transformer-impl local, or drop "
+                "--fp32-residual-connection")
+        if model.torch_compile_layers and impl != "local":
+            raise FlagError("--torch-compile-layers compiles the local layers (Transformer "
+                            "Engine's bring their own fused kernels and were never compiled "
+                            "here): add --transformer-impl local")
+        if model.fp8_format and impl != "transformer_engine":
+            raise FlagError("--fp8-format needs --transformer-impl transformer_engine "
+                            "(Transformer Engine layers, on a GPU)")
+        refusal = attention_backend_refusal(impl, model.attention_backend)
+        if refusal is None and self.data.reset_attention_mask:
+            refusal = document_mask_refusal(impl, model.attention_backend, device,
+                                            model.masked_softmax_fusion,
+                                            self.parallel.pipeline_model_parallel_size)
+        if refusal:
+            raise FlagError(refusal)
 
     def check_layout(self) -> None:
         """The model's sizes the parallel sizes must divide (the run's and the planner's

@@ -32,7 +32,6 @@ from ..config.run_config import RunConfig
 from ..config.schedule import scheduler_steps
 from ..config.training_config import TrainingConfig
 from ..datasets.tokenizer import tokenizer_digest, tokenizer_from_args
-from ..model.attention import document_mask_refusal, local_core_attention
 from ..runtime.device_checks import check_cuda_connections, fp8_refusal
 from ..runtime.device_checks import transformer_engine_imports, transformer_engine_version
 from ..runtime.errors import DeviceError, FlagError
@@ -100,7 +99,7 @@ def resolve_layers(config: RunConfig, device: str) -> tuple[str, bool]:
     warning at TP=1; the checks of what these layers run (which need the machine where
     ``--transformer-impl`` is left to it) and, on a GPU, those of
     :mod:`megatron_ext.runtime.device_checks`."""
-    model, parallel, data = config.model, config.parallel, config.data
+    model, parallel = config.model, config.parallel
     impl, sequence_parallel = model.transformer_impl, parallel.sequence_parallel
     if impl is None:
         te = device == "cuda" and transformer_engine_imports()
@@ -112,31 +111,7 @@ def resolve_layers(config: RunConfig, device: str) -> tuple[str, bool]:
     elif impl == "transformer_engine" and device == "cpu":
         raise FlagError("--transformer-impl transformer_engine needs a GPU (Transformer "
                         "Engine's layers run on CUDA only); use --transformer-impl local")
-    if impl == "transformer_engine" and model.fp32_residual_connection:
-        raise FlagError(
-            "--fp32-residual-connection with --transformer-impl transformer_engine"
-            + (" (the default on a GPU where TE imports)" if model.transformer_impl is None
-               else "") + ": TE's fused norm + linear takes the layer's dtype and would "
-            "receive the fp32 stream; use --transformer-impl local, or drop "
-            "--fp32-residual-connection")
-    if model.torch_compile_layers and impl != "local":
-        raise FlagError("--torch-compile-layers compiles the local layers (Transformer "
-                        "Engine's bring their own fused kernels and were never compiled "
-                        "here): add --transformer-impl local")
-    if model.fp8_format and impl != "transformer_engine":
-        raise FlagError("--fp8-format needs --transformer-impl transformer_engine "
-                        "(Transformer Engine layers, on a GPU)")
-    if impl == "local":
-        local_core_attention(model.attention_backend)  # refuses TE's own backends
-    elif model.attention_backend == "local":
-        raise FlagError("--attention-backend local is Megatron-Core's attention of the "
-                        "local layers: it needs --transformer-impl local, as in Megatron-LM")
-    if data.reset_attention_mask:
-        refusal = document_mask_refusal(impl, model.attention_backend, device,
-                                        model.masked_softmax_fusion,
-                                        parallel.pipeline_model_parallel_size)
-        if refusal:
-            raise FlagError(refusal)
+    config.check_layers(impl, device)  # what these layers cannot run, on this device
     if sequence_parallel and parallel.tensor_model_parallel_size == 1:
         log("[fixedcode] warning: --sequence-parallel turned off: it splits activations over "
             "tensor-parallel ranks, and --tensor-model-parallel-size is 1 (as in Megatron-LM)")

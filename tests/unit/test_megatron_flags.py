@@ -14,7 +14,7 @@ from helpers.gpt2_bpe import gpt2_bpe_files
 from megatron_ext.config.megatron_defaults import (DIFFERING_DEFAULTS, defaults_in_force,
                                                   flag_text, query_groups_line)
 from megatron_ext.config.schedule import BatchRamp, ramped_train_iters
-from megatron_ext.model.attention import document_mask_refusal
+from megatron_ext.config.model_config import document_mask_refusal
 from megatron_ext.runtime.errors import FixedcodeError, FlagError
 from megatron_ext.runtime.megatron_compat import (has_batch_ramp, installed_release,
                                                   megatron_core_batch_ramp)

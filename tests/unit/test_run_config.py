@@ -76,6 +76,13 @@ def test_the_defaults_that_depend_on_other_flags_are_filled_while_parsing(flags,
     # parallelism, and the layout rules the planner applies too
     (["--overlap-param-gather"], "--overlap-param-gather needs --use-distributed-optimizer and "
                                  "--overlap-grad-reduce, as in Megatron-LM"),
+    # what the layers given by --transformer-impl cannot run (else checked at start-up)
+    (["--transformer-impl", "local", "--fp8-format", "hybrid"],
+     "--fp8-format needs --transformer-impl transformer_engine"),
+    (["--transformer-impl", "transformer_engine", "--reset-attention-mask"],
+     "--reset-attention-mask needs --transformer-impl local"),
+    (["--transformer-impl", "local", "--attention-backend", "fused"],
+     "--attention-backend fused selects Transformer Engine's fused (cuDNN) attention"),
     (["--tensor-model-parallel-size", "3"],
      "--tensor-model-parallel-size 3 does not divide --num-attention-heads 4"),
     (["--pipeline-model-parallel-size", "4"],
