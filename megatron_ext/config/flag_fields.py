@@ -3,9 +3,9 @@ name, Megatron-LM's where Megatron-LM has it, the type, default, choices and hel
 field's metadata), and the argparse parser is made from the fields (:func:`add_flags`), as
 Megatron-LM's ``megatron/training/config/`` dataclasses and torchtitan's ``job_config.py``
 make theirs. A config is built from the parsed flags by the fields' names
-(:meth:`FlagConfig.from_flags`, the one place a Namespace becomes a config) or from a
-checkpoint's saved flags (:meth:`FlagConfig.from_record`), and written back as such a record
-(:meth:`FlagConfig.record`). Imports nothing heavy: the command lines start without torch.
+(:meth:`FlagConfig.from_flags`: where a Namespace becomes a config, at an entry point) or
+from a checkpoint's saved flags (:meth:`FlagConfig.from_record`), and written back as such a
+record (:meth:`FlagConfig.record`). Imports nothing heavy: the command lines start without torch.
 
 A field's flag, from its type: ``int`` (at least ``least``, 1 unless 0 means something),
 ``float``, ``str``, ``tuple[X, ...]`` (``nargs``; a list on the command line and in a record),
