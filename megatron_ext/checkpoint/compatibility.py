@@ -8,9 +8,12 @@ from __future__ import annotations
 
 from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 
+from ..config.model_config import padded_vocab_size
 from ..config.parallel_config import ParallelConfig
 from ..config.run_config import RunConfig, declared_defaults
 from ..runtime.errors import CheckpointError
+from ..runtime.megatron_compat import installed_release, null_tokenizer_counts
+from . import manifest
 from .layout import saved_content_metadata
 
 
@@ -53,13 +56,39 @@ def _differences(names, saved_args: dict, current: dict, absent: dict = ADDED_AR
             for k in names if saved[k] != current.get(k)]
 
 
+def _null_tokenizer_release(saved_args: dict, current: dict, path: str) -> list[str]:
+    """The release difference behind a padded vocabulary that differs with the same
+    ``NullTokenizer`` flags: NullTokenizer(V) counts V + 1 ids before megatron-core 0.18.0 and
+    V from it (megatron_compat.null_tokenizer_counts), so a save of one side pads to another
+    size on the other. The lines that say so and how to resume, or none."""
+    names = ("tokenizer_type", "vocab_size", "make_vocab_size_divisible_by",
+             "tensor_model_parallel_size")
+    if (saved_args.get("tokenizer_type") != "NullTokenizer"
+            or any(saved_args.get(k) != current.get(k) for k in names)):
+        return []
+    vocab, divisible, tp = (current[k] for k in names[1:])
+    here, _ = null_tokenizer_counts(vocab)
+    there = vocab + 1 if here == vocab else vocab  # the count on the other side of 0.18.0
+    if padded_vocab_size(there, divisible, tp) != saved_args.get("padded_vocab_size"):
+        return []
+    written = manifest.written_by(path)
+    return [f"a megatron-core release difference: NullTokenizer's vocabulary changed in "
+            f"megatron-core 0.18.0 (NullTokenizer({vocab}) counts {vocab + 1} ids before it, "
+            f"{vocab} from it); this save was written with megatron-core "
+            f"{written or ('before 0.18.0' if there > here else '0.18.0 or later')}, this run "
+            f"has {installed_release()}: resume it with --vocab-size {vocab + there - here}, "
+            f"whose NullTokenizer here has the save's {there} ids"]
+
+
 def check_compatible(saved_args: dict, current: dict, path: str) -> None:
     """Refuse to resume a checkpoint whose model, input or precision differs from this run's
-    (``current``: its arguments with the derived values, derived.run_record)."""
+    (``current``: its arguments with the derived values, derived.run_record), naming a
+    megatron-core release difference where it is the cause."""
     diffs = _differences(MODEL_DEFINING_ARGS, saved_args, current)
     if diffs:
         raise CheckpointError(f"cannot resume {path} with a different model or input:\n  "
-                              + "\n  ".join(diffs))
+                              + "\n  ".join(diffs + _null_tokenizer_release(saved_args,
+                                                                             current, path)))
     diffs = _differences(PRECISION_ARGS, saved_args, current, PRECISION_ARGS)
     if diffs:
         raise CheckpointError(f"cannot resume {path} in another precision (its optimizer "

@@ -5,7 +5,10 @@ the factorised one as its product ``T·P`` (V x h, computed in fp64); the fixed-
 (every scheme and tiling) become
 :class:`~megatron_ext.hf.modeling_fixedcode.FixedCodeLlamaForCausalLM` (``trust_remote_code``)
 with the code in ``config.json`` and no input table (with ``--code-projection``, the map as
-``model.embed_tokens.projection.weight``). Weight mapping, from the TP=1 local-spec
+``model.embed_tokens.projection.weight``), or, asked for a table (``--as-table``), a stock
+``LlamaForCausalLM`` whose ``embed_tokens.weight`` is the code of every id
+(:func:`code_table`). Every stock export's ``config.json`` says what its table is under
+:data:`RECORD_KEY` (:func:`input_record`). Weight mapping, from the TP=1 local-spec
 state dict (L layers, h hidden, f FFN, q heads, g query groups, d = h/q):
 
 ===============================================  =============================================
@@ -15,7 +18,8 @@ embedding.word_embeddings.weight [V, h]          model.embed_tokens.weight (lear
 embedding.word_embeddings.table.weight [V, r]    model.embed_tokens.weight = table @ projection.T
   and .projection [h, r]                           (factorized)
 embedding.projection.weight [h, n]               model.embed_tokens.projection.weight (a code's
-                                                   --code-projection)
+                                                   --code-projection; as a table: code @ map.T)
+(a fixed code, as a table)                       model.embed_tokens.weight = the code of each id
 decoder.layers.i.input_layernorm.weight          model.layers.i.input_layernorm.weight
 decoder.layers.i.self_attention.linear_qkv       q_proj / k_proj / v_proj: viewed as
   .weight [g·(q/g+2)·d, h]                         [g, q/g+2, d, h]; per group q/g query heads,
@@ -38,13 +42,16 @@ unknown weight) is refused by :func:`check_mappable` / :func:`hf_state_dict`.
 from __future__ import annotations
 
 import argparse
+import json
+import os
 from typing import Optional
 
 import torch
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
-from ..codes.schemes import ARMS, SCHEMES
+from ..codes.schemes import ARMS, SCHEMES, FixedCode
 from ..runtime.errors import CheckpointError, ConversionError
+from ..runtime.files import read_json, write_text
 from .configuration_fixedcode import FixedCodeLlamaConfig
 from .modeling_fixedcode import FixedCodeLlamaForCausalLM
 
@@ -55,6 +62,10 @@ REQUIRED_ARGS = ("input_interface", "num_layers", "hidden_size", "ffn_hidden_siz
                  "position_embedding_type", "rotary_base", "max_position_embeddings",
                  "seq_length", "padded_vocab_size", "init_method_std", "tokenizer_type",
                  "tokenizer_model", "vocab_size")
+# The key of a stock export's config.json that says what its input table is (input_record):
+# transformers keeps a key its config class does not define through save and load, and
+# ignores it.
+RECORD_KEY = "fixedcode"
 
 
 def check_mappable(args: argparse.Namespace, fixed_code: Optional[dict], source: str) -> None:
@@ -83,13 +94,51 @@ def check_mappable(args: argparse.Namespace, fixed_code: Optional[dict], source:
                               + "\n  - ".join(reasons))
 
 
-def hf_state_dict(state: dict, args: argparse.Namespace, dtype: torch.dtype) -> dict:
-    """The HF Llama state dict of a TP=1 Megatron GPTModel state dict (see the module table).
-    ``state`` is consumed: each tensor is taken out as it is mapped, so that, where nothing
-    else holds the Megatron tensors (the export's case), each is freed once its Hugging Face
-    counterparts exist, and no second copy of the weights is ever held. Every tensor
-    returned owns its storage (the gate and up halves of fc1 are copied apart; safetensors
-    refuses tensors that share one)."""
+def input_record(args: argparse.Namespace, fixed_code: Optional[dict]) -> dict:
+    """What a stock export's input table is, for its ``config.json`` (:data:`RECORD_KEY`):
+    the arm, whether the table was trained, and for a fixed code its one-line description,
+    ``code_projection`` and the code itself (``FixedCode.to_dict``: everything drawn for it)."""
+    arm = args.input_interface
+    if arm not in SCHEMES:
+        trained = {"learned": "trained", "frozen": "fixed, never trained (Megatron's initial "
+                   "draw of the learned table)", "factorized": f"trained at rank "
+                   f"{args.input_table_rank}: the product T·P of the trained factors"}[arm]
+        return {"arm": arm, "input_table": trained}
+    code = FixedCode.from_dict(fixed_code)
+    table = ("the fixed code (never trained) times the trained --code-projection map (h x n)"
+             if args.code_projection else "fixed, never trained")
+    return {"arm": arm, "code": code.describe(), "input_table": table,
+            "code_projection": bool(args.code_projection), "fixed_code": code.to_dict()}
+
+
+def code_table(code: FixedCode, vocab_size: int, hidden_size: int, dtype: torch.dtype,
+               projection: Optional[torch.Tensor] = None, chunk: int = 4096) -> torch.Tensor:
+    """The fixed code's input of every id as one table ``[vocab_size, hidden_size]`` in
+    ``dtype`` (``--as-table``): row t is ``code.encode(t)`` in ``dtype`` (what the Megatron
+    model computes in that dtype), or with ``projection`` (``[h, n]``, the trained map) the
+    n-bit code times it in fp32, as the model computes it, then cast. Filled ``chunk`` ids at
+    a time: no second full-size copy."""
+    table = torch.empty(vocab_size, hidden_size, dtype=dtype)
+    for start in range(0, vocab_size, chunk):
+        ids = torch.arange(start, min(start + chunk, vocab_size))
+        if projection is None:
+            table[start:start + len(ids)] = code.encode(ids, hidden_size, dtype)
+        else:
+            bits = code.encode(ids, code.num_bits, torch.float32)
+            table[start:start + len(ids)] = torch.nn.functional.linear(
+                bits, projection.to(torch.float32)).to(dtype)
+    return table
+
+
+def hf_state_dict(state: dict, args: argparse.Namespace, dtype: torch.dtype,
+                  table_code: Optional[FixedCode] = None) -> dict:
+    """The HF Llama state dict of a TP=1 Megatron GPTModel state dict (see the module table);
+    with ``table_code`` (the model's fixed code), the code as the input table
+    (:func:`code_table`). ``state`` is consumed: each tensor is taken out as it is mapped, so
+    that, where nothing else holds the Megatron tensors (the export's case), each is freed
+    once its Hugging Face counterparts exist, and no second copy of the weights is ever held.
+    Every tensor returned owns its storage (the gate and up halves of fc1 are copied apart;
+    safetensors refuses tensors that share one)."""
     for key in [k for k in state if k.endswith("._extra_state")]:
         del state[key]
 
@@ -107,6 +156,11 @@ def hf_state_dict(state: dict, args: argparse.Namespace, dtype: torch.dtype) -> 
         table = take("embedding.word_embeddings.table.weight", torch.float64)
         projection = take("embedding.word_embeddings.projection", torch.float64)
         out["model.embed_tokens.weight"] = (table @ projection.t()).to(dtype)
+    elif table_code is not None:
+        projection = (take("embedding.projection.weight", torch.float32)
+                      if args.code_projection else None)
+        out["model.embed_tokens.weight"] = code_table(
+            table_code, args.padded_vocab_size, args.hidden_size, dtype, projection)
     elif args.code_projection:
         out["model.embed_tokens.projection.weight"] = take("embedding.projection.weight")
     for i in range(args.num_layers):
@@ -133,8 +187,9 @@ def hf_state_dict(state: dict, args: argparse.Namespace, dtype: torch.dtype) -> 
 
 
 def hf_config(args: argparse.Namespace, fixed_code: Optional[dict], dtype: torch.dtype,
-              eos_token_id: int) -> LlamaConfig:
-    """The HF config of the checkpoint's model: Llama's, plus the code for a fixed-code arm."""
+              eos_token_id: int, as_table: bool = False) -> LlamaConfig:
+    """The HF config of the checkpoint's model: Llama's, plus the code for a fixed-code arm
+    exported as code; a stock Llama's says what its table is (:func:`input_record`)."""
     shape = dict(
         vocab_size=args.padded_vocab_size,
         hidden_size=args.hidden_size,
@@ -155,9 +210,10 @@ def hf_config(args: argparse.Namespace, fixed_code: Optional[dict], dtype: torch
         pad_token_id=None,
         dtype=dtype,
     )
-    if args.input_interface not in SCHEMES:
+    if args.input_interface not in SCHEMES or as_table:
         return LlamaConfig(tie_word_embeddings=not args.untie_embeddings_and_output_weights,
-                           architectures=["LlamaForCausalLM"], **shape)
+                           architectures=["LlamaForCausalLM"],
+                           **{RECORD_KEY: input_record(args, fixed_code)}, **shape)
     return FixedCodeLlamaConfig(fixed_code=fixed_code, code_projection=args.code_projection,
                                 tie_word_embeddings=False,
                                 architectures=["FixedCodeLlamaForCausalLM"], **shape)
@@ -177,7 +233,8 @@ def build_hf_model(config: LlamaConfig, state: dict, device: str = "meta") -> Ll
 
 def save_hf_model(config: LlamaConfig, state: dict, output: str) -> None:
     """Write ``config.json``, safetensors and ``generation_config.json`` (EOD ends and pads a
-    generation), plus the custom code files for a fixed-code arm."""
+    generation), plus the custom code files for a fixed-code arm; a stock Llama's config also
+    in the keys of transformers 4 (:func:`add_transformers4_keys`)."""
     if isinstance(config, FixedCodeLlamaConfig):
         FixedCodeLlamaConfig.register_for_auto_class()
         FixedCodeLlamaForCausalLM.register_for_auto_class("AutoModelForCausalLM")
@@ -185,3 +242,17 @@ def save_hf_model(config: LlamaConfig, state: dict, output: str) -> None:
     model.generation_config = GenerationConfig(eos_token_id=config.eos_token_id,
                                                pad_token_id=config.eos_token_id)
     model.save_pretrained(output)
+    if not isinstance(config, FixedCodeLlamaConfig):
+        add_transformers4_keys(os.path.join(output, "config.json"))
+
+
+def add_transformers4_keys(path: str) -> None:
+    """Add to a stock Llama's ``config.json`` the keys a reader built on transformers 4 reads
+    where transformers 5 writes ``rope_parameters`` and ``dtype``: ``rope_theta`` (without
+    it, such a reader takes RoPE's base as 10,000 in silence: vLLM bundling transformers 4,
+    vllm-project/vllm#42624, llama.cpp's converter before December 2025) and
+    ``torch_dtype``. transformers 5 reads them as the same values, without a word."""
+    config = read_json(path)
+    config.setdefault("rope_theta", config["rope_parameters"]["rope_theta"])
+    config.setdefault("torch_dtype", config["dtype"])
+    write_text(path, json.dumps(config, indent=2, sort_keys=True) + "\n")

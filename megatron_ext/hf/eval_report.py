@@ -12,6 +12,7 @@ from typing import Optional
 
 from ..metrics.reporting import MISSING
 from ..runtime.files import write_text
+from .convert import RECORD_KEY
 
 # (task, metric) rows of the table, in order.
 METRICS = (("hellaswag", "acc_norm"), ("piqa", "acc"), ("lambada_openai", "acc"),
@@ -23,11 +24,14 @@ PAPER = {"binary": {("hellaswag", "acc_norm"): 52.40, ("piqa", "acc"): 70.51,
 
 
 def arm_of(hf_dir: str) -> str:
-    """``learned``, ``binary`` or ``gf2`` from an export's ``config.json``."""
+    """The arm of an export (``learned``, ``binary``, ...) from its ``config.json``: the
+    custom code's scheme, or what a stock Llama's record says (a Llama without one: learned)."""
     with open(os.path.join(hf_dir, "config.json")) as f:
         config = json.load(f)
     if config.get("model_type") == "fixedcode_llama":
         return config["fixed_code"]["scheme"]
+    if isinstance(config.get(RECORD_KEY), dict) and "arm" in config[RECORD_KEY]:
+        return config[RECORD_KEY]["arm"]
     return "learned" if config.get("model_type") == "llama" else config.get("model_type", "?")
 
 
@@ -43,7 +47,9 @@ def metric_values(results: dict, task: str, metric: str) -> Optional[dict]:
 
 
 def build_report(models: list[dict], tasks: list[str]) -> dict:
-    """``models``: ``[{"path", "arm", "results"}]`` (lm-eval's ``results`` dict) -> the report."""
+    """``models``: ``[{"path", "arm", "results"}]`` (lm-eval's ``results`` dict; lm-eval's
+    ``versions``, ``n_shot`` and ``n_samples`` and ``trust_remote_code``, where given, are
+    kept) -> the report."""
     rows = []
     for task, metric in METRICS:
         if task not in tasks:
@@ -54,7 +60,9 @@ def build_report(models: list[dict], tasks: list[str]) -> dict:
         row["paper"] = {arm: nums[(task, metric)] for arm, nums in PAPER.items()
                         if (task, metric) in nums}
         rows.append(row)
-    return {"models": [{"path": m["path"], "arm": m["arm"], "lm_eval_results": m["results"]}
+    return {"models": [{"path": m["path"], "arm": m["arm"], "lm_eval_results": m["results"],
+                        **{k: m[k] for k in ("versions", "n_shot", "n_samples",
+                                             "trust_remote_code") if k in m}}
                        for m in models], "rows": rows}
 
 

@@ -7,11 +7,13 @@ perplexity), loaded unchanged except for where its documents come from:
 evaluates (no training split: zero-shot). Every row is checked against the official field
 layout first, so that a wrong file fails with its name and line instead of scoring 0.
 :func:`evaluate_models` evaluates several exports on the same tasks into eval_report's
-comparison (tools/evaluate.py).
+comparison (tools/evaluate.py). A stock export (a Llama) is loaded without
+``trust_remote_code``; only the custom-code export of a fixed code needs it.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 from typing import Callable, Optional
@@ -22,6 +24,7 @@ from lm_eval.tasks._yaml_loader import load_yaml
 
 from ..runtime.errors import DataError, FlagError
 from .eval_report import arm_of, build_report
+from .parity import needs_remote_code
 
 # task -> its folder among lm-eval's tasks
 SUPPORTED = {"hellaswag": "hellaswag", "piqa": "piqa", "lambada_openai": "lambada"}
@@ -96,14 +99,29 @@ def official_tasks() -> TaskManager:
     return TaskManager(include_defaults=False, include_path=folders)
 
 
-def task_config(task: str, task_manager: TaskManager, data_dir: str | None) -> dict:
-    """lm-eval's official config of ``task``; reading ``data_dir`` when given, else the Hub."""
+def _official_config(task: str, task_manager: TaskManager) -> dict:
     if task not in SUPPORTED:
         raise FlagError(f"--tasks: {task!r} is not one of {', '.join(SUPPORTED)}")
-    config = load_yaml(task_manager.task_index[task].yaml_path, resolve_func=True)
+    return load_yaml(task_manager.task_index[task].yaml_path, resolve_func=True)
+
+
+def _evaluated_split(config: dict) -> str:
+    return config.get("test_split") or config["validation_split"]
+
+
+def official_dataset(task: str, task_manager: TaskManager) -> dict:
+    """``{"path", "split"}``: the Hub dataset and split the official ``task`` evaluates (what
+    a model card's ``model-index`` names)."""
+    config = _official_config(task, task_manager)
+    return {"path": config["dataset_path"], "split": _evaluated_split(config)}
+
+
+def task_config(task: str, task_manager: TaskManager, data_dir: str | None) -> dict:
+    """lm-eval's official config of ``task``; reading ``data_dir`` when given, else the Hub."""
+    config = _official_config(task, task_manager)
     if data_dir is None:
         return config
-    split = config.get("test_split") or config["validation_split"]
+    split = _evaluated_split(config)
     path = data_file(data_dir, task)
     check_rows(task, path)
     return {**config, "dataset_path": "json", "dataset_name": None, "training_split": None,
@@ -116,11 +134,12 @@ def evaluate_model(hf_dir: str, configs: list[dict], task_manager: TaskManager, 
                    log_samples: bool = False) -> dict:
     """lm-eval's output for the Hugging Face model in ``hf_dir`` on the tasks ``configs``
     (:func:`task_config`), zero-shot, every random seed of lm-eval set to ``seed``;
-    ``log_samples`` keeps the per-document results (``out["samples"]``)."""
+    ``log_samples`` keeps the per-document results (``out["samples"]``). The model runs code
+    from its folder only where it is the custom-code export (:func:`.parity.needs_remote_code`)."""
     from lm_eval import simple_evaluate
     from lm_eval.models.huggingface import HFLM
-    lm = HFLM(pretrained=hf_dir, trust_remote_code=True, device=device, dtype=dtype,
-              batch_size=batch_size)
+    lm = HFLM(pretrained=hf_dir, trust_remote_code=needs_remote_code(hf_dir), device=device,
+              dtype=dtype, batch_size=batch_size)
     return simple_evaluate(model=lm, tasks=configs, task_manager=task_manager, limit=limit,
                            bootstrap_iters=bootstrap_iters, log_samples=log_samples,
                            random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed,
@@ -133,6 +152,7 @@ def evaluate_models(hf_dirs: list[str], tasks: list[str], data_dir: Optional[str
     documents from ``data_dir``, or the Hub's without it), each evaluated by
     :func:`evaluate_model` with ``settings``; ``starting(i, hf_dir, arm)`` is called before
     the ``i``-th (from 1)."""
+    from lm_eval import __version__ as lm_eval_version
     task_manager = official_tasks()
     configs = [task_config(task, task_manager, data_dir) for task in tasks]
     models = []
@@ -140,7 +160,15 @@ def evaluate_models(hf_dirs: list[str], tasks: list[str], data_dir: Optional[str
         arm = arm_of(hf_dir)
         starting(i, hf_dir, arm)
         out = evaluate_model(hf_dir, configs, task_manager, **settings)
-        models.append({"path": hf_dir, "arm": arm, "results": out["results"]})
+        models.append({"path": hf_dir, "arm": arm, "results": out["results"],
+                       "versions": out["versions"], "n_shot": out["n-shot"],
+                       "n_samples": out["n-samples"],
+                       "trust_remote_code": needs_remote_code(hf_dir)})
     return {**build_report(models, tasks),
+            "tasks": {task: {**official_dataset(task, task_manager),
+                             "file": data_file(data_dir, task) if data_dir else None}
+                      for task in tasks},
+            "lm_eval_version": lm_eval_version,
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
             "settings": {k: str(v) if k in ("device", "dtype") else v
                          for k, v in settings.items()}}

@@ -4,7 +4,9 @@ validated against the Megatron model. tools/convert_to_hf.py is its command line
 exports each checkpoint it scores on downstream tasks through :func:`export_checkpoint`.
 
 The learned arm becomes a stock ``LlamaForCausalLM``; a fixed-code arm becomes a fixed-code
-Llama loaded with ``trust_remote_code=True`` (:mod:`.convert` has the weight mapping).
+Llama loaded with ``trust_remote_code=True``, or with ``as_table`` a stock ``LlamaForCausalLM``
+holding the code of every id as its input table (:mod:`.convert` has the weight mapping). The
+folder gets a model card (:mod:`.model_card`).
 """
 
 from __future__ import annotations
@@ -21,14 +23,18 @@ import torch
 import transformers
 from packaging.version import Version
 
+from ..codes.schemes import SCHEMES
 from ..datasets.tokenizer import check_training_tokenizer, tokenizer_from_args
 from ..config.run_config import RunConfig
 from ..model.memory import stage_parameters
+from ..model.param_count import count_parameters
 from ..runtime.errors import ConversionError, DataError, DeviceError, FlagError
 from ..runtime.initialize import destroy_distributed, initialize_distributed
 
-from .convert import DTYPES, check_mappable, hf_config, hf_state_dict, save_hf_model
-from .megatron_checkpoint import load_model, read_checkpoint
+from .convert import (DTYPES, check_mappable, hf_config, hf_state_dict, input_record,
+                      save_hf_model)
+from .megatron_checkpoint import load_model, read_checkpoint_common
+from .model_card import card_metadata, write_card
 from .parity import (PROBE_TEXTS, TOLERANCE, load_hf, max_logit_diff, megatron_logits,
                      probe_tokens, sample, tokenizer_mismatch)
 from .tokenizer import hf_tokenizer
@@ -41,22 +47,32 @@ PROCESS_BYTES = 2 ** 30
 TRANSFORMERS_MIN = "5.24"
 
 
-def memory_needed(train: argparse.Namespace, dtype: torch.dtype) -> int:
+def table_weights(train: argparse.Namespace, as_table: bool) -> int:
+    """The weights ``as_table`` adds to a fixed-code arm's export: its code as a V x h table
+    (none for the table arms, which hold their table anyway)."""
+    if not as_table or train.input_interface not in SCHEMES:
+        return 0
+    return train.padded_vocab_size * train.hidden_size
+
+
+def memory_needed(train: argparse.Namespace, dtype: torch.dtype, as_table: bool = False) -> int:
     """The bytes a conversion of the checkpoint whose args are ``train`` needs at its peak:
     one fp32 copy of the weights (the model the checkpoint is read into, whose tensors the
     export writes, and later the export reloaded for ``--validate``, never both), a copy in
     ``dtype`` where it is 16-bit, half a copy in flight (the QKV split, the tensor being read
-    or written), and the process. Never two fp32 copies: the tensors are streamed."""
+    or written), and the process. Never two fp32 copies: the tensors are streamed. A code
+    written as a table (``as_table``) counts as weights."""
     whole = RunConfig.from_record(vars(train)).replace(tensor_model_parallel_size=1,
                                                        pipeline_model_parallel_size=1)
     n = stage_parameters(whole, train.padded_vocab_size, 0)
-    fp32 = 4 * (n.trained + n.frozen)
+    fp32 = 4 * (n.trained + n.frozen + table_weights(train, as_table))
     return int(fp32 * (1.5 + (0 if dtype == torch.float32 else 0.5))) + PROCESS_BYTES
 
 
-def check_memory(train: argparse.Namespace, dtype: torch.dtype, path: str) -> None:
+def check_memory(train: argparse.Namespace, dtype: torch.dtype, path: str,
+                 as_table: bool = False) -> None:
     """Refuse, before any work, a conversion this machine lacks the memory for."""
-    need, available = memory_needed(train, dtype), psutil.virtual_memory().available
+    need, available = memory_needed(train, dtype, as_table), psutil.virtual_memory().available
     if need > available:
         raise DeviceError(f"converting {path} needs about {need / 2 ** 30:.1f} GiB of memory "
                           f"(one fp32 copy of its weights, half a copy in flight and the "
@@ -64,14 +80,18 @@ def check_memory(train: argparse.Namespace, dtype: torch.dtype, path: str) -> No
                           f"available: free memory or convert on a larger machine")
 
 
-def reference(model, train: argparse.Namespace, tokenizer, dtype: torch.dtype
-              ) -> tuple[torch.Tensor, torch.Tensor]:
+def reference(model, train: argparse.Namespace, tokenizer, dtype: torch.dtype,
+              input_table: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """``(tokens, logits)``: the probe batch and the Megatron model's logits of it, its
     weights first rounded to the export's ``dtype`` (the check is of the mapping, not of the
-    rounding)."""
+    rounding), and so its input where the export holds it as a table (``input_table``: a
+    code with a scale that ``dtype`` rounds, a product of factors)."""
     if dtype != torch.float32:
         for p in model.parameters():
             p.data = p.data.to(dtype).float()
+        if input_table:
+            model.embedding.register_forward_hook(
+                lambda module, inputs, output: output.to(dtype).float())
     tokens = probe_tokens(tokenizer.vocab_size, train.seq_length)
     return tokens, megatron_logits(model, tokens)
 
@@ -111,19 +131,22 @@ def _release_freed_memory() -> None:
 
 def export_checkpoint(load: str, output: str, iteration: Optional[int] = None,
                       dtype: str = "fp32", tokenizer_model: Optional[str] = None,
-                      check: bool = False, progress: Callable[[str], None] = print) -> dict:
+                      check: bool = False, progress: Callable[[str], None] = print,
+                      as_table: bool = False) -> dict:
     """Write the checkpoint of ``load`` (``iteration``, default the latest) to the new or
-    empty folder ``output`` in ``dtype`` (a key of :data:`.convert.DTYPES`); with ``check``,
+    empty folder ``output`` in ``dtype`` (a key of :data:`.convert.DTYPES`), a fixed code as
+    a stock Llama's input table with ``as_table``, with its model card; with ``check``,
     reload it and validate it. Runs in this process (started as one process, not under
     torchrun); a process group already up (a caller's) is left up. Returns ``{"output",
-    "arm", "iteration"}`` (and the validation's results)."""
+    "arm", "iteration", "stock", "card"}`` (and the validation's results)."""
     if Version(transformers.__version__) < Version(TRANSFORMERS_MIN):
         raise DeviceError(f"the export needs transformers >= {TRANSFORMERS_MIN}, this "
                           f"environment has {transformers.__version__}: pip install "
                           f"'transformers>={TRANSFORMERS_MIN}'")
-    path, train, fixed_code, iteration = read_checkpoint(str(load), iteration)
+    path, train, common = read_checkpoint_common(str(load), iteration)
+    fixed_code, iteration = common.get("fixed_code"), common.get("iteration")
     check_mappable(train, fixed_code, path)
-    check_memory(train, DTYPES[dtype], path)
+    check_memory(train, DTYPES[dtype], path, as_table)
     if os.path.exists(output) and (not os.path.isdir(output) or os.listdir(output)):
         raise FlagError(f"--output {output} exists and is not an empty directory")
     tokenizer = tokenizer_from_args(train, tokenizer_model)
@@ -138,26 +161,44 @@ def export_checkpoint(load: str, output: str, iteration: Optional[int] = None,
                       f"for +-1 codes): export --dtype fp32 to keep it in fp32")
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise DeviceError("the converter runs as one process; do not start it with torchrun")
+    stock = train.input_interface not in SCHEMES or as_table
     started = not torch.distributed.is_initialized()  # else a caller's (tests): leave it up
     initialize_distributed("cpu")
     try:
         model = load_model(path, train, fixed_code)
+        trainable = count_parameters(model)
         if check:  # the Megatron model's logits, before its tensors go to the export
-            tokens, logits = reference(model, train, tokenizer, torch_dtype)
+            tokens, logits = reference(model, train, tokenizer, torch_dtype, stock)
+        # The code the model computes: the checkpoint's own (load_model never redraws it).
+        code = getattr(model.embedding, "code", None) if as_table else None
         # One copy of the weights at a time: the state dict alone holds the Megatron
         # tensors, each freed as it is mapped; the export is reloaded only after it is saved.
         state = model.state_dict()
         del model
         gc.collect()
-        save_hf_model(hf_config(train, fixed_code, torch_dtype, tokenizer.eod),
-                      hf_state_dict(state, train, torch_dtype), output)
+        weights = hf_state_dict(state, train, torch_dtype, code)
+        stored = sum(t.numel() for t in {t.data_ptr(): t for t in weights.values()}.values())
+        save_hf_model(hf_config(train, fixed_code, torch_dtype, tokenizer.eod, as_table),
+                      weights, output)
+        del weights
         _release_freed_memory()  # the Megatron tensors, before the export is reloaded
         hf_tok = hf_tokenizer(tokenizer, train.max_position_embeddings)
         if hf_tok is not None:
             hf_tok.save_pretrained(output)
+        card = write_card(output, os.path.basename(os.path.abspath(output)), train,
+                          card_metadata(train, common, input_record(train, fixed_code),
+                                        stock=stock, trainable=trainable, stored=stored))
+        added = table_weights(train, as_table)
         progress(f"wrote the {train.input_interface} arm of {path} (iteration {iteration}) to "
-                 f"{output} in {dtype}")
-        result = {"output": output, "arm": train.input_interface, "iteration": iteration}
+                 f"{output} in {dtype}, as "
+                 + (f"a stock LlamaForCausalLM; its code as the input table adds {added:,} "
+                    f"weights ({added * torch_dtype.itemsize / 1e6:,.1f} MB)" if added else
+                    "a stock LlamaForCausalLM" if stock else
+                    "FixedCodeLlamaForCausalLM (load with trust_remote_code=True; "
+                    "--as-table for a stock Llama)")
+                 + f"; model card {card}")
+        result = {"output": output, "arm": train.input_interface, "iteration": iteration,
+                  "stock": stock, "card": card}
         if check:
             result.update(validate(tokens, logits, output, tokenizer, hf_tok is not None,
                                    progress))

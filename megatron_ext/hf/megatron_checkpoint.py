@@ -35,12 +35,20 @@ def read_checkpoint(load: str, iteration: Optional[int] = None
     """``(path, training args, fixed_code or None, iteration)`` of ``load``'s checkpoint
     (default: the latest completed save); model arguments added since an older checkpoint was
     written take the value they had then (compatibility.ADDED_ARGS)."""
+    path, args, common = read_checkpoint_common(load, iteration)
+    return path, args, common.get("fixed_code"), common.get("iteration")
+
+
+def read_checkpoint_common(load: str, iteration: Optional[int] = None
+                           ) -> tuple[str, argparse.Namespace, dict]:
+    """:func:`read_checkpoint`'s args with the checkpoint's whole common state (its args as
+    saved, train state, provenance: what a model card records), read and verified once."""
     path, common = load_common(load, iteration)
     if not isinstance(common.get("args"), dict):
         raise CheckpointError(f"{path} holds no training args (common state 'args')")
     args = argparse.Namespace(**{**ADDED_ARGS, **common["args"]})
     _paths_from_the_run_folder(args, common.get("working_directory"))
-    return path, args, common.get("fixed_code"), common.get("iteration")
+    return path, args, common
 
 
 # The saved args that name a blend file, and every path a reader of the checkpoint opens

@@ -7,6 +7,8 @@ training tokenizer's ids.
 
 from __future__ import annotations
 
+import json
+import os
 from typing import Optional
 
 import torch
@@ -27,16 +29,25 @@ def probe_tokens(vocab_size: int, seq_length: int, seed: int = 0) -> torch.Tenso
     return torch.randint(0, vocab_size, (2, min(seq_length, 64)), generator=gen)
 
 
+def needs_remote_code(hf_dir: str) -> bool:
+    """Whether the model in ``hf_dir`` is custom code from its folder (``auto_map`` in its
+    ``config.json``: the fixed-code export), which loads only with ``trust_remote_code``; a
+    stock Llama is loaded without it."""
+    with open(os.path.join(hf_dir, "config.json"), encoding="utf-8") as f:
+        return "auto_map" in json.load(f)
+
+
 def load_hf(hf_dir: str) -> PreTrainedModel:
-    """The exported model as a user loads it, in fp32."""
-    return AutoModelForCausalLM.from_pretrained(hf_dir, trust_remote_code=True,
-                                                dtype=torch.float32).eval()
+    """The exported model as a user loads it (``trust_remote_code`` only for the custom
+    code), in fp32."""
+    return AutoModelForCausalLM.from_pretrained(
+        hf_dir, trust_remote_code=needs_remote_code(hf_dir), dtype=torch.float32).eval()
 
 
 def load_tokenizer(hf_dir: str) -> PreTrainedTokenizerBase:
-    """The exported tokenizer. ``trust_remote_code`` because AutoTokenizer first reads
-    ``config.json``, which for a fixed-code arm names the custom model code."""
-    return AutoTokenizer.from_pretrained(hf_dir, trust_remote_code=True)
+    """The exported tokenizer; ``trust_remote_code`` for the custom code only because
+    AutoTokenizer first reads ``config.json``, which names it."""
+    return AutoTokenizer.from_pretrained(hf_dir, trust_remote_code=needs_remote_code(hf_dir))
 
 
 @torch.no_grad()

@@ -1,7 +1,9 @@
 """Corpus preparation for pretraining: read inputs, tokenize, write Megatron indexed datasets.
 
 ``preprocess`` (the job: inputs to datasets), ``readers`` (find, stream and parse the
-inputs), ``encode`` (a batch of texts to token ids, in the worker processes), ``word_cache``
+inputs), ``encode`` (a batch of texts to token ids, in the worker processes), ``gigatoken_encoder``
+(gigatoken for every text where it gives the reference library's ids, routed before encoding),
+``characters`` (which texts hold only characters a check admits, in linear time), ``word_cache``
 (sentencepiece BPE a word at a time, and the cache of words' ids), ``byte_level`` (byte-level
 BPE a word at a time), ``parts`` (the resumable work folder of a job),
 ``merge`` (the parts into one dataset under its final name), ``tokenizer_training`` (a

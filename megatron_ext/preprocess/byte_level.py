@@ -15,13 +15,13 @@ before the end of a stretch). So the ids of a text are its words' ids, concatena
 encoded by a copy of the tokenizer without added tokens whose pre-tokenizer maps the bytes and
 splits nothing, so the BPE model sees the same word. The character classes of the regex
 (``\\s``, ``\\p{L}``, ``\\p{N}``; for ``Digits``, Rust's ``is_numeric``) come from each library's
-Unicode tables, which can differ on recently assigned characters: every character met is first
-checked (:meth:`ByteLevelWordEncoder.agrees`: our words and the library's for it after a letter,
-a digit, a period and a space, which tell the four classes apart), and a text that holds one they
-disagree on is encoded whole by the library (with ``regex`` 2026.12 and ``tokenizers`` 0.23, 17,480
-characters of Unicode 16 and 17). Other tokenizers (a normalizer,
-another pre-tokenizer or model, BPE dropout, added tokens matched other than whole, truncation,
-padding) are encoded whole.
+Unicode tables, which can differ on recently assigned characters: every character met is checked
+once (:meth:`ByteLevelWordEncoder.agrees`: our words and the library's for it after a letter, a
+digit, a period and a space, which tell the four classes apart; megatron_ext/preprocess/
+characters.py keeps the answers), and a text that holds one they disagree on is encoded whole by
+the library (with ``regex`` 2026.12 and ``tokenizers`` 0.23, 17,480 characters of Unicode 16 and
+17). Other tokenizers (a normalizer, another pre-tokenizer or model, BPE dropout, added tokens
+matched other than whole, truncation, padding) are encoded whole.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from typing import Optional
 import numpy as np
 import regex
 
+from .characters import CharacterCheck
 from .word_cache import WordCache
 
 # The ByteLevel pre-tokenizer's regex (tokenizers' pre_tokenizers/byte_level.rs), and the same
@@ -73,8 +74,7 @@ class ByteLevelWordEncoder:
             if contents else None
         self.added_ids = {token["content"]: [token["id"]] for token in added}
         self.word_tokenizer = word_tokenizer
-        self.checked: set[str] = set(CONTEXTS)  # characters whose class both agree on
-        self.disagree: Optional[regex.Pattern] = None  # those met that they class differently
+        self.characters = CharacterCheck(self.agrees)  # those both libraries class alike
         self.cache = WordCache(self._encode_words)
 
     @classmethod
@@ -125,24 +125,19 @@ class ByteLevelWordEncoder:
         """The ids of distinct words met for the first time (an added token is one; no other word
         equals one: its text holds none once they are cut out)."""
         plain = [word for word in words if word not in self.added_ids]
-        new = set("".join(plain)).difference(self.checked)
-        disagree = "".join(character for character in new if not self.agrees(character))
-        if disagree:  # a text holding one is encoded whole (encode): these words' ids go unread
-            known = self.disagree.pattern[1:-1] if self.disagree is not None else ""
-            self.disagree = regex.compile("[" + known + regex.escape(disagree) + "]")
-        self.checked |= new
         encoded = dict(zip(plain, (e.ids for e in self.word_tokenizer.encode_batch_fast(
             plain, add_special_tokens=False))))
         return [self.added_ids.get(word) or encoded[word] for word in words]
 
     def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """The ids of all ``texts`` concatenated (int32), and the count of each text's (int64)."""
-        tokens, lengths = self.cache.ids([self.split(text) for text in texts])
-        # After the words: a character met among them may be one the libraries class apart.
-        whole = [] if self.disagree is None else \
-            [i for i, text in enumerate(texts) if self.disagree.search(text)]
+        whole = [i for i, text in enumerate(texts) if not self.characters.admits(text)]
         if not whole:
-            return tokens, lengths
+            return self.cache.ids([self.split(text) for text in texts])
+        by_words = np.ones(len(texts), bool)
+        by_words[whole] = False
+        tokens, lengths = self.cache.ids([self.split(text) if by_words[i] else []
+                                          for i, text in enumerate(texts)])
         ids = np.split(tokens, np.cumsum(lengths)[:-1])
         for i, encoding in zip(whole, self.tokenizer.encode_batch_fast(
                 [texts[i] for i in whole], add_special_tokens=False)):

@@ -47,6 +47,7 @@ class PartWriter:
         self.tokens = dict.fromkeys(prefixes, 0)
         self.max_token_id = -1
         self.bad_lines = collections.Counter()
+        self.reference_documents = self.verified_documents = 0
 
     def is_full(self, max_tokens: int) -> bool:
         return self.documents >= MAX_PART_DOCUMENTS or sum(self.tokens.values()) >= max_tokens
@@ -54,7 +55,8 @@ class PartWriter:
     def write(self, batch: EncodedBatch) -> None:
         for key, encoded in batch.keys.items():
             if len(encoded.tokens):
-                largest = int(encoded.tokens.max())
+                largest = encoded.max_token_id if encoded.max_token_id is not None \
+                    else int(encoded.tokens.max())
                 if largest > np.iinfo(self.dtype).max:
                     raise DataError(f"token id {largest} does not fit the output dtype "
                                     f"{np.dtype(self.dtype).name} chosen from the vocabulary "
@@ -65,6 +67,8 @@ class PartWriter:
             self.sequences_per_document[key].append(encoded.sequences_per_document)
             self.tokens[key] += len(encoded.tokens)
         self.documents += batch.documents
+        self.reference_documents += batch.reference_documents
+        self.verified_documents += batch.verified
         self.bad_lines.update(kind for _, kind, _ in batch.bad)
 
     def finish(self) -> None:
@@ -153,7 +157,9 @@ class WorkDir:
         part.finish()
         manifest = {"part": index, "end_input": end_input, "end_line": end_line, "final": final,
                     "documents": part.documents, "tokens": part.tokens,
-                    "max_token_id": part.max_token_id, "bad_lines": dict(part.bad_lines)}
+                    "max_token_id": part.max_token_id, "bad_lines": dict(part.bad_lines),
+                    "reference_documents": part.reference_documents,
+                    "verified_documents": part.verified_documents}
         write_json(self._manifest_path(index), manifest)
         return manifest
 

@@ -1,7 +1,8 @@
 """The preprocessing job of tools/preprocess_data.py (which describes what it writes and
-guarantees): inputs encoded in order by a pool of worker processes (:mod:`.encode`) into the
-parts of a resumable work folder (:mod:`.parts`), then merged and published under the final
-names (:mod:`.merge`). Neither megatron.core nor torch is imported.
+guarantees): inputs encoded in order by a pool of worker processes (:mod:`.encode`: gigatoken
+where it gives the reference library's ids, ``--encoder``) into the parts of a resumable work
+folder (:mod:`.parts`), then merged and published under the final names (:mod:`.merge`). Neither
+megatron.core nor torch is imported.
 """
 
 from __future__ import annotations
@@ -24,10 +25,13 @@ from ..runtime.errors import DataError, FlagError
 from ..runtime.files import file_fingerprint
 
 from ..datasets.indexed import optimal_dtype
-from .encode import EncodedBatch, encode_batch, init_worker
+from .encode import EncodedBatch, encode_batch, gigatoken_encoder, init_worker
+from .gigatoken_encoder import gigatoken_version
 from .merge import merge_datasets, publish_dataset
 from .parts import WorkDir, dataset_prefix
 from .readers import describe_bad_input, expand_inputs, input_kind, iter_batches
+
+ENCODERS = ("auto", "gigatoken", "reference")  # --encoder
 
 
 @dataclasses.dataclass
@@ -44,6 +48,11 @@ class Summary:
     resumed_documents: int  # taken from complete parts of an interrupted run
     code_bits: int
     code_warning: Optional[str]  # why a --code-bits fixed code would not fit this tokenizer
+    encoder: str  # what encoded the texts gigatoken did not: the reference library
+    gigatoken: Optional[str]  # gigatoken's version when it encoded what it could, else None
+    gigatoken_note: Optional[str]  # why it did not (--encoder reference, a tokenizer it lacks)
+    reference_documents: int  # documents with a text the reference encoded
+    verified_documents: int  # documents gigatoken encoded that the reference encoded again
 
     def report(self) -> str:
         """What tools/preprocess_data.py prints: documents, parts, tokens and dataset of each
@@ -58,6 +67,14 @@ class Summary:
         lines.append(f"  max token id {self.max_token_id} "
                      f"{'<' if self.max_token_id < 2 ** self.code_bits else '>='} "
                      f"2^{self.code_bits}")
+        if self.gigatoken:
+            lines.append(f"  encoders: gigatoken {self.gigatoken} "
+                         f"{self.documents - self.reference_documents:,} documents, reference "
+                         f"({self.encoder}) {self.reference_documents:,}; "
+                         f"{self.verified_documents:,} verified against the reference")
+        else:
+            lines.append(f"  encoder: reference ({self.encoder}) {self.documents:,} documents; "
+                         f"not gigatoken: {self.gigatoken_note}")
         if self.bad_lines:
             kinds = ", ".join(f"{n:,} {kind}" for kind, n in sorted(self.bad_lines.items()))
             lines.append(f"  skipped {sum(self.bad_lines.values()):,} bad lines: {kinds}")
@@ -103,9 +120,28 @@ class _Progress:
         self.bar.close()
 
 
+def choose_encoder(tokenizer, requested: str) -> tuple[Optional[bool], Optional[str]]:
+    """Whether gigatoken encodes (``--encoder``): None if not, else whether in batches (which
+    return awkward arrays); and why not."""
+    if requested == "reference":
+        return None, "--encoder reference"
+    made = gigatoken_encoder(tokenizer)
+    if isinstance(made, str) and requested == "gigatoken":
+        raise FlagError(f"--encoder gigatoken: {made}; pass --encoder auto or reference")
+    return (None, made) if isinstance(made, str) else (made.batched, None)
+
+
+def reference_library(tokenizer) -> str:
+    """The library whose ids are the reference for ``tokenizer``."""
+    name = type(tokenizer).__name__
+    return {"SentencePieceTokenizer": "sentencepiece", "HuggingFaceTokenizer": "tokenizers",
+            "GPT2BPETokenizer": "tokenizers"}.get(name, name)
+
+
 def _encode_parts(args, paths: list[str], tokenizer, dtype, work: WorkDir,
-                  done: list[dict]) -> list[dict]:
-    """Encode the inputs after the complete parts ``done`` into new parts: their manifests."""
+                  done: list[dict], batched: Optional[bool]) -> list[dict]:
+    """Encode the inputs after the complete parts ``done`` into new parts: their manifests
+    (gigatoken encodes unless ``batched`` is None)."""
     start_input, after_line = (done[-1]["end_input"], done[-1]["end_line"]) if done else (0, 0)
     eod = tokenizer.eod if args.append_eod else None
     manifests, index = [], len(done)
@@ -114,8 +150,13 @@ def _encode_parts(args, paths: list[str], tokenizer, dtype, work: WorkDir,
     # threads of its own (a notebook, the tests) gets a fork server: a child forked beside
     # other threads can inherit a lock one of them held and hang
     method = "fork" if threading.active_count() == 1 else "forkserver"
+    if batched and method == "fork":
+        # imported once, before the workers fork: each would import it at its first batch
+        # (awkward, which gigatoken's batches return, is 0.3 s of CPU)
+        import awkward  # noqa: F401
     pool = multiprocessing.get_context(method).Pool(
-        args.workers, initializer=init_worker, initargs=(tokenizer, args.json_keys, eod))
+        args.workers, initializer=init_worker,
+        initargs=(tokenizer, args.json_keys, eod, batched is not None, args.verify_fraction))
     progress = _Progress(paths, start_input)
     try:
         batches = iter_batches(paths, args.text_document, args.json_keys, start_input, after_line)
@@ -124,6 +165,13 @@ def _encode_parts(args, paths: list[str], tokenizer, dtype, work: WorkDir,
                 where = describe_bad_input(paths[encoded.input_index], *encoded.bad[0])
                 raise DataError(f"{where}; fix it or pass --skip-bad-lines, and rerun "
                                 "with --resume to keep the work done")
+            if encoded.differences:
+                line, key = encoded.differences[0]
+                raise DataError(
+                    f"{paths[encoded.input_index]}:{line}: gigatoken's ids differ from the "
+                    f"reference library's ({reference_library(tokenizer)}) for key {key!r} "
+                    "(--verify-fraction); nothing is published: rerun with --encoder reference "
+                    "(and --resume to keep the work done), and please report the line")
             part.write(encoded)
             progress.update(encoded)
             if part.is_full(args.part_tokens):
@@ -139,12 +187,13 @@ def _encode_parts(args, paths: list[str], tokenizer, dtype, work: WorkDir,
     return manifests
 
 
-def _summarize(args, manifests: list[dict], resumed: int, vocab_size: int, dtype) -> Summary:
+def _summarize(args, manifests: list[dict], resumed: int, tokenizer, dtype,
+               gigatoken_note: Optional[str]) -> Summary:
     bad_lines = collections.Counter()
     for manifest in manifests:
         bad_lines.update(manifest["bad_lines"])
     try:
-        check_vocab_fits(vocab_size, args.code_bits)
+        check_vocab_fits(tokenizer.vocab_size, args.code_bits)
         code_warning = None
     except ValueError as e:
         code_warning = str(e)
@@ -154,12 +203,19 @@ def _summarize(args, manifests: list[dict], resumed: int, vocab_size: int, dtype
         tokens={key: sum(m["tokens"][key] for m in manifests) for key in args.json_keys},
         max_token_id=max(m["max_token_id"] for m in manifests), bad_lines=dict(bad_lines),
         parts=len(manifests), resumed_documents=resumed, code_bits=args.code_bits,
-        code_warning=code_warning)
+        code_warning=code_warning, encoder=reference_library(tokenizer),
+        gigatoken=None if gigatoken_note else gigatoken_version(), gigatoken_note=gigatoken_note,
+        # parts written before gigatoken record no count: the reference encoded them
+        reference_documents=sum(m.get("reference_documents", m["documents"]) for m in manifests),
+        verified_documents=sum(m.get("verified_documents", 0) for m in manifests))
 
 
 def preprocess(args: argparse.Namespace) -> Summary:
     """Run the job the flags of tools/preprocess_data.py describe; what it produced."""
     check_options(args.code_bits, scale=1.0)
+    if not 0 <= args.verify_fraction <= 1:
+        raise FlagError(f"--verify-fraction {args.verify_fraction}: a share of the documents, "
+                        "from 0 to 1")
     if len(set(args.json_keys)) < len(args.json_keys):
         raise FlagError(f"--json-keys {' '.join(args.json_keys)}: a key is given "
                         "twice")
@@ -170,6 +226,7 @@ def preprocess(args: argparse.Namespace) -> Summary:
                             "give one key")
     tokenizer = tokenizer_from_args(args)
     dtype = optimal_dtype(tokenizer.vocab_size)
+    batched, gigatoken_note = choose_encoder(tokenizer, args.encoder)
 
     work = WorkDir(args.output_prefix)
     settings = {"--tokenizer-type": args.tokenizer_type, "--vocab-size": args.vocab_size,
@@ -183,7 +240,7 @@ def preprocess(args: argparse.Namespace) -> Summary:
     manifests = work.start(settings, inputs, args.resume)
     resumed = sum(m["documents"] for m in manifests)
     if not (manifests and manifests[-1]["final"]):
-        manifests += _encode_parts(args, paths, tokenizer, dtype, work, manifests)
+        manifests += _encode_parts(args, paths, tokenizer, dtype, work, manifests, batched)
 
     filled = [i for i, manifest in enumerate(manifests) if manifest["documents"]]
     if not filled:
@@ -196,4 +253,4 @@ def preprocess(args: argparse.Namespace) -> Summary:
         publish_dataset(work.merged_prefix(key), dataset_prefix(args.output_prefix, key))
     work.remove()
 
-    return _summarize(args, manifests, resumed, tokenizer.vocab_size, dtype)
+    return _summarize(args, manifests, resumed, tokenizer, dtype, gigatoken_note)

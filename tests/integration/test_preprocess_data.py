@@ -239,7 +239,7 @@ def test_byte_level_words_encode_as_the_library(shape, toks, gpt2_pair, document
     texts = documents[:6] + ["", "  lead\n\n  and   trail  \t", "x  12  3 \n4", "don't 'S"]
     for batch in (texts, random_texts(COMMON, 3000, seed=1), texts[2:]):
         check(batch)
-    assert encoder.disagree is None  # the words, not the library, encoded them
+    assert not encoder.characters.refused  # the words, not the library, encoded them
     check(random_texts(COMMON + RECENT, 3000, seed=2))  # some may disagree: texts go whole
 
     agrees = byte_level.ByteLevelWordEncoder.agrees
@@ -257,7 +257,7 @@ def test_byte_level_words_encode_as_the_library(shape, toks, gpt2_pair, document
             return backend.encode_batch_fast(texts, **kwargs)
     monkeypatch.setattr(encoder, "tokenizer", Library())
     check(texts + ["café 1", "½ x", "caf", "é"])
-    assert encoder.disagree.pattern == "[é½]" or encoder.disagree.pattern == "[½é]"
+    assert encoder.characters.refused == set("é½")
     assert whole == ["café 1", "½ x", "é"]  # the library encoded those texts, and only those
     assert "caf" in encoder.cache.words
 
@@ -819,3 +819,72 @@ def test_help_prints_no_third_party_warnings():
     done = subprocess.run([sys.executable, str(REPO / "tools" / "preprocess_data.py"),
                            "--help"], capture_output=True, text=True, check=True)
     assert "usage:" in done.stdout and "not installed" not in done.stderr, done.stderr
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("kind", KINDS)
+def test_encoders_write_the_same_bytes_and_the_summary_counts_their_documents(kind, toks,
+                                                                             documents, tmp_path,
+                                                                             capsys):
+    """gigatoken and the reference write the same .bin/.idx on text built to break tokenizers;
+    the summary names the encoders and the documents each took; every document gigatoken took is
+    encoded again by the reference with --verify-fraction 1."""
+    from helpers.breaker_texts import breaker_texts
+    texts = [t for t in breaker_texts(seed=3, count=200, long_chars=2000) if t.strip()]
+    records = [{"text": d} for d in documents[:4]] + [{"text": t} for t in texts] + [
+        {"text": ["sentence one </s>", "two <|endoftext|>"]}]
+    source = write_jsonl(tmp_path / "docs.jsonl", records)
+    flags = ["--append-eod", "--workers", "2", "--skip-bad-lines"]
+    auto = run(toks[kind], [source], tmp_path / "auto", *flags, "--verify-fraction", "1")
+    out = capsys.readouterr().out
+    reference = run(toks[kind], [source], tmp_path / "reference", *flags, "--encoder", "reference")
+    assert output_bytes(tmp_path / "auto") == output_bytes(tmp_path / "reference")
+    assert auto.gigatoken == "0.10.0" and reference.gigatoken is None
+    assert 0 < auto.reference_documents < auto.documents / 2
+    assert auto.verified_documents == auto.documents - auto.reference_documents
+    assert (f"encoders: gigatoken 0.10.0 {auto.documents - auto.reference_documents:,} "
+            f"documents, reference ({auto.encoder}) {auto.reference_documents:,}") in out
+    assert "encoder: reference" in capsys.readouterr().out
+    assert reference.reference_documents == reference.documents == auto.documents
+
+
+@pytest.mark.integration
+def test_encoder_and_verify_fraction_flags_are_checked(toks, documents, tmp_path):
+    source = write_jsonl(tmp_path / "ids.jsonl", [{"text": "1 2 3"}])
+    with pytest.raises(SystemExit, match="--encoder gigatoken: NullTokenizer is not a BPE"):
+        preprocess_data.main(["--input", str(source), "--output-prefix", str(tmp_path / "o"),
+                              "--tokenizer-type", "NullTokenizer", "--vocab-size", "100",
+                              "--encoder", "gigatoken"])
+    with pytest.raises(SystemExit, match="--verify-fraction 1.5: a share"):
+        run(toks["sentencepiece"], [source], tmp_path / "o", "--verify-fraction", "1.5")
+
+
+@pytest.mark.integration
+def test_a_difference_found_by_verification_stops_naming_file_and_line(toks, documents,
+                                                                       tmp_path, monkeypatch):
+    """A sampled document whose gigatoken ids differ from the reference's stops the run, naming
+    the file and line; nothing is published."""
+    import dataclasses
+    from megatron_ext.preprocess import preprocess
+    source = write_jsonl(tmp_path / "docs.jsonl", [{"text": d} for d in documents[:5]])
+    in_order = preprocess._in_order
+    monkeypatch.setattr(preprocess, "_in_order", lambda *args, **kwargs: (
+        dataclasses.replace(batch, differences=[(3, "text")])
+        for batch in in_order(*args, **kwargs)))
+    with pytest.raises(SystemExit, match=rf"{re.escape(str(source))}:3: gigatoken's ids differ "
+                                         r"from the reference library's \(sentencepiece\)"):
+        run(toks["sentencepiece"], [source], tmp_path / "out")
+    assert final_files(tmp_path / "out") == ["out.work"]
+
+
+@pytest.mark.integration
+def test_help_imports_neither_gigatoken_nor_awkward():
+    """gigatoken (and awkward, which its batches need) load only when a run encodes."""
+    check = ("import runpy, sys; sys.argv = ['preprocess_data.py', '--help']\n"
+             "try:\n    runpy.run_path('tools/preprocess_data.py', run_name='__main__')\n"
+             "except SystemExit:\n    pass\n"
+             "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+             "('gigatoken', 'awkward', 'torch', 'megatron')))")
+    done = subprocess.run([sys.executable, "-c", check], cwd=REPO, capture_output=True,
+                          text=True, check=True)
+    assert done.stdout.splitlines()[-1] == "[]", done.stdout

@@ -18,6 +18,7 @@ from megatron_ext.checkpoint.resume import own_saves
 from megatron_ext.config.arguments import read_training_flags
 from megatron_ext.config.run_config import RunConfig
 from megatron_ext.runtime.errors import CheckpointError
+from megatron_ext.runtime.megatron_compat import installed_release, null_tokenizer_counts
 
 
 def test_the_manifest_names_a_flipped_byte_a_truncated_and_a_missing_file(tmp_path):
@@ -157,6 +158,34 @@ def test_a_resume_refuses_another_model_or_precision_naming_each_flag():
     with pytest.raises(CheckpointError, match=r"in another precision (?s:.*)--bf16: checkpoint "
                                               r"False, now True"):
         compatibility.check_compatible(saved, {**saved, "bf16": True}, "CKPT")
+
+
+def test_a_padded_vocabulary_changed_by_the_null_tokenizer_release_is_named(tmp_path):
+    """A NullTokenizer save of the other side of megatron-core 0.18.0 pads --vocab-size 512
+    to another size (513 ids before it: 640; 512 from it: 512): the refusal names the
+    release difference, the release the save's manifest records and the --vocab-size that
+    resumes it; a padding that differs for another reason gets no such line."""
+    here, _ = null_tokenizer_counts(512)
+    there = 1025 - here  # 513 <-> 512
+    padded = {513: 640, 512: 512}
+    current = {**saved_args("--vocab-size", "512"), "padded_vocab_size": padded[here]}
+    saved = {**current, "padded_vocab_size": padded[there]}
+    written = "0.16.1" if there == 513 else "0.19.2"
+    manifest.write_manifest(str(tmp_path), {}, written_by=written)
+    with pytest.raises(CheckpointError) as refused:
+        compatibility.check_compatible(saved, current, str(tmp_path))
+    assert str(refused.value).endswith(
+        f"--padded-vocab-size: checkpoint {padded[there]}, now {padded[here]}\n  a megatron-core "
+        f"release difference: NullTokenizer's vocabulary changed in megatron-core 0.18.0 "
+        f"(NullTokenizer(512) counts 513 ids before it, 512 from it); this save was written "
+        f"with megatron-core {written}, this run has {installed_release()}: resume it with "
+        f"--vocab-size {512 + there - here}, whose NullTokenizer here has the save's {there} ids")
+    for other in ({"make_vocab_size_divisible_by": 64}, {"vocab_size": 500},
+                  {"tokenizer_type": "HuggingFaceTokenizer"}):
+        with pytest.raises(CheckpointError) as refused:
+            compatibility.check_compatible({**saved, **other}, current, str(tmp_path))
+        assert "--padded-vocab-size" in str(refused.value)
+        assert "release difference" not in str(refused.value)
 
 
 def test_flags_added_since_a_checkpoint_read_as_it_was_trained():

@@ -1,0 +1,254 @@
+"""The model card (``README.md``) of an exported model, ready to publish on the Hugging Face Hub:
+YAML metadata (library, a licence placeholder, tags, and under ``fixedcode`` the arm and its
+code, the tokenizer, the training tokens and data as the checkpoint records them, the parameter
+counts) and a body saying what the model is and how to load it. :mod:`.export` writes it;
+tools/evaluate.py records its results in it (:func:`record_evaluation`): a table between the
+card's evaluation markers and the Hub's ``model-index``, both made from the rows kept in the
+metadata, so that a second evaluation replaces its tasks' rows instead of adding to them.
+Every write is atomic.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Optional
+
+import yaml
+from huggingface_hub import EvalResult
+from huggingface_hub.repocard_data import eval_results_to_model_index, model_index_to_eval_results
+
+from ..runtime.errors import DataError
+from ..runtime.files import write_text
+from .eval_report import PERCENT
+
+CARD = "README.md"
+# What the user must replace before publishing (the Hub refuses a card whose licence is not one
+# it knows, so it cannot be published as it is by mistake).
+LICENSE_PLACEHOLDER = "FILL-IN"
+EVALUATION_START = "<!-- fixedcode:evaluation -->"
+EVALUATION_END = "<!-- /fixedcode:evaluation -->"
+NOT_EVALUATED = ("Not evaluated yet: `tools/evaluate.py` writes its results here and in the "
+                 "metadata's `model-index`.")
+# The saved args that name the training data (as the run was given them).
+DATA_ARGS = ("data_path", "train_data_path", "valid_data_path", "test_data_path",
+             "data_args_path", "per_split_data_args_path")
+TOKENIZER_ARGS = {"tokenizer_type": "type", "tokenizer_model": "model", "vocab_file": "vocab_file",
+                  "merge_file": "merge_file", "tokenizer_sha256": "sha256"}
+# The Hub's names of the tasks' datasets.
+TASK_NAMES = {"hellaswag": "HellaSwag", "piqa": "PIQA", "lambada_openai": "LAMBADA (OpenAI)"}
+
+
+def card_metadata(args: argparse.Namespace, common: dict, record: dict, *, stock: bool,
+                  trainable: dict, stored: int) -> dict:
+    """The card's YAML metadata. ``common``: the checkpoint's common state (its args as saved,
+    the train state, the provenance); ``record``: :func:`.convert.input_record`; ``stock``:
+    whether the export is a stock ``LlamaForCausalLM``; ``trainable``: the trained model's
+    parameters by part (model.param_count.count_parameters); ``stored``: the weights the
+    export holds."""
+    saved = common["args"]
+    samples = int(common.get("consumed_train_samples", 0))
+    data = {k: saved[k] for k in DATA_ARGS if saved.get(k)}
+    model = {"arm": record["arm"], "input_table": record["input_table"]}
+    if "code" in record:
+        model.update(code=record["code"], code_projection=record["code_projection"])
+    model["export"] = ("LlamaForCausalLM" + (" (the code as the table embed_tokens.weight)"
+                                             if "code" in record else "")
+                       if stock else "FixedCodeLlamaForCausalLM (trust_remote_code=True)")
+    tags = ["fixedcode", "llama", "megatron-core", f"arm-{record['arm']}"]
+    if "code" in record:
+        tags.append("fixed-input-code")
+    return {
+        "library_name": "transformers",
+        "license": LICENSE_PLACEHOLDER,
+        "pipeline_tag": "text-generation",
+        "tags": tags,
+        "fixedcode": {
+            **model,
+            "tokenizer": {name: saved[k] for k, name in TOKENIZER_ARGS.items() if saved.get(k)},
+            "training": {"iteration": int(common.get("iteration", 0)), "samples": samples,
+                         "sequence_length": int(args.seq_length),
+                         "tokens": samples * int(args.seq_length),
+                         "data": data or ("mock data (--mock-data)" if saved.get("mock_data")
+                                          else "not recorded")},
+            "parameters": {"trainable": dict(trainable), "stored": int(stored)},
+            "software": {"fixedcode": common.get("fixedcode_version"),
+                         "megatron_core": common.get("megatron_core_version")},
+        },
+    }
+
+
+def _count(n: int) -> str:
+    return f"{n:,}"
+
+
+def card_body(name: str, args: argparse.Namespace, metadata: dict) -> str:
+    """The card's text below the metadata."""
+    fc = metadata["fixedcode"]
+    stock = fc["export"].startswith("LlamaForCausalLM")
+    trainable, training = fc["parameters"]["trainable"], fc["training"]
+    groups = args.num_query_groups or args.num_attention_heads
+    what = (f"the input of the first layer is the `{fc['arm']}` fixed code of the token id "
+            f"({fc['code']}; {fc['input_table']})" if "code" in fc
+            else f"its input table is {fc['arm']} ({fc['input_table']})")
+    data = training["data"]
+    data = (data if isinstance(data, str) else
+            "; ".join(f"`--{k.replace('_', '-')}` " + " ".join(map(str, v if isinstance(v, list)
+                                                               else [v]))
+                      for k, v in data.items()))
+    tokenizer = fc["tokenizer"]
+    remote = "" if stock else ", trust_remote_code=True"
+    lines = [
+        f"# {name}", "",
+        f"A decoder-only language model trained with fixedcode (Megatron-Core): {what}.", "",
+        "| | |", "|---|---|",
+        f"| arm | `{fc['arm']}` |",
+        f"| export | {fc['export']} |",
+        f"| shape | {args.num_layers} layers, hidden {args.hidden_size}, "
+        f"{args.num_attention_heads} heads ({groups} key/value groups), FFN "
+        f"{args.ffn_hidden_size}, vocabulary {args.padded_vocab_size} (padded), context "
+        f"{args.max_position_embeddings} |",
+        f"| trainable parameters | {_count(trainable['total'])} (input "
+        f"{_count(trainable['input'])}, backbone {_count(trainable['backbone'])}, head "
+        f"{_count(trainable['head'])}) |",
+        f"| weights in this export | {_count(fc['parameters']['stored'])} |",
+        f"| training | iteration {training['iteration']}: {_count(training['samples'])} "
+        f"sequences of {training['sequence_length']} tokens = {_count(training['tokens'])} "
+        f"tokens |",
+        f"| data | {data} |",
+        f"| tokenizer | {tokenizer.get('type', '?')}"
+        + (f" `{tokenizer['model']}`" if "model" in tokenizer else "")
+        + (f" (sha256 {tokenizer['sha256'][:12]}…)" if "sha256" in tokenizer else "") + " |",
+        f"| software | fixedcode {fc['software']['fixedcode']}, megatron-core "
+        f"{fc['software']['megatron_core']} |", "",
+        "## Use", "",
+        "```python",
+        "import torch",
+        "from transformers import AutoModelForCausalLM, AutoTokenizer",
+        "",
+        f'model = AutoModelForCausalLM.from_pretrained("{name}"{remote}, dtype=torch.bfloat16)',
+        f'tokenizer = AutoTokenizer.from_pretrained("{name}"{remote})',
+        "```", "",
+        ("A stock `LlamaForCausalLM`: no code from this folder runs, and what serves a Llama "
+         f"folder serves it (e.g. `vllm serve {name}`)." if stock else
+         "`FixedCodeLlamaForCausalLM` computes the code in every forward: its code "
+         "(`modeling_fixedcode.py`, `configuration_fixedcode.py`) is in this folder, hence "
+         "`trust_remote_code=True`. Inference engines take only the stock export "
+         "(`tools/convert_to_hf.py --as-table`)."), "",
+        "## Evaluation", "", EVALUATION_START, NOT_EVALUATED, EVALUATION_END, "",
+        "## Licence", "",
+        f"Replace `license: {LICENSE_PLACEHOLDER}` in the metadata above with this model's "
+        "licence before publishing (it follows from the training data's licences).", "",
+    ]
+    return "\n".join(lines)
+
+
+def render(metadata: dict, body: str) -> str:
+    return ("---\n" + yaml.safe_dump(metadata, sort_keys=False, allow_unicode=True, width=100)
+            + "---\n\n" + body.lstrip("\n"))
+
+
+def write_card(hf_dir: str, name: str, args: argparse.Namespace, metadata: dict) -> str:
+    """Write ``hf_dir/README.md``; its path."""
+    path = os.path.join(hf_dir, CARD)
+    write_text(path, render(metadata, card_body(name, args, metadata)))
+    return path
+
+
+def read_card(path: str) -> tuple[dict, str]:
+    """``(metadata, body)`` of a card with YAML metadata; :class:`DataError` naming the file
+    when it has none or it does not parse."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    head, sep, body = text[4:].partition("\n---\n") if text.startswith("---\n") else ("", "", "")
+    try:
+        metadata = yaml.safe_load(head) if sep else None
+    except yaml.YAMLError as e:
+        raise DataError(f"{path}: its YAML metadata does not parse ({e})") from None
+    if not isinstance(metadata, dict):
+        raise DataError(f"{path}: no YAML metadata between '---' lines at its top")
+    return metadata, body
+
+
+def evaluation_rows(report: dict, hf_dir: str) -> list[dict]:
+    """The rows of ``hf_dir``'s model in eval_report's ``report`` as the card keeps them: per
+    (task, metric), the value (accuracies in %), its standard error, lm-eval's task version,
+    the few-shot setting, the documents scored and the official dataset."""
+    model = next(m for m in report["models"] if m["path"] == hf_dir)
+    settings = report["settings"]
+    rows = []
+    for row in report["rows"]:
+        values, task = row["models"][hf_dir], row["task"]
+        if values is None:
+            continue
+        dataset = report["tasks"][task]
+        rows.append({"task": task, "metric": row["metric"], "value": round(values["value"], 4),
+                     "stderr": None if values["stderr"] is None else round(values["stderr"], 4),
+                     "version": str(model["versions"].get(task)),
+                     "num_fewshot": int(model["n_shot"].get(task, 0)),
+                     "documents": int(model["n_samples"][task]["effective"]),
+                     "dataset": dataset["path"], "split": dataset["split"],
+                     "lm_eval": report["lm_eval_version"], "dtype": settings["dtype"],
+                     "date": report["date"]})
+    return rows
+
+
+def _evaluation_table(rows: list[dict]) -> str:
+    lines = ["| task | version | few-shot | metric | value | ± stderr | documents | lm-eval | "
+             "dtype | date |", "|---|---|---:|---|---:|---:|---:|---|---|---|"]
+    for r in rows:
+        unit = " (%)" if r["metric"] in PERCENT else ""
+        stderr = "—" if r["stderr"] is None else f"{r['stderr']:.2f}"
+        lines.append(f"| {r['task']} | {r['version']} | {r['num_fewshot']} | {r['metric']}{unit} "
+                     f"| {r['value']:.2f} | {stderr} | {_count(r['documents'])} | {r['lm_eval']} "
+                     f"| {r['dtype']} | {r['date']} |")
+    lines += ["", "Written by `tools/evaluate.py` (lm-eval's own task definitions; ± is its "
+              "bootstrap standard error, one standard error)."]
+    return "\n".join(lines)
+
+
+def _model_index(name: str, rows: list[dict], kept: list) -> list:
+    results = list(kept)
+    for r in rows:
+        shots = f"{r['num_fewshot']}-shot"
+        results.append(EvalResult(
+            task_type="text-generation", task_name="Text Generation",
+            dataset_type=r["dataset"], dataset_name=f"{TASK_NAMES.get(r['task'], r['task'])} "
+            f"({shots}, {r['documents']} documents)", dataset_split=r["split"],
+            dataset_args={"num_few_shot": r["num_fewshot"]}, metric_type=r["metric"],
+            metric_value=r["value"],
+            metric_name=r["metric"] + (" (%)" if r["metric"] in PERCENT else "")))
+    return eval_results_to_model_index(name, results) if results else []
+
+
+def record_evaluation(hf_dir: str, rows: list[dict]) -> Optional[str]:
+    """Write ``rows`` (:func:`evaluation_rows`) into ``hf_dir``'s card: they replace the rows
+    of their tasks kept in the metadata (``fixedcode.evaluation``), and the card's table and
+    ``model-index`` are made anew from what is kept (a ``model-index`` entry of another
+    dataset, added by hand, stays). Returns the card's path, or None when ``hf_dir`` has no
+    card of this exporter (a card without the evaluation markers is left as it is)."""
+    path = os.path.join(hf_dir, CARD)
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        if EVALUATION_START not in f.read():
+            return None
+    metadata, body = read_card(path)
+    fc = metadata.setdefault("fixedcode", {})
+    tasks = {r["task"] for r in rows}
+    kept = [r for r in fc.get("evaluation", []) if r["task"] not in tasks] + rows
+    order = {task: i for i, task in enumerate(TASK_NAMES)}
+    kept.sort(key=lambda r: (order.get(r["task"], len(order)), r["task"]))
+    fc["evaluation"] = kept
+    ours = {r["dataset"] for r in kept}
+    others = []
+    if metadata.get("model-index"):
+        _, results = model_index_to_eval_results(metadata["model-index"])
+        others = [e for e in results if e.dataset_type not in ours]
+    name = os.path.basename(os.path.abspath(hf_dir))
+    metadata["model-index"] = _model_index(name, kept, others)
+    before, _, rest = body.partition(EVALUATION_START)
+    _, _, after = rest.partition(EVALUATION_END)
+    body = before + EVALUATION_START + "\n" + _evaluation_table(kept) + "\n" + EVALUATION_END + after
+    write_text(path, render(metadata, body))
+    return path
