@@ -96,6 +96,29 @@ def test_the_architecture_diagram_is_the_code():
                              f"drawn but not in the code: {sorted(drawn - actual)}")
 
 
+def floors() -> dict[str, int]:
+    """Each folder's floor: 1 for a folder that imports none of the others, else one above
+    the highest folder it imports (the graph has no cycle: test_imports_point_one_way)."""
+    edges, floor = folder_imports(), {}
+
+    def of(folder: str) -> int:
+        if folder not in floor:
+            floor[folder] = 1 + max((of(b) for a, b in edges if a == folder), default=0)
+        return floor[folder]
+    for folder in LAYERS:
+        of(folder)
+    return floor
+
+
+def test_the_house_has_eight_floors():
+    """Seven floors of the package and the command lines above them (issue 48: the
+    checkpoint code imported the model's provider for its code, and made a ninth): the
+    checkpoint code shares the model's floor, on the floor above the configs."""
+    floor = floors()
+    assert max(floor.values()) + 1 == 8, floor  # + the entry points: pretrain_fixedcode, tools/
+    assert floor["checkpoint"] == floor["model"] == floor["config"] + 1, floor
+
+
 def module_table() -> dict[str, set[str]]:
     """docs/architecture.md's module table: ``{folder: the names in backquotes of its row's
     modules column}``."""
