@@ -95,11 +95,12 @@ class FlagConfig:
 
 def add_flags(group, config: type, title: Optional[str] = None,
               only: Optional[Sequence[str]] = None, defaults: Optional[dict] = None,
-              required: Sequence[str] = ()) -> list:
+              required: Sequence[str] = (), helps: Optional[dict] = None) -> list:
     """Add to ``group`` (a parser or an argument group) the flags of ``config``'s fields in
     the ``--help`` group ``title`` (None: all), or those named in ``only``; ``defaults``
-    replace declared defaults, the fields in ``required`` must be given. Returns the
-    actions added."""
+    replace declared defaults, the fields in ``required`` must be given, ``helps`` replace
+    the help of a tool that reads a training flag for a purpose of its own (its name, type
+    and default stay the field's). Returns the actions added."""
     hints, added = _hints(config), []
     for field in config.flag_fields():
         if (title is not None and config.group_of(field) != title) \
@@ -108,7 +109,7 @@ def add_flags(group, config: type, title: Optional[str] = None,
         meta, (kind, many) = field.metadata, _scalar(hints[field.name])
         names = meta["names"] or (flag_name(field.name),)
         default = (defaults or {}).get(field.name, field.default)
-        options = dict(dest=field.name, help=meta["help"],
+        options = dict(dest=field.name, help=(helps or {}).get(field.name, meta["help"]),
                        default=list(default) if isinstance(default, tuple) else default)
         if kind is bool:
             if meta["switch"] == "both":

@@ -23,7 +23,7 @@ from megatron_ext.config.run_config import (CheckpointConfig, DataConfig, Loggin
                                             TrainingConfig)
 from megatron_ext.runtime.errors import FlagError
 from pretrain_fixedcode import parse_args
-from tools import study, submit
+from tools import check_data, preprocess_data, study, submit
 
 CONCERNS = (ModelConfig, ParallelConfig, TrainingConfig, DataConfig, CheckpointConfig,
             LoggingConfig)
@@ -37,6 +37,22 @@ def test_every_flag_belongs_to_one_config():
     fields = [f.name for cls in CONCERNS for f in dataclasses.fields(cls)]
     assert len(fields) == len(set(fields)), "a flag in two configs"
     assert set(fields) == dests, (sorted(dests - set(fields)), sorted(set(fields) - dests))
+
+
+def test_a_tool_that_reads_training_flags_takes_their_declarations():
+    """tools/check_data.py and tools/preprocess_data.py read --split, --eval-iters,
+    --code-bits, ... for checks of their own: the flags' type and default are the fields'
+    (its help is the tool's), so a default changed in a config changes there too."""
+    fields = {f.name: f for cls in CONCERNS for f in dataclasses.fields(cls)}
+    checked = vars(check_data.parse_args(["prefix"]))
+    for name in ("code_bits", "seq_length", "split", "eval_iters", "train_samples",
+                 "train_iters", "global_batch_size"):
+        assert checked[name] == fields[name].default, name
+    with pytest.raises(SystemExit):  # --train-iters's type is the field's: at least 1
+        check_data.parse_args(["prefix", "--train-iters", "0", "--global-batch-size", "2"])
+    preprocessed = vars(preprocess_data.parse_args(
+        ["--input", "x", "--output-prefix", "y", "--tokenizer-type", "NullTokenizer"]))
+    assert preprocessed["code_bits"] == fields["code_bits"].default
 
 
 def test_configs_are_frozen_and_built_without_writing_into_the_flags():
