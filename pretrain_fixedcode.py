@@ -34,23 +34,25 @@ import torch  # noqa: E402
 from megatron.core import parallel_state  # noqa: E402
 
 from megatron_ext.model import provider as fixedcode_model
-from megatron_ext.config.arguments import parse_training_args
+from megatron_ext.config.arguments import parse_run_config
+from megatron_ext.config.run_config import RunConfig
 from megatron_ext.datasets.gpt_datasets import build_train_valid_test
 from megatron_ext.runtime.errors import exits_on_error
 from megatron_ext.runtime.initialize import destroy_distributed
-from megatron_ext.checkpoint.saved_args import fill_from_checkpoint
+from megatron_ext.checkpoint.saved_args import with_checkpoint_args
 from megatron_ext.train.step import NonFiniteLossError
 from megatron_ext.train.loop import PretrainResult, pretrain
 from megatron_ext.train.run_status import record_run_end
 
 
-def model_provider(args, padded_vocab_size, pre_process=True, post_process=True, code=None):
+def model_provider(config: RunConfig, padded_vocab_size, pre_process=True, post_process=True,
+                   code=None):
     """GPTModel for this pipeline stage, with the arm's input interface (the swap of the
     input table for the fixed code is in megatron_ext/model/provider.py:model_provider). The loop
-    passes what it derived and resolved once: the padded vocabulary, and the run's fixed
+    passes what it settled once: the run's config, the padded vocabulary, and the run's fixed
     code (the checkpoint's, or drawn from the flags)."""
-    return fixedcode_model.model_provider(args, padded_vocab_size, pre_process, post_process,
-                                          on_cpu=args.device == "cpu", code=code)
+    return fixedcode_model.model_provider(config, padded_vocab_size, pre_process, post_process,
+                                          on_cpu=config.training.device == "cpu", code=code)
 
 
 def get_batch(data_iterator, device: torch.device):
@@ -84,17 +86,18 @@ def forward_step(data_iterator, model):
     return output, partial(loss_func, loss_mask)
 
 
-def datasets_provider(args, tokenizer, num_samples, consumed_train_samples):
+def datasets_provider(config: RunConfig, tokenizer, num_samples, consumed_train_samples):
     """Train iterator, validation and test datasets (Megatron GPT datasets, or mock data; the
     test one None where not evaluated); ``num_samples``: the sequences drawn from the train,
     valid and test split."""
-    return build_train_valid_test(args, tokenizer, num_samples, consumed_train_samples)
+    return build_train_valid_test(config, tokenizer, num_samples, consumed_train_samples)
 
 
-def parse_args(argv=None):
-    """The flags, refused before anything starts where they alone do not go together
+def parse_args(argv=None) -> RunConfig:
+    """The flags as the run's config (with ``--use-checkpoint-args``, the checkpoint's model
+    flags), refused before anything starts where they alone do not go together
     (:meth:`megatron_ext.config.run_config.RunConfig.validate`)."""
-    return parse_training_args(argv, __doc__.splitlines()[0], fill=fill_from_checkpoint)
+    return parse_run_config(argv, __doc__.splitlines()[0], fill=with_checkpoint_args)
 
 
 def main(argv=None) -> PretrainResult:
@@ -105,14 +108,14 @@ def main(argv=None) -> PretrainResult:
     its type's exit status (``exits_on_error``): 3 for the non-finite stop, 4 for a failed
     save, which slurm/fixedcode.sbatch reads."""
     with exits_on_error():
-        args = parse_args(argv)
+        config = parse_args(argv)
         try:
-            result = pretrain(args, model_provider, forward_step, datasets_provider)
+            result = pretrain(config, model_provider, forward_step, datasets_provider)
         except NonFiniteLossError:
             destroy_distributed()
             raise
         finally:
-            if args.exit_signal_handler:
+            if config.checkpoint.exit_signal_handler:
                 exit_signals.ignore()  # a signal after this point has nothing left to stop
         record_run_end(result.iteration, result.exit_reason)  # done, or stopped early
         destroy_distributed()

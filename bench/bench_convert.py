@@ -32,8 +32,8 @@ BASE = ["--vocab-size", "49151", "--tokenizer-type", "NullTokenizer", "--mock-da
 
 
 def parse_args(flags: list):
-    from megatron_ext.config.arguments import add_training_args, parse_model_args
-    return parse_model_args(flags, "bench_convert", add_training_args)
+    from megatron_ext.config.arguments import add_training_args, parse_model_config
+    return parse_model_config(flags, "bench_convert", add_training_args)[0]
 
 
 def init(save: str, flags: list) -> None:
@@ -49,11 +49,12 @@ def init(save: str, flags: list) -> None:
 
 def fp32_weight_bytes(flags: list) -> int:
     """W: one fp32 copy of the whole model's parameters."""
-    from megatron_ext.config.arguments import padded_vocab_size
+    from megatron_ext.config.model_config import padded_vocab_size
     from megatron_ext.model.memory import stage_parameters
-    args = parse_args(BASE + flags)
-    n = stage_parameters(args, padded_vocab_size(args.vocab_size + 1,
-                                                 args.make_vocab_size_divisible_by, 1), 0)
+    config = parse_args(BASE + flags)
+    n = stage_parameters(config, padded_vocab_size(config.data.vocab_size + 1,
+                                                   config.model.make_vocab_size_divisible_by,
+                                                   1), 0)
     return 4 * (n.trained + n.frozen)
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 
-from megatron_ext.config.arguments import parse_model_args
+from megatron_ext.config.arguments import parse_model_config
 from megatron_ext.model.param_count import ARMS_WITHOUT_FLAGS, count_arms
 
 WEIGHT_BYTES, ADAM_BYTES = 2, 12
@@ -26,16 +26,17 @@ def main() -> None:
     parser.add_argument("--grad-bytes", type=int, choices=[2, 4], default=4,
                         help="bytes per gradient element: 4 fp32 (default), 2 bf16")
     args, model_argv = parser.parse_known_args()
-    model_args = parse_model_args(model_argv or ["--preset", "smollm2-1.7b"], "state bytes")
-    counts = count_arms(model_args, ARMS_WITHOUT_FLAGS)
+    config = parse_model_config(model_argv or ["--preset", "smollm2-1.7b"], "state bytes")[0]
+    counts = count_arms(config, ARMS_WITHOUT_FLAGS)
 
     per_param = {"weights (bf16)": WEIGHT_BYTES,
                  f"gradients ({'fp32' if args.grad_bytes == 4 else 'bf16'})": args.grad_bytes,
                  "Adam fp32 master+m+v": ADAM_BYTES}
     per_param["total"] = sum(per_param.values())
     gib = 2 ** 30
-    print(f"# bench_state_bytes: {model_args.num_layers} layers, hidden {model_args.hidden_size},"
-          f" vocab {model_args.vocab_size}; bytes per trainable parameter: "
+    print(f"# bench_state_bytes: {config.model.num_layers} layers, hidden "
+          f"{config.model.hidden_size}, vocab {config.data.vocab_size}; bytes per trainable "
+          f"parameter: "
           + ", ".join(f"{k} {v}" for k, v in per_param.items()))
     print("| input | trainable params | " + " | ".join(f"{k} GiB" for k in per_param)
           + " | saved vs learned GiB | saved % |")

@@ -34,21 +34,19 @@ def child(arm: str, model_argv: list, warmup: int, reps: int) -> None:
     forward_step, model_provider, parse_args = (
         entry["forward_step"], entry["model_provider"], entry["parse_args"])
     from megatron_ext.runtime.initialize import initialize_distributed, resolve_device
-    from megatron_ext.train.setup import build_model_and_optimizer, check_flags
+    from megatron_ext.train.setup import build_model_and_optimizer, check_machine_and_tokenizer
     from megatron_ext.train.step import train_step
 
     args = parse_args(DEFAULTS + model_argv + ["--input-interface", arm])
-    device = resolve_device(args.device)
-    initialize_distributed(device, seed=args.seed)
-    _, derived, resolved = check_flags(args, device)
-    args = resolved.applied_to(args)
+    device = resolve_device(args.training.device)
+    initialize_distributed(device, seed=args.training.seed)
+    _, args, derived = check_machine_and_tokenizer(args, device)
     gen = torch.Generator().manual_seed(0)
-    tokens = torch.randint(0, args.vocab_size, (args.micro_batch_size, args.seq_length + 1),
-                           generator=gen)
+    b, s = args.training.micro_batch_size, args.model.seq_length
+    tokens = torch.randint(0, args.data.vocab_size, (b, s + 1), generator=gen)
     batch = {"tokens": tokens[:, :-1], "labels": tokens[:, 1:],
-             "loss_mask": torch.ones(args.micro_batch_size, args.seq_length),
-             "position_ids": torch.arange(args.seq_length).expand(args.micro_batch_size, -1)}
-    batch = {k: v.contiguous().to(args.device) for k, v in batch.items()}
+             "loss_mask": torch.ones(b, s), "position_ids": torch.arange(s).expand(b, -1)}
+    batch = {k: v.contiguous().to(device) for k, v in batch.items()}
 
     baseline = measure.memory_now()
     model, ddp, optimizer, scheduler = build_model_and_optimizer(args, derived, model_provider)
@@ -61,13 +59,13 @@ def child(arm: str, model_argv: list, warmup: int, reps: int) -> None:
 
     step_ms = measure.time_ms(step, warmup, reps)
     peak = measure.peak_memory() - baseline
-    tokens_per_step = derived.global_batch_size * args.seq_length
+    tokens_per_step = derived.global_batch_size * s
     measure.emit({"step_ms": step_ms, "peak_bytes": peak,
                   "tokens_per_s": tokens_per_step / step_ms["wall"] * 1e3,
                   "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad),
-                  "shape": f"{args.num_layers} layers, hidden {args.hidden_size}, seq "
-                           f"{args.seq_length}, {derived.global_batch_size} x "
-                           f"{args.seq_length} tokens/step, vocab {derived.padded_vocab_size}, "
+                  "shape": f"{args.model.num_layers} layers, hidden {args.model.hidden_size}, "
+                           f"seq {s}, {derived.global_batch_size} x "
+                           f"{s} tokens/step, vocab {derived.padded_vocab_size}, "
                            f"{model.config.params_dtype}"})
 
 

@@ -31,17 +31,18 @@ from typing import Optional, Sequence
 
 import megatron_ext  # noqa: F401  (its warning filters first)
 from megatron_ext.config import recipes  # noqa: E402
-from megatron_ext.config.arguments import add_training_args, parse_model_args  # noqa: E402
+from megatron_ext.config.arguments import add_training_args, parse_model_config  # noqa: E402
+from megatron_ext.config.derived import derive  # noqa: E402
 from megatron_ext.config.run_config import RunConfig  # noqa: E402
 from megatron_ext.datasets.gpt_datasets import build_caches, samples_per_split  # noqa: E402
-from megatron_ext.config.derived import derive  # noqa: E402
 from megatron_ext.datasets.tokenizer import tokenizer_from_args  # noqa: E402
-from megatron_ext.runtime.errors import exits_on_error  # noqa: E402
+from megatron_ext.runtime.errors import FlagError, exits_on_error  # noqa: E402
 
 DESCRIPTION = __doc__.splitlines()[0]
 
 
-def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+def parse_args(argv: Optional[Sequence[str]] = None) -> tuple[RunConfig, int]:
+    """The training run's config and the world size its caches are built for."""
     def add_builder_args(parser: argparse.ArgumentParser) -> None:
         add_training_args(parser)
         g = parser.add_argument_group("tools/build_data_cache.py")
@@ -57,47 +58,44 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     pre.add_argument("--recipe", type=Path)
     known, rest = pre.parse_known_args(argv)
     flags = recipes.read_recipe(known.recipe, (), "") if known.recipe else []
-    args = parse_model_args(flags + rest, DESCRIPTION, add_builder_args)
-    config = RunConfig.from_args(args)
+    config, args = parse_model_config(flags + rest, DESCRIPTION, add_builder_args)
     config.training.validate()  # the schedule and data flags, as training refuses them
     config.data.validate()
-    args.recipe = known.recipe
-    if not args.data_cache_path:
-        raise SystemExit("error: give --data-cache-path: the directory the training job "
-                         "loads the caches from (shared by all its nodes)")
-    if args.mock_data:
-        raise SystemExit("error: --mock-data: nothing to build ahead (its tokens are drawn "
-                         "when training starts)")
-    model_parallel = args.tensor_model_parallel_size * args.pipeline_model_parallel_size
+    if not config.data.data_cache_path:
+        raise FlagError("give --data-cache-path: the directory the training job loads the "
+                        "caches from (shared by all its nodes)")
+    if config.data.mock_data:
+        raise FlagError("--mock-data: nothing to build ahead (its tokens are drawn when "
+                        "training starts)")
     if args.world_size is None:
-        if args.global_batch_size is None:
-            raise SystemExit("error: give --global-batch-size, or the training job's "
-                             "--world-size: the default global batch is --micro-batch-size x "
-                             "the data-parallel size")
-        args.world_size = model_parallel  # the data-parallel size does not matter then
-    elif args.world_size < 1 or args.world_size % model_parallel:
-        raise SystemExit(f"error: --world-size {args.world_size} is not a positive multiple "
-                         f"of --tensor-model-parallel-size x --pipeline-model-parallel-size "
-                         f"({model_parallel})")
-    return args
+        if config.training.global_batch_size is None:
+            raise FlagError("give --global-batch-size, or the training job's --world-size: "
+                            "the default global batch is --micro-batch-size x the "
+                            "data-parallel size")
+        return config, config.parallel.model_parallel_size  # the data-parallel size is moot
+    if args.world_size < 1:
+        raise FlagError(f"--world-size {args.world_size}: at least 1")
+    config.parallel.check_world(args.world_size, f"--world-size {args.world_size}")
+    return config, args.world_size
 
 
 def main(argv: Optional[Sequence[str]] = None) -> list:
     """Build (or find) the caches; returns the data_cache.CacheRecord of each."""
     with exits_on_error():
-        args = parse_args(argv)
+        config, world_size = parse_args(argv)
         # Megatron-Core's dataset messages are the progress: "Build and save ..." or "Load ...".
         logging.basicConfig(format="%(message)s")
         logging.getLogger("megatron.core.datasets").setLevel(logging.INFO)
         started = time.monotonic()
-        tokenizer = tokenizer_from_args(args)
-        derived = derive(args, args.world_size, tokenizer.vocab_size)
-        num_samples = samples_per_split(args, derived)
-        print(f"[build_data_cache] --data-cache-path {args.data_cache_path}: train "
+        tokenizer = tokenizer_from_args(config.data)
+        derived = derive(config, world_size, tokenizer.vocab_size)
+        num_samples = samples_per_split(config, derived)
+        print(f"[build_data_cache] --data-cache-path {config.data.data_cache_path}: train "
               f"{num_samples[0]:,} samples ({derived.train_iters:,} iterations x global batch "
               f"{derived.global_batch_size:,}), valid {num_samples[1]:,} (--eval-iters "
-              f"{args.eval_iters}); --seq-length {args.seq_length}, --seed {args.seed}", flush=True)
-        records = build_caches(args, tokenizer, num_samples)
+              f"{config.logging.eval_iters}); --seq-length {config.model.seq_length}, --seed "
+              f"{config.training.seed}", flush=True)
+        records = build_caches(config, tokenizer, num_samples)
         for r in records:
             print(f"[build_data_cache] {'built' if r.built else 'found'} {r.split} {r.kind} of "
                   f"{r.source}: {r.samples:,} samples")

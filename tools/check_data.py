@@ -24,12 +24,17 @@ from typing import Optional
 from megatron_ext.preprocess.check import check_file, format_report, vocabulary
 from megatron_ext.runtime.errors import exits_on_error
 from megatron_ext.runtime.files import write_json
-from megatron_ext.config.flag_types import add_tokenizer_flags, positive_int
+from megatron_ext.config.data_config import DataConfig, add_tokenizer_flags
+from megatron_ext.config.flag_fields import ShowDefaults, add_flags
+from megatron_ext.config.logging_config import LoggingConfig
+from megatron_ext.config.model_config import ModelConfig
+from megatron_ext.config.training_config import TrainingConfig
 from megatron_ext.datasets.split_checks import split_ranges
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=ShowDefaults)
     parser.add_argument("prefixes", nargs="+", metavar="PREFIX",
                         help="dataset prefixes, without .bin/.idx (as for --data-path)")
     group = parser.add_argument_group("token ids")
@@ -37,23 +42,20 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                        help="token ids must be below this; with --tokenizer-type NullTokenizer, "
                             "below this + 1 (its EOD), as for training")
     add_tokenizer_flags(group)  # token ids must be below its vocabulary size, as for training
-    group.add_argument("--code-bits", type=int, default=16,
-                       help="token ids must be below 2^bits, for the fixed-code arms "
-                            "(default: 16)")
+    add_flags(group, ModelConfig, only=("code_bits",), helps={
+        "code_bits": "token ids must be below 2^bits, for the fixed-code arms"})
     group = parser.add_argument_group("splits (with --seq-length)")
-    group.add_argument("--seq-length", type=positive_int,
-                       help="divide each file by --split and check that the splits training "
-                            "draws from hold a sample of this many tokens + 1")
-    group.add_argument("--split", default="969,30,1",
-                       help="train,valid,test proportions (default: 969,30,1)")
-    group.add_argument("--eval-iters", type=int, default=10,
-                       help="as for training: the valid split must hold a sample unless 0 "
-                            "(default: 10)")
-    group.add_argument("--train-samples", type=int,
-                       help="show the epochs of the train split that this many samples take")
-    group.add_argument("--train-iters", type=int,
-                       help="or this many iterations of --global-batch-size samples")
-    group.add_argument("--global-batch-size", type=int, help="samples per iteration")
+    add_flags(group, ModelConfig, only=("seq_length",), helps={
+        "seq_length": "divide each file by --split and check that the splits training draws "
+                      "from hold a sample of this many tokens + 1"})
+    add_flags(group, DataConfig, only=("split",))
+    add_flags(group, LoggingConfig, only=("eval_iters",), helps={
+        "eval_iters": "as for training: the valid split must hold a sample unless 0"})
+    add_flags(group, TrainingConfig, only=("train_samples", "train_iters", "global_batch_size"),
+              helps={"train_samples": "show the epochs of the train split that this many "
+                                      "samples take",
+                     "train_iters": "or this many iterations of --global-batch-size samples",
+                     "global_batch_size": "samples per iteration"})
     parser.add_argument("--json", metavar="PATH", help="also write the results to PATH as JSON")
     args = parser.parse_args(argv)
     try:

@@ -23,7 +23,7 @@ import json
 import sys
 from typing import Optional, Sequence
 
-from megatron_ext.config.arguments import parse_model_args
+from megatron_ext.config.arguments import parse_model_config
 from megatron_ext.codes.limits import ARMS
 from megatron_ext.model.param_count import (ARMS_WITHOUT_FLAGS, code_rows, count_arms,
                                            format_table, input_rms)
@@ -45,13 +45,14 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
                                 help="print the first ROWS rows of the code of --input-interface "
                                      "(here default binary) with the --code-* flags, and exit")
             parser.set_defaults(input_interface="binary")
-        args = parse_model_args(argv, "Trainable parameters per arm", extra)
+        config, args = parse_model_config(argv, "Trainable parameters per arm", extra)
         if args.show_code is not None:
-            print(code_rows(args, args.show_code))
+            print(code_rows(config, args.show_code))
             return {}
-        counts = count_arms(args, args.arms)
+        counts = count_arms(config, args.arms)
         print(json.dumps(counts, indent=2) if args.json
-              else format_table(counts, input_rms(args, args.arms), args.init_method_std))
+              else format_table(counts, input_rms(config, args.arms),
+                                config.model.init_method_std))
         return counts
 
 

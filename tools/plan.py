@@ -22,8 +22,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from megatron_ext.codes.limits import ARMS, PAPER_ARMS
-from megatron_ext.launch.plan import (add_plan_args, check_fits, cluster_from_args, plan_arms,
-                                      plan_table)
+from megatron_ext.launch.plan import Cluster, add_plan_args, check_fits, plan_arms, plan_table
 from megatron_ext.launch.slurm import read_job_recipe
 from megatron_ext.runtime.errors import exits_on_error
 from megatron_ext.study import launch, spec
@@ -49,7 +48,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
 def main(argv: Optional[Sequence[str]] = None) -> list:
     with exits_on_error():
         args = parse_args(argv)
-        cluster = cluster_from_args(args, args.nodes, args.gpus_per_node)
+        cluster = Cluster.from_flags(args, nodes=args.nodes, gpus_per_node=args.gpus_per_node)
         if args.recipe:
             arms = [spec.parse_arm(a, ARMS) for a in args.arms.split(",") if a]
             plans = plan_arms(read_job_recipe(args.recipe),

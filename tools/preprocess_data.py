@@ -25,7 +25,10 @@ from typing import Optional
 
 from megatron_ext.preprocess.preprocess import ENCODERS, Summary, preprocess
 from megatron_ext.preprocess.readers import TEXT_DOCUMENT_MODES
-from megatron_ext.config.flag_types import add_tokenizer_flags, positive_int
+from megatron_ext.config.data_config import add_tokenizer_flags
+from megatron_ext.config.flag_fields import add_flags
+from megatron_ext.config.model_config import ModelConfig
+from megatron_ext.config.flag_types import positive_int
 from megatron_ext.runtime.errors import exits_on_error
 
 
@@ -56,9 +59,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     group = parser.add_argument_group("output data")
     group.add_argument("--output-prefix", required=True,
                        help="path of the outputs without the _{key}_document.bin/.idx suffix")
-    group.add_argument("--code-bits", type=int, default=16,
-                       help="warn when token ids do not fit a fixed code of this many bits "
-                            "(default: 16)")
+    add_flags(group, ModelConfig, only=("code_bits",), helps={
+        "code_bits": "warn when token ids do not fit a fixed code of this many bits "
+                     "(default: %(default)s)"})
     group = parser.add_argument_group("runtime")
     group.add_argument("--workers", type=positive_int, default=1,
                        help="tokenizer processes, one thread each (default: 1)")

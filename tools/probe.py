@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from megatron_ext.config.flag_types import add_tokenizer_flags
+from megatron_ext.config.data_config import add_tokenizer_flags
 from megatron_ext.probes.settings import ProbeSettings
 from megatron_ext.runtime.errors import exits_on_error
 

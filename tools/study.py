@@ -96,8 +96,9 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
             launch.check_runs(study, args.study_dir)  # before anything is saved or started
             spec.settle(args.study_dir, study, save=not args.dry_run)
             if args.launcher == "slurm":
-                job = slurm.job_options(parser, args, args.study_dir)
-                cluster = (plan.cluster_from_args(args, job.nodes, job.ntasks_per_node)
+                job = slurm.Job.from_flags(args).for_run_dir(args.study_dir)
+                cluster = (plan.Cluster.from_flags(args, nodes=job.nodes,
+                                                   gpus_per_node=job.ntasks_per_node)
                            if job.gpus_per_node else None)
                 launch.submit_to_slurm(study, args.study_dir, job, args.dry_run,
                                        cluster=cluster)

@@ -25,12 +25,11 @@ from typing import Optional, Sequence
 
 from megatron_ext.codes.limits import ARMS, PAPER_ARMS
 from megatron_ext.study.spec import parse_arm
-from megatron_ext.launch.plan import (add_plan_args, check_fits, cluster_from_args, plan_arms,
+from megatron_ext.launch.plan import (Cluster, add_plan_args, check_fits, plan_arms,
                                       plan_submission)
 from megatron_ext.launch.slurm import (CACHE_JOB, Job, add_job_args, cache_job_script,
-                                       check_cache_recipe, check_job_runs, job_options,
-                                       job_script, read_job_recipe, run_flags,
-                                       write_and_submit)
+                                       check_cache_recipe, check_job_runs, job_script,
+                                       read_job_recipe, run_flags, write_and_submit)
 from megatron_ext.runtime.errors import exits_on_error
 
 
@@ -68,7 +67,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> tuple[argparse.Namespace, Job]:
                       .split("@")[0] not in ARMS})
     if unknown or not specs:
         p.error(f"--arms: unknown arm(s) {unknown or specs}; choose from {', '.join(ARMS)}")
-    return args, job_options(p, args, args.run_dir.resolve())
+    return args, Job.from_flags(args).for_run_dir(args.run_dir.resolve())
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
@@ -85,7 +84,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                 for arm in arms}
         check_job_runs(runs)  # each arm's flags, as its job will start, before anything is queued
         if job.gpus_per_node:  # the plan, checked before anything is queued
-            cluster = cluster_from_args(args, job.nodes, job.ntasks_per_node)
+            cluster = Cluster.from_flags(args, nodes=job.nodes,
+                                         gpus_per_node=job.ntasks_per_node)
             plans, table = plan_submission(recipe, lambda vocab: plan_arms(
                 recipe, [(arm.name, arm.training_flags()) for arm in arms], cluster, vocab),
                 cluster)

@@ -13,13 +13,13 @@ import argparse
 import sys
 from typing import Optional, Sequence
 
-from megatron_ext.runtime.errors import exits_on_error
+from megatron_ext.runtime.errors import FlagError, exits_on_error
 from megatron_ext.runtime.files import write_text
 from megatron_ext.metrics.training_report import markdown, plot, summarise
 
 
-def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
-    """The flags, with ``runs`` as ``{arm: run}``."""
+def parse_args(argv: Optional[Sequence[str]]) -> tuple[argparse.Namespace, dict]:
+    """The flags, and their ``runs`` as ``{arm: run}``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", metavar="ARM=RUN_DIR",
                         help="an arm's name and its --save directory or metrics.jsonl")
@@ -30,17 +30,16 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     for spec in args.runs:
         arm, sep, logdir = spec.partition("=")
         if not sep or not arm or not logdir:
-            raise SystemExit(f"error: expected ARM=RUN_DIR (a --save directory or a "
-                             f"metrics.jsonl), got {spec!r}")
+            raise FlagError(f"expected ARM=RUN_DIR (a --save directory or a metrics.jsonl), "
+                            f"got {spec!r}")
         runs[arm] = logdir
-    args.runs = runs
-    return args
+    return args, runs
 
 
 def main(argv: Optional[Sequence[str]] = None) -> dict:
     with exits_on_error():
-        args = parse_args(argv)
-        table = summarise(args.runs)
+        args, runs = parse_args(argv)
+        table = summarise(runs)
         text = markdown(table)
         print(text)
         if args.markdown:

@@ -6,11 +6,11 @@ the parallel sizes the distributed optimizer's saved layout allows
 
 from __future__ import annotations
 
-import argparse
-
 from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 
-from ..config.arguments import padded_vocab_size
+from ..config.model_config import padded_vocab_size
+from ..config.parallel_config import ParallelConfig
+from ..config.run_config import RunConfig, declared_defaults
 from ..runtime.errors import CheckpointError
 from ..runtime.megatron_compat import installed_release, null_tokenizer_counts
 from . import manifest
@@ -26,9 +26,10 @@ MODEL_DEFINING_ARGS = (
 )
 
 
-# Model arguments added since the first checkpoints: their value in those checkpoints.
-ADDED_ARGS = {"code_tiling": "repeat", "input_table_rank": None, "code_projection": False,
-              "embedding_init_method_std": None}
+# Model arguments added since the first checkpoints: their value in those checkpoints, the
+# default each was added with (which kept the earlier behaviour).
+ADDED_ARGS = declared_defaults("code_tiling", "input_table_rank", "code_projection",
+                               "embedding_init_method_std")
 
 
 # The precision the optimizer state was saved in (its main-parameter copies and loss scaler);
@@ -119,36 +120,38 @@ SCHEDULE_FLAGS = {
     "weight_decay": "--weight-decay", "input_table_lr_mult": "--input-table-lr-mult",
     "input_table_weight_decay": "--input-table-weight-decay",
 }
-# Schedule flags added since the first checkpoints: their value in those checkpoints.
-ADDED_SCHEDULE_FLAGS = {"lr_warmup_samples": 0, "lr_warmup_init": 0.0, "input_table_lr_mult": 1.0,
-                        "input_table_weight_decay": None}
+# Schedule flags added since the first checkpoints: their value in those checkpoints (as
+# ADDED_ARGS).
+ADDED_SCHEDULE_FLAGS = declared_defaults("lr_warmup_samples", "lr_warmup_init",
+                                         "input_table_lr_mult", "input_table_weight_decay")
 
 
-def _schedule(args: dict) -> dict:
+def _schedule(flags: dict) -> dict:
     """The schedule the arguments define (decay length resolved, WSD values only for WSD)."""
-    schedule = {k: args.get(k, ADDED_SCHEDULE_FLAGS.get(k)) for k in SCHEDULE_FLAGS}
-    schedule["lr_decay_iters"] = schedule["lr_decay_iters"] or args.get("train_iters")
+    schedule = {k: flags.get(k, ADDED_SCHEDULE_FLAGS.get(k)) for k in SCHEDULE_FLAGS}
+    schedule["lr_decay_iters"] = schedule["lr_decay_iters"] or flags.get("train_iters")
     if schedule["lr_decay_style"] != "WSD":
         schedule["lr_wsd_decay_iters"] = schedule["lr_wsd_decay_style"] = None
         schedule["lr_wsd_decay_samples"] = None
     return schedule
 
 
-def reconcile_schedule(saved_args: dict, args: argparse.Namespace, train_iters: int,
+def reconcile_schedule(saved_args: dict, config: RunConfig, train_iters: int,
                        global_batch: int, path: str) -> tuple[list[str], dict]:
     """On resume, settle which schedule continues when the flags and the checkpoint differ
     (``train_iters``, ``global_batch``: this run's, derived; the decay length defaults to
     the first): the flags' with ``--override-opt_param-scheduler``, the checkpoint's with
     ``--use-checkpoint-opt_param-scheduler``, else an error naming each difference. Returns
     the differences, ``["--flag NEW (checkpoint OLD)", ...]``, and the schedule the run
-    keeps, ``{name: value}`` over :data:`SCHEDULE_FLAGS` (``args`` is not written into).
+    keeps, ``{name: value}`` over :data:`SCHEDULE_FLAGS` (``config`` is not written into).
 
     The scheduler counts samples, so an iteration-based schedule resumed at another global
     batch (given, or the default micro-batch x data-parallel size on another number of
     GPUs) is another schedule: a difference too, which only the flags' values can take on
     (Megatron-LM refuses it as well)."""
-    flags = {k: getattr(args, k) for k in SCHEDULE_FLAGS}
-    old, new = _schedule(saved_args), _schedule({**vars(args), "train_iters": train_iters})
+    training, checkpoint = config.training, config.checkpoint
+    flags = {k: getattr(training, k) for k in SCHEDULE_FLAGS}
+    old, new = _schedule(saved_args), _schedule({**flags, "train_iters": train_iters})
     diffs = [f"{SCHEDULE_FLAGS[k]} {new[k]} (checkpoint {old[k]})" for k in old if old[k] != new[k]]
     saved_batch = saved_args.get("global_batch_size")
     rebatched = saved_args.get("train_samples") is None and saved_batch not in (None,
@@ -156,15 +159,15 @@ def reconcile_schedule(saved_args: dict, args: argparse.Namespace, train_iters: 
     if rebatched:
         diffs.append(f"--global-batch-size {global_batch} (checkpoint {saved_batch}: the "
                      f"schedule's iterations are {global_batch / saved_batch:g}x the samples)")
-    if not diffs or args.override_opt_param_scheduler:
+    if not diffs or checkpoint.override_opt_param_scheduler:
         return diffs, flags
-    if args.use_checkpoint_opt_param_scheduler and rebatched:
+    if checkpoint.use_checkpoint_opt_param_scheduler and rebatched:
         raise CheckpointError(
             f"{path} was trained at --global-batch-size {saved_batch}, this run's is "
             f"{global_batch}: the checkpoint's schedule in iterations would cover other "
             f"samples; resume at its global batch, or pass --override-opt_param-scheduler "
             f"to continue with the new values")
-    if args.use_checkpoint_opt_param_scheduler:
+    if checkpoint.use_checkpoint_opt_param_scheduler:
         return diffs, {k: old[k] if old[k] is not None else flags[k] for k in SCHEDULE_FLAGS}
     raise CheckpointError(
         f"the learning-rate schedule differs from the one {path} was trained with: "
@@ -172,15 +175,15 @@ def reconcile_schedule(saved_args: dict, args: argparse.Namespace, train_iters: 
         "values, or --use-checkpoint-opt_param-scheduler to keep the checkpoint's")
 
 
-def check_optimizer_resharding(common: dict, args: argparse.Namespace, path: str) -> None:
+def check_optimizer_resharding(common: dict, parallel: ParallelConfig, path: str) -> None:
     """Refuse to resume distributed-optimizer state at a TP/PP size its layout cannot take."""
     saved_args = common["args"]
     layout = saved_content_metadata(common).get("distrib_optim_sharding_type")
     if layout is None or layout in DistributedOptimizer.checkpoint_fully_reshardable_formats:
         return
-    changed = [f"--{k.replace('_', '-')} {saved_args.get(k)} (now {getattr(args, k)})"
+    changed = [f"--{k.replace('_', '-')} {saved_args.get(k)} (now {getattr(parallel, k)})"
                for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size")
-               if saved_args.get(k) != getattr(args, k)]
+               if saved_args.get(k) != getattr(parallel, k)]
     if changed:
         raise CheckpointError(
             f"{path} holds distributed-optimizer state in the {layout} layout, which "

@@ -32,7 +32,6 @@ relative paths, such as ``--data-path data/train``, are relative to).
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 import random
@@ -48,6 +47,7 @@ from megatron.core.dist_checkpointing.mapping import ShardedObject
 
 import megatron_ext
 
+from ..config.run_config import RunConfig
 from ..runtime.errors import CheckpointError
 from ..runtime.megatron_compat import installed_release
 
@@ -146,7 +146,7 @@ def rng_state() -> dict:
     }
 
 
-def content_metadata(args: argparse.Namespace) -> dict:
+def content_metadata(config: RunConfig) -> dict:
     """What a save stores as its content metadata, as Megatron-LM's
     ``_build_sharded_state_dict_metadata`` does: with ``--use-distributed-optimizer`` the
     optimizer-state layout, ``dp_reshardable`` (each rank writes its own buffers, no
@@ -156,9 +156,10 @@ def content_metadata(args: argparse.Namespace) -> dict:
     deprecated ``fully_sharded_model_space``: how checkpoints before this metadata were
     written, and so how they still load."""
     metadata = {"singleton_local_shards": False, "chained_optim_avoid_prefix": True}
-    if args.use_distributed_optimizer:
+    if config.parallel.use_distributed_optimizer:
         metadata["distrib_optim_sharding_type"] = (
-            "fully_reshardable" if args.dist_ckpt_optim_fully_reshardable else "dp_reshardable")
+            "fully_reshardable" if config.checkpoint.dist_ckpt_optim_fully_reshardable
+            else "dp_reshardable")
     return metadata
 
 

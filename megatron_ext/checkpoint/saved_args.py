@@ -8,10 +8,9 @@ common objects only (the resume verifies and loads the save later)."""
 
 from __future__ import annotations
 
-import argparse
 import os
 
-from ..runtime.errors import FlagError
+from ..config.run_config import RunConfig
 from ..runtime.log import log
 from ..runtime.megatron_compat import read_common_objects
 from .manifest import written_by
@@ -30,26 +29,27 @@ ALWAYS = ("num_query_groups", "position_embedding_type", "rotary_base", "disable
           "code_scale", "code_tiling", "code_seed")
 
 
-def fill_from_checkpoint(args: argparse.Namespace) -> None:
-    """With ``--use-checkpoint-args``, set the flags of :data:`UNSET_ONLY` and :data:`ALWAYS`
-    from the checkpoint in ``--load``, each one logged; without a checkpoint there, the flags
-    stay as given (as in Megatron-LM), and the log says so."""
-    if not args.use_checkpoint_args:
-        return
-    if not args.load:
-        raise FlagError("--use-checkpoint-args needs --load (the checkpoint to read)")
-    if args.ckpt_step is None and (not os.path.isdir(args.load)
-                                   or latest_iteration(args.load) is None):
-        log(f"[fixedcode] --use-checkpoint-args: no checkpoint in --load {args.load}, using "
-            f"the flags as given")
-        return
-    path, _ = existing_save(args.load, args.ckpt_step)
+def with_checkpoint_args(config: RunConfig) -> RunConfig:
+    """With ``--use-checkpoint-args`` (and ``--load``: without it the flags' own check
+    refuses), ``config`` with the flags of :data:`UNSET_ONLY` and :data:`ALWAYS` from the
+    checkpoint in ``--load``, each one logged; without a checkpoint there, the flags stay as
+    given (as in Megatron-LM), and the log says so."""
+    checkpoint = config.checkpoint
+    if not (checkpoint.use_checkpoint_args and checkpoint.load):
+        return config
+    if checkpoint.ckpt_step is None and (not os.path.isdir(checkpoint.load)
+                                         or latest_iteration(checkpoint.load) is None):
+        log(f"[fixedcode] --use-checkpoint-args: no checkpoint in --load {checkpoint.load}, "
+            f"using the flags as given")
+        return config
+    path, _ = existing_save(checkpoint.load, checkpoint.ckpt_step)
     saved = read_common_objects(path, written_by(path))["args"]
-    taken = []
+    given, taken, changes = config.model.record(), [], {}
     for name in UNSET_ONLY + ALWAYS:
-        if name in saved and (name in ALWAYS or getattr(args, name) is None):
-            if getattr(args, name) != saved[name]:
+        if name in saved and (name in ALWAYS or given[name] is None):
+            if given[name] != saved[name]:
                 taken.append(f"--{name.replace('_', '-')} {saved[name]}")
-            setattr(args, name, saved[name])
+            changes[name] = saved[name]
     log(f"[fixedcode] --use-checkpoint-args: from {path}: "
         + (", ".join(taken) if taken else "the flags as given already"))
+    return config.replace(**changes)

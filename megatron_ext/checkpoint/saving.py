@@ -21,7 +21,6 @@ run with its exit status (4).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import errno
@@ -46,7 +45,8 @@ from megatron.core.dist_checkpointing.strategies.fully_parallel import (
 
 from ..codes.schemes import FixedCode
 from ..config.derived import Derived, run_record
-from ..config.run_config import CheckpointConfig
+from ..config.checkpoint_config import CheckpointConfig
+from ..config.run_config import RunConfig
 from ..runtime.errors import CheckpointError
 from ..runtime.files import read_json, write_json, write_text
 from ..runtime.log import log
@@ -121,7 +121,7 @@ def _write_then_checksum(write, iteration: int, rank: int, write_buckets: list,
         pass  # the write failed as well; finalization reports it
 
 
-def _complete(args: argparse.Namespace, iteration: int) -> None:
+def _complete(config: CheckpointConfig, iteration: int) -> None:
     """The last finalization step, on every rank once every writer has finished: rank 0
     writes the manifest, renames the save to its final name, moves the marker, applies
     retention; the other ranks wait for it."""
@@ -134,7 +134,7 @@ def _complete(args: argparse.Namespace, iteration: int) -> None:
         time.sleep(float(seconds))
     messages = []  # retention's, from rank 0, printed by the logging rank
     if torch.distributed.get_rank() == 0:
-        final = checkpoint_path(args.save, iteration)
+        final = checkpoint_path(config.save, iteration)
         partial = final + ".partial"
         known = {}
         for part in sorted(glob.glob(os.path.join(partial, "manifest.rank*.json"))):
@@ -142,26 +142,27 @@ def _complete(args: argparse.Namespace, iteration: int) -> None:
             os.remove(part)
         manifest.write_manifest(partial, known, written_by=installed_release())
         os.rename(partial, final)
-        write_text(os.path.join(args.save, MARKER), str(iteration))
-        if args.keep_last_checkpoints:
-            retention.prune(args.save, iteration, args.keep_last_checkpoints,
-                            args.keep_checkpoints_every, messages.append)
+        write_text(os.path.join(config.save, MARKER), str(iteration))
+        if config.keep_last_checkpoints:
+            retention.prune(config.save, iteration, config.keep_last_checkpoints,
+                            config.keep_checkpoints_every, messages.append)
     shared = [messages]
     torch.distributed.broadcast_object_list(shared, src=0)  # every rank waits for rank 0
     for message in shared[0]:
         log(message)
 
 
-def start_save(args: argparse.Namespace, derived: Derived, model, optimizer, scheduler,
+def start_save(config: RunConfig, derived: Derived, model, optimizer, scheduler,
                state: TrainState, code: Optional[FixedCode],
                wandb_run_id: Optional[str] = None) -> AsyncRequest:
-    """Prepare the save of ``state`` on every rank (the common objects are written now);
+    """Prepare the save of ``state`` on every rank (the common objects are written now, the
+    run's ``config`` among them as its ``args`` record);
     returns the request that writes the shards and completes the save. ``code``: the model's
     fixed code (``None`` for the learned arm), stored whole as the common object
     ``fixed_code``. ``optimizer`` and ``scheduler`` None: the model alone (a freshly
     initialised model saved for the converter, bench/bench_convert.py)."""
     iteration = state.iteration
-    final = checkpoint_path(args.save, iteration)
+    final = checkpoint_path(config.checkpoint.save, iteration)
     partial = final + ".partial"
     if torch.distributed.get_rank() == 0:
         # Leftovers of a crashed save: shards without completion, or a completed directory
@@ -171,9 +172,9 @@ def start_save(args: argparse.Namespace, derived: Derived, model, optimizer, sch
         os.makedirs(partial)
     torch.distributed.barrier()
     _fork_writer_results_queue()
-    metadata = content_metadata(args)
+    metadata = content_metadata(config)
     sharded = sharded_state(model, optimizer, rng_state(), is_loading=False, metadata=metadata)
-    sharded.update(args=run_record(args, derived),
+    sharded.update(args=run_record(config, derived),
                    fixed_code=None if code is None else code.to_dict(),
                    scheduler=None if scheduler is None else scheduler.state_dict(),
                    wandb_run_id=wandb_run_id, **dataclasses.asdict(state), **provenance())
@@ -185,17 +186,17 @@ def start_save(args: argparse.Namespace, derived: Derived, model, optimizer, sch
     if request.async_fn is not None:  # None: nothing to write on this rank
         request = request._replace(
             async_fn=functools.partial(_write_then_checksum, request.async_fn, iteration))
-    request.add_finalize_fn(functools.partial(_complete, args, iteration))
+    request.add_finalize_fn(functools.partial(_complete, config.checkpoint, iteration))
     return request
 
 
-def save_checkpoint(args: argparse.Namespace, derived: Derived, model, optimizer, scheduler,
+def save_checkpoint(config: RunConfig, derived: Derived, model, optimizer, scheduler,
                     state: TrainState, code: Optional[FixedCode],
                     wandb_run_id: Optional[str] = None) -> str:
     """Save synchronously on every rank; returns the final checkpoint path."""
-    start_save(args, derived, model, optimizer, scheduler, state, code,
+    start_save(config, derived, model, optimizer, scheduler, state, code,
                wandb_run_id).execute_sync()
-    return checkpoint_path(args.save, state.iteration)
+    return checkpoint_path(config.checkpoint.save, state.iteration)
 
 
 def remove_failed_save(save_dir: str, iteration: int) -> None:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from ..runtime.errors import DeviceError
 from ..runtime.files import write_text
 
 NAME = "fixedcode_cuda"
@@ -88,10 +89,10 @@ def _build():
 
 
 def load():
-    """The compiled module (``.tiled_code``); ``RuntimeError`` saying why there is none."""
+    """The compiled module (``.tiled_code``); a ``DeviceError`` saying why there is none."""
     module, reason = _build()
     if module is None:
-        raise RuntimeError(f"the fixed-code CUDA extension is unavailable: {reason}")
+        raise DeviceError(f"the fixed-code CUDA extension is unavailable: {reason}")
     return module
 
 
@@ -100,7 +101,7 @@ def available() -> bool:
     """Whether :func:`load` succeeds; warns once when it does not."""
     try:
         load()
-    except RuntimeError as e:
+    except DeviceError as e:
         warnings.warn(f"{e}; using the PyTorch implementation")
         return False
     return True

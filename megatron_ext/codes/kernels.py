@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..runtime.errors import DeviceError, FlagError
 from . import cuda_extension
 from .schemes import FixedCode
 
@@ -95,13 +96,13 @@ def _expand(x: torch.Tensor, lookup: torch.Tensor, hidden_size: int, dtype: torc
 
 def _use_kernel(ids: torch.Tensor, impl: str) -> bool:
     if impl not in IMPLS:
-        raise ValueError(f"unknown fixed-code implementation {impl!r}; choose from {IMPLS}")
+        raise FlagError(f"unknown fixed-code implementation {impl!r}; choose from {IMPLS}")
     if impl == "torch":
         return False
     if impl == "auto":
         return ids.is_cuda and cuda_extension.available()
     if not ids.is_cuda:
-        raise RuntimeError(
+        raise DeviceError(
             f"--fixed-code-impl cuda needs the token ids on a GPU, but they are on {ids.device} "
             f"(torch.cuda.is_available() = {torch.cuda.is_available()}); use auto or torch")
     cuda_extension.load()  # raises, saying why, when the extension cannot be built

@@ -351,3 +351,17 @@ class FixedCode:
         """One line naming the code, e.g. ``random code, 17 bits, recode tiling, pm1 x 0.02``."""
         return (f"{self.scheme} code, {self.num_bits} bits, {self.tiling} tiling, "
                 f"{self.values} x {self.scale:g}")
+
+
+def build_code(model, padded_vocab_size: int) -> Optional[FixedCode]:
+    """A new fixed code drawn from the model's flags (``model``: a ``ModelConfig`` or anything
+    with its ``input_interface``, ``code_*`` and ``hidden_size``); ``None`` for the table arms.
+    A saved model's code is never redrawn: training resumes with the checkpoint's
+    (``checkpoint.resume.resolve_checkpoint``) and passes it to the model provider, as the
+    exporters do."""
+    if model.input_interface not in SCHEMES:
+        return None
+    return FixedCode.create(model.input_interface, num_bits=model.code_bits,
+                            values=model.code_values, scale=model.code_scale,
+                            seed=model.code_seed, tiling=model.code_tiling,
+                            vocab_size=padded_vocab_size, hidden_size=model.hidden_size)

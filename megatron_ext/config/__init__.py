@@ -1,14 +1,20 @@
-"""What a run is told and what follows from it: Megatron-LM's flags, recipe files, the values
-settled once at start-up, argparse types. Imports ``codes`` and ``runtime``.
+"""What a run is told and what follows from it: one config per concern whose fields declare
+Megatron-LM's flags, the parser made from them, recipe files, the values derived once at
+start-up, argparse types. Imports ``codes`` and ``runtime``.
 
-- ``arguments``: Megatron-LM's flags plus the fixed-code flags, parsed;
-- ``run_config``: the flags as typed configs, one per concern, each with the checks that need
-  only the flags (``validate``);
+- ``flag_fields``: a config field that declares its flag, and the parser made from fields;
+- ``model_config``, ``parallel_config``, ``training_config``, ``data_config``,
+  ``checkpoint_config``, ``logging_config``: the flags of each concern, with the checks that
+  need only them (``validate``);
+- ``run_config``: ``RunConfig``, the concerns together: built once from the parsed flags,
+  validated, stored with checkpoints as their ``args`` record;
+- ``arguments``: the parser of pretrain_fixedcode.py and the tools, ``--preset``, the
+  Megatron-LM flags refused; the parsed flags turned into the run's config;
 - ``recipes``: files of flags shared by the runs of an experiment;
-- ``derived``: ``Derived`` and ``Resolved``: values settled at start-up, never written into the
-  flags;
+- ``derived``: ``Derived``: values derived at start-up, never written into the config;
 - ``schedule``: the learning-rate schedule and the batch ramp in samples, as Megatron-LM
   counts them;
 - ``megatron_defaults``: our defaults that differ from Megatron-LM's, said at start-up;
-- ``flag_types``: argparse types and choices of the command lines (imports nothing heavy).
+- ``flag_types``: argparse types and the tokenizer flags of the command lines (imports
+  nothing heavy).
 """

@@ -1,5 +1,6 @@
-"""argparse types shared by the command lines in tools/, and the tokenizer flags' own rules.
-Imports nothing heavy: the preprocessing tool starts without torch.
+"""argparse types shared by the command lines in tools/, and the tokenizer flags' own rules
+(the flags themselves are declared in ``data_config.py``). Imports nothing heavy: the
+preprocessing tool starts without torch.
 """
 
 from __future__ import annotations
@@ -12,21 +13,6 @@ from ..runtime.errors import FlagError
 # --tokenizer-type's choices (megatron_ext/datasets/tokenizer.py builds each).
 TOKENIZER_TYPES = ("GPTSentencePieceTokenizer", "SentencePieceTokenizer", "HuggingFaceTokenizer",
                    "GPT2BPETokenizer", "NullTokenizer")
-
-
-def add_tokenizer_flags(group, **tokenizer_type) -> None:
-    """The flags naming a tokenizer, as Megatron-LM's (``--vocab-size`` is each tool's own):
-    ``tokenizer_type`` are ``--tokenizer-type``'s ``default`` or ``required``."""
-    group.add_argument("--tokenizer-type", choices=TOKENIZER_TYPES, **tokenizer_type,
-                       help="as in Megatron-LM (megatron_ext/datasets/tokenizer.py)"
-                            + (f"; default: {tokenizer_type['default']}"
-                               if tokenizer_type.get("default") else ""))
-    group.add_argument("--tokenizer-model",
-                       help="sentencepiece .model, tokenizer.json or Hugging Face folder")
-    group.add_argument("--vocab-file",
-                       help="GPT2BPETokenizer: the vocabulary (GPT-2's vocab.json)")
-    group.add_argument("--merge-file",
-                       help="GPT2BPETokenizer: the BPE merges (GPT-2's merges.txt)")
 
 
 def check_tokenizer_flags(tokenizer_type: str, tokenizer_model: Optional[str],

@@ -6,28 +6,33 @@ tables them; a test checks the table and ours against the parser. No torch."""
 
 from __future__ import annotations
 
-import argparse
 from typing import Optional
 
-# dest: (ours, Megatron-LM's, what Megatron-LM's means)
-DIFFERING_DEFAULTS = {
-    "position_embedding_type": ("rope", "learned_absolute", "a learned position table"),
-    "swiglu": (True, False, "a GELU MLP"),
-    "disable_bias_linear": (True, False, "biases in the linear layers"),
-    "untie_embeddings_and_output_weights": (True, False, "the head tied to the input table"),
-    "normalization": ("RMSNorm", "LayerNorm", "LayerNorm"),
-    "hidden_dropout": (0.0, 0.1, "dropout 0.1 on the residual stream"),
-    "attention_dropout": (0.0, 0.1, "dropout 0.1 on the attention probabilities"),
-    "weight_decay": (0.1, 0.01, "weight decay 0.01"),
-    "adam_beta2": (0.95, 0.999, "Adam beta2 0.999"),
-    "lr_decay_style": ("cosine", "linear", "linear decay"),
-    "eval_iters": (10, 100, "100 batches per validation"),
-    "eval_interval": (1000, None, "no validation during training"),
-    "lr": (3e-4, None, "required"),
-    "micro_batch_size": (1, None, "required"),
-    "split": ("969,30,1", None, "required with --data-path"),
-    "tokenizer_type": ("NullTokenizer", None, "required"),
+from .model_config import ModelConfig
+from .run_config import RunConfig
+
+# dest: (Megatron-LM's default, what it means); ours is the flag's declared default
+MEGATRON_LM_DEFAULTS = {
+    "position_embedding_type": ("learned_absolute", "a learned position table"),
+    "swiglu": (False, "a GELU MLP"),
+    "disable_bias_linear": (False, "biases in the linear layers"),
+    "untie_embeddings_and_output_weights": (False, "the head tied to the input table"),
+    "normalization": ("LayerNorm", "LayerNorm"),
+    "hidden_dropout": (0.1, "dropout 0.1 on the residual stream"),
+    "attention_dropout": (0.1, "dropout 0.1 on the attention probabilities"),
+    "weight_decay": (0.01, "weight decay 0.01"),
+    "adam_beta2": (0.999, "Adam beta2 0.999"),
+    "lr_decay_style": ("linear", "linear decay"),
+    "eval_iters": (100, "100 batches per validation"),
+    "eval_interval": (None, "no validation during training"),
+    "lr": (None, "required"),
+    "micro_batch_size": (None, "required"),
+    "split": (None, "required with --data-path"),
+    "tokenizer_type": (None, "required"),
 }
+# dest: (ours, Megatron-LM's, what Megatron-LM's means)
+DIFFERING_DEFAULTS = {dest: (RunConfig().record()[dest], *theirs)
+                      for dest, theirs in MEGATRON_LM_DEFAULTS.items()}
 
 
 def flag_text(dest: str, value) -> str:
@@ -38,31 +43,32 @@ def flag_text(dest: str, value) -> str:
     return f"{flag} {value}"
 
 
-def defaults_in_force(args: argparse.Namespace) -> list[str]:
-    """Each differing default that ``args`` still holds: ``"--lr 0.0003 (Megatron-LM:
+def defaults_in_force(config: RunConfig) -> list[str]:
+    """Each differing default that ``config`` still holds: ``"--lr 0.0003 (Megatron-LM:
     required)"``."""
+    flags = config.record()
     return [f"{flag_text(dest, ours)} (Megatron-LM: {meaning})"
             for dest, (ours, _, meaning) in DIFFERING_DEFAULTS.items()
-            if getattr(args, dest, None) == ours]
+            if flags[dest] == ours]
 
 
-def defaults_line(args: argparse.Namespace) -> Optional[str]:
+def defaults_line(config: RunConfig) -> Optional[str]:
     """The start-up log line of :func:`defaults_in_force`, or None when none is in force."""
-    in_force = defaults_in_force(args)
+    in_force = defaults_in_force(config)
     if not in_force:
         return None
     return "[fixedcode] defaults that differ from Megatron-LM's, in force: " + ", ".join(in_force)
 
 
-def query_groups_line(args: argparse.Namespace) -> Optional[str]:
+def query_groups_line(model: ModelConfig) -> Optional[str]:
     """The start-up log line for ``--num-query-groups`` given without
     ``--group-query-attention``: grouped-query attention here, full multi-head attention in
     Megatron-LM (which reads the groups only under that flag); None otherwise."""
-    if args.num_query_groups is None or args.group_query_attention \
-            or args.num_query_groups == args.num_attention_heads:
+    if model.num_query_groups is None or model.group_query_attention \
+            or model.num_query_groups == model.num_attention_heads:
         return None
-    return (f"[fixedcode] --num-query-groups {args.num_query_groups} without "
-            f"--group-query-attention: grouped-query attention with {args.num_query_groups} "
+    return (f"[fixedcode] --num-query-groups {model.num_query_groups} without "
+            f"--group-query-attention: grouped-query attention with {model.num_query_groups} "
             f"groups (Megatron-LM would build full multi-head attention, reading the groups "
             f"only under --group-query-attention)")
 

@@ -1,7 +1,7 @@
 """Checking the splits training takes of Megatron indexed datasets (read by :mod:`.indexed`)
 before they are used: by training (:mod:`.gpt_datasets`, before Megatron-Core builds its GPT
-datasets) and by tools/check_data.py (megatron_ext/preprocess/check.py). Only numpy and the
-standard library are imported, so this loads fast.
+datasets) and by tools/check_data.py (megatron_ext/preprocess/check.py). Only numpy, the
+standard library and the flags' declarations are imported, so this loads fast.
 
 Megatron-Core trusts its files: a truncated ``.bin`` is read past its end only when a sample
 lands there, and a split that holds no tokens makes GPTDataset count epochs for ever. Here an
@@ -13,12 +13,12 @@ at once, naming the file, the split and the flag to change.
 from __future__ import annotations
 
 import itertools
-import re
 import sys
 from typing import Optional
 
 import numpy as np
 
+from ..config.data_config import split_weights
 from ..runtime.errors import DataError, joined
 from .indexed import IndexCheckError, read_index
 
@@ -30,13 +30,7 @@ def split_ranges(split: str, sequences: int) -> list[Optional[tuple[int, int]]]:
     ``sequences`` sequences under ``--split``, or None for a split of weight 0: what
     megatron.core computes (``parse_and_normalize_split``, ``convert_split_vector_to_split_matrix``
     and the rounding in ``BlendedMegatronDatasetBuilder._build_megatron_dataset_splits``)."""
-    try:
-        weights = [float(w) for w in re.findall(r"[.0-9]+", split)]
-    except ValueError:
-        weights = []
-    if not 1 <= len(weights) <= len(SPLITS) or sum(weights) <= 0:
-        raise ValueError(f"--split {split}: give one to three non-negative proportions "
-                         f"(train,valid,test), not all 0")
+    weights = split_weights(split)  # a FlagError naming --split
     weights = np.array(weights + [0.0] * (len(SPLITS) - len(weights)), dtype=np.float64)
     bounds = list(itertools.accumulate([0, *(weights / np.sum(weights)).tolist()]))
     return [(int(round(lo * float(sequences))), int(round(hi * float(sequences))))

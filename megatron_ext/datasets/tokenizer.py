@@ -191,13 +191,14 @@ def build_tokenizer(tokenizer_type: str, tokenizer_model: Optional[str] = None,
     return HuggingFaceTokenizer(tokenizer_model)
 
 
-def tokenizer_from_args(args, tokenizer_model: Optional[str] = None):
-    """The tokenizer that a namespace's tokenizer flags name (training's, a tool's or a
-    checkpoint's saved args; ``tokenizer_model`` instead of its ``--tokenizer-model`` if given):
-    each of ``--tokenizer-model``, ``--vocab-size``, ``--vocab-file``, ``--merge-file`` it has."""
-    return build_tokenizer(args.tokenizer_type, tokenizer_model or args.tokenizer_model,
-                           getattr(args, "vocab_size", None), getattr(args, "vocab_file", None),
-                           getattr(args, "merge_file", None))
+def tokenizer_from_args(flags, tokenizer_model: Optional[str] = None):
+    """The tokenizer that tokenizer flags name (a run's ``DataConfig``, a tool's parsed flags
+    or a checkpoint's saved args; ``tokenizer_model`` instead of its ``--tokenizer-model`` if
+    given): each of ``--tokenizer-model``, ``--vocab-size``, ``--vocab-file``,
+    ``--merge-file`` it has."""
+    return build_tokenizer(flags.tokenizer_type, tokenizer_model or flags.tokenizer_model,
+                           getattr(flags, "vocab_size", None), getattr(flags, "vocab_file", None),
+                           getattr(flags, "merge_file", None))
 
 
 def tokenizer_digest(tokenizer) -> Optional[str]:

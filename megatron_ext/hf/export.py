@@ -25,6 +25,7 @@ from packaging.version import Version
 
 from ..codes.schemes import SCHEMES
 from ..datasets.tokenizer import check_training_tokenizer, tokenizer_from_args
+from ..config.run_config import RunConfig
 from ..model.memory import stage_parameters
 from ..model.param_count import count_parameters
 from ..runtime.errors import ConversionError, DataError, DeviceError, FlagError
@@ -61,8 +62,8 @@ def memory_needed(train: argparse.Namespace, dtype: torch.dtype, as_table: bool 
     ``dtype`` where it is 16-bit, half a copy in flight (the QKV split, the tensor being read
     or written), and the process. Never two fp32 copies: the tensors are streamed. A code
     written as a table (``as_table``) counts as weights."""
-    whole = argparse.Namespace(**{**vars(train), "tensor_model_parallel_size": 1,
-                                  "pipeline_model_parallel_size": 1})
+    whole = RunConfig.from_record(vars(train)).replace(tensor_model_parallel_size=1,
+                                                       pipeline_model_parallel_size=1)
     n = stage_parameters(whole, train.padded_vocab_size, 0)
     fp32 = 4 * (n.trained + n.frozen + table_weights(train, as_table))
     return int(fp32 * (1.5 + (0 if dtype == torch.float32 else 0.5))) + PROCESS_BYTES

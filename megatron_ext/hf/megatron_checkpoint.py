@@ -12,6 +12,7 @@ share the local spec's sharded keys).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 from typing import Optional
 
@@ -22,7 +23,9 @@ from megatron.core.models.gpt import GPTModel
 from ..checkpoint.compatibility import ADDED_ARGS
 from ..checkpoint.loading import load_common
 from ..codes.schemes import FixedCode
+from ..config.parallel_config import ParallelConfig
 from ..config.recipes import TRAINING_DATA_FLAGS, is_weight
+from ..config.run_config import RunConfig
 from ..model.provider import model_provider
 from ..runtime.errors import CheckpointError, FixedcodeError
 
@@ -87,18 +90,17 @@ def load_model(path: str, args: argparse.Namespace, fixed_code: Optional[dict]) 
     """The checkpoint's model as one fp32 module on CPU, in eval mode: one copy of the
     weights in memory (built uninitialised, the checkpoint's tensors read into it). Needs
     ``initialize_distributed("cpu")`` (TP=PP=1) first."""
-    args = argparse.Namespace(**vars(args))
-    args.tensor_model_parallel_size = args.pipeline_model_parallel_size = 1
-    args.sequence_parallel = args.use_distributed_optimizer = False
-    args.transformer_impl, args.fp8_format, args.fixed_code_impl = "local", None, "torch"
-    args.bf16 = args.fp16 = False
-    args.recompute_granularity = args.recompute_method = args.recompute_num_layers = None
-    # Execution choices, absent from older checkpoints: no parameter depends on them, and
-    # one backend for every model a process loads (GPTModel pins TE's variables to it).
-    args.attention_backend, args.fp32_residual_connection = "auto", False
-    args.cross_entropy_loss_fusion, args.cross_entropy_fusion_impl = False, "native"
+    # TP=PP=1 (ParallelConfig's defaults); execution choices, some absent from older
+    # checkpoints: no parameter depends on them, and one backend for every model a process
+    # loads (GPTModel pins TE's variables to it)
+    config = dataclasses.replace(RunConfig.from_record(vars(args)), parallel=ParallelConfig())
+    config = config.replace(
+        transformer_impl="local", fp8_format=None, fixed_code_impl="torch", bf16=False,
+        fp16=False, recompute_granularity=None, recompute_method=None,
+        recompute_num_layers=None, attention_backend="auto", fp32_residual_connection=False,
+        cross_entropy_loss_fusion=False, cross_entropy_fusion_impl="native")
     # the saved code, never a redrawn one
-    model = model_provider(args, args.padded_vocab_size, on_cpu=True,
+    model = model_provider(config, args.padded_vocab_size, on_cpu=True,
                            code=None if fixed_code is None else FixedCode.from_dict(fixed_code),
                            initialize=False)
     # Read into the model's own tensors: megatron-core loads each tensor in place, but returns

@@ -14,8 +14,10 @@ import argparse
 import dataclasses
 from typing import Callable, Optional, Sequence
 
-from ..config.arguments import add_training_args, parse_model_args
+from ..config.arguments import add_training_args, parse_model_config
 from ..config.derived import derive
+from ..config.flag_fields import FlagConfig, add_flags, flag
+from ..config.run_config import RunConfig
 from ..datasets.tokenizer import tokenizer_from_args
 from ..metrics.flops import PEAK_TFLOPS, flops_per_token, peak_flops
 from ..model.memory import GIB, TABLE_ARMS, Footprint, footprint, stage_parameters
@@ -37,51 +39,52 @@ def measured_mfu(interface: str) -> float:
 
 
 @dataclasses.dataclass(frozen=True)
-class Cluster:
-    """Where the runs go: ``nodes`` x ``gpus_per_node`` GPUs named ``gpu`` (a name of
-    :data:`~megatron_ext.metrics.flops.PEAK_TFLOPS`), each of ``memory_gib`` (None: not
-    checked); ``mfu``: the utilisation assumed (None: the measured one)."""
-    nodes: int
-    gpus_per_node: int
-    gpu: str = "H100"
-    memory_gib: Optional[float] = None
-    mfu: Optional[float] = None
+class Cluster(FlagConfig):
+    """Where the runs go: ``nodes`` x ``gpus_per_node`` GPUs (set by each tool: a job's
+    layout, a plan's) named ``gpu`` (a name of :data:`~megatron_ext.metrics.flops.PEAK_TFLOPS`),
+    each of ``memory_gib`` (None: not checked); ``mfu``: the utilisation assumed (None: the
+    measured one). A value out of range is a :class:`FlagError` naming its flag."""
+    FLAG_GROUP = "plan (memory per GPU, time, GPU-hours)"
+    nodes: int = 1
+    gpus_per_node: int = 8
+    gpu: str = flag("H100", "GPU model whose dense bf16 peak the MFU is of: "
+                    + ", ".join(name for name, _, _ in PEAK_TFLOPS) + " (default H100, SXM)")
+    memory_gib: Optional[float] = flag(
+        None, "memory of one GPU in GiB (80 for an 80 GB H100): a run whose planned memory "
+              "per GPU exceeds it is refused before it is queued", names=("--gpu-memory",),
+        metavar="GIB")
+    mfu: Optional[float] = flag(
+        None, "time the runs at this model FLOPs utilisation (0 < MFU <= 1) besides the "
+              "measured one (bench/RESULTS.md)", names=("--assume-mfu",))
+
+    def __post_init__(self):
+        if self.memory_gib is not None and not 0 < self.memory_gib <= 4096:
+            raise FlagError(f"--gpu-memory {self.memory_gib:g}: a GPU's memory in GiB, above 0 "
+                            f"and at most 4096")
+        if self.mfu is not None and not 0 < self.mfu <= 1:
+            raise FlagError(f"--assume-mfu {self.mfu:g}: a utilisation, above 0 and at most "
+                            f"1 (0.4 is 40%)")
+        if peak_flops(self.gpu, False) is None:
+            raise FlagError(f"--gpu {self.gpu}: no bf16 peak known; one of "
+                            + ", ".join(name for name, _, _ in PEAK_TFLOPS))
+        for name, value in (("--nodes", self.nodes), ("--gpus-per-node", self.gpus_per_node)):
+            if value < 1:
+                raise FlagError(f"{name} {value}: a plan needs at least one")
 
     @property
     def world(self) -> int:
         return self.nodes * self.gpus_per_node
 
+    def check_world(self, config: RunConfig) -> None:
+        """The layout rule that needs the world (``ParallelConfig.check_world``), for this
+        cluster's GPUs."""
+        config.parallel.check_world(self.world, f"--nodes {self.nodes} x --gpus-per-node "
+                                                f"{self.gpus_per_node} = {self.world} GPUs")
+
 
 def add_plan_args(parser: argparse.ArgumentParser) -> None:
     """The flags of a plan besides the layout (shared by plan.py, submit.py, study.py)."""
-    g = parser.add_argument_group("plan (memory per GPU, time, GPU-hours)")
-    g.add_argument("--gpu-memory", type=float, default=None, metavar="GIB",
-                   help="memory of one GPU in GiB (80 for an 80 GB H100): a run whose planned "
-                        "memory per GPU exceeds it is refused before it is queued")
-    g.add_argument("--gpu", default="H100",
-                   help="GPU model whose dense bf16 peak the MFU is of: "
-                        + ", ".join(name for name, _, _ in PEAK_TFLOPS) + " (default H100, SXM)")
-    g.add_argument("--assume-mfu", type=float, default=None,
-                   help="time the runs at this model FLOPs utilisation (0 < MFU <= 1) besides "
-                        "the measured one (bench/RESULTS.md)")
-
-
-def cluster_from_args(args: argparse.Namespace, nodes: int, gpus_per_node: int) -> Cluster:
-    """The :class:`Cluster` of the flags of :func:`add_plan_args`; a value out of range is
-    a :class:`FlagError` naming its flag."""
-    if args.gpu_memory is not None and not 0 < args.gpu_memory <= 4096:
-        raise FlagError(f"--gpu-memory {args.gpu_memory:g}: a GPU's memory in GiB, above 0 "
-                        f"and at most 4096")
-    if args.assume_mfu is not None and not 0 < args.assume_mfu <= 1:
-        raise FlagError(f"--assume-mfu {args.assume_mfu:g}: a utilisation, above 0 and at most "
-                        f"1 (0.4 is 40%)")
-    if peak_flops(args.gpu, False) is None:
-        raise FlagError(f"--gpu {args.gpu}: no bf16 peak known; one of "
-                        + ", ".join(name for name, _, _ in PEAK_TFLOPS))
-    for flag, value in (("--nodes", nodes), ("--gpus-per-node", gpus_per_node)):
-        if value < 1:
-            raise FlagError(f"{flag} {value}: a plan needs at least one")
-    return Cluster(nodes, gpus_per_node, args.gpu, args.gpu_memory, args.assume_mfu)
+    add_flags(parser.add_argument_group(Cluster.FLAG_GROUP), Cluster)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,84 +110,71 @@ class RunPlan:
         return self.seconds(mfu) * self.gpus / 3600
 
 
-def run_args(flags: Sequence[str]) -> argparse.Namespace:
-    """A run's flags as training parses and checks them (argparse's own refusals exit, as
-    training's do)."""
-    return parse_model_args(list(flags), "plan", add_training_args)
+def run_config(flags: Sequence[str]) -> RunConfig:
+    """A run's flags as training parses them, the model's checked (argparse's own refusals
+    exit, as training's do)."""
+    return parse_model_config(list(flags), "plan", add_training_args)[0]
 
 
 def readable_vocab_size(flags: Sequence[str]) -> Optional[int]:
     """The vocabulary size of the tokenizer ``flags`` name, or None where it cannot be read
     here (a login node without the tokenizer's files)."""
     try:
-        return vocab_size_of(run_args(flags))
+        return vocab_size_of(run_config(flags))
     except FlagError:
         return None
 
 
-def vocab_size_of(args: argparse.Namespace, given: Optional[int] = None) -> int:
+def vocab_size_of(config: RunConfig, given: Optional[int] = None) -> int:
     """The tokenizer's vocabulary size: ``given``, else read from the run's tokenizer (a
     ``FlagError`` naming ``--vocab-size`` where it cannot be read here)."""
     if given is not None:
         if given < 1:
             raise FlagError(f"--vocab-size {given}: at least 1")
         return given
+    data = config.data
     try:
-        return tokenizer_from_args(args).vocab_size
+        return tokenizer_from_args(data).vocab_size
     except (FixedcodeError, OSError, ValueError) as e:
         raise FlagError(f"the plan needs the vocabulary: the tokenizer "
-                        f"({args.tokenizer_type} {args.tokenizer_model}) cannot be read here "
+                        f"({data.tokenizer_type} {data.tokenizer_model}) cannot be read here "
                         f"({e}); give --vocab-size") from e
-
-
-def check_layout(args: argparse.Namespace, cluster: Cluster) -> None:
-    """Refuse a layout that does not divide the model or the cluster, naming the flags."""
-    t, p = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
-    if cluster.world % (t * p):
-        raise FlagError(f"--nodes {cluster.nodes} x --gpus-per-node {cluster.gpus_per_node} = "
-                        f"{cluster.world} GPUs is not a multiple of "
-                        f"--tensor-model-parallel-size {t} x --pipeline-model-parallel-size {p}")
-    if args.num_layers % p:
-        raise FlagError(f"--pipeline-model-parallel-size {p} does not divide --num-layers "
-                        f"{args.num_layers}")
-    for flag, value in (("--num-attention-heads", args.num_attention_heads),
-                        ("--num-query-groups", args.num_query_groups),
-                        ("--ffn-hidden-size", args.ffn_hidden_size)):
-        if value is not None and value % t:
-            raise FlagError(f"--tensor-model-parallel-size {t} does not divide {flag} {value}")
 
 
 def plan_run(name: str, flags: Sequence[str], cluster: Cluster,
              vocab_size: Optional[int] = None, iterations: Optional[int] = None,
              count: int = 1) -> RunPlan:
     """The plan of the run of training ``flags`` on ``cluster``; ``iterations``: those it
-    trains (default all: a study's branch trains from its branch point)."""
-    args = run_args(flags)
-    check_layout(args, cluster)
-    vocab = vocab_size_of(args, vocab_size)
+    trains (default all: a study's branch trains from its branch point). Its layout is
+    refused as the run refuses it (``RunConfig.check_layout``, ``ParallelConfig.
+    check_world``)."""
+    config = run_config(flags)
+    cluster.check_world(config)
+    config.check_layout()
+    vocab = vocab_size_of(config, vocab_size)
     try:
-        derived = derive(args, cluster.world, vocab)
+        derived = derive(config, cluster.world, vocab)
     except FlagError as e:
         raise FlagError(f"{e} (data-parallel size from --nodes {cluster.nodes} x "
                         f"--gpus-per-node {cluster.gpus_per_node})") from e
+    model, parallel = config.model, config.parallel
     # the flags as a GPU run applies them: no sequence parallelism at TP 1, Transformer
     # Engine layers by default (Megatron-LM's on a GPU where TE imports)
-    applied = argparse.Namespace(**{
-        **vars(args), "transformer_impl": args.transformer_impl or "transformer_engine",
-        "sequence_parallel": args.sequence_parallel and args.tensor_model_parallel_size > 1})
+    applied = config.replace(
+        transformer_impl=model.transformer_impl or "transformer_engine",
+        sequence_parallel=parallel.sequence_parallel and parallel.tensor_model_parallel_size > 1)
     padded = derived.padded_vocab_size
-    whole = argparse.Namespace(**{**vars(applied), "tensor_model_parallel_size": 1,
-                                  "pipeline_model_parallel_size": 1})
-    tokens_per_iteration = derived.global_batch_size * args.seq_length
+    whole = applied.replace(tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
+    tokens_per_iteration = derived.global_batch_size * model.seq_length
     return RunPlan(
-        name=name, interface=args.input_interface,
-        layout=(f"TP {args.tensor_model_parallel_size}, PP "
-                f"{args.pipeline_model_parallel_size}, DP {derived.data_parallel_size}, "
+        name=name, interface=model.input_interface,
+        layout=(f"TP {parallel.tensor_model_parallel_size}, PP "
+                f"{parallel.pipeline_model_parallel_size}, DP {derived.data_parallel_size}, "
                 f"{derived.num_microbatches} micro-batches"),
         parameters=stage_parameters(whole, padded, 0).trained,
         footprint=footprint(applied, padded, derived.data_parallel_size,
                             derived.num_microbatches),
-        flops_per_iteration=flops_per_token(args, padded) * tokens_per_iteration,
+        flops_per_iteration=flops_per_token(model, padded) * tokens_per_iteration,
         iterations=derived.train_iters if iterations is None else iterations,
         tokens=tokens_per_iteration, gpus=cluster.world,
         peak=peak_flops(cluster.gpu, False), count=count)

@@ -10,7 +10,6 @@ installed from (``make`` installs it editable).
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import re
 import shlex
@@ -22,7 +21,8 @@ from typing import List, Optional
 
 from ..config import recipes
 from ..config.arguments import check_run_flags
-from ..runtime.errors import FixedcodeError, LaunchError
+from ..config.flag_fields import FlagConfig, add_flags, flag
+from ..runtime.errors import FixedcodeError, FlagError, LaunchError
 
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATE = REPO / "slurm" / "fixedcode.sbatch"
@@ -33,66 +33,49 @@ PER_ARM_FLAGS = ("--input-interface", "--save", "--load", "--tensorboard-dir",
                  "--exit-signal-handler")
 
 
-def add_job_args(p: argparse.ArgumentParser) -> None:
-    """The job options (resources, preemption, container), shared with tools/study.py."""
-    p.add_argument("--nodes", type=int, default=1)
-    p.add_argument("--gpus-per-node", type=int, default=8,
-                   help="0: CPU-only job (no GPU request; then --ntasks-per-node is required)")
-    p.add_argument("--ntasks-per-node", type=int,
-                   help="training ranks per node (default: --gpus-per-node, one rank per GPU)")
-    p.add_argument("--cpus-per-task", type=int, help="also sets OMP_NUM_THREADS")
-    p.add_argument("--time", help="sbatch --time limit of each run, e.g. 04:00:00")
-    p.add_argument("--partition")
-    p.add_argument("--account")
-    p.add_argument("--signal-secs", type=int, default=300,
-                   help="SIGUSR1 this many seconds before the time limit: the ranks save and "
-                        "exit, the job requeues itself (default 300; >= one step + one save)")
-    p.add_argument("--max-restarts", type=int, default=20,
-                   help="requeue at most this many times (SLURM_RESTART_COUNT); 0: never")
-    p.add_argument("--container-image",
-                   help="pyxis/enroot image for srun; the repo and the run folder are mounted "
-                        "at their own paths")
-    p.add_argument("--container-mounts", help="extra pyxis mounts, SRC:DST[,SRC:DST...]")
-    p.add_argument("--python",
-                   help="interpreter on the nodes (default: this one; 'python' in a container)")
-
-
 @dataclasses.dataclass(frozen=True)
-class Job:
-    """A job's resources and preemption settings: the flags of :func:`add_job_args`, checked,
-    with their defaults resolved (the parsed flags are left as given)."""
-    nodes: int
-    gpus_per_node: int
-    ntasks_per_node: int
-    cpus_per_task: Optional[int]
-    time: Optional[str]
-    partition: Optional[str]
-    account: Optional[str]
-    signal_secs: int
-    max_restarts: int
-    container_image: Optional[str]
-    container_mounts: Optional[str]
-    python: str
+class Job(FlagConfig):
+    """A job's resources and preemption settings, each field declaring its flag (shared by
+    tools/submit.py and tools/study.py: :func:`add_job_args`); :meth:`for_run_dir` checks
+    them and resolves their defaults."""
+    nodes: int = flag(1, "nodes per job")
+    gpus_per_node: int = flag(8, "0: CPU-only job (no GPU request; then --ntasks-per-node is "
+                                 "required)", least=0)
+    ntasks_per_node: Optional[int] = flag(
+        None, "training ranks per node (default: --gpus-per-node, one rank per GPU)")
+    cpus_per_task: Optional[int] = flag(None, "also sets OMP_NUM_THREADS")
+    time: Optional[str] = flag(None, "sbatch --time limit of each run, e.g. 04:00:00")
+    partition: Optional[str] = flag(None, "sbatch --partition of each run")
+    account: Optional[str] = flag(None, "sbatch --account of each run")
+    signal_secs: int = flag(300, "SIGUSR1 this many seconds before the time limit: the ranks "
+                                 "save and exit, the job requeues itself (default 300; >= one "
+                                 "step + one save)")
+    max_restarts: int = flag(20, "requeue at most this many times (SLURM_RESTART_COUNT); 0: "
+                                 "never", least=0)
+    container_image: Optional[str] = flag(
+        None, "pyxis/enroot image for srun; the repo and the run folder are mounted at their "
+              "own paths")
+    container_mounts: Optional[str] = flag(None, "extra pyxis mounts, SRC:DST[,SRC:DST...]")
+    python: Optional[str] = flag(
+        None, "interpreter on the nodes (default: this one; 'python' in a container)")
+
+    def for_run_dir(self, run_dir: Path) -> "Job":
+        """The job of the runs in ``run_dir``, its flags checked and its defaults resolved (a
+        :class:`FlagError` naming the flag)."""
+        if self.ntasks_per_node is None and self.gpus_per_node == 0:
+            raise FlagError("--ntasks-per-node is required with --gpus-per-node 0")
+        if self.container_mounts and not self.container_image:
+            raise FlagError("--container-mounts needs --container-image")
+        if any(c.isspace() for c in str(run_dir)):
+            raise FlagError(f"{run_dir}: no whitespace allowed (it goes into #SBATCH lines)")
+        return self.replace(
+            ntasks_per_node=self.ntasks_per_node or self.gpus_per_node,
+            python=self.python or ("python" if self.container_image else sys.executable))
 
 
-def job_options(p: argparse.ArgumentParser, args: argparse.Namespace, run_dir: Path) -> Job:
-    """The :class:`Job` of the flags; a bad one is a parser error naming the flag."""
-    for flag in ("nodes", "signal_secs"):
-        if getattr(args, flag) < 1:
-            p.error(f"--{flag.replace('_', '-')} must be >= 1")
-    for flag in ("gpus_per_node", "max_restarts"):
-        if getattr(args, flag) < 0:
-            p.error(f"--{flag.replace('_', '-')} must be >= 0")
-    if args.ntasks_per_node is None and args.gpus_per_node == 0:
-        p.error("--ntasks-per-node is required with --gpus-per-node 0")
-    if args.container_mounts and not args.container_image:
-        p.error("--container-mounts needs --container-image")
-    if any(c.isspace() for c in str(run_dir)):
-        p.error(f"{run_dir}: no whitespace allowed (it goes into #SBATCH lines)")
-    python = args.python or ("python" if args.container_image else sys.executable)
-    return Job(**{**{f.name: getattr(args, f.name) for f in dataclasses.fields(Job)},
-                  "ntasks_per_node": args.ntasks_per_node or args.gpus_per_node,
-                  "python": python})
+def add_job_args(group) -> None:
+    """The job options (resources, preemption, container), shared with tools/study.py."""
+    add_flags(group, Job)
 
 
 def check_cache_recipe(recipe: List[str], path: Path) -> None:

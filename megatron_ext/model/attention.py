@@ -32,6 +32,7 @@ from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.utils import divide, get_tensor_model_parallel_group_if_none
 
+from ..config.model_config import attention_backend_refusal
 from ..runtime.errors import FlagError
 
 # The fused SDPA kernels a GPU may run for each backend that selects SDPA on local layers.
@@ -46,13 +47,10 @@ def local_core_attention(backend: str) -> type:
     """The core attention of the local layers for ``--attention-backend``: SDPA for
     ``auto`` and ``flash``, Megatron-Core's ``DotProductAttention`` for ``unfused`` and
     ``local``. ``fused`` (cuDNN's fused attention) is Transformer Engine's backend."""
-    if backend in GPU_KERNELS:
-        return SDPAttention
-    if backend in ("unfused", "local"):
-        return DotProductAttention
-    raise FlagError(f"--attention-backend {backend} selects Transformer Engine's fused "
-                    f"(cuDNN) attention, which needs --transformer-impl transformer_engine; "
-                    f"on local layers use auto or flash (torch's SDPA) or unfused")
+    refusal = attention_backend_refusal("local", backend)
+    if refusal:
+        raise FlagError(refusal)
+    return SDPAttention if backend in GPU_KERNELS else DotProductAttention
 
 
 def sdpa_kernels(backend: str, device_type: str) -> Optional[tuple]:
@@ -119,24 +117,3 @@ class SDPAttention(MegatronModule):
         sq, b = query.shape[:2]
         return context.permute(2, 0, 1, 3).reshape(sq, b, -1)
 
-
-def document_mask_refusal(transformer_impl: str, backend: str, device: str,
-                          masked_softmax_fusion: bool, pipeline_size: int) -> Optional[str]:
-    """Why ``--reset-attention-mask`` (an explicit ``[b, 1, s, s]`` mask, documents packed in
-    one sequence kept apart) cannot run with these layers, or None. It runs on local layers
-    with SDPA (``auto``: on a GPU the memory-efficient or cuDNN kernel, which take a mask) or
-    with Megatron-Core's ``DotProductAttention`` (``unfused``/``local``; on a GPU with
-    ``--no-masked-softmax-fusion``: the fused causal softmax ignores the mask)."""
-    if transformer_impl != "local":
-        return ("--reset-attention-mask needs --transformer-impl local: Transformer Engine's "
-                "layers are built for a causal mask and are not given this one")
-    if backend == "flash":
-        return ("--reset-attention-mask: --attention-backend flash runs the flash kernel, "
-                "which takes no mask; use auto (SDPA picks a kernel that does) or unfused")
-    if backend in ("unfused", "local") and device == "cuda" and masked_softmax_fusion:
-        return ("--reset-attention-mask with --attention-backend unfused on a GPU needs "
-                "--no-masked-softmax-fusion: the fused causal softmax ignores the mask")
-    if pipeline_size > 2:
-        return ("--reset-attention-mask with more than 2 pipeline stages: the middle stages "
-                "read no batch, so they would not have the mask")
-    return None

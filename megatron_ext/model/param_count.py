@@ -13,18 +13,18 @@ fixed code's RMS is computed over the whole vocabulary.
 
 from __future__ import annotations
 
-import argparse
 from typing import Sequence
 
 import torch
 
 from ..codes.kernels import fixed_code_forward, lookup_tables
-from ..codes.schemes import ARMS, SCHEMES, FixedCode
-from ..config.arguments import build_parser, padded_vocab_size
-from ..config.run_config import ModelConfig
+from ..codes.schemes import ARMS, SCHEMES, FixedCode, build_code
+from ..config.arguments import arm_config
+from ..config.model_config import padded_vocab_size
+from ..config.run_config import RunConfig
 from ..runtime.errors import FlagError
 from ..runtime.initialize import destroy_distributed, initialize_distributed
-from .provider import build_code, model_provider
+from .provider import model_provider
 
 
 # The arms that need no flag of their own (factorized needs --input-table-rank).
@@ -44,51 +44,35 @@ def count_parameters(model: torch.nn.Module) -> dict:
     return parts
 
 
-def arm_args(args: argparse.Namespace, arm: str) -> argparse.Namespace:
-    """``args`` for one arm: ``[NAME:]INTERFACE[@--flag=value...]`` (as a study writes an arm,
-    e.g. ``r32:factorized@--input-table-rank=32`` or ``binary@--code-projection``): the
-    interface and the model flags it names over ``args``; refused as training refuses them."""
-    interface, *flags = arm.partition(":")[2 if ":" in arm else 0].split("@")
-    tokens = ["--input-interface", interface] + [t for f in flags for t in f.split("=", 1)]
-    parser = build_parser("one arm")
-    parser.set_defaults(**vars(args))  # what the spec does not name stays as args has it
-    try:
-        out = parser.parse_args(tokens)
-    except SystemExit:
-        raise FlagError(f"--arms {arm}: not INTERFACE[@--flag=value...] of model flags "
-                        f"(the error above)") from None
-    ModelConfig.from_args(out).validate_input()
-    return out
-
-
 def arm_name(arm: str) -> str:
     """The row name of an arm spec: its ``NAME:``, else the spec."""
     return arm.partition(":")[0] if ":" in arm else arm
 
 
-def padded_vocab(args: argparse.Namespace, arms: Sequence[str], tp: int = 1) -> int:
+def padded_vocab(config: RunConfig, arms: Sequence[str], tp: int = 1) -> int:
     """The vocabulary as training pads it at TP size ``tp``; refused, as training refuses
     it, when a fixed-code arm of ``arms`` cannot code every id of it or a factorized arm's
     rank exceeds it."""
-    if args.vocab_size is None:
+    vocab_size = config.data.vocab_size
+    if vocab_size is None:
         raise FlagError("--vocab-size is required (or use --preset)")
-    padded = padded_vocab_size(args.vocab_size, args.make_vocab_size_divisible_by, tp)
+    padded = padded_vocab_size(vocab_size, config.model.make_vocab_size_divisible_by, tp)
     for arm in arms:
-        ModelConfig.from_args(arm_args(args, arm)).check_vocab(padded, args.vocab_size)
+        arm_config(config, arm).model.check_vocab(padded, vocab_size)
     return padded
 
 
-def count_arms(args: argparse.Namespace, arms: Sequence[str]) -> dict:
-    """``{arm name: {part: count}}`` for a model shape given by ``args`` (arms as
-    :func:`arm_args` reads them)."""
-    counts, vocab = {}, padded_vocab(args, arms)
+def count_arms(config: RunConfig, arms: Sequence[str]) -> dict:
+    """``{arm name: {part: count}}`` for a model shape given by ``config`` (arms as
+    :func:`~megatron_ext.config.arguments.arm_config` reads them)."""
+    counts, vocab = {}, padded_vocab(config, arms)
     started = not torch.distributed.is_initialized()  # else the caller's, left running
     if started:
         initialize_distributed("cpu")
     try:
         for arm in arms:
             with torch.device("meta"):
-                model = model_provider(arm_args(args, arm), vocab, on_cpu=True)
+                model = model_provider(arm_config(config, arm), vocab, on_cpu=True)
             counts[arm_name(arm)] = count_parameters(model)
     finally:
         if started:
@@ -108,12 +92,12 @@ def code_rms(code: FixedCode, vocab_size: int, hidden_size: int) -> float:
     return (squares / (vocab_size * hidden_size)) ** 0.5
 
 
-def input_rms(args: argparse.Namespace, arms: Sequence[str]) -> dict:
+def input_rms(config: RunConfig, arms: Sequence[str]) -> dict:
     """``{arm name: (input RMS at step 0, --code-scale matching the learned RMS or None)}``."""
-    vocab = padded_vocab(args, arms)
+    vocab = padded_vocab(config, arms)
     rms = {}
     for arm in arms:
-        one = arm_args(args, arm)
+        one = arm_config(config, arm).model
         std = one.embedding_init_method_std or one.init_method_std
         if one.input_interface not in SCHEMES:
             rms[arm_name(arm)] = (std, None)
@@ -148,19 +132,21 @@ def format_table(counts: dict, rms: dict, std: float) -> str:
     return "\n".join(lines)
 
 
-def code_rows(args: argparse.Namespace, rows: int) -> str:
+def code_rows(config: RunConfig, rows: int) -> str:
     """The first ``rows`` ids of the code the flags define: id, code input x(t), and the row's
     bits (position 0 first, one group per block of n positions)."""
-    if args.input_interface not in SCHEMES:
+    model = config.model
+    if model.input_interface not in SCHEMES:
         raise FlagError(f"--show-code needs a fixed-code --input-interface, not "
-                        f"{args.input_interface}")
-    vocab = padded_vocab(args, [args.input_interface], args.tensor_model_parallel_size)
-    code = build_code(args, vocab)
+                        f"{model.input_interface}")
+    vocab = padded_vocab(config, [model.input_interface],
+                         config.parallel.tensor_model_parallel_size)
+    code = build_code(model, vocab)
     low, high = code.bit_values()
     n, ids = code.num_bits, torch.arange(min(rows, vocab))
-    bits = code.row_bits(ids, args.hidden_size)
+    bits = code.row_bits(ids, model.hidden_size)
     lines = [f"# {code.describe()}; vocabulary {vocab} (padded), hidden "
-             f"{args.hidden_size}, --code-seed {args.code_seed}",
+             f"{model.hidden_size}, --code-seed {model.code_seed}",
              f"# id x(t) | row bits, position 0 first, blocks of {n}; bit 1 -> {high:g}, "
              f"0 -> {low:g}"]
     for t, x, row in zip(ids.tolist(), code.code_input(ids).tolist(), bits.tolist()):

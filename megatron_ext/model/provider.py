@@ -11,7 +11,6 @@ stream, and so the backbone's initial weights, identical across arms for the sam
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 from typing import Optional
 
@@ -32,9 +31,11 @@ from megatron.core.transformer.transformer_block import (
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from ..codes.embedding import FixedCodeEmbedding
-from ..codes.schemes import SCHEMES, FixedCode
+from ..codes.schemes import FixedCode, build_code
+from ..config.model_config import ModelConfig
+from ..config.run_config import RunConfig
 from ..runtime.device_checks import transformer_engine_imports
-from ..runtime.errors import DeviceError, FlagError
+from ..runtime.errors import DeviceError
 from ..runtime.megatron_compat import mlp_submodules
 from .attention import local_core_attention
 from .input_tables import factorize, freeze
@@ -43,30 +44,16 @@ from .residual import fp32_bias_dropout_add
 from .row_linear import RowParallelLinear
 
 
-def build_code(args: argparse.Namespace, padded_vocab_size: int) -> Optional[FixedCode]:
-    """A new fixed code drawn from the flags (``--input-interface``, ``--code-*``,
-    ``--code-seed``); ``None`` for the table arms. A saved model's code is never redrawn:
-    training resumes with the checkpoint's
-    (:func:`megatron_ext.checkpoint.resume.resolve_checkpoint`) and passes it to
-    :func:`model_provider`, as the exporters do."""
-    if args.input_interface not in SCHEMES:
-        return None
-    return FixedCode.create(args.input_interface, num_bits=args.code_bits,
-                            values=args.code_values, scale=args.code_scale, seed=args.code_seed,
-                            tiling=args.code_tiling, vocab_size=padded_vocab_size,
-                            hidden_size=args.hidden_size)
+def params_dtype(model: ModelConfig) -> torch.dtype:
+    return torch.bfloat16 if model.bf16 else torch.float16 if model.fp16 else torch.float32
 
 
-def params_dtype(args: argparse.Namespace) -> torch.dtype:
-    return torch.bfloat16 if args.bf16 else torch.float16 if args.fp16 else torch.float32
-
-
-def pipeline_dtype(args: argparse.Namespace) -> torch.dtype:
+def pipeline_dtype(model: ModelConfig) -> torch.dtype:
     """The dtype of the activations pipeline stages send each other: the residual stream's.
     Under ``--fp32-residual-connection`` a stage sends fp32 whatever the parameters' dtype
     (megatron-core 0.16.1 sizes the receive buffers from ``pipeline_dtype`` alone: a bf16
     buffer receives half the bytes sent, and gloo aborts)."""
-    return torch.float32 if args.fp32_residual_connection else params_dtype(args)
+    return torch.float32 if model.fp32_residual_connection else params_dtype(model)
 
 
 def fused_softmax_available() -> bool:
@@ -78,7 +65,7 @@ def fused_softmax_available() -> bool:
                             "scaled_masked_softmax_cuda"))
 
 
-def fusions(args: argparse.Namespace, on_cpu: bool) -> dict:
+def fusions(model: ModelConfig, on_cpu: bool) -> dict:
     """Megatron-Core's fused-kernel switches: on for GPUs as in Megatron-LM, unless a
     ``--no-...-fusion`` flag says otherwise, wherever their kernels import, whatever the
     layers; off on CPU.
@@ -89,86 +76,85 @@ def fusions(args: argparse.Namespace, on_cpu: bool) -> dict:
     apex's extension; the fused softmax serves the local layers' unfused attention (TE's
     attention and SDPA are fused anyway); the fused cross-entropy is
     :func:`cross_entropy_fusion`'s."""
-    cross_entropy = dict(cross_entropy_loss_fusion=cross_entropy_fusion(args, on_cpu),
-                         cross_entropy_fusion_impl=args.cross_entropy_fusion_impl)
+    cross_entropy = dict(cross_entropy_loss_fusion=cross_entropy_fusion(model, on_cpu),
+                         cross_entropy_fusion_impl=model.cross_entropy_fusion_impl)
     if on_cpu:
         return dict(bias_activation_fusion=False, apply_rope_fusion=False,
                     gradient_accumulation_fusion=False, masked_softmax_fusion=False,
                     **cross_entropy)
     from megatron.core.models.common.embeddings import rope_utils
     from megatron.core.tensor_parallel.layers import _grad_accum_fusion_available
-    return dict(bias_activation_fusion=args.bias_swiglu_fusion and args.swiglu,
-                apply_rope_fusion=(args.rope_fusion
+    return dict(bias_activation_fusion=model.bias_swiglu_fusion and model.swiglu,
+                apply_rope_fusion=(model.rope_fusion
                                    and rope_utils.fused_apply_rotary_pos_emb is not None),
-                gradient_accumulation_fusion=(args.gradient_accumulation_fusion
+                gradient_accumulation_fusion=(model.gradient_accumulation_fusion
                                               and _grad_accum_fusion_available),
-                masked_softmax_fusion=args.masked_softmax_fusion and fused_softmax_available(),
+                masked_softmax_fusion=model.masked_softmax_fusion and fused_softmax_available(),
                 **cross_entropy)
 
 
-def cross_entropy_fusion(args: argparse.Namespace, on_cpu: bool) -> bool:
+def cross_entropy_fusion(model: ModelConfig, on_cpu: bool) -> bool:
     """``--cross-entropy-loss-fusion``: by default on a GPU under ``--bf16`` (Megatron-Core's
     native fused cross-entropy is torch.compile'd, which a GPU image runs through Triton),
     off on CPU unless asked. The native implementation returns the logits' gradient in bf16
     whatever their dtype (megatron-core 0.16.1, ``fusions/fused_cross_entropy.py``): equal to
     the unfused loss under --bf16, a rounding of every gradient otherwise, so it is refused
-    without --bf16. TE's implementation is refused where TE does not import (megatron-core
-    would fall back to the unfused loss in silence)."""
-    native = args.cross_entropy_fusion_impl == "native"
-    if args.cross_entropy_loss_fusion is None:
-        return not on_cpu and (args.bf16 or not native)
-    if not args.cross_entropy_loss_fusion:
+    without --bf16 when the flags are parsed (:meth:`ModelConfig.validate`). TE's
+    implementation is refused where TE does not import (megatron-core would fall back to the
+    unfused loss in silence)."""
+    native = model.cross_entropy_fusion_impl == "native"
+    if model.cross_entropy_loss_fusion is None:
+        return not on_cpu and (model.bf16 or not native)
+    if not model.cross_entropy_loss_fusion:
         return False
-    if native and not args.bf16:
-        raise FlagError("--cross-entropy-loss-fusion with --cross-entropy-fusion-impl native "
-                        "needs --bf16: megatron-core 0.16.1's native fused cross-entropy "
-                        "rounds the logits' gradient to bf16")
     if not native and not transformer_engine_imports():
         raise DeviceError("--cross-entropy-fusion-impl te needs Transformer Engine, which "
                           "does not import; use --cross-entropy-fusion-impl native")
     return True
 
 
-def transformer_config_from_args(args: argparse.Namespace, on_cpu: bool,
-                                 initialize: bool = True) -> TransformerConfig:
-    dtype = params_dtype(args)
+def transformer_config(config: RunConfig, on_cpu: bool,
+                       initialize: bool = True) -> TransformerConfig:
+    """Megatron-Core's ``TransformerConfig`` of the run's model and parallel flags."""
+    model, parallel = config.model, config.parallel
+    dtype = params_dtype(model)
     fp8 = {}
-    if args.fp8_format:
-        fp8 = dict(fp8=args.fp8_format, fp8_recipe=args.fp8_recipe,
-                   fp8_amax_history_len=args.fp8_amax_history_len,
-                   fp8_amax_compute_algo=args.fp8_amax_compute_algo)
+    if model.fp8_format:
+        fp8 = dict(fp8=model.fp8_format, fp8_recipe=model.fp8_recipe,
+                   fp8_amax_history_len=model.fp8_amax_history_len,
+                   fp8_amax_compute_algo=model.fp8_amax_compute_algo)
     return TransformerConfig(
-        num_layers=args.num_layers,
-        hidden_size=args.hidden_size,
-        ffn_hidden_size=args.ffn_hidden_size,
-        num_attention_heads=args.num_attention_heads,
-        num_query_groups=args.num_query_groups,
-        normalization=args.normalization,
-        layernorm_epsilon=args.norm_epsilon,
-        gated_linear_unit=args.swiglu,
-        activation_func=F.silu if args.swiglu else F.gelu,
-        add_bias_linear=not args.disable_bias_linear,
-        init_method_std=args.init_method_std,
-        embedding_init_method_std=args.embedding_init_method_std,
-        hidden_dropout=args.hidden_dropout,
-        attention_dropout=args.attention_dropout,
-        bf16=args.bf16,
-        fp16=args.fp16,
+        num_layers=model.num_layers,
+        hidden_size=model.hidden_size,
+        ffn_hidden_size=model.ffn_hidden_size,
+        num_attention_heads=model.num_attention_heads,
+        num_query_groups=model.num_query_groups,
+        normalization=model.normalization,
+        layernorm_epsilon=model.norm_epsilon,
+        gated_linear_unit=model.swiglu,
+        activation_func=F.silu if model.swiglu else F.gelu,
+        add_bias_linear=not model.disable_bias_linear,
+        init_method_std=model.init_method_std,
+        embedding_init_method_std=model.embedding_init_method_std,
+        hidden_dropout=model.hidden_dropout,
+        attention_dropout=model.attention_dropout,
+        bf16=model.bf16,
+        fp16=model.fp16,
         params_dtype=dtype,
-        pipeline_dtype=pipeline_dtype(args),
-        tensor_model_parallel_size=args.tensor_model_parallel_size,
-        pipeline_model_parallel_size=args.pipeline_model_parallel_size,
-        sequence_parallel=args.sequence_parallel,
-        attention_backend=AttnBackend[args.attention_backend],
+        pipeline_dtype=pipeline_dtype(model),
+        tensor_model_parallel_size=parallel.tensor_model_parallel_size,
+        pipeline_model_parallel_size=parallel.pipeline_model_parallel_size,
+        sequence_parallel=parallel.sequence_parallel,
+        attention_backend=AttnBackend[model.attention_backend],
         use_cpu_initialization=on_cpu,
         perform_initialization=initialize,
         bias_dropout_fusion=False,  # no biases, dropout 0: the residual add stays plain
         persist_layer_norm=False,  # apex only
-        fp32_residual_connection=args.fp32_residual_connection,
-        **fusions(args, on_cpu),
-        recompute_granularity=args.recompute_granularity,
-        recompute_method=args.recompute_method,
-        recompute_num_layers=args.recompute_num_layers,
+        fp32_residual_connection=model.fp32_residual_connection,
+        **fusions(model, on_cpu),
+        recompute_granularity=model.recompute_granularity,
+        recompute_method=model.recompute_method,
+        recompute_num_layers=model.recompute_num_layers,
         # Pipeline stages free their sent outputs, and the backward pass calls the autograd
         # engine directly, as in Megatron-LM.
         deallocate_pipeline_outputs=True,
@@ -176,23 +162,23 @@ def transformer_config_from_args(args: argparse.Namespace, on_cpu: bool,
     )
 
 
-def local_layer_spec(args: argparse.Namespace):
+def local_layer_spec(model: ModelConfig):
     """Megatron-Core's local (PyTorch) transformer layer for the chosen normalization, with
     the core attention ``--attention-backend`` selects (:mod:`megatron_ext.model.attention`),
     torch's norms marked for sequence parallelism (:mod:`megatron_ext.model.norm_layers`) and
     row-parallel linears torch.compile traces whole (:mod:`megatron_ext.model.row_linear`)."""
-    spec = get_gpt_layer_local_spec(normalization=args.normalization)
+    spec = get_gpt_layer_local_spec(normalization=model.normalization)
     layer = spec.submodules
     for name in ("input_layernorm", "pre_mlp_layernorm"):
         if getattr(layer, name) is WrappedTorchNorm:
             setattr(layer, name, TorchNorm)
-    layer.self_attention.submodules.core_attention = local_core_attention(args.attention_backend)
+    layer.self_attention.submodules.core_attention = local_core_attention(model.attention_backend)
     layer.self_attention.submodules.linear_proj = RowParallelLinear
     mlp_submodules(spec).linear_fc2 = RowParallelLinear
     return spec
 
 
-def decoder_spec(args: argparse.Namespace,
+def decoder_spec(model: ModelConfig,
                  config: TransformerConfig) -> TransformerBlockSubmodules:
     """This pipeline stage's transformer layers and the decoder's final norm.
 
@@ -204,53 +190,55 @@ def decoder_spec(args: argparse.Namespace,
     takes apex's LayerNorm for local layers, which refuses RMSNorm.) Under
     ``--fp32-residual-connection`` both residual adds keep the fp32 stream
     (:mod:`megatron_ext.model.residual`)."""
-    if args.transformer_impl == "transformer_engine":
+    if model.transformer_impl == "transformer_engine":
         if not transformer_engine_imports():
             raise DeviceError("--transformer-impl transformer_engine needs Transformer "
                               "Engine: pip install '.[gpu]' (or use the NGC container)")
         from megatron.core.extensions.transformer_engine import TENorm
         layer, final_norm = get_gpt_layer_with_transformer_engine_spec(), TENorm
     else:
-        layer = local_layer_spec(args)
+        layer = local_layer_spec(model)
         final_norm = layer.submodules.input_layernorm
-    if args.fp32_residual_connection:
+    if model.fp32_residual_connection:
         layer.submodules.self_attn_bda = layer.submodules.mlp_bda = fp32_bias_dropout_add
     return TransformerBlockSubmodules(
         layer_specs=[layer] * get_num_layers_to_build(config),
         layer_norm=final_norm)
 
 
-def model_provider(args: argparse.Namespace, padded_vocab_size: int, pre_process: bool = True,
+def model_provider(config: RunConfig, padded_vocab_size: int, pre_process: bool = True,
                    post_process: bool = True, on_cpu: bool = False,
                    code: Optional[FixedCode] = None, initialize: bool = True) -> GPTModel:
-    """Build the GPTModel of one pipeline stage for the arm ``args.input_interface``.
+    """Build the GPTModel of one pipeline stage for the arm ``--input-interface`` of the run's
+    ``config`` (its model and parallel flags, as the run applies them).
 
     ``padded_vocab_size``: the tokenizer's, padded (derived.Derived; a checkpoint's saved
     arguments hold it under the same name). ``code``: the fixed code, resolved once by the
     caller (a checkpoint's saved code, or one drawn from the flags); omitted for a fixed arm,
-    a new one is drawn (:func:`build_code`). ``initialize`` False: the weights are left
-    unset, for a caller that loads them all (a checkpoint's reader), as Megatron-LM's
-    ``--no-initialization`` (only the fixed code's map and the factorised table's
-    projection are still drawn).
+    a new one is drawn (:func:`~megatron_ext.codes.schemes.build_code`). ``initialize`` False:
+    the weights are left unset, for a caller that loads them all (a checkpoint's reader), as
+    Megatron-LM's ``--no-initialization`` (only the fixed code's map and the factorised
+    table's projection are still drawn).
     """
-    config = transformer_config_from_args(args, on_cpu, initialize)
+    model_flags = config.model
+    transformer = transformer_config(config, on_cpu, initialize)
     if code is None:
-        code = build_code(args, padded_vocab_size)
+        code = build_code(model_flags, padded_vocab_size)
     if code is not None:
         # Fail before building anything large.
         code.check_vocab(padded_vocab_size)
-        code.check_width(args.hidden_size)
+        code.check_width(model_flags.hidden_size)
     model = GPTModel(
-        config=config,
-        transformer_layer_spec=decoder_spec(args, config),
+        config=transformer,
+        transformer_layer_spec=decoder_spec(model_flags, transformer),
         vocab_size=padded_vocab_size,
-        max_sequence_length=args.max_position_embeddings,
+        max_sequence_length=model_flags.max_position_embeddings,
         pre_process=pre_process,
         post_process=post_process,
         parallel_output=True,
-        share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
-        position_embedding_type=args.position_embedding_type,
-        rotary_base=args.rotary_base,
+        share_embeddings_and_output_weights=not model_flags.untie_embeddings_and_output_weights,
+        position_embedding_type=model_flags.position_embedding_type,
+        rotary_base=model_flags.rotary_base,
     )
     # The one difference between the arms: a fixed-code arm's input is the code, not a table;
     # the frozen and factorized arms' is another table.
@@ -258,16 +246,16 @@ def model_provider(args: argparse.Namespace, padded_vocab_size: int, pre_process
         return model
     if code is not None:
         model.embedding = FixedCodeEmbedding(
-            config=config,
+            config=transformer,
             vocab_size=padded_vocab_size,
-            max_sequence_length=args.max_position_embeddings,
-            position_embedding_type=args.position_embedding_type,
+            max_sequence_length=model_flags.max_position_embeddings,
+            position_embedding_type=model_flags.position_embedding_type,
             code=code,
-            impl=args.fixed_code_impl,
-            projection=args.code_projection,
+            impl=model_flags.fixed_code_impl,
+            projection=model_flags.code_projection,
         )
-    elif args.input_interface == "frozen":
+    elif model_flags.input_interface == "frozen":
         freeze(model)
-    elif args.input_interface == "factorized":
-        factorize(model, config, padded_vocab_size, args.input_table_rank)
+    elif model_flags.input_interface == "factorized":
+        factorize(model, transformer, padded_vocab_size, model_flags.input_table_rank)
     return model

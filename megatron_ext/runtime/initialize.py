@@ -16,7 +16,7 @@ import torch
 
 from megatron.core import parallel_state, tensor_parallel
 
-from .errors import DeviceError, FlagError
+from .errors import DeviceError
 
 
 def _env_int(names, default: int) -> int:
@@ -41,19 +41,22 @@ def resolve_device(requested: str) -> str:
     return requested
 
 
+def world_size_from_env() -> int:
+    """The job's number of ranks, from the environment (1 for a lone process)."""
+    return _env_int(["WORLD_SIZE", "SLURM_NTASKS"], 1)
+
+
 def initialize_distributed(device: str, tensor_parallel_size: int = 1,
                            pipeline_parallel_size: int = 1, seed: int = 1234) -> None:
-    """Start torch.distributed (gloo on CPU, nccl on GPU) and Megatron's model-parallel groups."""
+    """Start torch.distributed (gloo on CPU, nccl on GPU) and Megatron's model-parallel groups
+    (the world a whole number of model replicas: ``config.parallel_config.ParallelConfig.
+    check_world``, which the training loop calls first)."""
     if device == "cpu":
         from . import cpu_backend
         cpu_backend.enable()
     rank = _env_int(["RANK", "SLURM_PROCID"], 0)
-    world_size = _env_int(["WORLD_SIZE", "SLURM_NTASKS"], 1)
+    world_size = world_size_from_env()
     local_rank = _env_int(["LOCAL_RANK", "SLURM_LOCALID"], 0)
-    if world_size % (tensor_parallel_size * pipeline_parallel_size):
-        raise FlagError(
-           f"world size {world_size} is not divisible by --tensor-model-parallel-size "
-           f"{tensor_parallel_size} x --pipeline-model-parallel-size {pipeline_parallel_size}")
     if not torch.distributed.is_initialized():
         if world_size == 1 and "MASTER_PORT" not in os.environ:
             # A lone process rendezvouses with itself on a free port; the environment is left

@@ -44,34 +44,35 @@ def plan(recipe: tuple[str, ...], budgets: tuple[int, ...], what: str) -> list[B
     if not budgets:
         return []
     from ..config.arguments import read_training_flags
-    args = read_training_flags(recipe)
-    need = {"--lr-decay-style WSD": args.lr_decay_style == "WSD",
-            "--lr-wsd-decay-iters": args.lr_wsd_decay_iters is not None,
-            "--global-batch-size": args.global_batch_size is not None,
-            "--save-interval": args.save_interval is not None,
+    config = read_training_flags(recipe)
+    training, save_interval = config.training, config.checkpoint.save_interval
+    need = {"--lr-decay-style WSD": training.lr_decay_style == "WSD",
+            "--lr-wsd-decay-iters": training.lr_wsd_decay_iters is not None,
+            "--global-batch-size": training.global_batch_size is not None,
+            "--save-interval": save_interval is not None,
             "no --lr-decay-iters (the decay ends at the last iteration)":
-                args.lr_decay_iters is None,
+                training.lr_decay_iters is None,
             "no --lr-decay-samples (the decay ends at the last iteration)":
-                args.lr_decay_samples is None}
+                training.lr_decay_samples is None}
     missing = [k for k, ok in need.items() if not ok]
     if missing:
         raise StudyError(f"[budgets] branch WSD cooldowns, but {what} lacks: "
                          f"{', '.join(missing)}")
-    batch = args.global_batch_size
-    per_step = batch * args.seq_length
-    main = args.train_iters if args.train_iters is not None \
-        else train_iters_of_samples(args.train_samples, batch)
-    stable_end = main - args.lr_wsd_decay_iters
-    fraction = args.lr_wsd_decay_iters / main
+    batch = training.global_batch_size
+    per_step = batch * config.model.seq_length
+    main = training.train_iters if training.train_iters is not None \
+        else train_iters_of_samples(training.train_samples, batch)
+    stable_end = main - training.lr_wsd_decay_iters
+    fraction = training.lr_wsd_decay_iters / main
     branches = []
     for tokens in budgets:
         iterations = tokens // per_step
-        start = int(iterations * (1 - fraction)) // args.save_interval * args.save_interval
+        start = int(iterations * (1 - fraction)) // save_interval * save_interval
         if not 0 < start < iterations < main:
             raise StudyError(
                 f"budget {tokens:,} tokens ({iterations} steps of {per_step:,} tokens) "
                 f"of {what}: no saved stable checkpoint to branch from (the run trains "
-                f"{main} steps, stable to {stable_end}, saving every {args.save_interval}); "
+                f"{main} steps, stable to {stable_end}, saving every {save_interval}); "
                 f"a budget must lie between one save interval and the run's length")
-        branches.append(Branch(tokens, iterations, start, args.train_iters is None, batch))
+        branches.append(Branch(tokens, iterations, start, training.train_iters is None, batch))
     return branches

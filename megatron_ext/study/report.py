@@ -71,11 +71,11 @@ def _planned_iterations(study: Study, arm) -> Optional[int]:
     batch ramps)."""
     from ..config.arguments import read_training_flags
     from ..config.schedule import train_iters_of_samples
-    args = read_training_flags([*study.recipe, *arm.training_flags()])
-    if args.train_iters is not None:
-        return args.train_iters
-    if args.global_batch_size:
-        return train_iters_of_samples(args.train_samples, args.global_batch_size)
+    training = read_training_flags([*study.recipe, *arm.training_flags()]).training
+    if training.train_iters is not None:
+        return training.train_iters
+    if training.global_batch_size:
+        return train_iters_of_samples(training.train_samples, training.global_batch_size)
     return None
 
 

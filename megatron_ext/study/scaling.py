@@ -43,25 +43,27 @@ PAPER_TOKENS = 100e9
 def paper_compute() -> float:
     """The paper's training FLOPs: its recipe's FLOPs per token (the log's count) times
     :data:`PAPER_TOKENS`."""
-    from ..config.arguments import PRESETS, padded_vocab_size, read_training_flags
+    from ..config.arguments import read_training_flags
+    from ..config.model_config import PRESETS, padded_vocab_size
     from ..metrics.flops import flops_per_token
     from ..launch.slurm import REPO
-    args = read_training_flags(read_study_recipe(str(REPO / PAPER_RECIPE)))
+    model = read_training_flags(read_study_recipe(str(REPO / PAPER_RECIPE))).model
     vocab = padded_vocab_size(PRESETS[PAPER_PRESET]["vocab_size"],
-                              args.make_vocab_size_divisible_by, 1)
-    return flops_per_token(args, vocab) * PAPER_TOKENS
+                              model.make_vocab_size_divisible_by, 1)
+    return flops_per_token(model, vocab) * PAPER_TOKENS
 
 
 def paper_parameters() -> int:
     """The paper's non-embedding parameters (all but the input table, as the evaluation
     records count them): its recipe's model, counted on the meta device (the local
     implementation: the same parameters as Transformer Engine's)."""
-    from ..config.arguments import PRESETS, read_training_flags
+    from ..config.arguments import read_training_flags
+    from ..config.model_config import PRESETS
     from ..launch.slurm import REPO
     from ..model.param_count import count_arms
-    args = read_training_flags(read_study_recipe(str(REPO / PAPER_RECIPE)))
-    args.vocab_size, args.transformer_impl = PRESETS[PAPER_PRESET]["vocab_size"], "local"
-    counts = count_arms(args, ["learned"])["learned"]
+    config = read_training_flags(read_study_recipe(str(REPO / PAPER_RECIPE))).replace(
+        vocab_size=PRESETS[PAPER_PRESET]["vocab_size"], transformer_impl="local")
+    counts = count_arms(config, ["learned"])["learned"]
     return counts["total"] - counts["input"]
 
 

@@ -8,25 +8,24 @@ torch's AdamW reads at every step."""
 
 from __future__ import annotations
 
-import argparse
-
 import torch
 from megatron.core import optimizer as megatron_optimizer
 
 from ..runtime.errors import FlagError
 
 
-def torch_adam_fused(args: argparse.Namespace, device: str) -> bool:
-    """Whether this run fuses torch's AdamW: ``auto`` on a GPU, ``on`` everywhere; ``on``
-    is refused where megatron-core's optimizer is TE's or Apex's FusedAdam already."""
-    if args.torch_adam_fused == "off":
+def torch_adam_fused(setting: str, device: str) -> bool:
+    """Whether this run fuses torch's AdamW (``setting``: ``--torch-adam-fused``): ``auto``
+    on a GPU, ``on`` everywhere; ``on`` is refused where megatron-core's optimizer is TE's or
+    Apex's FusedAdam already."""
+    if setting == "off":
         return False
     if not megatron_optimizer.USING_PYTORCH_OPTIMIZER:
-        if args.torch_adam_fused == "on":
+        if setting == "on":
             raise FlagError("--torch-adam-fused on: the optimizer is already Transformer "
                             "Engine's or Apex's FusedAdam (they import); drop the flag")
         return False
-    return args.torch_adam_fused == "on" or device == "cuda"
+    return setting == "on" or device == "cuda"
 
 
 def fuse_torch_adam(optimizer) -> int:

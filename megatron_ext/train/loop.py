@@ -9,7 +9,8 @@ Each policy around the step belongs to an object: when to validate
 (:class:`~megatron_ext.metrics.logger.MetricsLogger`), how many skipped updates to bear
 (:class:`~megatron_ext.train.step.SkippedUpdates`, where they are counted), when to collect
 garbage (:class:`~megatron_ext.train.gc_policy.GarbageCollection`); each takes its own part of
-the run's config (:class:`~megatron_ext.config.run_config.RunConfig`), not the flags. What
+the run's config (:class:`~megatron_ext.config.run_config.RunConfig`, as set-up settled it).
+What
 must be closed (the lease rank 0 holds on ``--save``, :mod:`~megatron_ext.checkpoint.lease`,
 from before the run writes there; the metrics sinks, the collector, the profiler, the
 progress bar) joins one teardown as it is made, closed in reverse order however the loop
@@ -19,7 +20,6 @@ save. It returns a :class:`PretrainResult`.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import functools
@@ -43,7 +43,7 @@ from ..metrics.norms import NormReporter
 from ..metrics.sinks import agree_wandb_run_id
 from ..model.memory import footprint
 from ..runtime.helper_processes import tie_forked_children
-from ..runtime.initialize import initialize_distributed, resolve_device
+from ..runtime.initialize import initialize_distributed, resolve_device, world_size_from_env
 from ..runtime.log import is_logging_rank, log
 from .compile_layers import CompileTime
 from .exit_conditions import ExitConditions
@@ -55,22 +55,22 @@ from .step import NonFiniteLossError, SkippedUpdates, gathered_parameters, train
 from .validation import Batches, Validator
 
 
-def _diagnostics(args, norms: Optional[NormReporter], grad_norms: dict,
+def _diagnostics(config: RunConfig, norms: Optional[NormReporter], grad_norms: dict,
                  num_zeros: Optional[float], optimizer, state: TrainState,
                  ddp: DistributedDataParallel) -> dict:
     """The optional scalars of a log iteration (``--log-params-norm``,
     ``--log-num-zeros-in-grad``, ``--log-layer-norms``; under ``--fp16`` the loss scale and
     the overflow skips so far), measured after the update."""
-    out = {}
-    if args.fp16:
+    out, logging = {}, config.logging
+    if config.model.fp16:
         out["loss-scale"] = optimizer.get_loss_scale().item()
         out["overflow-skipped-iterations"] = state.overflow_skipped
-    if args.log_params_norm:
-        with gathered_parameters(args, ddp):
+    if logging.log_params_norm:
+        with gathered_parameters(config.parallel, ddp):
             out["params-norm"] = norms.params_norm()
-    if args.log_num_zeros_in_grad and num_zeros is not None:
+    if logging.log_num_zeros_in_grad and num_zeros is not None:
         out["num-zeros"] = int(num_zeros)
-    if args.log_layer_norms:
+    if logging.log_layer_norms:
         out.update({f"grad-norm/{k}": v for k, v in grad_norms.items()})
         out.update({f"params-norm/{k}": v for k, v in norms.param_norms().items()})
     return out
@@ -86,11 +86,12 @@ class PretrainResult:
     test_loss: Optional[float] = None  # the test split's, at the end of training
 
 
-def pretrain(args: argparse.Namespace, model_provider: Callable, forward_step: Callable,
+def pretrain(config: RunConfig, model_provider: Callable, forward_step: Callable,
              datasets_provider: Callable) -> PretrainResult:
-    """Run a whole training job. ``args`` (the parsed flags) is read, never written; after
-    the set-up the loop reads ``run``, the flags as this run applies them. Every process it
-    forks dies with it (:func:`~megatron_ext.runtime.helper_processes.tie_forked_children`).
+    """Run a whole training job of the run's ``config`` (built once from the flags); after
+    the set-up the loop reads the config as set-up settled it (``setup.config``). Every
+    process it forks dies with it
+    (:func:`~megatron_ext.runtime.helper_processes.tie_forked_children`).
 
     With ``--exit-signal-handler``, an exit signal during start-up ends the job at the end
     of the current phase (checkpoint load, dataset building) with nothing saved; during
@@ -98,17 +99,19 @@ def pretrain(args: argparse.Namespace, model_provider: Callable, forward_step: C
     validate first; during a training step, after the step, saving."""
     start_time = time.time()
     tie_forked_children()
-    device = resolve_device(args.device)
-    initialize_distributed(device, args.tensor_model_parallel_size,
-                           args.pipeline_model_parallel_size, args.seed)
-    exits = ExitConditions(RunConfig.from_args(args).checkpoint, device, start_time)
-    setup = set_up(args, device, model_provider)
-    run, config, derived, state = setup.run, setup.config, setup.derived, setup.state
+    device = resolve_device(config.training.device)
+    parallel = config.parallel
+    parallel.check_world(world_size_from_env(), f"world size {world_size_from_env()}")
+    initialize_distributed(device, parallel.tensor_model_parallel_size,
+                           parallel.pipeline_model_parallel_size, config.training.seed)
+    exits = ExitConditions(config.checkpoint, device, start_time)
+    setup = set_up(config, device, model_provider)
+    config, derived, state = setup.config, setup.derived, setup.state
     reason = exits.signalled()
     if reason:
         return _stopped(state, reason, "during start-up, before training (nothing new to save)")
     train_iter, valid_dataset, test_dataset = datasets_provider(
-        run, setup.tokenizer, samples_per_split(run, derived), state.consumed_train_samples)
+        config, setup.tokenizer, samples_per_split(config, derived), state.consumed_train_samples)
     reason = exits.signalled()
     if reason:
         return _stopped(state, reason, "while building the datasets (nothing new to save)")
@@ -117,14 +120,15 @@ def pretrain(args: argparse.Namespace, model_provider: Callable, forward_step: C
                                       setup.common["wandb_run_id"] if setup.own else None)
     with contextlib.ExitStack() as teardown:
         try:
-            lease = take_save_lease(run.save, run.save_lease_timeout)  # before --save is written
+            lease = take_save_lease(config.checkpoint.save,  # before --save is written
+                                    config.checkpoint.save_lease_timeout)
             if lease is not None:
                 teardown.enter_context(contextlib.closing(lease))
             metrics = teardown.enter_context(contextlib.closing(MetricsLogger(
                 config.logging, config.model, derived, setup.model, is_logging_rank(),
-                state.iteration, wandb_run_id, device=device, save=run.save,
-                record=run_record(run, derived))))
-            gathered = functools.partial(gathered_parameters, run, setup.ddp)
+                state.iteration, wandb_run_id, device=device, save=config.checkpoint.save,
+                record=run_record(config, derived))))
+            gathered = functools.partial(gathered_parameters, config.parallel, setup.ddp)
             collector = teardown.enter_context(contextlib.closing(
                 GarbageCollection(config.training)))
             batches = Batches(config.logging.eval_iters, derived.num_microbatches,
@@ -135,7 +139,7 @@ def pretrain(args: argparse.Namespace, model_provider: Callable, forward_step: C
                                   collector, gathered=gathered)
             checkpointer = Checkpointer(
                 config.checkpoint,
-                lambda at: start_save(run, derived, setup.model, setup.optimizer,
+                lambda at: start_save(config, derived, setup.model, setup.optimizer,
                                       setup.scheduler, at, setup.code, wandb_run_id),
                 last_saved=state.iteration if setup.resume_path else None,
                 gathered=gathered, lease=lease)
@@ -143,7 +147,7 @@ def pretrain(args: argparse.Namespace, model_provider: Callable, forward_step: C
                      or config.logging.log_layer_norms else None)
             profiler = teardown.enter_context(contextlib.closing(
                 StepProfiler(config.logging, device, torch.distributed.get_rank())))
-            _log_start(run, config, derived, setup.ddp, metrics.num_params)
+            _log_start(config, derived, setup.ddp, metrics.num_params)
             bar = teardown.enter_context(contextlib.closing(tqdm(
                 total=derived.train_iters, initial=state.iteration, desc="train", unit="it",
                 disable=not (sys.stderr.isatty() and metrics.is_logging_rank))))
@@ -165,8 +169,8 @@ def _train(setup, forward_step, train_iter, exits: ExitConditions,
            bar) -> tuple[Optional[float], Optional[str]]:
     """The steps from ``setup.state`` to ``--train-iters`` or an exit condition, then the
     final save; ``(the last update's loss, why it stopped early or None)``."""
-    run, derived, state = setup.run, setup.derived, setup.state
-    training = setup.config.training
+    config, derived, state = setup.config, setup.derived, setup.state
+    training = config.training
     optimizer, scheduler, ddp = setup.optimizer, setup.scheduler, setup.ddp
     skipped = SkippedUpdates(state, training.max_nonfinite_steps)
     spikes = (SpikeDetector(training.spiky_loss_factor, training.spiky_loss_samples)
@@ -183,10 +187,10 @@ def _train(setup, forward_step, train_iter, exits: ExitConditions,
         log_now = metrics.prints_line(state.iteration + 1)
         batch_size = ramp.batch_size(state.consumed_train_samples)
         step = train_step(
-            run, ramp.num_microbatches(state.consumed_train_samples), forward_step, train_iter,
-            ddp, optimizer, scheduler,
+            config, ramp.num_microbatches(state.consumed_train_samples), forward_step,
+            train_iter, ddp, optimizer, scheduler,
             (lambda: norms.grad_norms(optimizer.get_loss_scale().item()))
-            if log_now and run.log_layer_norms else None, spikes and spikes.check)
+            if log_now and config.logging.log_layer_norms else None, spikes and spikes.check)
         state.iteration += 1
         state.consumed_train_samples += batch_size
         profiler.step_ended(state.iteration)
@@ -198,7 +202,7 @@ def _train(setup, forward_step, train_iter, exits: ExitConditions,
         metrics.step(state.iteration, step.loss, step.grad_norm,
                      scheduler.get_lr(optimizer.param_groups[0]), time.time() - step_start,
                      step.skip is not None, state.nonfinite_skipped,
-                     _diagnostics(run, norms, step.norms, step.num_zeros, optimizer, state,
+                     _diagnostics(config, norms, step.norms, step.num_zeros, optimizer, state,
                                   ddp) if log_now else None,
                      skips=skipped.interval, consumed_samples=state.consumed_train_samples,
                      batch_size=batch_size)
@@ -225,22 +229,22 @@ def _stopped(state: TrainState, reason: str, when: str) -> PretrainResult:
     return PretrainResult(state.iteration, exit_reason=reason)
 
 
-def _log_start(run: argparse.Namespace, config: RunConfig, derived: Derived, ddp,
-               num_params: int) -> None:
+def _log_start(config: RunConfig, derived: Derived, ddp, num_params: int) -> None:
+    device, parallel = config.training.device, config.parallel
     log(f"[fixedcode] {config.model.arm_description()} | {num_params:,} trainable parameters "
-        f"| {run.device} x {derived.world_size} (tp {run.tensor_model_parallel_size}, "
-        f"pp {run.pipeline_model_parallel_size}, dp {derived.data_parallel_size}) "
+        f"| {device} x {derived.world_size} (tp {parallel.tensor_model_parallel_size}, "
+        f"pp {parallel.pipeline_model_parallel_size}, dp {derived.data_parallel_size}) "
         f"| {derived.num_microbatches} micro-batches per step")
-    for line in (defaults_line(run), query_groups_line(run)):
+    for line in (defaults_line(config), query_groups_line(config.model)):
         if line:
             log(line)
     # Megatron-LM's line, for the most loaded pipeline stage (megatron_ext/model/memory.py)
-    log(footprint(run, derived.padded_vocab_size, derived.data_parallel_size,
-                  derived.num_microbatches, run.device).megatron_line())
-    unread = test_split(run)[1]
+    log(footprint(config, derived.padded_vocab_size, derived.data_parallel_size,
+                  derived.num_microbatches, device).megatron_line())
+    unread = test_split(config)[1]
     if unread:
         log(f"[fixedcode] the test split is not evaluated at the end of training: {unread}")
-    if run.overlap_grad_reduce:
+    if parallel.overlap_grad_reduce:
         buckets = sum(len(buffer.buckets) for buffer in ddp.buffers)
         log(f"[fixedcode] gradient reduction overlaps the backward pass: {buckets} buckets")
 

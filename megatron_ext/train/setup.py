@@ -1,16 +1,15 @@
 """The set-up of a training run, before its first step, as torchtitan separates it from the
-loop: the flags checked against the machine and the tokenizer (:func:`check_flags`; their own
-checks ran when they were parsed), the layers settled (:func:`resolve_layers`), the
-checkpoint to resume and the run's fixed code
-(:func:`~megatron_ext.checkpoint.resume.resolve_checkpoint`), the model, its DDP wrapper,
-optimizer and scheduler (:func:`build_model_and_optimizer`); :func:`set_up` does them in
-order and returns one :class:`TrainingSetup`. ``args`` (the parsed flags) is read, never written: what start-up
-settles is a frozen :class:`~megatron_ext.config.derived.Resolved`, beside the
+loop: the run's config checked against the machine and the tokenizer and settled for the
+machine (:func:`check_machine_and_tokenizer`; the flags' own checks ran when they were
+parsed), the layers settled (:func:`resolve_layers`), the checkpoint to resume and the run's
+fixed code (:func:`~megatron_ext.checkpoint.resume.resolve_checkpoint`), the model, its DDP
+wrapper, optimizer and scheduler (:func:`build_model_and_optimizer`); :func:`set_up` does
+them in order and returns one :class:`TrainingSetup`, whose ``config`` is the one the rest of
+the run reads. Configs are frozen: what start-up settles is a new config, beside the
 :class:`~megatron_ext.config.derived.Derived` values."""
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 from typing import Callable, Optional
@@ -24,16 +23,15 @@ from megatron.core.optimizer import (OptimizerConfig, ParamKey, distrib_optimize
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler, ParamGroupOverride
 from megatron.core.transformer.module import Float16Module
 
-from ..checkpoint import compatibility, loading
+from ..checkpoint import loading
 from ..checkpoint.layout import TrainState
 from ..checkpoint.resume import resolve_checkpoint
-from ..codes.schemes import FixedCode
-from ..config.derived import Derived, Resolved, derive
+from ..codes.schemes import FixedCode, build_code
+from ..config.derived import Derived, derive
 from ..config.run_config import RunConfig
 from ..config.schedule import scheduler_steps
+from ..config.training_config import TrainingConfig
 from ..datasets.tokenizer import tokenizer_digest, tokenizer_from_args
-from ..model.attention import document_mask_refusal, local_core_attention
-from ..model.provider import build_code
 from ..runtime.device_checks import check_cuda_connections, fp8_refusal
 from ..runtime.device_checks import transformer_engine_imports, transformer_engine_version
 from ..runtime.errors import DeviceError, FlagError
@@ -42,55 +40,58 @@ from .compile_layers import compile_layers
 from .fused_adam import fuse_torch_adam, torch_adam_fused
 
 
-def check_flags(args: argparse.Namespace, device: str) -> tuple:
-    """The checks of the flags that need this machine (``device``: ``cuda`` or ``cpu``), its
-    world and what imports, and the tokenizer; the flags' own checks ran when they were
-    parsed (:meth:`~megatron_ext.config.run_config.RunConfig.validate`). Returns
-    ``(tokenizer, derived, resolved)``: the values derived from the flags, the world and the
-    tokenizer (:class:`~megatron_ext.config.derived.Derived`) and the flags settled for this
-    machine (:class:`~megatron_ext.config.derived.Resolved`, with the flags' schedule), built
-    once. ``args`` is not written into."""
-    config = RunConfig.from_args(args)
-    tokenizer = tokenizer_from_args(args)
-    derived = derive(args, torch.distributed.get_world_size(), tokenizer.vocab_size,
+def check_machine_and_tokenizer(config: RunConfig, device: str) -> tuple:
+    """The checks of the run's config that need this machine (``device``: ``cuda`` or
+    ``cpu``), its world and what imports, and the tokenizer; the flags' own checks ran when
+    they were parsed (:meth:`~megatron_ext.config.run_config.RunConfig.validate`). Returns
+    ``(tokenizer, config, derived)``: the config settled for this machine (the device, the
+    layers, sequence parallelism) and the values derived from the flags, the world and the
+    tokenizer (:class:`~megatron_ext.config.derived.Derived`), each built once: what
+    :func:`~megatron_ext.checkpoint.resume.resolve_checkpoint` takes next."""
+    model, checkpoint, logging = config.model, config.checkpoint, config.logging
+    parallel = config.parallel
+    tokenizer = tokenizer_from_args(config.data)
+    derived = derive(config, torch.distributed.get_world_size(), tokenizer.vocab_size,
                      tokenizer_digest(tokenizer))
-    if (args.use_distributed_optimizer and args.dist_ckpt_optim_fully_reshardable
+    if (parallel.use_distributed_optimizer
+            and checkpoint.dist_ckpt_optim_fully_reshardable
             and not distrib_optimizer.HAVE_APEX_OR_TE):
         raise FlagError("--dist-ckpt-optim-fully-reshardable: neither Transformer "
                         "Engine nor Apex imports, so the distributed optimizer runs torch's "
                         "Adam, whose state megatron-core 0.16.1 cannot load in that layout; "
                         "drop the flag (the default layout resumes) or pip install '.[gpu]'")
-    transformer_impl, sequence_parallel = resolve_layers(args, device)
-    resolved = Resolved(device, transformer_impl, sequence_parallel,
-                        {k: getattr(args, k) for k in compatibility.SCHEDULE_FLAGS},
-                        args.finetune, args.no_load_optim, args.no_load_rng)
-    config.logging.check_device(device)
-    torch_adam_fused(args, device)  # refuses what cannot apply
-    config.model.check_vocab(derived.padded_vocab_size, tokenizer.vocab_size)
-    return tokenizer, derived, resolved
+    transformer_impl, sequence_parallel = resolve_layers(config, device)
+    logging.check_device(device)
+    torch_adam_fused(parallel.torch_adam_fused, device)  # refuses what cannot apply
+    model.check_vocab(derived.padded_vocab_size, tokenizer.vocab_size)
+    settled = config.replace(device=device, transformer_impl=transformer_impl,
+                             sequence_parallel=sequence_parallel)
+    return tokenizer, settled, derived
 
 
-def input_table_overrides(args: argparse.Namespace) -> Optional[dict]:
+def input_table_overrides(training: TrainingConfig) -> Optional[dict]:
     """Megatron-Core's optimizer overrides for the input table's parameters (``embedding.*``):
     its peak and final learning rates times ``--input-table-lr-mult``, its weight decay
     ``--input-table-weight-decay``; None (Megatron's default groups) when both are the
     recipe's. Megatron's standard override stays: no weight decay on biases and 1-D weights."""
-    if args.input_table_lr_mult == 1.0 and args.input_table_weight_decay is None:
+    given = training.input_table_flags()
+    if not given:
         return None
-    overrides = get_standard_config_overrides(OptimizerConfig(lr=args.lr, min_lr=args.min_lr))
+    overrides = get_standard_config_overrides(OptimizerConfig(lr=training.lr,
+                                                              min_lr=training.min_lr))
     table = {}
-    if args.input_table_lr_mult != 1.0:
-        table.update(max_lr=args.lr * args.input_table_lr_mult,
-                     min_lr=args.min_lr * args.input_table_lr_mult)
-    if args.input_table_weight_decay is not None:
-        table.update(start_wd=args.input_table_weight_decay,
-                     end_wd=args.input_table_weight_decay)
+    if "--input-table-lr-mult" in given:
+        table.update(max_lr=training.lr * training.input_table_lr_mult,
+                     min_lr=training.min_lr * training.input_table_lr_mult)
+    if "--input-table-weight-decay" in given:
+        table.update(start_wd=training.input_table_weight_decay,
+                     end_wd=training.input_table_weight_decay)
     # named as the optimizer sees them: inside the DDP (and Float16Module) wrappers
     overrides[ParamKey(name=("embedding.*", "*.embedding.*"))] = ParamGroupOverride(**table)
     return overrides
 
 
-def resolve_layers(args: argparse.Namespace, device: str) -> tuple[str, bool]:
+def resolve_layers(config: RunConfig, device: str) -> tuple[str, bool]:
     """``(transformer_impl, sequence_parallel)``: the transformer layers, attention, FP8 and
     sequence parallelism for ``device``, settled as Megatron-LM settles them
     (megatron/training/arguments.py): Transformer Engine layers by default on a GPU where TE
@@ -98,7 +99,8 @@ def resolve_layers(args: argparse.Namespace, device: str) -> tuple[str, bool]:
     warning at TP=1; the checks of what these layers run (which need the machine where
     ``--transformer-impl`` is left to it) and, on a GPU, those of
     :mod:`megatron_ext.runtime.device_checks`."""
-    impl, sequence_parallel = args.transformer_impl, args.sequence_parallel
+    model, parallel = config.model, config.parallel
+    impl, sequence_parallel = model.transformer_impl, parallel.sequence_parallel
     if impl is None:
         te = device == "cuda" and transformer_engine_imports()
         impl = "transformer_engine" if te else "local"
@@ -109,129 +111,107 @@ def resolve_layers(args: argparse.Namespace, device: str) -> tuple[str, bool]:
     elif impl == "transformer_engine" and device == "cpu":
         raise FlagError("--transformer-impl transformer_engine needs a GPU (Transformer "
                         "Engine's layers run on CUDA only); use --transformer-impl local")
-    if impl == "transformer_engine" and args.fp32_residual_connection:
-        raise FlagError(
-            "--fp32-residual-connection with --transformer-impl transformer_engine"
-            + (" (the default on a GPU where TE imports)" if args.transformer_impl is None
-               else "") + ": TE's fused norm + linear takes the layer's dtype and would "
-            "receive the fp32 stream; use --transformer-impl local, or drop "
-            "--fp32-residual-connection")
-    if args.torch_compile_layers and impl != "local":
-        raise FlagError("--torch-compile-layers compiles the local layers (Transformer "
-                        "Engine's bring their own fused kernels and were never compiled "
-                        "here): add --transformer-impl local")
-    if args.fp8_format and impl != "transformer_engine":
-        raise FlagError("--fp8-format needs --transformer-impl transformer_engine "
-                        "(Transformer Engine layers, on a GPU)")
-    if impl == "local":
-        local_core_attention(args.attention_backend)  # refuses TE's own backends
-    elif args.attention_backend == "local":
-        raise FlagError("--attention-backend local is Megatron-Core's attention of the "
-                        "local layers: it needs --transformer-impl local, as in Megatron-LM")
-    if args.reset_attention_mask:
-        refusal = document_mask_refusal(impl, args.attention_backend, device,
-                                        args.masked_softmax_fusion,
-                                        args.pipeline_model_parallel_size)
-        if refusal:
-            raise FlagError(refusal)
-    if sequence_parallel and args.tensor_model_parallel_size == 1:
+    config.check_layers(impl, device)  # what these layers cannot run, on this device
+    if sequence_parallel and parallel.tensor_model_parallel_size == 1:
         log("[fixedcode] warning: --sequence-parallel turned off: it splits activations over "
             "tensor-parallel ranks, and --tensor-model-parallel-size is 1 (as in Megatron-LM)")
         sequence_parallel = False
     if device == "cuda":
         capability = torch.cuda.get_device_capability()
-        check_cuda_connections(args.tensor_model_parallel_size, sequence_parallel,
+        check_cuda_connections(parallel.tensor_model_parallel_size, sequence_parallel,
                                capability, os.environ)
-        if args.fp8_format:
-            refusal = fp8_refusal(args.fp8_recipe, capability, transformer_engine_version())
+        if model.fp8_format:
+            refusal = fp8_refusal(model.fp8_recipe, capability, transformer_engine_version())
             if refusal:
                 raise DeviceError(refusal)
     return impl, sequence_parallel
 
 
-def build_model_and_optimizer(args, derived: Derived, model_provider: Callable,
+def build_model_and_optimizer(config: RunConfig, derived: Derived, model_provider: Callable,
                               code: Optional[FixedCode] = None):
-    """``args``: the flags as the run applies them (:meth:`Resolved.applied_to`); ``code``:
-    the run's fixed code (:func:`~megatron_ext.checkpoint.resume.resolve_checkpoint`);
-    omitted, the model provider draws one from the flags."""
+    """``config``: the run's, settled at set-up; ``code``: the run's fixed code
+    (:func:`~megatron_ext.checkpoint.resume.resolve_checkpoint`); omitted, the model provider
+    draws one from the flags."""
+    flags, parallel, training = config.model, config.parallel, config.training
     pre = parallel_state.is_pipeline_first_stage()
     post = parallel_state.is_pipeline_last_stage()
-    model = model_provider(args, derived.padded_vocab_size, pre_process=pre, post_process=post,
-                           code=code)
-    if args.device == "cuda":
+    model = model_provider(config, derived.padded_vocab_size, pre_process=pre,
+                           post_process=post, code=code)
+    if training.device == "cuda":
         model.cuda(torch.cuda.current_device())
-    if args.torch_compile_layers:
-        layers = compile_layers(model, args.torch_compile_backend)
-        log(f"[fixedcode] torch.compile ({args.torch_compile_backend}) of each transformer "
+    if flags.torch_compile_layers:
+        layers = compile_layers(model, flags.torch_compile_backend)
+        log(f"[fixedcode] torch.compile ({flags.torch_compile_backend}) of each transformer "
             f"layer: {layers} layers, compiled in the first step (--torch-compile-layers)")
     # As Megatron-LM: under --bf16/--fp16 every parameter (norms included, which the local
     # layers create in fp32) is cast to the training dtype, and so are the first stage's
     # float inputs; the last stage's output comes back in fp32. ``model`` stays the bare
     # GPTModel (checkpoints, metrics, norms); the wrapper shares its parameters.
-    module = Float16Module(model.config, model) if args.bf16 or args.fp16 else model
+    module = Float16Module(model.config, model) if flags.bf16 or flags.fp16 else model
     ddp = DistributedDataParallel(
         config=model.config,
         ddp_config=DistributedDataParallelConfig(
-            grad_reduce_in_fp32=True, overlap_grad_reduce=args.overlap_grad_reduce,
-            overlap_param_gather=args.overlap_param_gather,
-            bucket_size=args.ddp_bucket_size,
-            use_distributed_optimizer=args.use_distributed_optimizer),
+            grad_reduce_in_fp32=True, overlap_grad_reduce=parallel.overlap_grad_reduce,
+            overlap_param_gather=parallel.overlap_param_gather,
+            bucket_size=parallel.ddp_bucket_size,
+            use_distributed_optimizer=parallel.use_distributed_optimizer),
         module=module)
     optimizer = get_megatron_optimizer(
-        OptimizerConfig(optimizer="adam", lr=args.lr, min_lr=args.min_lr,
-                        weight_decay=args.weight_decay, adam_beta1=args.adam_beta1,
-                        adam_beta2=args.adam_beta2, adam_eps=args.adam_eps,
-                        clip_grad=args.clip_grad, bf16=args.bf16, fp16=args.fp16,
-                        log_num_zeros_in_grad=args.log_num_zeros_in_grad,
+        OptimizerConfig(optimizer="adam", lr=training.lr, min_lr=training.min_lr,
+                        weight_decay=training.weight_decay, adam_beta1=training.adam_beta1,
+                        adam_beta2=training.adam_beta2, adam_eps=training.adam_eps,
+                        clip_grad=training.clip_grad, bf16=flags.bf16, fp16=flags.fp16,
+                        log_num_zeros_in_grad=config.logging.log_num_zeros_in_grad,
                         params_dtype=model.config.params_dtype,
-                        use_distributed_optimizer=args.use_distributed_optimizer),
-        [ddp], config_overrides=input_table_overrides(args))
-    if torch_adam_fused(args, args.device) and fuse_torch_adam(optimizer):
+                        use_distributed_optimizer=parallel.use_distributed_optimizer),
+        [ddp], config_overrides=input_table_overrides(training))
+    if torch_adam_fused(parallel.torch_adam_fused, training.device) \
+            and fuse_torch_adam(optimizer):
         log("[fixedcode] optimizer: torch's AdamW with its fused kernel (--torch-adam-fused)")
-    steps = scheduler_steps(vars(args), args.train_samples, derived.train_iters,
+    steps = scheduler_steps(training.record(), training.train_samples, derived.train_iters,
                             derived.global_batch_size)
     scheduler = OptimizerParamScheduler(
-        optimizer, init_lr=args.lr_warmup_init, max_lr=args.lr, min_lr=args.min_lr,
+        optimizer, init_lr=training.lr_warmup_init, max_lr=training.lr, min_lr=training.min_lr,
         lr_warmup_steps=steps.warmup, lr_decay_steps=steps.decay,
-        lr_decay_style=args.lr_decay_style,
-        start_wd=args.weight_decay, end_wd=args.weight_decay,
+        lr_decay_style=training.lr_decay_style,
+        start_wd=training.weight_decay, end_wd=training.weight_decay,
         wd_incr_steps=steps.wd_incr, wd_incr_style="constant",
-        wsd_decay_steps=steps.wsd_decay, lr_wsd_decay_style=args.lr_wsd_decay_style,
+        wsd_decay_steps=steps.wsd_decay, lr_wsd_decay_style=training.lr_wsd_decay_style,
         # The schedule was settled on resume (compatibility.reconcile_schedule): the
         # scheduler takes its own values, which are the flags' or the checkpoint's.
         use_checkpoint_opt_param_scheduler=False, override_opt_param_scheduler=True)
     model.config.finalize_model_grads_func = finalize_model_grads
     model.config.no_sync_func = ddp.no_sync
-    if args.fp16:
+    if flags.fp16:
         model.config.grad_scale_func = optimizer.scale_loss
     return model, ddp, optimizer, scheduler
 
 
-def save_initialised_model(args: argparse.Namespace) -> str:
-    """Build the model of the training flags ``args`` on the CPU, initialised as a run starts
-    it (``--seed``), and save it alone to ``--save`` as iteration 0: what the converter reads
+def save_initialised_model(config: RunConfig) -> str:
+    """Build the model of the training config on the CPU, initialised as a run starts it
+    (``--seed``), and save it alone to ``--save`` as iteration 0: what the converter reads
     (tools/convert_to_hf.py), made without a step, the optimizer's state or the memory they
     take (bench/bench_convert.py converts the 1.7B shape so). Training cannot resume it.
     Needs a process group of one rank; returns the checkpoint's path."""
     from ..checkpoint.saving import save_checkpoint
     from ..model.provider import model_provider
     from ..runtime.initialize import set_seed
-    tokenizer = tokenizer_from_args(args)
-    derived = derive(args, 1, tokenizer.vocab_size, tokenizer_digest(tokenizer))
-    code = build_code(args, derived.padded_vocab_size)
-    set_seed(args.seed)
-    model = model_provider(args, derived.padded_vocab_size, on_cpu=True, code=code)
-    return save_checkpoint(args, derived, model, None, None, TrainState(), code)
+    tokenizer = tokenizer_from_args(config.data)
+    derived = derive(config, 1, tokenizer.vocab_size, tokenizer_digest(tokenizer))
+    code = build_code(config.model, derived.padded_vocab_size)
+    set_seed(config.training.seed)
+    model = model_provider(config, derived.padded_vocab_size, on_cpu=True, code=code)
+    return save_checkpoint(config, derived, model, None, None, TrainState(), code)
 
 
 @dataclasses.dataclass
 class TrainingSetup:
-    """What the loop starts from: the flags as this run applies them (``run``, and by concern
-    ``config``), the values derived from them, the tokenizer, the model (the bare GPTModel),
-    its DDP wrapper, the optimizer and scheduler, the run's fixed code (None for the learned
-    arm), the train state (resumed or fresh), and the checkpoint resumed (``resume_path`` and
-    its common objects, None for a fresh run; ``own``: one of the run's own saves)."""
-    run: argparse.Namespace
+    """What the loop starts from: the run's config as set-up settled it (the machine's
+    values, the checkpoint's schedule: what the rest of the run reads), the values derived
+    from it, the tokenizer, the model (the bare GPTModel), its DDP wrapper, the optimizer and
+    scheduler, the run's fixed code (None for the learned arm), the train state (resumed or
+    fresh), and the checkpoint resumed (``resume_path`` and its common objects, None for a
+    fresh run; ``own``: one of the run's own saves)."""
     config: RunConfig
     derived: Derived
     tokenizer: object
@@ -246,28 +226,28 @@ class TrainingSetup:
     own: bool = False
 
 
-def set_up(args: argparse.Namespace, device: str, model_provider: Callable) -> TrainingSetup:
-    """Check the flags, resolve the checkpoint, build the model and optimizer and load the
-    checkpoint into them; the process group is already initialised."""
-    tokenizer, derived, resolved = check_flags(args, device)
-    resume = resolve_checkpoint(args, derived, resolved)
-    run = resume.resolved.applied_to(args)
-    model, ddp, optimizer, scheduler = build_model_and_optimizer(run, derived, model_provider,
-                                                                 resume.code)
+def set_up(config: RunConfig, device: str, model_provider: Callable) -> TrainingSetup:
+    """Check the config against the machine and the tokenizer, resolve the checkpoint, build
+    the model and optimizer and load the checkpoint into them; the process group is already
+    initialised."""
+    tokenizer, config, derived = check_machine_and_tokenizer(config, device)
+    resume = resolve_checkpoint(config, derived)
+    config, flags = resume.config, resume.config.checkpoint
+    model, ddp, optimizer, scheduler = build_model_and_optimizer(config, derived,
+                                                                 model_provider, resume.code)
     state = TrainState()
     if resume.path:
         loading.load_checkpoint(resume.path, resume.common, model, optimizer, scheduler,
-                                load_optim=not (run.finetune or run.no_load_optim),
-                                load_rng=not (run.finetune or run.no_load_rng))
-        if torch_adam_fused(run, device):
+                                load_optim=not (flags.finetune or flags.no_load_optim),
+                                load_rng=not (flags.finetune or flags.no_load_rng))
+        if torch_adam_fused(config.parallel.torch_adam_fused, device):
             fuse_torch_adam(optimizer)  # the loaded parameter groups are the saved ones
-        if run.finetune:  # as Megatron-LM: iteration 0, consumed samples 0
+        if flags.finetune:  # as Megatron-LM: iteration 0, consumed samples 0
             log(f"[fixedcode] --finetune: model weights from {resume.path}, iteration 0")
         else:
             state = TrainState.from_common(resume.common)
             log(f"[fixedcode] resumed from {resume.path} at iteration {state.iteration}")
-    elif args.load:
-        log(f"[fixedcode] no checkpoint in {args.load} yet: starting from scratch")
-    return TrainingSetup(run, RunConfig.from_args(run), derived, tokenizer, model, ddp,
-                         optimizer, scheduler, resume.code, state, resume.path, resume.common,
-                         resume.own)
+    elif flags.load:
+        log(f"[fixedcode] no checkpoint in {flags.load} yet: starting from scratch")
+    return TrainingSetup(config, derived, tokenizer, model, ddp, optimizer, scheduler,
+                         resume.code, state, resume.path, resume.common, resume.own)

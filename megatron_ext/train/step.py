@@ -17,6 +17,8 @@ from megatron.core.distributed import DistributedDataParallel
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from ..checkpoint.layout import TrainState
+from ..config.parallel_config import ParallelConfig
+from ..config.run_config import RunConfig
 from ..metrics.logger import IntervalSkips
 from ..runtime.errors import TrainingError
 from ..runtime.log import log
@@ -99,11 +101,11 @@ class SkippedUpdates:
                 f"checkpoint is intact")
 
 
-def train_step(args, num_microbatches: int, forward_step, train_iter, ddp, optimizer, scheduler,
-               grad_norms: Optional[Callable[[], dict]] = None,
+def train_step(config: RunConfig, num_microbatches: int, forward_step, train_iter, ddp,
+               optimizer, scheduler, grad_norms: Optional[Callable[[], dict]] = None,
                spike: Optional[Callable[[Optional[float]], Optional[str]]] = None
                ) -> StepResult:
-    """One global batch; ``StepResult.norms`` is ``grad_norms()`` measured between the
+    """One global batch of the run of ``config``; ``StepResult.norms`` is ``grad_norms()`` measured between the
     backward pass and the update; ``spike(loss)`` (``SpikeDetector.check``): whether the
     loss is a spike, agreed over the ranks with the non-finite checks; with
     ``--spiky-loss-action skip`` or ``stop`` its update is skipped.
@@ -114,40 +116,41 @@ def train_step(args, num_microbatches: int, forward_step, train_iter, ddp, optim
     both, ``--max-nonfinite-steps``, and all ranks take the same decision. Under fp16 the
     gradients are left to the dynamic loss scaler, whose overflows are expected (Megatron-LM
     turns its check off there too)."""
+    fp16, training = config.model.fp16, config.training
     ddp.zero_grad_buffer()
     optimizer.zero_grad()
     losses = get_forward_backward_func()(
         forward_step_func=forward_step, data_iterator=train_iter, model=[ddp],
-        num_microbatches=num_microbatches, seq_length=args.seq_length,
-        micro_batch_size=args.micro_batch_size, forward_only=False)
+        num_microbatches=num_microbatches, seq_length=config.model.seq_length,
+        micro_batch_size=training.micro_batch_size, forward_only=False)
     loss = reduce_losses(losses)
     norms = grad_norms() if grad_norms else {}
     bad_loss, bad_grads, spiky = max_over_ranks(
-        [loss is not None and not math.isfinite(loss), not args.fp16 and _nonfinite_grads(ddp),
-         spike is not None and spike(loss) is not None], args.device)
+        [loss is not None and not math.isfinite(loss), not fp16 and _nonfinite_grads(ddp),
+         spike is not None and spike(loss) is not None], training.device)
     if bad_loss or bad_grads:
         return StepResult(loss, skip=NONFINITE_LOSS if bad_loss else NONFINITE_GRADS,
                           norms=norms)
-    if spiky and args.spiky_loss_action != "log":
+    if spiky and training.spiky_loss_action != "log":
         return StepResult(loss, skip=SPIKY_LOSS, norms=norms, spike=True)
-    scale = optimizer.get_loss_scale().item() if args.fp16 else None
+    scale = optimizer.get_loss_scale().item() if fp16 else None
     updated, grad_norm, num_zeros = optimizer.step()
     if not updated:  # only fp16's loss scaler declines a step
         return StepResult(loss, skip=OVERFLOW_AT_MIN_SCALE
                           if scale <= optimizer.config.min_loss_scale else OVERFLOW, norms=norms)
     # As Megatron-LM: the scheduler counts samples (config/schedule.py), this update's.
-    scheduler.step(increment=num_microbatches * args.micro_batch_size
+    scheduler.step(increment=num_microbatches * training.micro_batch_size
                    * parallel_state.get_data_parallel_world_size())
     return StepResult(loss, grad_norm, num_zeros, None, norms, bool(spiky))
 
 
 @contextlib.contextmanager
-def gathered_parameters(args, ddp: DistributedDataParallel):
+def gathered_parameters(parallel: ParallelConfig, ddp: DistributedDataParallel):
     """Whole, current parameters in the model for what reads them between steps (validation,
     a checkpoint, the parameter norm). Under ``--overlap-param-gather`` the distributed
     optimizer's update reaches the other ranks' copies only in the next forward pass's
     pre-hooks: they are gathered now and the hooks stay off meanwhile, as Megatron-LM does."""
-    if not args.overlap_param_gather:
+    if not parallel.overlap_param_gather:
         yield
         return
     ddp.disable_forward_pre_hook(param_sync=True)

@@ -10,7 +10,7 @@ from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 from conftest import TINY_RUN
 from megatron_ext.datasets.gpt_datasets import build_train_valid_test, samples_per_split
 from megatron_ext.runtime.megatron_compat import null_tokenizer_counts
-from megatron_ext.train.setup import check_flags
+from megatron_ext.train.setup import check_machine_and_tokenizer
 from pretrain_fixedcode import parse_args
 
 
@@ -36,5 +36,5 @@ def training_data(*flags):
     32, --train-iters 2 of --global-batch-size 4 (run it under the cpu_dist fixture)."""
     args = parse_args([a for a in TINY_RUN if a != "--mock-data"]
                       + ["--train-iters", "2", *map(str, flags)])
-    tokenizer, derived, _ = check_flags(args, "cpu")
+    tokenizer, _, derived = check_machine_and_tokenizer(args, "cpu")
     return build_train_valid_test(args, tokenizer, samples_per_split(args, derived), 0)[:2]

@@ -17,7 +17,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from megatron_ext.model.memory import footprint
-from megatron_ext.train.setup import build_model_and_optimizer, check_flags
+from megatron_ext.train.setup import build_model_and_optimizer, check_machine_and_tokenizer
 from megatron_ext.train.step import train_step
 from pretrain_fixedcode import forward_step, model_provider, parse_args
 
@@ -64,9 +64,9 @@ class PeakTensorMemory(TorchDispatchMode):
 def batches(run, seed: int = 0):
     """Random micro-batches of the run's shape, as the datasets give them."""
     gen = torch.Generator().manual_seed(seed)
-    b, s = run.micro_batch_size, run.seq_length
+    b, s = run.training.micro_batch_size, run.model.seq_length
     while True:
-        tokens = torch.randint(0, run.vocab_size, (b, s + 1), generator=gen)
+        tokens = torch.randint(0, run.data.vocab_size, (b, s + 1), generator=gen)
         yield {"tokens": tokens[:, :-1].contiguous(), "labels": tokens[:, 1:].contiguous(),
                "loss_mask": torch.ones(b, s), "position_ids": torch.arange(s).repeat(b, 1)}
 
@@ -102,9 +102,7 @@ def measure(argv: list) -> dict:
 
 
 def _measure(argv: list) -> dict:
-    run_args = parse_args(SHAPE + list(argv))
-    _, derived, resolved = check_flags(run_args, "cpu")
-    run = resolved.applied_to(run_args)
+    _, run, derived = check_machine_and_tokenizer(parse_args(SHAPE + list(argv)), "cpu")
     model, ddp, optimizer, scheduler = build_model_and_optimizer(run, derived, model_provider)
     data = batches(run)
     train_step(run, derived.num_microbatches, forward_step, data, ddp, optimizer, scheduler)
@@ -114,8 +112,8 @@ def _measure(argv: list) -> dict:
     with PeakTensorMemory() as memory:
         get_forward_backward_func()(
             forward_step_func=forward_step, data_iterator=data, model=[ddp],
-            num_microbatches=derived.num_microbatches, seq_length=run.seq_length,
-            micro_batch_size=run.micro_batch_size, forward_only=False)
+            num_microbatches=derived.num_microbatches, seq_length=run.model.seq_length,
+            micro_batch_size=run.training.micro_batch_size, forward_only=False)
     stage = parallel_state.get_pipeline_model_parallel_rank()
     planned = footprint(run, derived.padded_vocab_size, derived.data_parallel_size,
                         derived.num_microbatches, device="cpu", stage=stage)

@@ -23,7 +23,7 @@ from megatron.core.distributed import (DistributedDataParallel, DistributedDataP
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from conftest import TINY_MODEL
-from megatron_ext.config.arguments import padded_vocab_size
+from megatron_ext.config.model_config import padded_vocab_size
 from megatron_ext.runtime.initialize import initialize_distributed
 from megatron_ext.model.provider import model_provider
 from megatron_ext.metrics.norms import NormReporter
@@ -50,7 +50,8 @@ def build(variant: str, num_layers: int = NUM_LAYERS):
                                     "--tensor-model-parallel-size", str(tp),
                                     "--pipeline-model-parallel-size", str(pp), "--device", "cpu",
                                     "--train-iters", "1", "--mock-data", *VARIANTS[variant]])
-    model = model_provider(args, padded_vocab_size(VOCAB, args.make_vocab_size_divisible_by, tp),
+    model = model_provider(args, padded_vocab_size(VOCAB, args.model.make_vocab_size_divisible_by,
+                                                   tp),
                            pre_process=parallel_state.is_pipeline_first_stage(),
                            post_process=parallel_state.is_pipeline_last_stage(), on_cpu=True)
     return args, model
@@ -72,8 +73,8 @@ def norms_after_backward(args, model) -> dict:
     model.config.finalize_model_grads_func = finalize_model_grads
     reporter = NormReporter(model)
     get_forward_backward_func()(
-        forward_step_func=forward_step, data_iterator=iter([batch(args.seq_length)]),
-        model=[ddp], num_microbatches=1, seq_length=args.seq_length,
+        forward_step_func=forward_step, data_iterator=iter([batch(args.model.seq_length)]),
+        model=[ddp], num_microbatches=1, seq_length=args.model.seq_length,
         micro_batch_size=MICRO_BATCH, forward_only=False)
     return {"params_norm": reporter.params_norm(), "param_norms": reporter.param_norms(),
             "grad_norms": reporter.grad_norms()}

@@ -27,7 +27,7 @@ def lay_out(args) -> None:
     leaves running (it drops its references only): made anew for each of test_parallel's 23
     runs, they reached 1,000 threads per rank, polling, and 40% of the launch's CPU was the
     kernel's (28 s user, 17 s system)."""
-    layout = (args.tensor_model_parallel_size, args.pipeline_model_parallel_size)
+    layout = (args.parallel.tensor_model_parallel_size, args.parallel.pipeline_model_parallel_size)
     if parallel_state.model_parallel_is_initialized() and layout != (
             parallel_state.get_tensor_model_parallel_world_size(),
             parallel_state.get_pipeline_model_parallel_world_size()):
@@ -44,7 +44,8 @@ def main(plan: str) -> None:
         args = parse_args(argv)
         lay_out(args)
         pretrain(args, model_provider, forward_step, datasets_provider)
-        metrics = args.metrics_file or os.path.join(args.save, "metrics.jsonl")
+        metrics = args.logging.metrics_file or os.path.join(args.checkpoint.save,
+                                                            "metrics.jsonl")
         if logging_rank:
             shutil.copy(metrics, os.path.join(os.path.dirname(plan), f"{name}.jsonl"))
 

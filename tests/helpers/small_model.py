@@ -1,8 +1,9 @@
-"""The small model of the embedding and GPU-readiness tests, as parsed flags."""
+"""The small model of the embedding and GPU-readiness tests, as its run's config."""
 
 from __future__ import annotations
 
-from megatron_ext.config.arguments import padded_vocab_size, parse_model_args
+from megatron_ext.config.arguments import parse_model_config
+from megatron_ext.config.model_config import padded_vocab_size
 
 VOCAB = 500
 SMALL = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
@@ -11,4 +12,4 @@ SMALL_VOCAB = padded_vocab_size(VOCAB, 128, 1)
 
 
 def small_args(arm: str, *extra: str):
-    return parse_model_args(SMALL + ["--input-interface", arm, *extra], "test")
+    return parse_model_config(SMALL + ["--input-interface", arm, *extra], "test")[0]

@@ -18,7 +18,8 @@ import megatron_ext  # noqa: F401
 from megatron.core import dist_checkpointing, parallel_state
 from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
 
-from megatron_ext.config.arguments import padded_vocab_size, parse_model_args
+from megatron_ext.config.arguments import parse_model_config
+from megatron_ext.config.model_config import padded_vocab_size
 from megatron_ext.runtime.initialize import initialize_distributed
 from megatron_ext.model.provider import model_provider
 
@@ -39,10 +40,10 @@ VOCAB = 500
 
 
 def build(arm: str, tp: int):
-    args = parse_model_args(["--num-layers", "2", "--hidden-size", "64",
-                             "--num-attention-heads", "4", "--seq-length", "16",
-                             "--vocab-size", str(VOCAB), *ARMS[arm],
-                             "--tensor-model-parallel-size", str(tp)], "tp parity")
+    args = parse_model_config(["--num-layers", "2", "--hidden-size", "64",
+                               "--num-attention-heads", "4", "--seq-length", "16",
+                               "--vocab-size", str(VOCAB), *ARMS[arm],
+                               "--tensor-model-parallel-size", str(tp)], "tp parity")[0]
     return model_provider(args, padded_vocab_size(VOCAB, 128, tp), on_cpu=True).eval()
 
 

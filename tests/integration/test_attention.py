@@ -17,7 +17,7 @@ from megatron.core.transformer.enums import AttnBackend, AttnMaskType
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from conftest import TINY_RUN
-from megatron_ext.config.arguments import ATTENTION_BACKENDS
+from megatron_ext.config.model_config import ATTENTION_BACKENDS
 from megatron_ext.model.attention import SDPAttention, local_core_attention, sdpa_kernels
 from megatron_ext.metrics.sinks import read_metrics
 from megatron_ext.metrics.flops import flops_per_token
@@ -124,7 +124,7 @@ def test_every_arm_trains_to_the_same_losses_with_sdpa_and_unfused(cpu_dist, nvt
             runs[backend] = losses(tmp_path / f"{arm}-{backend}")
             for r in read_metrics(str(tmp_path / f"{arm}-{backend}")):  # the logged TFLOP/s
                 assert r["tflops-per-gpu"] == pytest.approx(
-                    flops_per_token(args, 512) * r["tokens-per-second"] / 1e12), arm
+                    flops_per_token(args.model, 512) * r["tokens-per-second"] / 1e12), arm
             for name in NVTE:  # each model sets them for its backend
                 os.environ.pop(name, None)
         assert sorted(runs["auto"]) == list(range(1, 11)), arm

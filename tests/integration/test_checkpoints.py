@@ -65,28 +65,27 @@ def test_retention_during_a_study_evaluation_spares_the_save_being_read(
      "--keep-checkpoints-every applies with --keep-last-checkpoints only"),
 ])
 def test_bad_save_flags_are_clear_errors(cpu_dist, flags, message):
-    from megatron_ext.train.setup import check_flags
+    from megatron_ext.train.setup import check_machine_and_tokenizer
     from pretrain_fixedcode import parse_args
     with pytest.raises(FlagError, match=message):
-        check_flags(parse_args(TINY_RUN + ["--train-iters", "2"] + flags), "cpu")
+        check_machine_and_tokenizer(parse_args(TINY_RUN + ["--train-iters", "2"] + flags), "cpu")
 
 
 @pytest.fixture
 def checkpointer(cpu_dist, tmp_path):
     """A Checkpointer of the tiny model, saving to tmp_path/ckpt."""
     from megatron_ext.checkpoint.resume import resolve_checkpoint
-    from megatron_ext.config.run_config import CheckpointConfig
-    from megatron_ext.train.setup import build_model_and_optimizer, check_flags
+    from megatron_ext.train.setup import build_model_and_optimizer, check_machine_and_tokenizer
     from pretrain_fixedcode import model_provider, parse_args
     args = parse_args(TINY_RUN + ["--input-interface", "binary", "--train-iters", "4",
                                   "--save", str(tmp_path / "ckpt")])
-    _, derived, resolved = check_flags(args, "cpu")
-    resume = resolve_checkpoint(args, derived, resolved)
-    args = resume.resolved.applied_to(args)
+    _, settled, derived = check_machine_and_tokenizer(args, "cpu")
+    resume = resolve_checkpoint(settled, derived)
+    args = resume.config
     model, _, optimizer, scheduler = build_model_and_optimizer(args, derived, model_provider,
                                                                resume.code)
     return saving.Checkpointer(
-        CheckpointConfig.from_args(args),
+        args.checkpoint,
         lambda state: saving.start_save(args, derived, model, optimizer, scheduler, state,
                                         resume.code), None)
 

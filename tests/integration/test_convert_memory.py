@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from conftest import REPO
-from megatron_ext.config.arguments import add_training_args, parse_model_args
+from megatron_ext.config.arguments import add_training_args, parse_model_config
 from megatron_ext.hf import export
 from megatron_ext.hf.megatron_checkpoint import read_checkpoint
 from megatron_ext.runtime.errors import DeviceError
@@ -40,8 +40,9 @@ def checkpoints(tmp_path_factory, cpu_dist) -> dict:
     out = {}
     for layers in LAYERS:
         save = root / f"L{layers}"
-        save_initialised_model(parse_model_args(
-            SHAPE + ["--num-layers", str(layers), "--save", str(save)], "", add_training_args))
+        save_initialised_model(parse_model_config(
+            SHAPE + ["--num-layers", str(layers), "--save", str(save)], "",
+            add_training_args)[0])
         out[layers] = save
     return out
 

@@ -124,12 +124,13 @@ def common_state(ckpt: str) -> dict:
 def megatron_logits(ckpt: str, tokens: torch.Tensor) -> torch.Tensor:
     """The documented reader recipe, written out here: the reference the HF model must match."""
     from megatron.core import dist_checkpointing
+    from megatron_ext.config.run_config import RunConfig
     from megatron_ext.model.provider import model_provider
     common = common_state(ckpt)
-    args = argparse.Namespace(**common["args"])
-    args.tensor_model_parallel_size = args.pipeline_model_parallel_size = 1
+    config = RunConfig.from_record(common["args"]).replace(tensor_model_parallel_size=1,
+                                                           pipeline_model_parallel_size=1)
     saved = common["fixed_code"]
-    model = model_provider(args, args.padded_vocab_size, on_cpu=True,
+    model = model_provider(config, common["args"]["padded_vocab_size"], on_cpu=True,
                            code=saved and schemes.FixedCode.from_dict(saved))
     path = f"{ckpt}/iter_0000003"
     model.load_state_dict(dist_checkpointing.load({"model": model.sharded_state_dict()},
@@ -212,15 +213,17 @@ def test_every_scheme_and_tiling_exports_with_logit_parity(flags, as_table, tmp_
     exported as code, the config holds the code and the model loads with trust_remote_code;
     as a table, a stock Llama holds the code of every id (times the projection) and says what
     it is; either gives Megatron's logits."""
-    from megatron_ext.config.arguments import padded_vocab_size, parse_model_args
+    from megatron_ext.config.arguments import parse_model_config
+    from megatron_ext.config.model_config import padded_vocab_size
     from megatron_ext.hf.convert import hf_config, save_hf_model
     from megatron_ext.hf.parity import load_hf, max_logit_diff, megatron_logits, probe_tokens
     from megatron_ext.model.provider import model_provider
-    args = parse_model_args(TINY_MODEL + ["--vocab-size", "500", "--input-interface", *flags],
-                            "test")
-    args.padded_vocab_size = padded_vocab_size(500, 128, 1)  # as a checkpoint's record has it
+    config = parse_model_config(TINY_MODEL + ["--vocab-size", "500", "--input-interface",
+                                              *flags], "test")[0]
+    # as a checkpoint's record has it
+    args = argparse.Namespace(**config.record(), padded_vocab_size=padded_vocab_size(500, 128, 1))
     torch.manual_seed(0)
-    model = model_provider(args, args.padded_vocab_size, on_cpu=True).eval()
+    model = model_provider(config, args.padded_vocab_size, on_cpu=True).eval()
     if args.code_projection:  # trained: no longer the tiling a table of the code would equal
         torch.nn.init.normal_(model.embedding.projection.weight)
     code = model.embedding.code
@@ -448,7 +451,7 @@ def test_a_saved_code_is_read_not_redrawn(ckpts, cpu_dist):
     """The checkpoint stores the whole code (table and recodings for 6 blocks of 11 bits at
     width 64); loading uses it, whatever --code-seed says."""
     from megatron_ext.hf.megatron_checkpoint import load_model, read_checkpoint
-    from megatron_ext.model.provider import build_code
+    from megatron_ext.codes.schemes import build_code
     path, train, fixed_code, _ = read_checkpoint(ckpts["random_recode"])
     assert len(fixed_code["table"]) == 512 and len(fixed_code["recode_A"]) == 6
     train.code_seed += 1

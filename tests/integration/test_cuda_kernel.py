@@ -168,15 +168,15 @@ def test_a_read_only_prebuilt_kernel_of_other_sources_is_refused(fresh_build, mo
 @pytest.mark.integration
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only behaviour")
 def test_flag_cuda_without_gpu_errors_and_auto_falls_back(cpu_dist):
-    from megatron_ext.config.arguments import parse_model_args
+    from megatron_ext.config.arguments import parse_model_config
     from megatron_ext.model.provider import model_provider
     result = {}
     ids = torch.randint(0, 1000, (2, 8))
     for impl in ("auto", "cuda"):
-        args = parse_model_args(["--num-layers", "1", "--hidden-size", "32",
-                                 "--num-attention-heads", "2", "--seq-length", "8",
-                                 "--vocab-size", "1000", "--input-interface", "gf2",
-                                 "--fixed-code-impl", impl], "test")
+        args = parse_model_config(["--num-layers", "1", "--hidden-size", "32",
+                                   "--num-attention-heads", "2", "--seq-length", "8",
+                                   "--vocab-size", "1000", "--input-interface", "gf2",
+                                   "--fixed-code-impl", impl], "test")[0]
         embedding = model_provider(args, 1024, on_cpu=True).embedding
         try:
             out = embedding(ids)

@@ -25,13 +25,14 @@ def run_args(study, arm, seed: int = 1):
 @pytest.mark.parametrize("arm", ["learned", "binary", "gf2"])
 def test_recipe_parses_to_the_reference_shape(arm):
     from pretrain_fixedcode import parse_args
-    args = parse_args(run_flags(read_job_recipe(RECIPE), Path("runs") / arm,
-                                ["--input-interface", arm]))
+    config = parse_args(run_flags(read_job_recipe(RECIPE), Path("runs") / arm,
+                                  ["--input-interface", arm]))
+    args = config.model
     assert (args.num_layers, args.hidden_size, args.ffn_hidden_size, args.num_attention_heads,
             args.seq_length) == (24, 2048, 8192, 32, 2048)
     assert args.untie_embeddings_and_output_weights and args.swiglu
     assert args.normalization == "RMSNorm" and args.disable_bias_linear
-    assert args.train_samples * args.seq_length >= 100e9
+    assert config.training.train_samples * args.seq_length >= 100e9
 
 
 @pytest.mark.integration
@@ -73,7 +74,7 @@ def test_paper_study_files_define_the_three_arms(name, seeds, samples):
     assert study.seeds == seeds and study.control == "learned"
     assert study.eval.tasks == ("hellaswag", "piqa", "lambada_openai")
     args = run_args(study, study.arm("gf2"))
-    assert args.train_samples == samples and args.hidden_size == 2048
+    assert args.training.train_samples == samples and args.model.hidden_size == 2048
 
 
 @pytest.mark.integration
@@ -161,7 +162,7 @@ def test_scaling_presets_cross_sizes_arms_seeds_and_budgets(path, sizes, seeds, 
     assert study.seeds == seeds and study.budgets == budgets
     cells = dict(study.cells())
     assert len(cells) == len(sizes) * (1 + len(budgets))
-    rates = {run_args(cells[s], spec.Arm("binary", "binary")).lr for s in sizes}
+    rates = {run_args(cells[s], spec.Arm("binary", "binary")).training.lr for s in sizes}
     assert len(rates) == len(sizes)
     for size in sizes:
         branches = [cells[f"{size}/budget_{b}"].branch for b in budgets]
@@ -179,7 +180,7 @@ def test_the_learning_rate_preset_tunes_the_rate_at_every_size():
     cells = dict(study.cells())
     assert len(cells) == 3 * 4 and not study.budgets
     for folder, cell in cells.items():
-        rate = run_args(cell, spec.Arm("binary", "binary")).lr
+        rate = run_args(cell, spec.Arm("binary", "binary")).training.lr
         assert rate == float(folder.split("/")[1].removeprefix("lr")), folder
 
 
@@ -195,28 +196,32 @@ def test_the_capacity_presets_define_the_arms_of_issue_31():
         assert study.seeds == (1, 2, 3) and study.control == "learned"
         return study, {a.name: run_args(study, a) for a in study.arms}
 
+    def model(config):
+        return config.model
+
     _, cpu = arms(REPO / "examples/cpu_capacity/study.toml")
-    assert {name: (a.input_interface, a.input_table_rank, a.code_projection)
-            for name, a in cpu.items()} == {
+    assert {name: (model(a).input_interface, model(a).input_table_rank,
+                   model(a).code_projection) for name, a in cpu.items()} == {
         "learned": ("learned", None, False), "binary": ("binary", None, False),
         "frozen": ("frozen", None, False), "map": ("binary", None, True),
         "r8": ("factorized", 8, False), "r32": ("factorized", 32, False),
         "r128": ("factorized", 128, False)}
     _, paper = arms(RECIPE.with_name("study_capacity.toml"))
     V, h = 49152, 2048
-    assert [(name, a.input_interface) for name, a in paper.items()] == [
+    assert [(name, model(a).input_interface) for name, a in paper.items()] == [
         ("learned", "learned"), ("binary", "binary"), ("frozen", "frozen"),
         ("map", "binary"), *((f"r{r}", "factorized") for r in (16, 64, 256, 512))]
     # counted here: the arms test_param_report.py does not count at this shape
     expected = {"map": 16 * h, "r64": V * 64 + 64 * h, "r256": V * 256 + 256 * h}
     counted = {}
     for name in expected:
-        args = paper[name]
-        args.vocab_size = V  # the recipe's tokenizer has 49,152 tokens (a multiple of 128)
-        args.transformer_impl = "local"  # counted on CPU: the same parameters as TE's
-        counted[name] = count_arms(args, [args.input_interface])[args.input_interface]["input"]
+        # the recipe's tokenizer has 49,152 tokens (a multiple of 128); counted on CPU: the
+        # same parameters as TE's
+        args = paper[name].replace(vocab_size=V, transformer_impl="local")
+        arm = args.model.input_interface
+        counted[name] = count_arms(args, [arm])[arm]["input"]
     assert counted == expected
     _, table = arms(RECIPE.with_name("study_input_table.toml"))
-    assert {name: (a.input_table_lr_mult, a.input_table_weight_decay)
-            for name, a in table.items() if a.input_interface == "learned"} == {
+    assert {name: (a.training.input_table_lr_mult, a.training.input_table_weight_decay)
+            for name, a in table.items() if model(a).input_interface == "learned"} == {
         "learned": (1.0, None), "lr0.5": (0.5, None), "lr2": (2.0, None), "wd0": (1.0, 0.0)}

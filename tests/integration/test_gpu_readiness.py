@@ -32,7 +32,8 @@ from megatron_ext.metrics.sinks import read_metrics
 from megatron_ext.metrics.flops import flops_per_token, peak_flops
 from megatron_ext.model.provider import model_provider as build_gpt
 from megatron_ext.train.step import NonFiniteLossError, train_step
-from megatron_ext.train.setup import build_model_and_optimizer, resolve_layers, check_flags
+from megatron_ext.train.setup import (build_model_and_optimizer, check_machine_and_tokenizer,
+                                      resolve_layers)
 from megatron_ext.train.loop import pretrain
 from megatron_ext.runtime.errors import CheckpointError, DeviceError, FixedcodeError, FlagError
 import pretrain_fixedcode  # noqa: E402
@@ -45,7 +46,8 @@ NAN = float("nan")
 def poisoned_at(args, iterations, poison):
     """A callable for the once-per-micro-batch calls of training (forward steps, gradient
     hooks) of a one-rank run: ``poison(x)`` during ``iterations``, ``x`` otherwise."""
-    calls, per_step = itertools.count(), args.global_batch_size // args.micro_batch_size
+    training = args.training
+    calls, per_step = itertools.count(), training.global_batch_size // training.micro_batch_size
     return lambda x: poison(x) if next(calls) // per_step + 1 in iterations else x
 
 
@@ -83,18 +85,17 @@ def test_fp16_overflows_are_counted_apart_and_a_nan_loss_still_stops(cpu_dist, t
 
 def random_batch(args) -> dict:
     """One micro-batch of random tokens, as the data loader gives it."""
-    tokens = torch.randint(0, args.vocab_size, (args.micro_batch_size, args.seq_length + 1))
+    b, s = args.training.micro_batch_size, args.model.seq_length
+    tokens = torch.randint(0, args.data.vocab_size, (b, s + 1))
     return {"tokens": tokens[:, :-1], "labels": tokens[:, 1:],
-            "loss_mask": torch.ones(args.micro_batch_size, args.seq_length),
-            "position_ids": torch.arange(args.seq_length).expand(args.micro_batch_size, -1)}
+            "loss_mask": torch.ones(b, s), "position_ids": torch.arange(s).expand(b, -1)}
 
 
 def test_bf16_wraps_the_model_and_keeps_fp32_main_parameters(cpu_dist):
     """As Megatron-LM: every parameter in bf16 (the local layers' norms included), the
     optimizer's fp32 main copies, one update through them."""
     args = parse_args(TINY_RUN + ["--input-interface", "gf2", "--bf16", "--train-iters", "1"])
-    _, derived, resolved = check_flags(args, "cpu")
-    args = resolved.applied_to(args)
+    _, args, derived = check_machine_and_tokenizer(args, "cpu")
     model, ddp, optimizer, scheduler = build_model_and_optimizer(args, derived, model_provider)
     assert isinstance(ddp.module, Float16Module) and ddp.module.module is model
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
@@ -164,7 +165,7 @@ def test_a_gpu_gets_transformer_engine_layers_by_default(te_imports, capsys):
     te_imports(True)
     args = gpu_args()
     assert resolve_layers(args, "cuda") == ("transformer_engine", False)
-    assert args.transformer_impl is None  # settled, not written into the flags
+    assert args.model.transformer_impl is None  # settled, not written into the flags
     te_imports(False)
     assert resolve_layers(gpu_args(), "cuda")[0] == "local"
     assert capsys.readouterr().out.count("[fixedcode] --transformer-impl local (the default on "
@@ -209,7 +210,7 @@ def test_sequence_parallel_is_turned_off_at_tp1_and_kept_at_tp2(te_imports, caps
     te_imports(False)
     args = gpu_args("--sequence-parallel")
     assert resolve_layers(args, "cuda") == ("local", False)
-    assert args.sequence_parallel  # turned off for the run, not in the flags
+    assert args.parallel.sequence_parallel  # turned off for the run, not in the flags
     assert "warning: --sequence-parallel turned off" in capsys.readouterr().out
     for te in (True, False):
         te_imports(te)
@@ -337,9 +338,9 @@ def test_distributed_optimizer_saves_and_resumes_without_te_or_apex(cpu_dist, tm
     model and optimizer, and find the same state."""
     args = parse_args(TINY_RUN + ["--input-interface", "binary", "--bf16", "--train-iters", "1",
                                   "--use-distributed-optimizer", "--save", str(tmp_path)])
-    _, derived, resolved = check_flags(args, "cpu")
-    resume = resolve_checkpoint(args, derived, resolved)  # fresh
-    code, args = resume.code, resume.resolved.applied_to(args)
+    _, settled, derived = check_machine_and_tokenizer(args, "cpu")
+    resume = resolve_checkpoint(settled, derived)  # fresh
+    code, args = resume.code, resume.config
     model, ddp, optimizer, scheduler = build_model_and_optimizer(args, derived, model_provider,
                                                                  code)
     (inner,) = optimizer.chained_optimizers
@@ -373,12 +374,12 @@ def test_the_fully_reshardable_layout_is_refused_without_te_or_apex(cpu_dist):
                                   "--dist-ckpt-optim-fully-reshardable"])
     with pytest.raises(FlagError, match="--dist-ckpt-optim-fully-reshardable: neither "
                                          "Transformer Engine nor Apex imports"):
-        check_flags(args, "cpu")
+        check_machine_and_tokenizer(args, "cpu")
 
 
 def test_dp_reshardable_optimizer_state_refuses_another_tp_size():
-    saved_args = vars(parse_args(TINY_RUN + ["--train-iters", "1",
-                                             "--tensor-model-parallel-size", "2"]))
+    saved_args = parse_args(TINY_RUN + ["--train-iters", "1",
+                                        "--tensor-model-parallel-size", "2"]).record()
     args = parse_args(TINY_RUN + ["--train-iters", "1"])
     # megatron-core keeps a checkpoint's content metadata under this key of the common state
     from megatron.core.dist_checkpointing.serialization import _CONTENT_METADATA_KEY
@@ -390,9 +391,9 @@ def test_dp_reshardable_optimizer_state_refuses_another_tp_size():
                     "CKPT holds distributed-optimizer state in the dp_reshardable layout, "
                     "which resumes at another data-parallel size only, but it was saved with "
                     "--tensor-model-parallel-size 2 (now 1)")):
-                compatibility.check_optimizer_resharding(common, args, "CKPT")
+                compatibility.check_optimizer_resharding(common, args.parallel, "CKPT")
         else:
-            compatibility.check_optimizer_resharding(common, args, "CKPT")
+            compatibility.check_optimizer_resharding(common, args.parallel, "CKPT")
 
 
 @pytest.mark.parametrize("name,fp8,tflops", [
@@ -417,8 +418,9 @@ def test_model_flops_are_megatron_lms_count(cpu_dist, flags):
     model = build_gpt(args, 512, on_cpu=True)
     gemm_weights = sum(p.numel() for name, p in model.named_parameters()
                        if p.dim() == 2 and not name.startswith("embedding."))
-    attention = 6 * args.num_layers * args.hidden_size * args.seq_length
-    assert flops_per_token(args, 512) == 6 * gemm_weights + attention
+    model_flags = args.model
+    attention = 6 * model_flags.num_layers * model_flags.hidden_size * model_flags.seq_length
+    assert flops_per_token(model_flags, 512) == 6 * gemm_weights + attention
 
 
 def test_the_loss_is_all_reduced_once_per_step(cpu_dist, monkeypatch):
@@ -426,8 +428,7 @@ def test_the_loss_is_all_reduced_once_per_step(cpu_dist, monkeypatch):
     (Megatron-LM's count), and the step's loss is the mean over all of them."""
     from megatron.core import parallel_state
     args = parse_args(TINY_RUN + ["--train-iters", "1", "--global-batch-size", "8"])
-    _, derived, resolved = check_flags(args, "cpu")
-    args = resolved.applied_to(args)
+    _, args, derived = check_machine_and_tokenizer(args, "cpu")
     assert derived.num_microbatches == 4
     _, ddp, optimizer, scheduler = build_model_and_optimizer(args, derived, model_provider)
     batches = [random_batch(args) for _ in range(4)]
@@ -442,7 +443,8 @@ def test_the_loss_is_all_reduced_once_per_step(cpu_dist, monkeypatch):
     monkeypatch.setattr(torch.distributed, "all_reduce", counting)
     step = train_step(args, 4, pretrain_fixedcode.forward_step, iter(batches), ddp, optimizer,
                       scheduler)
-    assert len(reduced) == 1 and reduced[0][1] == 4 * args.micro_batch_size * args.seq_length
+    assert len(reduced) == 1 and \
+        reduced[0][1] == 4 * args.training.micro_batch_size * args.model.seq_length
     assert step.loss == pytest.approx((reduced[0][0] / reduced[0][1]).item())
 
 
@@ -474,8 +476,7 @@ def test_fp32_residual_connection_keeps_the_stream_in_fp32(cpu_dist, arm):
     first layer."""
     args = parse_args(TINY_RUN + ["--input-interface", arm, "--bf16", "--train-iters", "1",
                                   "--fp32-residual-connection"])
-    _, derived, resolved = check_flags(args, "cpu")
-    args = resolved.applied_to(args)
+    _, args, derived = check_machine_and_tokenizer(args, "cpu")
     model, ddp, optimizer, scheduler = build_model_and_optimizer(args, derived, model_provider)
     seen = {}
     layer = model.decoder.layers[0]
@@ -526,7 +527,6 @@ def test_mfu_is_over_the_bf16_peak_for_bf16_and_fp8_runs(cpu_dist, monkeypatch, 
                                                          capsys, fp8):
     """On an H100 (simulated), a bf16 and an FP8 run both divide by the dense bf16 peak, so
     that their MFU compare; the FP8 run shows its MFU of the FP8 peak beside it."""
-    from megatron_ext.config.run_config import RunConfig
     from megatron_ext.metrics.logger import IntervalSkips, MetricsLogger
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a: 3 * 2**30)
@@ -535,15 +535,14 @@ def test_mfu_is_over_the_bf16_peak_for_bf16_and_fp8_runs(cpu_dist, monkeypatch, 
     args = parse_args(TINY_RUN + flags)
     derived = derive(args, 1, 512)
     model = build_gpt(args, derived.padded_vocab_size, on_cpu=True)  # TE's layers need a GPU
-    args.fp8_format = "hybrid" if fp8 else None
-    config = RunConfig.from_args(args)
+    config = args.replace(fp8_format="hybrid" if fp8 else None)
     logger = MetricsLogger(config.logging, config.model, derived, model, True, 0, None,
                            device="cuda", save=None, record={})
     logger.step(1, 5.0, 1.0, 1e-3, step_time=0.5, skipped=False,
                 skipped_total=0, skips=IntervalSkips())
     logger.close()
     (record,) = read_metrics(str(tmp_path / "m.jsonl"))
-    flops = flops_per_token(args, derived.padded_vocab_size) * record["tokens-per-second"]
+    flops = flops_per_token(args.model, derived.padded_vocab_size) * record["tokens-per-second"]
     assert record["tflops-per-gpu"] == pytest.approx(flops / 1e12)
     assert record["mfu"] == pytest.approx(flops / 989e12)
     assert (record["memory-gib"], record["memory-reserved-gib"]) == (3, 4)

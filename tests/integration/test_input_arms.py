@@ -14,11 +14,12 @@ import torch
 
 from conftest import TINY_RUN, run_pretrain, step_losses
 from megatron_ext.hf.megatron_checkpoint import load_model, read_checkpoint
-from megatron_ext.model.provider import build_code, model_provider
+from megatron_ext.codes.schemes import build_code
+from megatron_ext.model.provider import model_provider
 from megatron_ext.runtime.errors import CheckpointError
 from megatron_ext.runtime.initialize import set_seed
 from megatron_ext.checkpoint.resume import resolve_checkpoint
-from megatron_ext.train.setup import check_flags
+from megatron_ext.train.setup import check_machine_and_tokenizer
 from pretrain_fixedcode import parse_args
 
 ARMS = {"frozen": ["--input-interface", "frozen"],
@@ -48,10 +49,10 @@ def arm_runs(tmp_path_factory) -> dict:
 def initial_model(flags, cpu_dist):
     """The model a run of ``flags`` starts from (its generators seeded as the run seeds them)."""
     args = parse_args(RUN + flags)
-    _, derived, _ = check_flags(args, "cpu")
-    set_seed(args.seed)
+    derived = check_machine_and_tokenizer(args, "cpu")[2]
+    set_seed(args.training.seed)
     return model_provider(args, derived.padded_vocab_size, on_cpu=True,
-                          code=build_code(args, derived.padded_vocab_size)), args
+                          code=build_code(args.model, derived.padded_vocab_size)), args
 
 
 def trained_model(ckpt):
@@ -85,7 +86,7 @@ def test_the_frozen_table_and_the_code_are_bit_identical_after_training(arm_runs
 
     start, args = initial_model(ARMS["binary_map"], cpu_dist)
     end = trained_model(arm_runs["binary_map"][2])
-    assert end.embedding.code == start.embedding.code == build_code(args, 512)
+    assert end.embedding.code == start.embedding.code == build_code(args.model, 512)
     ids = torch.arange(512).view(1, -1)
     assert not torch.equal(end.embedding.projection.weight, start.embedding.projection.weight)
     with torch.no_grad():
@@ -113,7 +114,7 @@ def test_the_frozen_table_and_the_code_are_bit_identical_after_training(arm_runs
 def test_a_checkpoint_refuses_another_arm(arm_runs, cpu_dist, arm, other, message):
     args = parse_args(RUN + other + ["--load", str(arm_runs[arm][2])])
     with pytest.raises(CheckpointError, match=re.escape(message)):
-        resolve_checkpoint(args, *check_flags(args, "cpu")[1:])
+        resolve_checkpoint(*check_machine_and_tokenizer(args, "cpu")[1:])
 
 
 @pytest.mark.parametrize("arm,as_table", [(arm, False) for arm in ARMS] + [("binary_map", True)])
@@ -156,7 +157,7 @@ def test_the_input_table_lr_mult_0_freezes_it_and_1_is_the_recipe(tmp_path, cpu_
                                                 "--save", tmp_path])
     assert step_losses(frozen) != step_losses(recipe)
     args = parse_args(TINY_RUN + learned)
-    set_seed(args.seed)
+    set_seed(args.training.seed)
     start = model_provider(args, 512, on_cpu=True)
     path, saved, fixed_code, _ = read_checkpoint(str(tmp_path))
     end = load_model(path, saved, fixed_code)

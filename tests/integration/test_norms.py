@@ -86,7 +86,7 @@ def test_grad_norms_equal_torch(cpu_dist, variant):
     assert all(p.grad is None for p in model.parameters())
     assert through_ddp == pytest.approx(torch_group_norms(model, lambda p: p.main_grad), rel=1e-6)
 
-    data = batch(args.seq_length)
+    data = batch(args.model.seq_length)
     plain(data["tokens"], data["position_ids"], None, labels=data["labels"]).mean().backward()
     reporter = NormReporter(plain)
     norms = reporter.grad_norms()

@@ -63,15 +63,16 @@ def test_input_rms_and_the_matching_code_scale():
     """Learned: N(0, std). Binary 01 over ids 0..511 (the padded vocabulary) at width 40
     (blocks of bits 0-15, 0-15, 0-7): bits 0-8 are one half the time, bits 9-15 never, so
     13 of 40 positions on average: RMS sqrt(13/40) at --code-scale 1."""
-    from megatron_ext.config.arguments import parse_model_args
+    from megatron_ext.config.arguments import parse_model_config
     from megatron_ext.model.param_count import input_rms
-    args = parse_model_args(SMALL + ["--code-values", "01", "--init-method-std", "0.01"], "t")
+    args = parse_model_config(SMALL + ["--code-values", "01", "--init-method-std", "0.01"],
+                              "t")[0]
     rms = input_rms(args, ["learned", "binary", "permuted"])
     assert rms["learned"] == (0.01, None)
     for arm in ("binary", "permuted"):  # the same set of codes
         assert abs(rms[arm][0] - (13 / 40) ** 0.5) < 1e-9
         assert abs(rms[arm][1] - 0.01 / (13 / 40) ** 0.5) < 1e-9
-    pm1 = parse_model_args(SMALL + ["--code-scale", "0.5"], "t")
+    pm1 = parse_model_config(SMALL + ["--code-scale", "0.5"], "t")[0]
     assert input_rms(pm1, ["random"])["random"] == (0.5, 0.02)
 
 

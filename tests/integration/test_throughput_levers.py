@@ -179,7 +179,7 @@ def tiny_layers(*flags: str, linear=None) -> tuple[torch.nn.Module, dict]:
     import pretrain_fixedcode
     args = pretrain_fixedcode.parse_args(TINY_RUN + ["--device", "cpu", "--train-iters", "1",
                                                      *flags])
-    spec = provider.local_layer_spec(args)
+    spec = provider.local_layer_spec(args.model)
     if linear is not None:
         spec.submodules.self_attention.submodules.linear_proj = linear
         mlp_submodules(spec).linear_fc2 = linear
@@ -188,7 +188,7 @@ def tiny_layers(*flags: str, linear=None) -> tuple[torch.nn.Module, dict]:
         patch.setattr(provider, "local_layer_spec", lambda _: spec)
         model = provider.model_provider(args, 512, on_cpu=True)
     return model, dict(attention_mask=None,
-                       rotary_pos_emb=model.rotary_pos_emb(args.seq_length))
+                       rotary_pos_emb=model.rotary_pos_emb(args.model.seq_length))
 
 
 @pytest.mark.integration

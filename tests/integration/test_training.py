@@ -18,8 +18,7 @@ from megatron_ext.runtime.megatron_compat import null_tokenizer_counts
 from megatron_ext.checkpoint.compatibility import reconcile_schedule
 from megatron_ext.config.derived import derive
 from megatron_ext.checkpoint.resume import resolve_checkpoint
-from megatron_ext.config.run_config import LoggingConfig
-from megatron_ext.train.setup import check_flags
+from megatron_ext.train.setup import check_machine_and_tokenizer
 from megatron_ext.runtime.errors import CheckpointError, FixedcodeError, FlagError
 from pretrain_fixedcode import parse_args
 
@@ -174,12 +173,12 @@ def test_a_fresh_start_never_overwrites_checkpoints(tmp_path):
     with pytest.raises(FlagError, match=re.escape(
             f"--save {tmp_path} already holds checkpoints (latest: iteration 4); resume them "
             f"with --load {tmp_path}, or save to another directory")):
-        resolve_checkpoint(args, derive(args, 1, 511), check_flags(args, "cpu")[2])
+        resolve_checkpoint(check_machine_and_tokenizer(args, "cpu")[1], derive(args, 1, 511))
 
 
 def test_a_changed_schedule_needs_a_decision():
-    saved = vars(parse_args(TINY_RUN + ["--train-iters", "8", "--lr-decay-style", "WSD",
-                                        "--lr-wsd-decay-iters", "4"]))
+    saved = parse_args(TINY_RUN + ["--train-iters", "8", "--lr-decay-style", "WSD",
+                                   "--lr-wsd-decay-iters", "4"]).record()
     cooldown = TINY_RUN + ["--train-iters", "6", "--lr-decay-style", "WSD",
                            "--lr-wsd-decay-iters", "2", "--lr", "1e-3"]
     with pytest.raises(CheckpointError, match=re.escape(
@@ -191,7 +190,9 @@ def test_a_changed_schedule_needs_a_decision():
     diffs, kept = reconcile_schedule(saved, args, 6, 4, "CKPT")
     assert len(diffs) == 3
     assert (kept["lr"], kept["lr_decay_iters"], kept["lr_wsd_decay_iters"]) == (3e-3, 8, 4)
-    assert (args.lr, args.lr_decay_iters, args.lr_wsd_decay_iters) == (1e-3, None, 2)  # as given
+    training = args.training
+    assert (training.lr, training.lr_decay_iters, training.lr_wsd_decay_iters) == (
+        1e-3, None, 2)  # as given
     args = parse_args(cooldown + ["--override-opt_param-scheduler"])
     diffs, kept = reconcile_schedule(saved, args, 6, 4, "CKPT")
     assert len(diffs) == 3
@@ -206,7 +207,7 @@ def test_a_resume_at_another_global_batch_is_a_changed_schedule():
     (given, or by default on twice the GPUs) would have followed another schedule in silence
     (its lr at the resumed iteration twice the uninterrupted run's); it needs the decision,
     and the checkpoint's iterations cannot be kept at the new batch."""
-    saved = vars(parse_args(TINY_RUN + ["--train-iters", "8"]))  # global batch 4
+    saved = parse_args(TINY_RUN + ["--train-iters", "8"]).record()  # global batch 4
     args = parse_args(TINY_RUN + ["--train-iters", "8", "--global-batch-size", "8"])
     with pytest.raises(CheckpointError, match=re.escape(
             "differs from the one CKPT was trained with: --global-batch-size 8 (checkpoint 4: "
@@ -315,7 +316,7 @@ def test_bad_profile_flags_are_clear_errors(flags, message):
     device."""
     with pytest.raises(FlagError, match=re.escape(message)):
         args = parse_args(TINY_RUN + ["--train-iters", "5", "--profile", *flags])
-        LoggingConfig.from_args(args).check_device("cpu")
+        args.logging.check_device("cpu")
 
 
 SIGNAL_RUN = TINY_RUN + ["--input-interface", "binary", "--exit-signal-handler"]
@@ -456,7 +457,7 @@ def test_bad_flags_are_clear_errors(cpu_dist, flags, message):
     """Checked before anything is built (in this process: the set-up the entry point runs)."""
     with pytest.raises(FixedcodeError, match=re.escape(message)):
         args = parse_args(TINY_RUN + flags + ["--train-iters", "2"])
-        resolve_checkpoint(args, *check_flags(args, "cpu")[1:])
+        resolve_checkpoint(*check_machine_and_tokenizer(args, "cpu")[1:])
 
 
 def test_a_resumed_run_gets_its_saved_code_once_not_the_flags(cpu_dist, tmp_path):
@@ -464,21 +465,22 @@ def test_a_resumed_run_gets_its_saved_code_once_not_the_flags(cpu_dist, tmp_path
     another --code-seed keeps the saved A and b, and nothing about it rides on the arguments."""
     from megatron_ext.checkpoint.layout import TrainState
     from megatron_ext.checkpoint.saving import save_checkpoint
-    from megatron_ext.model.provider import build_code
+    from megatron_ext.codes.schemes import build_code
     from megatron_ext.train.setup import build_model_and_optimizer
     from pretrain_fixedcode import model_provider
     run = TINY_RUN + ["--input-interface", "gf2", "--save", str(tmp_path), "--train-iters", "2"]
     args = parse_args(run)
-    _, derived, resolved = check_flags(args, "cpu")
-    resume = resolve_checkpoint(args, derived, resolved)
-    code, args = resume.code, resume.resolved.applied_to(args)
+    _, settled, derived = check_machine_and_tokenizer(args, "cpu")
+    resume = resolve_checkpoint(settled, derived)
+    code, args = resume.code, resume.config
     model, _, optimizer, scheduler = build_model_and_optimizer(args, derived, model_provider, code)
     assert model.embedding.code == code
     save_checkpoint(args, derived, model, optimizer, scheduler, TrainState(iteration=1), code)
     resumed = parse_args(run + ["--load", str(tmp_path), "--code-seed", "7"])
-    path, _, saved, _, own = resolve_checkpoint(resumed, *check_flags(resumed, "cpu")[1:])
+    path, _, saved, _, own = resolve_checkpoint(
+        *check_machine_and_tokenizer(resumed, "cpu")[1:])
     assert path == f"{tmp_path}/iter_0000001" and own
-    assert saved == code != build_code(resumed, derived.padded_vocab_size)
+    assert saved == code != build_code(resumed.model, derived.padded_vocab_size)
     assert not hasattr(resumed, "fixed_code") and not hasattr(args, "fixed_code")
 
 
@@ -496,10 +498,11 @@ def test_the_flags_are_the_command_line_after_a_run(cpu_dist, tmp_path):
     args = parse_args([str(a) for a in run] + [
         "--train-iters", "2", "--sequence-parallel", "--lr", "1e-3",
         "--use-checkpoint-opt_param-scheduler"])
-    parsed = copy.deepcopy(vars(args))
-    assert (args.device, args.transformer_impl, args.sequence_parallel) == ("auto", None, True)
+    parsed = copy.deepcopy(args.record())
+    assert (args.training.device, args.model.transformer_impl,
+            args.parallel.sequence_parallel) == ("auto", None, True)
     result = pretrain(args, model_provider, forward_step, datasets_provider)
-    assert vars(args) == parsed
+    assert args.record() == parsed
     assert (result.iteration, result.exit_reason) == (2, None)
     saved = load_common(str(tmp_path))[1]["args"]
     assert (saved["device"], saved["transformer_impl"], saved["sequence_parallel"],
@@ -536,14 +539,14 @@ def test_a_resume_says_what_changed_and_refuses_another_precision(cpu_dist, tmp_
             "in another precision (its optimizer state holds that precision's parameter "
             "copies):\n  --bf16: checkpoint False, now True")):
         args = parse_args(run + ["--bf16", "--train-iters", "5"])
-        resolve_checkpoint(args, *check_flags(args, "cpu")[1:])
+        resolve_checkpoint(*check_machine_and_tokenizer(args, "cpu")[1:])
 
 
 def test_a_checkpoint_from_before_code_tilings_resumes_as_repeat():
     """Its saved args lack --code-tiling: they mean repeat."""
     from megatron_ext.checkpoint.compatibility import MODEL_DEFINING_ARGS, check_compatible
-    current = {**vars(parse_args(TINY_RUN + ["--input-interface", "gf2", "--train-iters", "2"])),
-               "padded_vocab_size": 512}
+    current = {**parse_args(TINY_RUN + ["--input-interface", "gf2", "--train-iters",
+                                        "2"]).record(), "padded_vocab_size": 512}
     saved = {k: current[k] for k in MODEL_DEFINING_ARGS if k != "code_tiling"}
     check_compatible(saved, current, "CKPT")
     current["code_tiling"] = "recode"

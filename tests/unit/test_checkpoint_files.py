@@ -5,7 +5,6 @@ of older formats), what a resume must match (compatibility) and the run's own sa
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 
@@ -17,6 +16,7 @@ from megatron_ext.checkpoint import compatibility, layout, loading, manifest, re
 from megatron_ext.checkpoint.layout import MARKER, TrainState
 from megatron_ext.checkpoint.resume import own_saves
 from megatron_ext.config.arguments import read_training_flags
+from megatron_ext.config.run_config import RunConfig
 from megatron_ext.runtime.errors import CheckpointError
 from megatron_ext.runtime.megatron_compat import installed_release, null_tokenizer_counts
 
@@ -131,18 +131,18 @@ def test_the_train_state_of_an_older_checkpoint_reads_its_missing_fields_as_defa
 
 
 def test_the_content_metadata_names_the_distributed_optimizers_layout():
-    plain = argparse.Namespace(use_distributed_optimizer=False,
-                               dist_ckpt_optim_fully_reshardable=False)
+    plain = RunConfig().replace(use_distributed_optimizer=False,
+                                dist_ckpt_optim_fully_reshardable=False)
     assert "distrib_optim_sharding_type" not in layout.content_metadata(plain)
     for fully, kind in ((False, "dp_reshardable"), (True, "fully_reshardable")):
-        sharded = argparse.Namespace(use_distributed_optimizer=True,
-                                     dist_ckpt_optim_fully_reshardable=fully)
+        sharded = RunConfig().replace(use_distributed_optimizer=True,
+                                      dist_ckpt_optim_fully_reshardable=fully)
         assert layout.content_metadata(sharded)["distrib_optim_sharding_type"] == kind
 
 
 def saved_args(*flags: str) -> dict:
     """A checkpoint's args as a run of TINY_RUN and ``flags`` records them."""
-    return {**vars(read_training_flags([*TINY_RUN, "--train-iters", "8", *flags])),
+    return {**read_training_flags([*TINY_RUN, "--train-iters", "8", *flags]).record(),
             "padded_vocab_size": 512, "global_batch_size": 4, "train_iters": 8}
 
 
@@ -218,10 +218,11 @@ def test_a_changed_schedule_is_refused_unless_the_flags_say_which_continues():
     with pytest.raises(CheckpointError, match=r"schedule differs .*: --lr 0.002 \(checkpoint "
                                               r"0.001\). Pass --override-opt_param-scheduler"):
         compatibility.reconcile_schedule(saved, args, 8, 4, "CKPT")
-    args.override_opt_param_scheduler = True
+    args = args.replace(override_opt_param_scheduler=True)
     diffs, kept = compatibility.reconcile_schedule(saved, args, 8, 4, "CKPT")
     assert diffs == ["--lr 0.002 (checkpoint 0.001)"] and kept["lr"] == 2e-3
-    args.override_opt_param_scheduler, args.use_checkpoint_opt_param_scheduler = False, True
+    args = args.replace(override_opt_param_scheduler=False,
+                        use_checkpoint_opt_param_scheduler=True)
     assert compatibility.reconcile_schedule(saved, args, 8, 4, "CKPT")[1]["lr"] == 1e-3
     with pytest.raises(CheckpointError, match="trained at --global-batch-size 4, this run's "
                                               "is 8"):

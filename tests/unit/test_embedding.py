@@ -12,11 +12,11 @@ from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-from megatron_ext.config.arguments import parse_model_args
+from megatron_ext.config.arguments import parse_model_config
 from helpers.code_reference import py_values
 from megatron_ext.codes.schemes import SCHEMES, FixedCode
 from megatron_ext.codes.embedding import FixedCodeEmbedding
-from megatron_ext.model.provider import fusions, model_provider, transformer_config_from_args
+from megatron_ext.model.provider import fusions, model_provider, transformer_config
 from megatron_ext.runtime.errors import FlagError
 from helpers.small_model import SMALL, SMALL_VOCAB, VOCAB, small_args
 
@@ -104,7 +104,7 @@ def test_learned_positions_are_refused(cpu_dist):
 
 def test_fixed_code_with_tied_weights_is_a_clear_error():
     with pytest.raises(FlagError, match="no input table to tie"):
-        parse_model_args(SMALL + ["--input-interface", "gf2",
+        parse_model_config(SMALL + ["--input-interface", "gf2",
                                   "--no-untie-embeddings-and-output-weights"], "test")
 
 
@@ -125,7 +125,7 @@ def test_vocab_too_large_for_code_bits_is_refused(cpu_dist):
 ])
 def test_bad_code_flags_are_clear_errors(flags, message):
     with pytest.raises(FlagError, match=re.escape(message)):
-        parse_model_args(SMALL + flags, "test")
+        parse_model_config(SMALL + flags, "test")
 
 
 ARMS = [("learned",), ("binary",), ("gf2",), ("permuted",),
@@ -182,10 +182,10 @@ def test_fp8_flags_reach_the_transformer_config(recipe):
     args = small_args("binary", "--transformer-impl", "transformer_engine", "--bf16",
                       "--fp8-format", "hybrid", "--fp8-recipe", recipe,
                       "--fp8-amax-history-len", "16", "--fp8-amax-compute-algo", "most_recent")
-    config = transformer_config_from_args(args, on_cpu=True)
+    config = transformer_config(args, on_cpu=True)
     assert (config.fp8, config.fp8_recipe) == ("hybrid", recipe)
     assert (config.fp8_amax_history_len, config.fp8_amax_compute_algo) == (16, "most_recent")
-    assert transformer_config_from_args(small_args("binary"), on_cpu=True).fp8 is None
+    assert transformer_config(small_args("binary"), on_cpu=True).fp8 is None
 
 
 def test_fused_kernels_on_gpus_as_in_megatron_lm(monkeypatch):
@@ -201,31 +201,31 @@ def test_fused_kernels_on_gpus_as_in_megatron_lm(monkeypatch):
     local = ("--transformer-impl", "local")
     unfused_loss = dict(cross_entropy_loss_fusion=False, cross_entropy_fusion_impl="native")
     for flags in ((), ("--bf16",)):
-        assert fusions(small_args("binary", *te, *flags), on_cpu=True) == dict(
+        assert fusions(small_args("binary", *te, *flags).model, on_cpu=True) == dict(
             bias_activation_fusion=False, apply_rope_fusion=False,
             gradient_accumulation_fusion=False, masked_softmax_fusion=False, **unfused_loss)
-    assert fusions(small_args("binary", "--bf16", "--cross-entropy-loss-fusion"),
+    assert fusions(small_args("binary", "--bf16", "--cross-entropy-loss-fusion").model,
                    on_cpu=True)["cross_entropy_loss_fusion"]
-    assert fusions(small_args("binary", "--bf16"), on_cpu=False)["cross_entropy_loss_fusion"]
-    assert not fusions(small_args("binary", "--bf16", "--no-cross-entropy-loss-fusion"),
+    assert fusions(small_args("binary", "--bf16").model, on_cpu=False)["cross_entropy_loss_fusion"]
+    assert not fusions(small_args("binary", "--bf16", "--no-cross-entropy-loss-fusion").model,
                        on_cpu=False)["cross_entropy_loss_fusion"]
     monkeypatch.setattr(layers, "_grad_accum_fusion_available", True)
     monkeypatch.setattr(rope_utils, "fused_apply_rotary_pos_emb", lambda *a, **k: None)
     monkeypatch.setattr(provider, "fused_softmax_available", lambda: True)
     for layer_flags in (te, local):
-        assert fusions(small_args("binary", *layer_flags), on_cpu=False) == dict(
+        assert fusions(small_args("binary", *layer_flags).model, on_cpu=False) == dict(
             bias_activation_fusion=True, apply_rope_fusion=True,
             gradient_accumulation_fusion=True, masked_softmax_fusion=True, **unfused_loss)
     assert fusions(small_args("binary", *local, "--no-bias-swiglu-fusion", "--no-rope-fusion",
-                              "--no-gradient-accumulation-fusion", "--no-masked-softmax-fusion"),
+                              "--no-gradient-accumulation-fusion", "--no-masked-softmax-fusion").model,
                    on_cpu=False) == dict(
         bias_activation_fusion=False, apply_rope_fusion=False, gradient_accumulation_fusion=False,
         masked_softmax_fusion=False, **unfused_loss)
-    assert not fusions(small_args("binary", "--no-swiglu"), on_cpu=False)["bias_activation_fusion"]
+    assert not fusions(small_args("binary", "--no-swiglu").model, on_cpu=False)["bias_activation_fusion"]
     monkeypatch.setattr(layers, "_grad_accum_fusion_available", False)
     monkeypatch.setattr(rope_utils, "fused_apply_rotary_pos_emb", None)
     monkeypatch.setattr(provider, "fused_softmax_available", lambda: False)
-    assert fusions(small_args("binary", *local), on_cpu=False) == dict(
+    assert fusions(small_args("binary", *local).model, on_cpu=False) == dict(
         bias_activation_fusion=True, apply_rope_fusion=False, gradient_accumulation_fusion=False,
         masked_softmax_fusion=False, **unfused_loss)
 

@@ -114,3 +114,61 @@ def test_the_exit_statuses_slurm_reads_come_from_the_error_types():
                 raise cls("stopped")
         assert e.value.code == cls.exit_code
     assert "exit(3)" not in (REPO / "pretrain_fixedcode.py").read_text()
+
+
+TOOLS = sorted((REPO / "tools").glob("*.py"))
+
+
+@pytest.mark.parametrize("path", TOOLS, ids=lambda p: p.name)
+def test_no_tool_exits_with_a_message_of_its_own(path):
+    """A tool's refusal is a typed error its ``exits_on_error`` turns into ``error: ...``
+    (``SystemExit`` with a status alone stays: a tool that printed its problems already)."""
+    calls = [node for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+             if isinstance(node, ast.Call) and ast.unparse(node.func) == "SystemExit"]
+    messages = [ast.unparse(call) for call in calls if call.args and not (
+        isinstance(call.args[0], ast.Constant) and isinstance(call.args[0].value, int))]
+    assert not messages, messages
+
+
+def test_the_errors_a_user_meets_in_the_codes_and_the_split_are_typed():
+    """``--split`` that names no split, ``--fixed-code-impl cuda`` without the ids on a GPU,
+    the CUDA extension where it cannot be built: typed, so a command ends with its
+    ``error:`` line (they were a ValueError and RuntimeErrors)."""
+    import torch
+    from megatron_ext.codes import cuda_extension, kernels
+    from megatron_ext.codes.schemes import FixedCode
+    from megatron_ext.datasets.split_checks import split_ranges
+    with pytest.raises(FlagError, match=re.escape("--split 0,0: give one to three")):
+        split_ranges("0,0", 10)
+    code = FixedCode.create("binary")
+    inputs = (code, torch.arange(4), torch.zeros(0, dtype=torch.int64),
+              kernels.lookup_tables(code, 16), 16, torch.float32)
+    with pytest.raises(DeviceError, match="--fixed-code-impl cuda needs the token ids on a GPU"):
+        kernels.fixed_code_forward(*inputs, "cuda")  # the ids on the CPU
+    with pytest.raises(FlagError, match="unknown fixed-code implementation 'fast'"):
+        kernels.fixed_code_forward(*inputs, "fast")
+    if torch.version.cuda is None:  # this machine's CPU build: no extension to build
+        with pytest.raises(DeviceError, match="the fixed-code CUDA extension is unavailable"):
+            cuda_extension.load()
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--data-path", "d"],
+     "give --data-cache-path: the directory the training job loads the caches from"),
+    (["--data-cache-path", "c", "--mock-data"], "--mock-data: nothing to build ahead"),
+    (["--data-cache-path", "c", "--data-path", "d"],
+     "give --global-batch-size, or the training job's --world-size"),
+    (["--data-cache-path", "c", "--data-path", "d", "--world-size", "3",
+      "--tensor-model-parallel-size", "2"],
+     "--world-size 3 is not a multiple of --tensor-model-parallel-size 2 x "
+     "--pipeline-model-parallel-size 1"),
+])
+def test_the_cache_builder_refuses_with_typed_errors(flags, message):
+    """tools/build_data_cache.py's refusals are ``error: ...`` lines of typed errors, and its
+    flags are left as parsed."""
+    from tools import build_data_cache
+    shape = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
+             "--seq-length", "32", "--vocab-size", "511", "--train-iters", "2"]
+    with pytest.raises(SystemExit) as e:
+        build_data_cache.main(shape + flags)
+    assert e.value.code.startswith(f"error: {message}"), e.value.code

@@ -15,11 +15,12 @@ from conftest import TINY_RUN
 from megatron_ext.codes.embedding import FixedCodeEmbedding, tiling_matrix
 from megatron_ext.codes.schemes import FixedCode
 from megatron_ext.model.param_count import count_arms
-from megatron_ext.model.provider import build_code, model_provider
+from megatron_ext.codes.schemes import build_code
+from megatron_ext.model.provider import model_provider
 from megatron_ext.runtime.errors import FixedcodeError
 from megatron_ext.runtime.initialize import set_seed
 from megatron_ext.checkpoint.resume import resolve_checkpoint
-from megatron_ext.train.setup import check_flags
+from megatron_ext.train.setup import check_machine_and_tokenizer
 from pretrain_fixedcode import parse_args
 
 SHAPE = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
@@ -31,15 +32,15 @@ def build(cpu_dist, *flags: str, seed: int = 1234):
     """The model of the TINY_RUN shape with ``flags``, its generators seeded as a run's."""
     args = parse_args(TINY_RUN + ["--train-iters", "1", *flags])
     set_seed(seed)
-    return model_provider(args, V, on_cpu=True, code=build_code(args, V)), args
+    return model_provider(args, V, on_cpu=True, code=build_code(args.model, V)), args
 
 
 def test_trainable_input_parameters_are_counted_exactly(cpu_dist):
     """Against a hand count: the frozen table and the codes 0, the map n x h, the
     factorised table V x r + r x h; backbone and head the same in every arm."""
-    from megatron_ext.config.arguments import parse_model_args
-    args = parse_model_args(SHAPE, "count")
-    counts = count_arms(args, ["learned", "frozen", "binary", "map:binary@--code-projection",
+    from megatron_ext.config.arguments import parse_model_config
+    config = parse_model_config(SHAPE, "count")[0]
+    counts = count_arms(config, ["learned", "frozen", "binary", "map:binary@--code-projection",
                                "r8:factorized@--input-table-rank=8",
                                "full:factorized@--input-table-rank=64"])
     assert {arm: c["input"] for arm, c in counts.items()} == {
@@ -94,11 +95,11 @@ def test_a_full_rank_factorised_table_holds_any_table(cpu_dist):
 def test_the_code_projection_starts_as_the_tiling(cpu_dist, scheme, dtype):
     """The map initialised to the tiling matrix gives the fixed arm's forward exactly; after
     a change of the map, it no longer does (the map is what the input computes)."""
-    from megatron_ext.model.provider import transformer_config_from_args
+    from megatron_ext.model.provider import transformer_config
     args = parse_args(TINY_RUN + ["--train-iters", "1", "--input-interface", scheme,
                                   "--code-bits", "10"] + (["--bf16"] if dtype != torch.float32
                                                           else []))
-    config = transformer_config_from_args(args, on_cpu=True)
+    config = transformer_config(args, on_cpu=True)
     code = FixedCode.create(scheme, num_bits=10, seed=3, vocab_size=V)
     ids = torch.randint(0, V, (2, 32), generator=torch.Generator().manual_seed(1))
     tiled = FixedCodeEmbedding(config, V, 32, code=code, impl="torch")
@@ -116,10 +117,10 @@ def built_for_training(*flags):
     """``(model, ddp, optimizer)`` as a run of ``flags`` builds them."""
     from megatron_ext.train.setup import build_model_and_optimizer
     args = parse_args(TINY_RUN + ["--train-iters", "2", "--min-lr", "1e-4", *flags])
-    _, derived, resolved = check_flags(args, "cpu")
-    resume = resolve_checkpoint(args, derived, resolved)
+    _, settled, derived = check_machine_and_tokenizer(args, "cpu")
+    resume = resolve_checkpoint(settled, derived)
     model, ddp, optimizer, _ = build_model_and_optimizer(
-        resume.resolved.applied_to(args), derived,
+        resume.config, derived,
         lambda *a, **k: model_provider(*a, on_cpu=True, **k), resume.code)
     return model, ddp, optimizer
 
@@ -204,12 +205,12 @@ def test_the_input_table_has_its_own_learning_rate_and_weight_decay(cpu_dist, ar
 def test_bad_arm_flags_are_clear_errors_naming_the_flag(cpu_dist, flags, message):
     with pytest.raises(FixedcodeError, match=re.escape(message)):
         args = parse_args(TINY_RUN + flags + ["--train-iters", "2"])
-        resolve_checkpoint(args, *check_flags(args, "cpu")[1:])
+        resolve_checkpoint(*check_machine_and_tokenizer(args, "cpu")[1:])
 
 
 def test_param_report_refuses_an_arm_spec_that_training_refuses(cpu_dist):
-    from megatron_ext.config.arguments import parse_model_args
-    args = parse_model_args(SHAPE, "count")
+    from megatron_ext.config.arguments import parse_model_config
+    args = parse_model_config(SHAPE, "count")[0]
     with pytest.raises(FixedcodeError, match=re.escape("--input-table-rank 128 is outside")):
         count_arms(args, ["factorized@--input-table-rank=128"])
     with pytest.raises(FixedcodeError, match=re.escape("--arms binary@--no-such-flag")):

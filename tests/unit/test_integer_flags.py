@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import TINY_RUN
-from megatron_ext.config.arguments import add_training_args, build_parser, parse_model_args
+from megatron_ext.config.arguments import add_training_args, build_parser, parse_model_config
 from megatron_ext.config.flag_types import nonnegative_int, positive_int
 
 
@@ -33,8 +33,8 @@ def test_no_integer_flag_is_unbounded():
 def test_an_integer_flag_below_its_least_value_is_refused(flag, kind, values, capsys):
     least = 1 if kind is positive_int else 0
     with pytest.raises(SystemExit) as refused:
-        parse_model_args(TINY_RUN + ["--train-iters", "2", flag, *[str(least - 1)] * values],
-                         "test", add_training_args)
+        parse_model_config(TINY_RUN + ["--train-iters", "2", flag, *[str(least - 1)] * values],
+                           "test", add_training_args)
     assert refused.value.code == 2
     assert f"error: argument {flag}: must be at least {least}, got {least - 1}" \
         in capsys.readouterr().err
@@ -42,6 +42,6 @@ def test_an_integer_flag_below_its_least_value_is_refused(flag, kind, values, ca
 
 @pytest.mark.parametrize("flag", ["--log-interval", "--eval-interval"])
 def test_the_issues_intervals_accept_one(flag):
-    args = parse_model_args(TINY_RUN + ["--train-iters", "2", flag, "1"], "test",
-                            add_training_args)
+    args = parse_model_config(TINY_RUN + ["--train-iters", "2", flag, "1"], "test",
+                              add_training_args)[1]
     assert getattr(args, flag[2:].replace("-", "_")) == 1

@@ -14,12 +14,12 @@ from helpers.gpt2_bpe import gpt2_bpe_files
 from megatron_ext.config.megatron_defaults import (DIFFERING_DEFAULTS, defaults_in_force,
                                                   flag_text, query_groups_line)
 from megatron_ext.config.schedule import BatchRamp, ramped_train_iters
-from megatron_ext.model.attention import document_mask_refusal
+from megatron_ext.config.model_config import document_mask_refusal
 from megatron_ext.runtime.errors import FixedcodeError, FlagError
 from megatron_ext.runtime.megatron_compat import (has_batch_ramp, installed_release,
                                                   megatron_core_batch_ramp)
 from megatron_ext.checkpoint.resume import resolve_checkpoint
-from megatron_ext.train.setup import check_flags
+from megatron_ext.train.setup import check_machine_and_tokenizer
 from pretrain_fixedcode import parse_args
 
 
@@ -95,8 +95,8 @@ def test_flags_that_do_not_go_together_are_named(cpu_dist, flags, message):
     from megatron_ext.datasets.gpt_datasets import data_paths
     with pytest.raises(FixedcodeError, match=re.escape(message)):
         args = parse_args(TINY_RUN + flags)
-        resolve_checkpoint(args, *check_flags(args, "cpu")[1:])
-        data_paths(args)
+        resolve_checkpoint(*check_machine_and_tokenizer(args, "cpu")[1:])
+        data_paths(args.data)
 
 
 @pytest.mark.parametrize("shape,swiglu,ffn", [
@@ -107,7 +107,7 @@ def test_the_default_mlp_width_is_megatron_lms(shape, swiglu, ffn):
     """Megatron-LM's validate_args: 4 x hidden, or under SwiGLU 2/3 of it in multiples of 64
     (it was 4 x hidden here, a 1.5x larger MLP than a Megatron-LM script builds)."""
     model = TINY_RUN[:2] + TINY_RUN[8:] + shape + [swiglu, "--train-iters", "2"]
-    assert parse_args(model).ffn_hidden_size == ffn
+    assert parse_args(model).model.ffn_hidden_size == ffn
     if swiglu == "--swiglu":
         with pytest.raises(FixedcodeError, match="give --ffn-hidden-size"):
             parse_args(model + ["--hidden-size", "16", "--num-attention-heads", "2"])
@@ -118,10 +118,10 @@ def test_train_samples_run_whole_batches_as_megatron_lm(cpu_dist):
     update_train_iters; it was rounded up to 3 here), and less than one batch is refused."""
     for samples, iterations in (("10", 2), ("12", 3)):
         args = parse_args(TINY_RUN + ["--train-samples", samples])
-        assert check_flags(args, "cpu")[1].train_iters == iterations
+        assert check_machine_and_tokenizer(args, "cpu")[2].train_iters == iterations
     with pytest.raises(FixedcodeError, match="--train-samples 3 is not one batch of "
                                              "--global-batch-size 4"):
-        check_flags(parse_args(TINY_RUN + ["--train-samples", "3"]), "cpu")
+        check_machine_and_tokenizer(parse_args(TINY_RUN + ["--train-samples", "3"]), "cpu")
 
 
 def test_megatron_lm_flags_that_ask_for_what_is_done_anyway_are_taken(cpu_dist):
@@ -133,9 +133,9 @@ def test_megatron_lm_flags_that_ask_for_what_is_done_anyway_are_taken(cpu_dist):
             "--no-create-attention-mask-in-dataloader", "--ddp-bucket-size", "1000"]
     plain = parse_args(TINY_RUN + ["--train-iters", "2"])
     taken = parse_args(TINY_RUN + ["--train-iters", "2"] + noop)
-    assert {k: v for k, v in vars(taken).items() if vars(plain).get(k) != v} == {
+    assert {k: v for k, v in taken.record().items() if plain.record().get(k) != v} == {
         "kv_channels": 16, "ddp_bucket_size": 1000}
-    check_flags(taken, "cpu")
+    check_machine_and_tokenizer(taken, "cpu")
     for flags, message in ((["--context-parallel-size", "2"], "(it is taken as 1 only)"),
                            (["--rotary-percent", "0.5"], "partial rotary embeddings"),
                            (["--kv-channels", "32"], "--kv-channels 32: the head width here "
@@ -151,9 +151,9 @@ def test_query_groups_without_the_gqa_switch_are_said_at_start_up():
     flags = TINY_RUN + ["--train-iters", "2", "--num-query-groups", "2"]
     assert "--num-query-groups 2 without --group-query-attention: grouped-query attention " \
            "with 2 groups (Megatron-LM would build full multi-head" in query_groups_line(
-               parse_args(flags))
-    assert query_groups_line(parse_args(flags + ["--group-query-attention"])) is None
-    assert query_groups_line(parse_args(TINY_RUN + ["--train-iters", "2"])) is None
+               parse_args(flags).model)
+    assert query_groups_line(parse_args(flags + ["--group-query-attention"]).model) is None
+    assert query_groups_line(parse_args(TINY_RUN + ["--train-iters", "2"]).model) is None
 
 
 def test_use_checkpoint_args_needs_load():
@@ -167,14 +167,14 @@ def test_a_first_launch_that_resumes_its_own_saves_starts_anew(cpu_dist, tmp_pat
     is still refused."""
     flags = TINY_RUN + ["--train-iters", "2", "--load", str(tmp_path), "--save", str(tmp_path)]
     args = parse_args(flags + ["--no-load-optim", "--no-load-rng"])
-    resume = resolve_checkpoint(args, *check_flags(args, "cpu")[1:])
+    resume = resolve_checkpoint(*check_machine_and_tokenizer(args, "cpu")[1:])
     assert (resume.path, resume.common, resume.own) == (None, None, False)
     assert (f"--load {tmp_path} holds no checkpoint yet: starting from a random initialisation "
             "(--no-load-optim --no-load-rng apply when it resumes its saves)"
             in capsys.readouterr().out)
     args = parse_args(flags + ["--finetune"])
     with pytest.raises(FixedcodeError, match="--finetune: --load .* holds no checkpoint"):
-        resolve_checkpoint(args, *check_flags(args, "cpu")[1:])
+        resolve_checkpoint(*check_machine_and_tokenizer(args, "cpu")[1:])
 
 
 def test_finetuning_into_the_checkpoints_own_directory_is_refused(cpu_dist, tmp_path):
@@ -183,7 +183,7 @@ def test_finetuning_into_the_checkpoints_own_directory_is_refused(cpu_dist, tmp_
     args = parse_args(TINY_RUN + ["--train-iters", "2", "--finetune", "--load", str(tmp_path),
                                   "--save", str(tmp_path)])
     with pytest.raises(FixedcodeError, match="save the fine-tuning to another directory"):
-        resolve_checkpoint(args, *check_flags(args, "cpu")[1:])
+        resolve_checkpoint(*check_machine_and_tokenizer(args, "cpu")[1:])
 
 
 def test_document_masks_are_refused_where_the_attention_would_ignore_them():
@@ -199,9 +199,9 @@ def test_document_masks_are_refused_where_the_attention_would_ignore_them():
 
 def test_the_differing_defaults_are_the_parsers_and_the_docs_table_lists_them():
     args = parse_args(TINY_RUN[:-4] + ["--train-iters", "2"])  # without --eval-iters etc.
-    parsed = vars(parse_args(["--num-layers", "1", "--hidden-size", "8", "--ffn-hidden-size",
+    parsed = (parse_args(["--num-layers", "1", "--hidden-size", "8", "--ffn-hidden-size",
                               "16", "--num-attention-heads", "1", "--seq-length", "8",
-                              "--train-iters", "1", "--vocab-size", "8", "--mock-data"]))
+                              "--train-iters", "1", "--vocab-size", "8", "--mock-data"]).record())
     table = (REPO / "docs" / "training.md").read_text(encoding="utf-8")
     for dest, (ours, megatron, _) in DIFFERING_DEFAULTS.items():
         assert parsed[dest] == ours != megatron, dest
@@ -237,8 +237,8 @@ def test_every_flag_megatron_lm_has_takes_its_default_unless_documented():
             theirs = megatron[action.dest]
             if action.default != theirs and (action.default, theirs) != (False, None):
                 differ[action.dest] = (action.default, theirs)
-    assert len([d for d in megatron if d in vars(parse_args(TINY_RUN[:-4] + [
-        "--train-iters", "2"]))]) > 100  # the snapshot covers what we take
+    assert len([d for d in megatron if d in parse_args(TINY_RUN[:-4] + [
+        "--train-iters", "2"]).record()]) > 100  # the snapshot covers what we take
     assert {d for d in differ if d not in DIFFERING_DEFAULTS} == set(CHOSEN_AT_START), differ
 
 
@@ -265,7 +265,7 @@ def test_gpt2_bpe_files_give_gpt2s_ids_and_size_the_model(cpu_dist, gpt2_files):
     args = parse_args(TINY_RUN[:null] + TINY_RUN[null + 4:] + [
         "--train-iters", "2", "--tokenizer-type", "GPT2BPETokenizer",
         "--vocab-file", vocab, "--merge-file", merges])
-    _, derived, _ = check_flags(args, "cpu")
+    derived = check_machine_and_tokenizer(args, "cpu")[2]
     assert derived.padded_vocab_size == 384  # 264 padded to a multiple of 128
     with pytest.raises(FixedcodeError, match="needs --vocab-file and --merge-file"):
         build_tokenizer("GPT2BPETokenizer", vocab_file=vocab)
@@ -273,8 +273,8 @@ def test_gpt2_bpe_files_give_gpt2s_ids_and_size_the_model(cpu_dist, gpt2_files):
     with pytest.raises(FixedcodeError, match="--vocab-file and --merge-file are "
                                              "GPT2BPETokenizer's, not --tokenizer-type "
                                              "NullTokenizer's"):
-        check_flags(parse_args(TINY_RUN + ["--train-iters", "2", "--vocab-file", vocab,
-                                           "--merge-file", merges]), "cpu")
+        check_machine_and_tokenizer(parse_args(TINY_RUN + ["--train-iters", "2", "--vocab-file",
+                                                           vocab, "--merge-file", merges]), "cpu")
 
 
 def test_docs_training_lists_every_flag_accepted_and_refused():

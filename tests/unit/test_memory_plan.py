@@ -51,9 +51,9 @@ def test_whole_model_parameters_are_the_built_modules(cpu_dist, arm):
     args = parse_args(["--preset", "smollm2-1.7b", "--bf16", "--mock-data",
                        "--train-iters", "1"])
     counted = count_arms(args, [arm])[arm]
-    one = plan.run_args(["--preset", "smollm2-1.7b", "--bf16", "--mock-data", "--train-iters",
-                         "1", "--input-interface", arm.split("@")[0],
-                         *[t for f in arm.split("@")[1:] for t in f.split("=")]])
+    one = plan.run_config(["--preset", "smollm2-1.7b", "--bf16", "--mock-data",
+                           "--train-iters", "1", "--input-interface", arm.split("@")[0],
+                           *[t for f in arm.split("@")[1:] for t in f.split("=")]])
     planned = memory.stage_parameters(one, 49152, 0)
     assert planned.trained == counted["total"]
     state = memory.state_bytes(one, 49152, 1, 0)
@@ -131,7 +131,7 @@ def test_flops_time_and_gpu_hours():
     follow from the MFU and the dense bf16 peak."""
     run = plan_run("binary", TINY + ["--input-interface", "binary"], cluster(1, 8, mfu=0.5))
     args = parse_args(TINY)
-    assert run.flops_per_iteration == flops_per_token(args, 512) * 16 * 32
+    assert run.flops_per_iteration == flops_per_token(args.model, 512) * 16 * 32
     seconds = run.flops_per_iteration * 10 / (0.5 * peak_flops("H100", False) * 8)
     assert run.seconds(0.5) == pytest.approx(seconds)
     assert run.gpu_hours(0.5) == pytest.approx(seconds * 8 / 3600)

@@ -23,29 +23,43 @@ from megatron_ext.config.run_config import (CheckpointConfig, DataConfig, Loggin
                                             TrainingConfig)
 from megatron_ext.runtime.errors import FlagError
 from pretrain_fixedcode import parse_args
-from tools import study, submit
+from tools import check_data, preprocess_data, study, submit
 
 CONCERNS = (ModelConfig, ParallelConfig, TrainingConfig, DataConfig, CheckpointConfig,
             LoggingConfig)
-# Flags applied while parsing, before a config is built.
-PARSING_ONLY = {"preset"}
 
 
 def test_every_flag_belongs_to_one_config():
     parser = build_parser("")
     add_training_args(parser)
     dests = {a.dest for a in parser._actions if a.dest != "help"
-             and a.default is not argparse.SUPPRESS} - PARSING_ONLY
+             and a.default is not argparse.SUPPRESS}
     fields = [f.name for cls in CONCERNS for f in dataclasses.fields(cls)]
     assert len(fields) == len(set(fields)), "a flag in two configs"
     assert set(fields) == dests, (sorted(dests - set(fields)), sorted(set(fields) - dests))
+
+
+def test_a_tool_that_reads_training_flags_takes_their_declarations():
+    """tools/check_data.py and tools/preprocess_data.py read --split, --eval-iters,
+    --code-bits, ... for checks of their own: the flags' type and default are the fields'
+    (its help is the tool's), so a default changed in a config changes there too."""
+    fields = {f.name: f for cls in CONCERNS for f in dataclasses.fields(cls)}
+    checked = vars(check_data.parse_args(["prefix"]))
+    for name in ("code_bits", "seq_length", "split", "eval_iters", "train_samples",
+                 "train_iters", "global_batch_size"):
+        assert checked[name] == fields[name].default, name
+    with pytest.raises(SystemExit):  # --train-iters's type is the field's: at least 1
+        check_data.parse_args(["prefix", "--train-iters", "0", "--global-batch-size", "2"])
+    preprocessed = vars(preprocess_data.parse_args(
+        ["--input", "x", "--output-prefix", "y", "--tokenizer-type", "NullTokenizer"]))
+    assert preprocessed["code_bits"] == fields["code_bits"].default
 
 
 def test_configs_are_frozen_and_built_without_writing_into_the_flags():
     args = parse_flags(TINY_RUN + ["--train-iters", "2", "--data-path", "a", "b",
                                    "--profile-ranks", "0", "1"], "", add_training_args)
     parsed = copy.deepcopy(vars(args))
-    config = RunConfig.from_args(args)
+    config = RunConfig.from_flags(args)
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.model.hidden_size = 128
     assert config.data.data_path == ("a", "b") and config.logging.profile_ranks == (0, 1)
@@ -64,8 +78,7 @@ def test_the_defaults_that_depend_on_other_flags_are_filled_while_parsing(flags,
     """Megatron-LM's --ffn-hidden-size and --max-position-embeddings defaults, as --preset is
     applied: when the flags are parsed, not by a validation."""
     shape = [f for f in TINY_RUN if f not in ("--ffn-hidden-size", "128")]
-    args = parse_args(shape + flags + ["--train-iters", "2"])
-    model = RunConfig.from_args(args).model
+    model = parse_args(shape + flags + ["--train-iters", "2"]).model
     assert (model.ffn_hidden_size, model.max_position_embeddings) == expected
 
 
@@ -74,9 +87,24 @@ def test_the_defaults_that_depend_on_other_flags_are_filled_while_parsing(flags,
     (["--hidden-size", "66"], "--hidden-size 66 is not divisible by --num-attention-heads 4"),
     (["--bf16", "--fp16"], "--bf16 and --fp16 are exclusive"),
     (["--input-interface", "binary", "--code-bits", "70"], "--code-bits must be in [1, 62]"),
-    # parallelism
+    (["--cross-entropy-loss-fusion"], "--cross-entropy-loss-fusion with "
+                                      "--cross-entropy-fusion-impl native needs --bf16"),
+    # parallelism, and the layout rules the planner applies too
     (["--overlap-param-gather"], "--overlap-param-gather needs --use-distributed-optimizer and "
                                  "--overlap-grad-reduce, as in Megatron-LM"),
+    # what the layers given by --transformer-impl cannot run (else checked at start-up)
+    (["--transformer-impl", "local", "--fp8-format", "hybrid"],
+     "--fp8-format needs --transformer-impl transformer_engine"),
+    (["--transformer-impl", "transformer_engine", "--reset-attention-mask"],
+     "--reset-attention-mask needs --transformer-impl local"),
+    (["--transformer-impl", "local", "--attention-backend", "fused"],
+     "--attention-backend fused selects Transformer Engine's fused (cuDNN) attention"),
+    (["--tensor-model-parallel-size", "3"],
+     "--tensor-model-parallel-size 3 does not divide --num-attention-heads 4"),
+    (["--pipeline-model-parallel-size", "4"],
+     "--pipeline-model-parallel-size 4 does not divide --num-layers 2"),
+    (["--tensor-model-parallel-size", "2", "--num-query-groups", "1"],
+     "--tensor-model-parallel-size 2 does not divide --num-query-groups 1"),
     # the schedule and optimizer
     (["--lr-warmup-iters", "2", "--lr-warmup-fraction", "0.1"],
      "give one of --lr-warmup-fraction, --lr-warmup-iters and --lr-warmup-samples"),
@@ -84,9 +112,11 @@ def test_the_defaults_that_depend_on_other_flags_are_filled_while_parsing(flags,
                                    "--train-samples, not --train-iters"),
     # the data and tokenizer
     (["--require-data-cache"], "--require-data-cache needs --data-cache-path"),
+    (["--split", "1,1,1,1"], "--split 1,1,1,1: give one to three non-negative proportions"),
     (["--vocab-file", "vocab.json"], "--vocab-file and --merge-file are GPT2BPETokenizer's"),
     # checkpoints
     (["--ckpt-step", "4"], "--ckpt-step needs --load"),
+    (["--use-checkpoint-args"], "--use-checkpoint-args needs --load"),
     (["--save", "x", "--keep-checkpoints-every", "5"],
      "--keep-checkpoints-every applies with --keep-last-checkpoints only"),
     (["--no-load-optim"], "--no-load-optim needs --load (the checkpoint it reads)"),
@@ -112,6 +142,26 @@ def test_a_refusal_of_the_flags_alone_comes_when_they_are_parsed(flags, message)
         check_run_flags(TINY_RUN + ["--train-iters", "2"] + flags)
 
 
+@pytest.mark.parametrize("layout", [["--tensor-model-parallel-size", "3"],
+                                    ["--pipeline-model-parallel-size", "4"]])
+def test_a_run_and_its_plan_refuse_a_layout_alike(layout):
+    """One rule of what the parallel sizes divide (``RunConfig.check_layout``): the run
+    refuses it when its flags are parsed, the planner before it plans, in the same words;
+    and the world's rule (``ParallelConfig.check_world``) names the planner's GPUs."""
+    from megatron_ext.launch.plan import Cluster, plan_run
+    flags = TINY_RUN + ["--train-iters", "2"] + layout
+    with pytest.raises(FlagError) as run:
+        parse_args(flags)
+    with pytest.raises(FlagError) as plan:
+        plan_run("arm", flags, Cluster(1, 12), vocab_size=511)
+    assert str(run.value) == str(plan.value)
+    with pytest.raises(FlagError, match=re.escape(
+            "--nodes 1 x --gpus-per-node 3 = 3 GPUs is not a multiple of "
+            "--tensor-model-parallel-size 2 x --pipeline-model-parallel-size 1")):
+        plan_run("arm", TINY_RUN + ["--train-iters", "2", "--tensor-model-parallel-size", "2"],
+                 Cluster(1, 3), vocab_size=511)
+
+
 @pytest.mark.parametrize("data, message", [
     ([], "give --data-path (indexed dataset prefixes), --train-data-path, or --mock-data"),
     (["--data-path", "a", "--valid-data-path", "b"],
@@ -132,7 +182,7 @@ def test_the_data_are_given_one_way(data, message):
 
 def test_the_start_up_line_names_a_code_projection():
     def arm(*flags):
-        return RunConfig.from_args(parse_args(TINY_RUN + ["--train-iters", "2", *flags]))
+        return parse_args(TINY_RUN + ["--train-iters", "2", *flags])
     assert arm("--input-interface", "gf2").model.arm_description() == "gf2 arm"
     assert arm("--input-interface", "gf2", "--code-projection", "--code-bits", "12").model \
         .arm_description() == ("gf2 arm with a trainable 12 x 64 projection of the code "
@@ -140,8 +190,8 @@ def test_the_start_up_line_names_a_code_projection():
 
 
 def test_the_checks_that_need_the_machine_or_the_tokenizer_are_named_for_it():
-    config = RunConfig.from_args(parse_args(TINY_RUN + ["--train-iters", "2", "--profile",
-                                                        "--input-interface", "binary"]))
+    config = parse_args(TINY_RUN + ["--train-iters", "2", "--profile", "--input-interface",
+                                    "binary"])
     config.logging.check_device("cuda")
     with pytest.raises(FlagError, match="needs a GPU; add --use-pytorch-profiler on CPU"):
         config.logging.check_device("cpu")

@@ -16,7 +16,7 @@ from conftest import REPO
 
 PACKAGE = REPO / "megatron_ext"
 # The package's folders, lowest first: a folder imports only folders before it here.
-LAYERS = ["runtime", "codes", "config", "model", "datasets", "checkpoint", "metrics", "train",
+LAYERS = ["runtime", "codes", "config", "checkpoint", "model", "datasets", "metrics", "train",
           "launch", "preprocess", "hf", "probes", "study"]
 
 
@@ -94,6 +94,29 @@ def test_the_architecture_diagram_is_the_code():
     actual = transitive_reduction(folder_imports())
     assert drawn == actual, (f"missing from the diagram: {sorted(actual - drawn)}; "
                              f"drawn but not in the code: {sorted(drawn - actual)}")
+
+
+def floors() -> dict[str, int]:
+    """Each folder's floor: 1 for a folder that imports none of the others, else one above
+    the highest folder it imports (the graph has no cycle: test_imports_point_one_way)."""
+    edges, floor = folder_imports(), {}
+
+    def of(folder: str) -> int:
+        if folder not in floor:
+            floor[folder] = 1 + max((of(b) for a, b in edges if a == folder), default=0)
+        return floor[folder]
+    for folder in LAYERS:
+        of(folder)
+    return floor
+
+
+def test_the_house_has_eight_floors():
+    """Seven floors of the package and the command lines above them (issue 48: the
+    checkpoint code imported the model's provider for its code, and made a ninth): the
+    checkpoint code shares the model's floor, on the floor above the configs."""
+    floor = floors()
+    assert max(floor.values()) + 1 == 8, floor  # + the entry points: pretrain_fixedcode, tools/
+    assert floor["checkpoint"] == floor["model"] == floor["config"] + 1, floor
 
 
 def module_table() -> dict[str, set[str]]:
@@ -181,3 +204,54 @@ def test_every_package_docstring_lists_its_modules(init):
     subpackages = {p.parent.name for p in init.parent.glob("*/__init__.py")}
     named = set(re.findall(r"``(\w+)``", doc))
     assert modules | subpackages <= named, sorted((modules | subpackages) - named)
+
+
+# The folders that take the run's config (issue 48): the parsed flags stop at the entry points.
+CONFIG_TAKERS = ("model", "train", "checkpoint", "metrics", "launch")
+
+
+def functions(path: Path):
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield node
+
+
+@pytest.mark.parametrize("path", [p for p in MODULES if part_of(p) in CONFIG_TAKERS],
+                         ids=lambda p: str(p.relative_to(REPO)))
+def test_the_run_code_takes_configs_not_the_parsed_flags(path):
+    """No signature there takes an ``argparse.Namespace`` (by annotation, or as ``args``), no
+    Namespace is built there, and no config is built again from flags: the run's config is
+    built once, at the entry point, and handed down."""
+    text = path.read_text(encoding="utf-8")
+    for function in functions(path):
+        arguments = function.args.posonlyargs + function.args.args + function.args.kwonlyargs
+        assert "args" not in [a.arg for a in arguments], f"{function.name} takes args"
+        annotations = [ast.unparse(a.annotation) for a in arguments if a.annotation]
+        assert not [a for a in annotations if "Namespace" in a], function.name
+    assert "Namespace(" not in text
+    assert not re.search(r"\b(from_flags|from_args|parse_args|parse_run_config)\(", text)
+
+
+def test_only_the_named_handoff_builds_a_namespace():
+    """The one place the package hands megatron-core an ``argparse.Namespace`` is
+    ``runtime/megatron_compat.py:megatron_core_tokenizer`` (megatron-core's build_tokenizer
+    reads one; megatron-core itself reads no global args); besides it only the Hugging Face
+    reader keeps a checkpoint's saved flags as one."""
+    building = {p.relative_to(PACKAGE).as_posix() for p in MODULES
+                if "argparse.Namespace(" in p.read_text(encoding="utf-8")}
+    assert building == {"runtime/megatron_compat.py", "hf/megatron_checkpoint.py"}
+
+
+def test_each_flag_is_declared_once_by_a_config_field():
+    """pretrain_fixedcode.py's flags are declared by the configs' fields alone: no module of
+    the package adds one by hand (``add_argument`` of a field's flag)."""
+    from megatron_ext.config.flag_fields import flag_name
+    from megatron_ext.config.run_config import CONCERNS
+    flags = {flag_name(f.name) for concern in CONCERNS for f in concern.flag_fields()}
+    by_hand = []
+    for path in MODULES:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and ast.unparse(node.func).endswith("add_argument"):
+                names = [a.value for a in node.args if isinstance(a, ast.Constant)]
+                by_hand += [f"{path.relative_to(REPO)}: {n}" for n in names if n in flags]
+    assert len(flags) > 140 and not by_hand, by_hand

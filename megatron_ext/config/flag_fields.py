@@ -1,0 +1,147 @@
+"""One declaration per flag: a config's dataclass field carries its command-line flag (the
+name, Megatron-LM's where Megatron-LM has it, the type, default, choices and help, in the
+field's metadata), and the argparse parser is made from the fields (:func:`add_flags`), as
+Megatron-LM's ``megatron/training/config/`` dataclasses and torchtitan's ``job_config.py``
+make theirs. A config is built from the parsed flags by the fields' names
+(:meth:`FlagConfig.from_flags`: where a Namespace becomes a config, at an entry point) or
+from a checkpoint's saved flags (:meth:`FlagConfig.from_record`), and written back as such a
+record (:meth:`FlagConfig.record`). Imports nothing heavy: the command lines start without torch.
+
+A field's flag, from its type: ``int`` (at least ``least``, 1 unless 0 means something),
+``float``, ``str``, ``tuple[X, ...]`` (``nargs``; a list on the command line and in a record),
+``bool`` (a switch: ``--name`` when off by default, ``--no-name`` when on, both spellings with
+``switch="both"``). A field without ``help`` has no flag (a value the tool sets)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import typing
+from typing import Any, ClassVar, Optional, Sequence
+
+from .flag_types import nonnegative_int, positive_int
+
+
+def flag(default: Any, help: str, *, names: Sequence[str] = (), least: int = 1,
+         choices: Optional[Sequence] = None, nargs=None, metavar=None,
+         switch: Optional[str] = None, group: Optional[str] = None):
+    """A config field that declares its flag: ``names`` (default ``--field-name``),
+    ``least`` (an integer's least value), ``choices``, ``nargs`` and ``metavar`` as argparse
+    takes them, ``switch="both"`` (a bool with its ``--no-`` form), ``group`` (the ``--help``
+    group, default the config's ``FLAG_GROUP``)."""
+    return dataclasses.field(default=default, metadata=dict(
+        help=help, names=tuple(names), least=least, choices=choices, nargs=nargs,
+        metavar=metavar, switch=switch, group=group))
+
+
+def flag_name(name: str) -> str:
+    """``--flag-name`` of a field ``flag_name``."""
+    return "--" + name.replace("_", "-")
+
+
+@functools.lru_cache(maxsize=None)
+def _hints(cls) -> dict:
+    return typing.get_type_hints(cls)
+
+
+def _scalar(hint):
+    """``(the value type, whether it is a tuple)`` of a field's annotation (``Optional``
+    unwrapped)."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if typing.get_origin(hint) is typing.Union:
+        return _scalar(args[0])
+    if typing.get_origin(hint) is tuple:
+        return args[0], True
+    return hint, False
+
+
+class FlagConfig:
+    """A frozen dataclass of flags (each field declared with :func:`flag`); ``FLAG_GROUP``
+    is the ``--help`` group of its fields that name none."""
+    FLAG_GROUP: ClassVar[str] = ""
+
+    @classmethod
+    def flag_fields(cls) -> list:
+        """The fields that declare a flag."""
+        return [f for f in dataclasses.fields(cls) if "help" in f.metadata]
+
+    @classmethod
+    def group_of(cls, field: dataclasses.Field) -> str:
+        return field.metadata["group"] or cls.FLAG_GROUP
+
+    @classmethod
+    def from_flags(cls, flags: argparse.Namespace, **values):
+        """The config of parsed ``flags`` (a flag the parser did not have keeps its declared
+        default; lists become tuples), with ``values`` for the fields they set."""
+        return cls.from_record({**vars(flags), **values})
+
+    @classmethod
+    def from_record(cls, record: dict):
+        """The config of a record of flags by name (a checkpoint's saved ``args``, a
+        parsed Namespace's ``vars``): names it lacks (flags added since it was written)
+        take their declared defaults, names it has besides are left out."""
+        values = {f.name: record[f.name] for f in dataclasses.fields(cls) if f.name in record}
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
+
+    def record(self) -> dict:
+        """The flags as a record by name, as argparse gives them (tuples as lists)."""
+        return {f.name: list(v) if isinstance(v, tuple) else v
+                for f in dataclasses.fields(self) for v in [getattr(self, f.name)]}
+
+    def replace(self, **changes):
+        return dataclasses.replace(self, **changes)
+
+
+def add_flags(group, config: type, title: Optional[str] = None,
+              only: Optional[Sequence[str]] = None, defaults: Optional[dict] = None,
+              required: Sequence[str] = (), helps: Optional[dict] = None) -> list:
+    """Add to ``group`` (a parser or an argument group) the flags of ``config``'s fields in
+    the ``--help`` group ``title`` (None: all), or those named in ``only``; ``defaults``
+    replace declared defaults, the fields in ``required`` must be given, ``helps`` replace
+    the help of a tool that reads a training flag for a purpose of its own (its name, type
+    and default stay the field's). Returns the actions added."""
+    hints, added = _hints(config), []
+    for field in config.flag_fields():
+        if (title is not None and config.group_of(field) != title) \
+                or (only is not None and field.name not in only):
+            continue
+        meta, (kind, many) = field.metadata, _scalar(hints[field.name])
+        names = meta["names"] or (flag_name(field.name),)
+        default = (defaults or {}).get(field.name, field.default)
+        options = dict(dest=field.name, help=(helps or {}).get(field.name, meta["help"]),
+                       default=list(default) if isinstance(default, tuple) else default)
+        if kind is bool:
+            if meta["switch"] == "both":
+                options["action"] = argparse.BooleanOptionalAction
+            elif field.default is True:
+                names = meta["names"] or ("--no-" + field.name.replace("_", "-"),)
+                options["action"] = "store_false"
+            else:
+                options["action"] = "store_true"
+        else:
+            options["type"] = ({0: nonnegative_int, 1: positive_int}[meta["least"]]
+                               if kind is int else None if kind is str else kind)
+            for key in ("choices", "nargs", "metavar"):
+                if meta[key] is not None:
+                    options[key] = list(meta[key]) if key == "choices" else meta[key]
+            if many and "nargs" not in options:
+                raise TypeError(f"{config.__name__}.{field.name}: a tuple needs nargs")
+        if field.name in required:
+            options.update(required=True, default=None)
+        added.append(group.add_argument(*names, **options))
+    return added
+
+
+class ShowDefaults(argparse.HelpFormatter):
+    """``--help`` shows each flag's default, where it says something: not None, not a
+    switch's (False for ``--name``, True for ``--no-name``)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        hidden = action.default is None or action.default is False \
+            or action.default == argparse.SUPPRESS \
+            or action.const is False  # --no-name
+        if not hidden and "%(default)" not in text:
+            text += " (default: %(default)s)"
+        return text
