@@ -1,6 +1,7 @@
 """Corpus preparation for pretraining: read inputs, tokenize, write Megatron indexed datasets.
 
-``preprocess`` (the job: inputs to datasets), ``readers`` (find the inputs, cut them
+``preprocess`` (the job: inputs to datasets), ``preprocess_config`` (the job's flags, declared
+once, and their checks), ``readers`` (find the inputs, cut them
 into byte ranges or stream them, parse them), ``tasks`` (the workers' tasks, planned and run in
 input order), ``encode`` (a task's texts to token ids, written by the worker processes), ``gigatoken_encoder``
 (gigatoken for every text where it gives the reference library's ids, routed before encoding),
@@ -13,7 +14,8 @@ vocabulary and a code, its splits). The indexed format itself, read and written,
 megatron_ext/datasets/indexed.py, and the checks of a dataset's splits before it is used are
 megatron_ext/datasets/split_checks.py, since training does them too. The command-line tools
 ``tools/preprocess_data.py``, ``tools/train_tokenizer.py`` and ``tools/check_data.py`` are thin
-drivers over the modules here. User errors (bad input, flags, files) are raised as the typed errors
+drivers over the modules here: ``tools/preprocess_data.py`` makes its parser from
+``PreprocessConfig``'s fields and hands the job that config, not its parsed flags. User errors (bad input, flags, files) are raised as the typed errors
 of megatron_ext/runtime/errors.py, which the tools turn into ``error: ...`` lines, as everywhere in
 the project.
 """

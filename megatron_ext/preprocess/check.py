@@ -14,17 +14,19 @@ from typing import Optional
 
 from tqdm import tqdm
 
+from ..config.data_config import DataConfig
 from ..datasets.indexed import IndexCheckError, read_index, token_id_range
 from ..datasets.split_checks import SPLITS, split_problems, split_ranges
 from ..datasets.tokenizer import tokenizer_from_args
 
 
-def vocabulary(args) -> tuple[Optional[int], str]:
+def vocabulary(tokenizer: DataConfig) -> tuple[Optional[int], str]:
     """The vocabulary size token ids are checked against (that of the tokenizer the flags
-    ``args`` name, else their ``--vocab-size``), and where it comes from."""
-    if args.tokenizer_type:
-        return tokenizer_from_args(args).vocab_size, f"the {args.tokenizer_type}'s vocabulary"
-    return args.vocab_size, "--vocab-size"
+    ``tokenizer`` name, else their ``--vocab-size``), and where it comes from."""
+    if tokenizer.tokenizer_type:
+        return (tokenizer_from_args(tokenizer).vocab_size,
+                f"the {tokenizer.tokenizer_type}'s vocabulary")
+    return tokenizer.vocab_size, "--vocab-size"
 
 
 def check_file(prefix: str, vocab_size: Optional[int], vocab_source: str, *, code_bits: int,

@@ -9,7 +9,6 @@ Neither megatron.core nor torch is imported.
 
 from __future__ import annotations
 
-import argparse
 import collections
 import dataclasses
 import multiprocessing
@@ -21,7 +20,7 @@ from typing import Iterator, Optional
 
 from tqdm import tqdm
 
-from ..codes.limits import check_options, check_vocab_fits
+from ..codes.limits import check_vocab_fits
 from ..datasets.tokenizer import tokenizer_from_args
 from ..runtime.errors import DataError, FlagError
 from ..runtime.files import file_fingerprint
@@ -31,10 +30,9 @@ from .encode import TaskResult, gigatoken_encoder, init_worker
 from .gigatoken_encoder import gigatoken_version
 from .merge import merge_datasets, publish_dataset
 from .parts import WorkDir, dataset_prefix
+from .preprocess_config import PreprocessConfig
 from .readers import describe_bad_input, expand_inputs, input_kind
 from .tasks import plan_tasks, run_in_order, task_bytes
-
-ENCODERS = ("auto", "gigatoken", "reference")  # --encoder
 
 
 @dataclasses.dataclass
@@ -128,34 +126,34 @@ def reference_library(tokenizer) -> str:
             "GPT2BPETokenizer": "tokenizers"}.get(name, name)
 
 
-def _pool(args, tokenizer, folder: str, gigatoken: bool):
+def _pool(config: PreprocessConfig, tokenizer, folder: str, gigatoken: bool):
     """The worker processes: ``--workers`` of them, each initialized to encode."""
     # fork (as Megatron-LM's tool) from this tool's single-threaded process; a caller with
     # threads of its own (a notebook, the tests) gets a fork server: a child forked beside
     # other threads can inherit a lock one of them held and hang
     method = "fork" if threading.active_count() == 1 else "forkserver"
-    eod = tokenizer.eod if args.append_eod else None
+    eod = tokenizer.eod if config.append_eod else None
     return multiprocessing.get_context(method).Pool(
-        args.workers, initializer=init_worker,
-        initargs=(tokenizer, args.json_keys, eod, gigatoken, args.verify_fraction, folder))
+        config.workers, initializer=init_worker,
+        initargs=(tokenizer, config.json_keys, eod, gigatoken, config.verify_fraction, folder))
 
 
-def _encode_parts(args, paths: list[str], tokenizer, dtype, work: WorkDir,
+def _encode_parts(config: PreprocessConfig, paths: list[str], tokenizer, dtype, work: WorkDir,
                   done: list[dict], pool) -> list[dict]:
     """Encode the inputs after the complete parts ``done`` into new parts: their manifests."""
     start_input, after_line, after_offset = (
         (done[-1]["end_input"], done[-1]["end_line"], done[-1].get("end_offset")) if done
         else (0, 0, 0))
     manifests, index = [], len(done)
-    part = work.new_part(args.json_keys, dtype)
+    part = work.new_part(config.json_keys, dtype)
     progress = _Progress(paths, start_input)
     size = task_bytes(sum(os.path.getsize(path) for path in paths[start_input:]),
-                      args.workers, args.part_tokens)
+                      config.workers, config.part_tokens)
     try:
-        tasks = plan_tasks(paths, args.text_document, args.json_keys, start_input, after_line,
+        tasks = plan_tasks(paths, config.text_document, config.json_keys, start_input, after_line,
                            after_offset, size)
-        for result in run_in_order(pool, tasks, window=2 * args.workers):
-            if result.bad and not args.skip_bad_lines:
+        for result in run_in_order(pool, tasks, window=2 * config.workers):
+            if result.bad and not config.skip_bad_lines:
                 input_index, *bad = result.bad[0]
                 where = describe_bad_input(paths[input_index], *bad)
                 raise DataError(f"{where}; fix it or pass --skip-bad-lines, and rerun "
@@ -169,34 +167,34 @@ def _encode_parts(args, paths: list[str], tokenizer, dtype, work: WorkDir,
                     "(and --resume to keep the work done), and please report the line")
             part.add(result)
             progress.update(result)
-            if part.is_full(args.part_tokens):
+            if part.is_full(config.part_tokens):
                 manifests.append(work.complete_part(index, part, result.end_input,
                                                     result.end_line, result.end_offset,
                                                     final=False))
                 index += 1
-                part = work.new_part(args.json_keys, dtype)
+                part = work.new_part(config.json_keys, dtype)
     finally:
         progress.close()
     manifests.append(work.complete_part(index, part, len(paths) - 1, 0, None, final=True))
     return manifests
 
 
-def _summarize(args, manifests: list[dict], resumed: int, tokenizer, dtype,
+def _summarize(config: PreprocessConfig, manifests: list[dict], resumed: int, tokenizer, dtype,
                gigatoken_note: Optional[str]) -> Summary:
     bad_lines = collections.Counter()
     for manifest in manifests:
         bad_lines.update(manifest["bad_lines"])
     try:
-        check_vocab_fits(tokenizer.vocab_size, args.code_bits)
+        check_vocab_fits(tokenizer.vocab_size, config.code_bits)
         code_warning = None
     except ValueError as e:
         code_warning = str(e)
     return Summary(
-        outputs={key: dataset_prefix(args.output_prefix, key) for key in args.json_keys},
+        outputs={key: dataset_prefix(config.output_prefix, key) for key in config.json_keys},
         dtype=dtype.__name__, documents=sum(m["documents"] for m in manifests),
-        tokens={key: sum(m["tokens"][key] for m in manifests) for key in args.json_keys},
+        tokens={key: sum(m["tokens"][key] for m in manifests) for key in config.json_keys},
         max_token_id=max(m["max_token_id"] for m in manifests), bad_lines=dict(bad_lines),
-        parts=len(manifests), resumed_documents=resumed, code_bits=args.code_bits,
+        parts=len(manifests), resumed_documents=resumed, code_bits=config.code_bits,
         code_warning=code_warning, encoder=reference_library(tokenizer),
         gigatoken=None if gigatoken_note else gigatoken_version(), gigatoken_note=gigatoken_note,
         # parts written before gigatoken record no count: the reference encoded them
@@ -204,42 +202,42 @@ def _summarize(args, manifests: list[dict], resumed: int, tokenizer, dtype,
         verified_documents=sum(m.get("verified_documents", 0) for m in manifests))
 
 
-def preprocess(args: argparse.Namespace) -> Summary:
-    """Run the job the flags of tools/preprocess_data.py describe; what it produced."""
-    check_options(args.code_bits, scale=1.0)
-    if not 0 <= args.verify_fraction <= 1:
-        raise FlagError(f"--verify-fraction {args.verify_fraction}: a share of the documents, "
-                        "from 0 to 1")
-    if len(set(args.json_keys)) < len(args.json_keys):
-        raise FlagError(f"--json-keys {' '.join(args.json_keys)}: a key is given "
-                        "twice")
-    paths = expand_inputs(args.input)
+def check_inputs(paths: list[str], json_keys: tuple[str, ...]) -> None:
+    """The checks of the flags that need the inputs found: a plain-text input has one text."""
     for path in paths:
-        if input_kind(path) == "text" and len(args.json_keys) > 1:
+        if input_kind(path) == "text" and len(json_keys) > 1:
             raise FlagError(f"--json-keys: plain-text input {path} has one text; "
                             "give one key")
-    tokenizer = tokenizer_from_args(args)
-    dtype = optimal_dtype(tokenizer.vocab_size)
-    gigatoken_note = choose_encoder(tokenizer, args.encoder)
 
-    work = WorkDir(args.output_prefix)
-    settings = {"--tokenizer-type": args.tokenizer_type, "--vocab-size": args.vocab_size,
+
+def preprocess(config: PreprocessConfig) -> Summary:
+    """Run the job ``config`` (tools/preprocess_data.py's flags) describes; what it produced."""
+    config.validate()
+    paths = expand_inputs(config.input)
+    check_inputs(paths, config.json_keys)
+    tokenizer = tokenizer_from_args(config.tokenizer)
+    dtype = optimal_dtype(tokenizer.vocab_size)
+    gigatoken_note = choose_encoder(tokenizer, config.encoder)
+
+    work = WorkDir(config.output_prefix)
+    settings = {"--tokenizer-type": config.tokenizer.tokenizer_type,
+                "--vocab-size": config.tokenizer.vocab_size,
                 **{flag: path and [os.path.abspath(path), file_fingerprint(path)]
-                   for flag, path in (("--tokenizer-model", args.tokenizer_model),
-                                      ("--vocab-file", args.vocab_file),
-                                      ("--merge-file", args.merge_file))},
-                "--append-eod": args.append_eod, "--json-keys": args.json_keys,
-                "--text-document": args.text_document}
+                   for flag, path in (("--tokenizer-model", config.tokenizer.tokenizer_model),
+                                      ("--vocab-file", config.tokenizer.vocab_file),
+                                      ("--merge-file", config.tokenizer.merge_file))},
+                "--append-eod": config.append_eod, "--json-keys": list(config.json_keys),
+                "--text-document": config.text_document}
     inputs = [[os.path.abspath(path), file_fingerprint(path)] for path in paths]
-    manifests = work.start(settings, inputs, args.resume)
+    manifests = work.start(settings, inputs, config.resume)
     resumed = sum(m["documents"] for m in manifests)
     filled = None
-    pool = _pool(args, tokenizer, work.path, gigatoken_note is None)
+    pool = _pool(config, tokenizer, work.path, gigatoken_note is None)
     try:
         if not (manifests and manifests[-1]["final"]):
-            manifests += _encode_parts(args, paths, tokenizer, dtype, work, manifests, pool)
+            manifests += _encode_parts(config, paths, tokenizer, dtype, work, manifests, pool)
         filled = [manifest for manifest in manifests if manifest["documents"]]
-        for key in args.json_keys if filled else []:
+        for key in config.json_keys if filled else []:
             merge_datasets([(work.part_prefix(m["part"], key),
                              [(os.path.join(work.path, name), offset, nbytes)
                               for name, offset, nbytes in work.segments(m, key)])
@@ -250,8 +248,8 @@ def preprocess(args: argparse.Namespace) -> Summary:
         work.remove()
         raise DataError(f"the {len(paths)} input files hold no documents: nothing to "
                         "write")
-    for key in args.json_keys:
-        publish_dataset(work.merged_prefix(key), dataset_prefix(args.output_prefix, key))
+    for key in config.json_keys:
+        publish_dataset(work.merged_prefix(key), dataset_prefix(config.output_prefix, key))
     work.remove()
 
-    return _summarize(args, manifests, resumed, tokenizer, dtype, gigatoken_note)
+    return _summarize(config, manifests, resumed, tokenizer, dtype, gigatoken_note)

@@ -207,7 +207,7 @@ def test_every_package_docstring_lists_its_modules(init):
 
 
 # The folders that take the run's config (issue 48): the parsed flags stop at the entry points.
-CONFIG_TAKERS = ("model", "train", "checkpoint", "metrics", "launch")
+CONFIG_TAKERS = ("model", "train", "checkpoint", "metrics", "launch", "preprocess")
 
 
 def functions(path: Path):
