@@ -62,11 +62,11 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
         split_ranges(args.split, 0)
     except ValueError as e:
         parser.error(f"argument --split: {e}")
-    if args.train_iters is not None:
-        if args.train_samples is not None or args.global_batch_size is None:
-            parser.error("give --train-samples, or --train-iters with --global-batch-size")
-        args.train_samples = args.train_iters * args.global_batch_size
-    if args.train_samples is not None and args.seq_length is None:
+    if args.train_iters is not None and (args.train_samples is not None
+                                         or args.global_batch_size is None):
+        parser.error("give --train-samples, or --train-iters with --global-batch-size")
+    if (args.train_samples is not None or args.train_iters is not None) \
+            and args.seq_length is None:
         parser.error("--train-samples and --train-iters need --seq-length")
     return args
 
@@ -74,15 +74,17 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
 def main(argv: Optional[list[str]] = None) -> dict:
     with exits_on_error():
         args = parse_args(argv)
-        vocab_size, vocab_source = vocabulary(args)
+        vocab_size, vocab_source = vocabulary(DataConfig.from_flags(args))
+        train_samples = (args.train_samples if args.train_iters is None
+                         else args.train_iters * args.global_batch_size)
         reports, problems = [], []
         for prefix in args.prefixes:
             report, found = check_file(prefix, vocab_size, vocab_source, code_bits=args.code_bits,
                                        seq_length=args.seq_length, split=args.split,
-                                       eval_iters=args.eval_iters, train_samples=args.train_samples)
+                                       eval_iters=args.eval_iters, train_samples=train_samples)
             if report:
                 reports.append(report)
-                print(format_report(report, args.split, args.train_samples, args.seq_length),
+                print(format_report(report, args.split, train_samples, args.seq_length),
                       flush=True)
             problems += found
         result = {"files": reports, "problems": problems}

@@ -21,6 +21,8 @@ from megatron_ext.config.arguments import (add_training_args, build_parser, chec
 from megatron_ext.config.run_config import (CheckpointConfig, DataConfig, LoggingConfig,
                                             ModelConfig, ParallelConfig, RunConfig,
                                             TrainingConfig)
+from megatron_ext.preprocess.preprocess import preprocess
+from megatron_ext.preprocess.preprocess_config import PreprocessConfig
 from megatron_ext.runtime.errors import FlagError
 from pretrain_fixedcode import parse_args
 from tools import check_data, preprocess_data, study, submit
@@ -53,6 +55,34 @@ def test_a_tool_that_reads_training_flags_takes_their_declarations():
     preprocessed = vars(preprocess_data.parse_args(
         ["--input", "x", "--output-prefix", "y", "--tokenizer-type", "NullTokenizer"]))
     assert preprocessed["code_bits"] == fields["code_bits"].default
+
+
+def test_preprocessing_takes_its_config_built_once_without_writing_into_the_flags():
+    """tools/preprocess_data.py's parser is PreprocessConfig's fields and training's tokenizer
+    and --code-bits; the config is built from the parsed flags without writing into them, its
+    validate() refuses what the flags alone get wrong (before preprocess reads a file), and
+    tools/check_data.py leaves --train-iters' samples out of its parsed flags."""
+    args = preprocess_data.parse_args(["--input", "missing.jsonl", "--output-prefix", "o",
+                                       "--tokenizer-type", "NullTokenizer", "--vocab-size", "9",
+                                       "--json-keys", "a", "b"])
+    parsed = copy.deepcopy(vars(args))
+    config = PreprocessConfig.from_flags(args, tokenizer=DataConfig.from_flags(args))
+    assert vars(args) == parsed
+    assert set(vars(args)) == {f.name for f in PreprocessConfig.flag_fields()} | {
+        "tokenizer_type", "tokenizer_model", "vocab_file", "merge_file", "vocab_size",
+        "code_bits"}
+    assert (config.input, config.json_keys, config.code_bits) == (
+        ("missing.jsonl",), ("a", "b"), ModelConfig.code_bits)
+    assert (config.tokenizer.tokenizer_type, config.tokenizer.vocab_size) == ("NullTokenizer", 9)
+    config.validate()
+    for change, message in (({"verify_fraction": 1.5}, "--verify-fraction 1.5: a share"),
+                            ({"json_keys": ("a", "a")}, "--json-keys a a: a key is given")):
+        with pytest.raises(FlagError, match=message):
+            config.replace(**change).validate()
+    with pytest.raises(FlagError, match="a key is given twice"):  # before the input is sought
+        preprocess(config.replace(json_keys=("a", "a")))
+    assert check_data.parse_args(["p", "--seq-length", "8", "--train-iters", "3",
+                                  "--global-batch-size", "2"]).train_samples is None
 
 
 def test_configs_are_frozen_and_built_without_writing_into_the_flags():
