@@ -567,6 +567,22 @@ def test_fixed_code_checkpoint_without_its_code_is_refused(ckpts):
 
 
 @pytest.mark.integration
+def test_a_checkpoint_whose_args_lack_the_model_is_refused_when_read(monkeypatch):
+    """The saved args are read once, into the run's config, where every flag has a value:
+    a checkpoint not written by pretrain_fixedcode.py is refused there, naming what it lacks,
+    not exported with declared defaults."""
+    from megatron_ext.hf import megatron_checkpoint
+    saved = {**RunConfig().record(), "padded_vocab_size": 512}
+    del saved["hidden_size"], saved["rotary_base"]
+    monkeypatch.setattr(megatron_checkpoint, "load_common",
+                        lambda load, iteration: ("CKPT", {"args": saved}))
+    with pytest.raises(FixedcodeError, match=re.escape(
+            "CKPT: the saved training args lack ['hidden_size', 'rotary_base']; was it "
+            "written by pretrain_fixedcode.py?")):
+        megatron_checkpoint.read_checkpoint("DIR")
+
+
+@pytest.mark.integration
 def test_unknown_weights_are_refused(ckpts):
     saved = common_state(ckpts["binary_pp2"])["args"]
     args, vocab = RunConfig.from_record(saved).model, saved["padded_vocab_size"]
