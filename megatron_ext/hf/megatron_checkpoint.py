@@ -1,10 +1,12 @@
 """Read a training checkpoint (``--save DIR``) into one fp32 CPU GPTModel, whatever its TP/PP.
 
 The checkpoint is found as :mod:`megatron_ext.checkpoint.saving` writes it; its common state holds
-``args`` (the training run's arguments) and ``fixed_code``. The args' relative paths that a
-reader opens (the tokenizer's files, the training data prefixes) are taken from the folder the
-run started in (``working_directory``), not from the reader's. The model is rebuilt from those
-args at TP=PP=1 with the local layer spec and the PyTorch fixed code, and
+``args`` (the training run's flags, ``RunConfig.record``, and its derived values) and
+``fixed_code``. The args are read once into the run's typed config (:class:`SavedRun`), which
+the export, the probes and a study's evaluation take; its relative paths that a reader opens
+(the tokenizer's files, the training data prefixes) are taken from the folder the run started
+in (``working_directory``), not from the reader's. The model is rebuilt from that config at
+TP=PP=1 with the local layer spec and the PyTorch fixed code, and
 ``dist_checkpointing`` reshards the saved tensors into it (Transformer Engine checkpoints
 share the local spec's sharded keys).
 """
