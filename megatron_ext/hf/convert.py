@@ -1,4 +1,5 @@
-"""Megatron GPTModel weights and training args -> a Hugging Face Llama, or fixed-code Llama.
+"""Megatron GPTModel weights and their run's model config -> a Hugging Face Llama, or a fixed-code
+Llama.
 
 The table arms become a stock ``LlamaForCausalLM``: the learned and frozen tables as they are,
 the factorised one as its product ``T·P`` (V x h, computed in fp64); the fixed-code arms
@@ -41,7 +42,6 @@ unknown weight) is refused by :func:`check_mappable` / :func:`hf_state_dict`.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 from typing import Optional
@@ -50,65 +50,57 @@ import torch
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
 from ..codes.schemes import ARMS, SCHEMES, FixedCode
-from ..runtime.errors import CheckpointError, ConversionError
+from ..config.model_config import ModelConfig
+from ..runtime.errors import ConversionError
 from ..runtime.files import read_json, write_text
 from .configuration_fixedcode import FixedCodeLlamaConfig
 from .modeling_fixedcode import FixedCodeLlamaForCausalLM
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-REQUIRED_ARGS = ("input_interface", "num_layers", "hidden_size", "ffn_hidden_size",
-                 "num_attention_heads", "num_query_groups", "normalization", "norm_epsilon",
-                 "swiglu", "disable_bias_linear", "untie_embeddings_and_output_weights",
-                 "position_embedding_type", "rotary_base", "max_position_embeddings",
-                 "seq_length", "padded_vocab_size", "init_method_std", "tokenizer_type",
-                 "tokenizer_model", "vocab_size")
 # The key of a stock export's config.json that says what its input table is (input_record):
 # transformers keeps a key its config class does not define through save and load, and
 # ignores it.
 RECORD_KEY = "fixedcode"
 
 
-def check_mappable(args: argparse.Namespace, fixed_code: Optional[dict], source: str) -> None:
-    """Refuse, with every reason, a checkpoint whose model has no Llama equivalent."""
-    missing = [name for name in REQUIRED_ARGS if not hasattr(args, name)]
-    if missing:
-        raise CheckpointError(f"{source}: the saved training args lack {missing}; was it "
-                              f"written by pretrain_fixedcode.py?")
+def check_mappable(model: ModelConfig, fixed_code: Optional[dict], source: str) -> None:
+    """Refuse, with every reason, a checkpoint whose model (its run's ``model`` config) has
+    no Llama equivalent."""
     reasons = []
-    if args.input_interface not in ARMS:
-        reasons.append(f"--input-interface {args.input_interface}: not one of {ARMS}")
-    elif args.input_interface in SCHEMES and not fixed_code:
-        reasons.append(f"a {args.input_interface} checkpoint without its saved fixed_code: "
+    if model.input_interface not in ARMS:
+        reasons.append(f"--input-interface {model.input_interface}: not one of {ARMS}")
+    elif model.input_interface in SCHEMES and not fixed_code:
+        reasons.append(f"a {model.input_interface} checkpoint without its saved fixed_code: "
                        f"the code is unknown")
-    if args.normalization != "RMSNorm":
-        reasons.append(f"--normalization {args.normalization}: Llama has RMSNorm only")
-    if not args.swiglu:
+    if model.normalization != "RMSNorm":
+        reasons.append(f"--normalization {model.normalization}: Llama has RMSNorm only")
+    if not model.swiglu:
         reasons.append("--no-swiglu: Llama's MLP is SwiGLU")
-    if not args.disable_bias_linear:
+    if not model.disable_bias_linear:
         reasons.append("--no-disable-bias-linear: this exporter maps bias-free linears only")
-    if args.position_embedding_type != "rope":
-        reasons.append(f"--position-embedding-type {args.position_embedding_type}: Llama "
+    if model.position_embedding_type != "rope":
+        reasons.append(f"--position-embedding-type {model.position_embedding_type}: Llama "
                        f"applies RoPE")
     if reasons:
         raise ConversionError(f"cannot convert {source} to Hugging Face Llama:\n  - "
                               + "\n  - ".join(reasons))
 
 
-def input_record(args: argparse.Namespace, fixed_code: Optional[dict]) -> dict:
+def input_record(model: ModelConfig, fixed_code: Optional[dict]) -> dict:
     """What a stock export's input table is, for its ``config.json`` (:data:`RECORD_KEY`):
     the arm, whether the table was trained, and for a fixed code its one-line description,
     ``code_projection`` and the code itself (``FixedCode.to_dict``: everything drawn for it)."""
-    arm = args.input_interface
+    arm = model.input_interface
     if arm not in SCHEMES:
         trained = {"learned": "trained", "frozen": "fixed, never trained (Megatron's initial "
                    "draw of the learned table)", "factorized": f"trained at rank "
-                   f"{args.input_table_rank}: the product T·P of the trained factors"}[arm]
+                   f"{model.input_table_rank}: the product T·P of the trained factors"}[arm]
         return {"arm": arm, "input_table": trained}
     code = FixedCode.from_dict(fixed_code)
     table = ("the fixed code (never trained) times the trained --code-projection map (h x n)"
-             if args.code_projection else "fixed, never trained")
+             if model.code_projection else "fixed, never trained")
     return {"arm": arm, "code": code.describe(), "input_table": table,
-            "code_projection": bool(args.code_projection), "fixed_code": code.to_dict()}
+            "code_projection": bool(model.code_projection), "fixed_code": code.to_dict()}
 
 
 def code_table(code: FixedCode, vocab_size: int, hidden_size: int, dtype: torch.dtype,
@@ -130,9 +122,10 @@ def code_table(code: FixedCode, vocab_size: int, hidden_size: int, dtype: torch.
     return table
 
 
-def hf_state_dict(state: dict, args: argparse.Namespace, dtype: torch.dtype,
+def hf_state_dict(state: dict, model: ModelConfig, padded_vocab_size: int, dtype: torch.dtype,
                   table_code: Optional[FixedCode] = None) -> dict:
-    """The HF Llama state dict of a TP=1 Megatron GPTModel state dict (see the module table);
+    """The HF Llama state dict of a TP=1 Megatron GPTModel state dict (see the module table) of
+    the run's ``model`` config with its ``padded_vocab_size``;
     with ``table_code`` (the model's fixed code), the code as the input table
     (:func:`code_table`). ``state`` is consumed: each tensor is taken out as it is mapped, so
     that, where nothing else holds the Megatron tensors (the export's case), each is freed
@@ -147,23 +140,23 @@ def hf_state_dict(state: dict, args: argparse.Namespace, dtype: torch.dtype,
             raise ConversionError(f"the checkpoint has no weight {key}")
         return state.pop(key).detach().to(as_dtype)
 
-    h, q = args.hidden_size, args.num_attention_heads
-    g, d = args.num_query_groups or q, args.hidden_size // args.num_attention_heads
+    h, q = model.hidden_size, model.num_attention_heads
+    g, d = model.num_query_groups or q, model.hidden_size // model.num_attention_heads
     out = {}
-    if args.input_interface in ("learned", "frozen"):
+    if model.input_interface in ("learned", "frozen"):
         out["model.embed_tokens.weight"] = take("embedding.word_embeddings.weight")
-    elif args.input_interface == "factorized":
+    elif model.input_interface == "factorized":
         table = take("embedding.word_embeddings.table.weight", torch.float64)
         projection = take("embedding.word_embeddings.projection", torch.float64)
         out["model.embed_tokens.weight"] = (table @ projection.t()).to(dtype)
     elif table_code is not None:
         projection = (take("embedding.projection.weight", torch.float32)
-                      if args.code_projection else None)
+                      if model.code_projection else None)
         out["model.embed_tokens.weight"] = code_table(
-            table_code, args.padded_vocab_size, args.hidden_size, dtype, projection)
-    elif args.code_projection:
+            table_code, padded_vocab_size, model.hidden_size, dtype, projection)
+    elif model.code_projection:
         out["model.embed_tokens.projection.weight"] = take("embedding.projection.weight")
-    for i in range(args.num_layers):
+    for i in range(model.num_layers):
         m, o = f"decoder.layers.{i}.", f"model.layers.{i}."
         out[o + "input_layernorm.weight"] = take(m + "input_layernorm.weight")
         qkv = take(m + "self_attention.linear_qkv.weight").view(g, q // g + 2, d, h)
@@ -177,7 +170,7 @@ def hf_state_dict(state: dict, args: argparse.Namespace, dtype: torch.dtype,
         del gate, up
         out[o + "mlp.down_proj.weight"] = take(m + "mlp.linear_fc2.weight")
     out["model.norm.weight"] = take("decoder.final_layernorm.weight")
-    if args.untie_embeddings_and_output_weights:
+    if model.untie_embeddings_and_output_weights:
         out["lm_head.weight"] = take("output_layer.weight")
     else:
         out["lm_head.weight"] = out["model.embed_tokens.weight"]
@@ -186,35 +179,36 @@ def hf_state_dict(state: dict, args: argparse.Namespace, dtype: torch.dtype,
     return {k: v.contiguous() for k, v in out.items()}
 
 
-def hf_config(args: argparse.Namespace, fixed_code: Optional[dict], dtype: torch.dtype,
-              eos_token_id: int, as_table: bool = False) -> LlamaConfig:
-    """The HF config of the checkpoint's model: Llama's, plus the code for a fixed-code arm
+def hf_config(model: ModelConfig, padded_vocab_size: int, fixed_code: Optional[dict],
+              dtype: torch.dtype, eos_token_id: int, as_table: bool = False) -> LlamaConfig:
+    """The HF config of the checkpoint's model (its run's ``model`` config, its
+    ``padded_vocab_size``): Llama's, plus the code for a fixed-code arm
     exported as code; a stock Llama's says what its table is (:func:`input_record`)."""
     shape = dict(
-        vocab_size=args.padded_vocab_size,
-        hidden_size=args.hidden_size,
-        intermediate_size=args.ffn_hidden_size,
-        num_hidden_layers=args.num_layers,
-        num_attention_heads=args.num_attention_heads,
-        num_key_value_heads=args.num_query_groups or args.num_attention_heads,
-        head_dim=args.hidden_size // args.num_attention_heads,
+        vocab_size=padded_vocab_size,
+        hidden_size=model.hidden_size,
+        intermediate_size=model.ffn_hidden_size,
+        num_hidden_layers=model.num_layers,
+        num_attention_heads=model.num_attention_heads,
+        num_key_value_heads=model.num_query_groups or model.num_attention_heads,
+        head_dim=model.hidden_size // model.num_attention_heads,
         hidden_act="silu",
-        max_position_embeddings=args.max_position_embeddings,
-        rms_norm_eps=args.norm_epsilon,
-        rope_parameters={"rope_type": "default", "rope_theta": float(args.rotary_base)},
+        max_position_embeddings=model.max_position_embeddings,
+        rms_norm_eps=model.norm_epsilon,
+        rope_parameters={"rope_type": "default", "rope_theta": float(model.rotary_base)},
         attention_bias=False,
         mlp_bias=False,
-        initializer_range=args.init_method_std,
+        initializer_range=model.init_method_std,
         bos_token_id=None,
         eos_token_id=eos_token_id,
         pad_token_id=None,
         dtype=dtype,
     )
-    if args.input_interface not in SCHEMES or as_table:
-        return LlamaConfig(tie_word_embeddings=not args.untie_embeddings_and_output_weights,
+    if model.input_interface not in SCHEMES or as_table:
+        return LlamaConfig(tie_word_embeddings=not model.untie_embeddings_and_output_weights,
                            architectures=["LlamaForCausalLM"],
-                           **{RECORD_KEY: input_record(args, fixed_code)}, **shape)
-    return FixedCodeLlamaConfig(fixed_code=fixed_code, code_projection=args.code_projection,
+                           **{RECORD_KEY: input_record(model, fixed_code)}, **shape)
+    return FixedCodeLlamaConfig(fixed_code=fixed_code, code_projection=model.code_projection,
                                 tie_word_embeddings=False,
                                 architectures=["FixedCodeLlamaForCausalLM"], **shape)
 

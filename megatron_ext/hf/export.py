@@ -11,7 +11,6 @@ folder gets a model card (:mod:`.model_card`).
 
 from __future__ import annotations
 
-import argparse
 import ctypes
 import gc
 import os
@@ -25,7 +24,6 @@ from packaging.version import Version
 
 from ..codes.schemes import SCHEMES
 from ..datasets.tokenizer import check_training_tokenizer, tokenizer_from_args
-from ..config.run_config import RunConfig
 from ..model.memory import stage_parameters
 from ..model.param_count import count_parameters
 from ..runtime.errors import ConversionError, DataError, DeviceError, FlagError
@@ -33,7 +31,7 @@ from ..runtime.initialize import destroy_distributed, initialize_distributed
 
 from .convert import (DTYPES, check_mappable, hf_config, hf_state_dict, input_record,
                       save_hf_model)
-from .megatron_checkpoint import load_model, read_checkpoint_common
+from .megatron_checkpoint import SavedRun, load_model, read_checkpoint_common
 from .model_card import card_metadata, write_card
 from .parity import (PROBE_TEXTS, TOLERANCE, load_hf, max_logit_diff, megatron_logits,
                      probe_tokens, sample, tokenizer_mismatch)
@@ -47,32 +45,30 @@ PROCESS_BYTES = 2 ** 30
 TRANSFORMERS_MIN = "5.24"
 
 
-def table_weights(train: argparse.Namespace, as_table: bool) -> int:
+def table_weights(run: SavedRun, as_table: bool) -> int:
     """The weights ``as_table`` adds to a fixed-code arm's export: its code as a V x h table
     (none for the table arms, which hold their table anyway)."""
-    if not as_table or train.input_interface not in SCHEMES:
+    if not as_table or run.config.model.input_interface not in SCHEMES:
         return 0
-    return train.padded_vocab_size * train.hidden_size
+    return run.padded_vocab_size * run.config.model.hidden_size
 
 
-def memory_needed(train: argparse.Namespace, dtype: torch.dtype, as_table: bool = False) -> int:
-    """The bytes a conversion of the checkpoint whose args are ``train`` needs at its peak:
+def memory_needed(run: SavedRun, dtype: torch.dtype, as_table: bool = False) -> int:
+    """The bytes a conversion of the checkpoint of the training ``run`` needs at its peak:
     one fp32 copy of the weights (the model the checkpoint is read into, whose tensors the
     export writes, and later the export reloaded for ``--validate``, never both), a copy in
     ``dtype`` where it is 16-bit, half a copy in flight (the QKV split, the tensor being read
     or written), and the process. Never two fp32 copies: the tensors are streamed. A code
     written as a table (``as_table``) counts as weights."""
-    whole = RunConfig.from_record(vars(train)).replace(tensor_model_parallel_size=1,
-                                                       pipeline_model_parallel_size=1)
-    n = stage_parameters(whole, train.padded_vocab_size, 0)
-    fp32 = 4 * (n.trained + n.frozen + table_weights(train, as_table))
+    whole = run.config.replace(tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
+    n = stage_parameters(whole, run.padded_vocab_size, 0)
+    fp32 = 4 * (n.trained + n.frozen + table_weights(run, as_table))
     return int(fp32 * (1.5 + (0 if dtype == torch.float32 else 0.5))) + PROCESS_BYTES
 
 
-def check_memory(train: argparse.Namespace, dtype: torch.dtype, path: str,
-                 as_table: bool = False) -> None:
+def check_memory(run: SavedRun, dtype: torch.dtype, path: str, as_table: bool = False) -> None:
     """Refuse, before any work, a conversion this machine lacks the memory for."""
-    need, available = memory_needed(train, dtype, as_table), psutil.virtual_memory().available
+    need, available = memory_needed(run, dtype, as_table), psutil.virtual_memory().available
     if need > available:
         raise DeviceError(f"converting {path} needs about {need / 2 ** 30:.1f} GiB of memory "
                           f"(one fp32 copy of its weights, half a copy in flight and the "
@@ -80,9 +76,10 @@ def check_memory(train: argparse.Namespace, dtype: torch.dtype, path: str,
                           f"available: free memory or convert on a larger machine")
 
 
-def reference(model, train: argparse.Namespace, tokenizer, dtype: torch.dtype,
+def reference(model, seq_length: int, tokenizer, dtype: torch.dtype,
               input_table: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(tokens, logits)``: the probe batch and the Megatron model's logits of it, its
+    """``(tokens, logits)``: a probe batch of ``seq_length`` tokens and the Megatron model's
+    logits of it, its
     weights first rounded to the export's ``dtype`` (the check is of the mapping, not of the
     rounding), and so its input where the export holds it as a table (``input_table``: a
     code with a scale that ``dtype`` rounds, a product of factors)."""
@@ -92,7 +89,7 @@ def reference(model, train: argparse.Namespace, tokenizer, dtype: torch.dtype,
         if input_table:
             model.embedding.register_forward_hook(
                 lambda module, inputs, output: output.to(dtype).float())
-    tokens = probe_tokens(tokenizer.vocab_size, train.seq_length)
+    tokens = probe_tokens(tokenizer.vocab_size, seq_length)
     return tokens, megatron_logits(model, tokens)
 
 
@@ -143,32 +140,34 @@ def export_checkpoint(load: str, output: str, iteration: Optional[int] = None,
         raise DeviceError(f"the export needs transformers >= {TRANSFORMERS_MIN}, this "
                           f"environment has {transformers.__version__}: pip install "
                           f"'transformers>={TRANSFORMERS_MIN}'")
-    path, train, common = read_checkpoint_common(str(load), iteration)
+    path, run, common = read_checkpoint_common(str(load), iteration)
     fixed_code, iteration = common.get("fixed_code"), common.get("iteration")
-    check_mappable(train, fixed_code, path)
-    check_memory(train, DTYPES[dtype], path, as_table)
+    model_config = run.config.model
+    check_mappable(model_config, fixed_code, path)
+    check_memory(run, DTYPES[dtype], path, as_table)
     if os.path.exists(output) and (not os.path.isdir(output) or os.listdir(output)):
         raise FlagError(f"--output {output} exists and is not an empty directory")
-    tokenizer = tokenizer_from_args(train, tokenizer_model)
-    check_training_tokenizer(tokenizer, getattr(train, "tokenizer_sha256", None), path)
-    if tokenizer.vocab_size > train.padded_vocab_size:
+    tokenizer = tokenizer_from_args(run.config.data, tokenizer_model)
+    check_training_tokenizer(tokenizer, run.tokenizer_sha256, path)
+    if tokenizer.vocab_size > run.padded_vocab_size:
         raise DataError(f"the tokenizer has {tokenizer.vocab_size} tokens, the model "
-                        f"{train.padded_vocab_size}: not the checkpoint's tokenizer")
+                        f"{run.padded_vocab_size}: not the checkpoint's tokenizer")
     torch_dtype = DTYPES[dtype]
-    if getattr(train, "fp32_residual_connection", False) and torch_dtype != torch.float32:
+    if model_config.fp32_residual_connection and torch_dtype != torch.float32:
         warnings.warn(f"{path} trained with --fp32-residual-connection; a Llama in {dtype} "
                       f"computes its residual stream in {dtype} (the loss docs/gpu.md describes "
                       f"for +-1 codes): export --dtype fp32 to keep it in fp32")
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise DeviceError("the converter runs as one process; do not start it with torchrun")
-    stock = train.input_interface not in SCHEMES or as_table
+    stock = model_config.input_interface not in SCHEMES or as_table
     started = not torch.distributed.is_initialized()  # else a caller's (tests): leave it up
     initialize_distributed("cpu")
     try:
-        model = load_model(path, train, fixed_code)
+        model = load_model(path, run, fixed_code)
         trainable = count_parameters(model)
         if check:  # the Megatron model's logits, before its tensors go to the export
-            tokens, logits = reference(model, train, tokenizer, torch_dtype, stock)
+            tokens, logits = reference(model, model_config.seq_length, tokenizer, torch_dtype,
+                                       stock)
         # The code the model computes: the checkpoint's own (load_model never redraws it).
         code = getattr(model.embedding, "code", None) if as_table else None
         # One copy of the weights at a time: the state dict alone holds the Megatron
@@ -176,28 +175,29 @@ def export_checkpoint(load: str, output: str, iteration: Optional[int] = None,
         state = model.state_dict()
         del model
         gc.collect()
-        weights = hf_state_dict(state, train, torch_dtype, code)
+        weights = hf_state_dict(state, model_config, run.padded_vocab_size, torch_dtype, code)
         stored = sum(t.numel() for t in {t.data_ptr(): t for t in weights.values()}.values())
-        save_hf_model(hf_config(train, fixed_code, torch_dtype, tokenizer.eod, as_table),
-                      weights, output)
+        save_hf_model(hf_config(model_config, run.padded_vocab_size, fixed_code, torch_dtype,
+                                tokenizer.eod, as_table), weights, output)
         del weights
         _release_freed_memory()  # the Megatron tensors, before the export is reloaded
-        hf_tok = hf_tokenizer(tokenizer, train.max_position_embeddings)
+        hf_tok = hf_tokenizer(tokenizer, model_config.max_position_embeddings)
         if hf_tok is not None:
             hf_tok.save_pretrained(output)
-        card = write_card(output, os.path.basename(os.path.abspath(output)), train,
-                          card_metadata(train, common, input_record(train, fixed_code),
-                                        stock=stock, trainable=trainable, stored=stored))
-        added = table_weights(train, as_table)
-        progress(f"wrote the {train.input_interface} arm of {path} (iteration {iteration}) to "
-                 f"{output} in {dtype}, as "
+        metadata = card_metadata(model_config, common, input_record(model_config, fixed_code),
+                                 stock=stock, trainable=trainable, stored=stored)
+        card = write_card(output, os.path.basename(os.path.abspath(output)), model_config,
+                          run.padded_vocab_size, metadata)
+        added = table_weights(run, as_table)
+        progress(f"wrote the {model_config.input_interface} arm of {path} (iteration "
+                 f"{iteration}) to {output} in {dtype}, as "
                  + (f"a stock LlamaForCausalLM; its code as the input table adds {added:,} "
                     f"weights ({added * torch_dtype.itemsize / 1e6:,.1f} MB)" if added else
                     "a stock LlamaForCausalLM" if stock else
                     "FixedCodeLlamaForCausalLM (load with trust_remote_code=True; "
                     "--as-table for a stock Llama)")
                  + f"; model card {card}")
-        result = {"output": output, "arm": train.input_interface, "iteration": iteration,
+        result = {"output": output, "arm": model_config.input_interface, "iteration": iteration,
                   "stock": stock, "card": card}
         if check:
             result.update(validate(tokens, logits, output, tokenizer, hf_tok is not None,

@@ -10,7 +10,6 @@ Every write is atomic.
 
 from __future__ import annotations
 
-import argparse
 import os
 from typing import Optional
 
@@ -18,6 +17,7 @@ import yaml
 from huggingface_hub import EvalResult
 from huggingface_hub.repocard_data import eval_results_to_model_index, model_index_to_eval_results
 
+from ..config.model_config import ModelConfig
 from ..runtime.errors import DataError
 from ..runtime.files import write_text
 from .eval_report import PERCENT
@@ -39,10 +39,12 @@ TOKENIZER_ARGS = {"tokenizer_type": "type", "tokenizer_model": "model", "vocab_f
 TASK_NAMES = {"hellaswag": "HellaSwag", "piqa": "PIQA", "lambada_openai": "LAMBADA (OpenAI)"}
 
 
-def card_metadata(args: argparse.Namespace, common: dict, record: dict, *, stock: bool,
+def card_metadata(model_config: ModelConfig, common: dict, record: dict, *, stock: bool,
                   trainable: dict, stored: int) -> dict:
-    """The card's YAML metadata. ``common``: the checkpoint's common state (its args as saved,
-    the train state, the provenance); ``record``: :func:`.convert.input_record`; ``stock``:
+    """The card's YAML metadata. ``model_config``: the checkpoint's run's model config; ``common``:
+    the checkpoint's common state (its args as saved: the data and tokenizer as the run was
+    given them, its paths as written, not as a reader resolves them; the train state, the
+    provenance); ``record``: :func:`.convert.input_record`; ``stock``:
     whether the export is a stock ``LlamaForCausalLM``; ``trainable``: the trained model's
     parameters by part (model.param_count.count_parameters); ``stored``: the weights the
     export holds."""
@@ -67,8 +69,8 @@ def card_metadata(args: argparse.Namespace, common: dict, record: dict, *, stock
             **model,
             "tokenizer": {name: saved[k] for k, name in TOKENIZER_ARGS.items() if saved.get(k)},
             "training": {"iteration": int(common.get("iteration", 0)), "samples": samples,
-                         "sequence_length": int(args.seq_length),
-                         "tokens": samples * int(args.seq_length),
+                         "sequence_length": int(model_config.seq_length),
+                         "tokens": samples * int(model_config.seq_length),
                          "data": data or ("mock data (--mock-data)" if saved.get("mock_data")
                                           else "not recorded")},
             "parameters": {"trainable": dict(trainable), "stored": int(stored)},
@@ -82,12 +84,12 @@ def _count(n: int) -> str:
     return f"{n:,}"
 
 
-def card_body(name: str, args: argparse.Namespace, metadata: dict) -> str:
-    """The card's text below the metadata."""
+def card_body(name: str, model: ModelConfig, padded_vocab_size: int, metadata: dict) -> str:
+    """The card's text below the metadata (``model``: the run's model config)."""
     fc = metadata["fixedcode"]
     stock = fc["export"].startswith("LlamaForCausalLM")
     trainable, training = fc["parameters"]["trainable"], fc["training"]
-    groups = args.num_query_groups or args.num_attention_heads
+    groups = model.num_query_groups or model.num_attention_heads
     what = (f"the input of the first layer is the `{fc['arm']}` fixed code of the token id "
             f"({fc['code']}; {fc['input_table']})" if "code" in fc
             else f"its input table is {fc['arm']} ({fc['input_table']})")
@@ -104,10 +106,10 @@ def card_body(name: str, args: argparse.Namespace, metadata: dict) -> str:
         "| | |", "|---|---|",
         f"| arm | `{fc['arm']}` |",
         f"| export | {fc['export']} |",
-        f"| shape | {args.num_layers} layers, hidden {args.hidden_size}, "
-        f"{args.num_attention_heads} heads ({groups} key/value groups), FFN "
-        f"{args.ffn_hidden_size}, vocabulary {args.padded_vocab_size} (padded), context "
-        f"{args.max_position_embeddings} |",
+        f"| shape | {model.num_layers} layers, hidden {model.hidden_size}, "
+        f"{model.num_attention_heads} heads ({groups} key/value groups), FFN "
+        f"{model.ffn_hidden_size}, vocabulary {padded_vocab_size} (padded), context "
+        f"{model.max_position_embeddings} |",
         f"| trainable parameters | {_count(trainable['total'])} (input "
         f"{_count(trainable['input'])}, backbone {_count(trainable['backbone'])}, head "
         f"{_count(trainable['head'])}) |",
@@ -148,10 +150,11 @@ def render(metadata: dict, body: str) -> str:
             + "---\n\n" + body.lstrip("\n"))
 
 
-def write_card(hf_dir: str, name: str, args: argparse.Namespace, metadata: dict) -> str:
-    """Write ``hf_dir/README.md``; its path."""
+def write_card(hf_dir: str, name: str, model: ModelConfig, padded_vocab_size: int,
+               metadata: dict) -> str:
+    """Write ``hf_dir/README.md`` (:func:`card_body`'s arguments); its path."""
     path = os.path.join(hf_dir, CARD)
-    write_text(path, render(metadata, card_body(name, args, metadata)))
+    write_text(path, render(metadata, card_body(name, model, padded_vocab_size, metadata)))
     return path
 
 

@@ -93,18 +93,19 @@ def _describe_checkpoint(path: str, name: str, iteration: Optional[int]) -> Mode
     from ..hf.convert import check_mappable
     from ..datasets.tokenizer import NullTokenizer, check_training_tokenizer, tokenizer_from_args
     from ..hf.megatron_checkpoint import read_checkpoint
-    ckpt, train, fixed_code, saved = read_checkpoint(path, iteration)
-    check_mappable(train, fixed_code, ckpt)
+    ckpt, trained, fixed_code, saved = read_checkpoint(path, iteration)
+    model, data = trained.config.model, trained.config.data
+    check_mappable(model, fixed_code, ckpt)
     try:
-        tokenizer = tokenizer_from_args(train)
-        check_training_tokenizer(tokenizer, getattr(train, "tokenizer_sha256", None), ckpt)
+        tokenizer = tokenizer_from_args(data)
+        check_training_tokenizer(tokenizer, trained.tokenizer_sha256, ckpt)
     except DataError as e:
         raise DataError(f"{ckpt}: its tokenizer: {e}; export it with tools/convert_to_hf.py "
                         f"--tokenizer-model and probe the export") from e
     described = None
     if not isinstance(tokenizer, NullTokenizer):
-        files = getattr(tokenizer, "model_file", None) or train.vocab_file
-        described = {"name": f"{train.tokenizer_type} {files}",
+        files = getattr(tokenizer, "model_file", None) or data.vocab_file
+        described = {"name": f"{data.tokenizer_type} {files}",
                      "probe_ids": [tokenizer.tokenize(text) for text in PROBE_TEXTS]}
 
     def load() -> torch.nn.Module:
@@ -112,32 +113,33 @@ def _describe_checkpoint(path: str, name: str, iteration: Optional[int]) -> Mode
         from ..hf.megatron_checkpoint import load_model
         from ..runtime.initialize import initialize_distributed
         initialize_distributed("cpu")
-        state = load_model(ckpt, train, fixed_code).state_dict()
-        return build_hf_model(hf_config(train, fixed_code, torch.float32, tokenizer.eod),
-                              hf_state_dict(state, train, torch.float32), device="cpu")
+        state = load_model(ckpt, trained, fixed_code).state_dict()
+        vocab = trained.padded_vocab_size
+        return build_hf_model(hf_config(model, vocab, fixed_code, torch.float32, tokenizer.eod),
+                              hf_state_dict(state, model, vocab, torch.float32), device="cpu")
 
-    return ModelInfo(name=name, source=f"{path} iteration {saved}", arm=train.input_interface,
+    return ModelInfo(name=name, source=f"{path} iteration {saved}", arm=model.input_interface,
                      code=_code_summary(fixed_code),
-                     num_layers=train.num_layers, hidden_size=train.hidden_size,
-                     intermediate=train.ffn_hidden_size, heads=train.num_attention_heads,
-                     vocab_size=train.padded_vocab_size, context=train.seq_length,
-                     tokenizer=described, seed=train.seed,
-                     trained_on=tuple(_trained_on(train)), load=load)
+                     num_layers=model.num_layers, hidden_size=model.hidden_size,
+                     intermediate=model.ffn_hidden_size, heads=model.num_attention_heads,
+                     vocab_size=trained.padded_vocab_size, context=model.seq_length,
+                     tokenizer=described, seed=trained.config.training.seed,
+                     trained_on=tuple(_trained_on(data)), load=load)
 
 
-def _trained_on(train) -> list[str]:
-    """The training run's dataset prefixes (its --data-path and --train-data-path, a blend
-    file's read into them by :func:`read_checkpoint`)."""
+def _trained_on(data) -> list[str]:
+    """The training run's dataset prefixes (its ``data`` config's --data-path and
+    --train-data-path, a blend file's read into them by :func:`read_checkpoint`)."""
     from ..config.recipes import TRAINING_DATA_FLAGS, training_prefixes
     from ..hf.megatron_checkpoint import BLEND_FILE_ARGS
     for name in BLEND_FILE_ARGS:
-        if getattr(train, name, None):
+        if getattr(data, name):
             raise DataError(f"the training blend file --{name.replace('_', '-')} "
-                            f"{getattr(train, name)} is not readable here: the held-out text "
+                            f"{getattr(data, name)} is not readable here: the held-out text "
                             f"cannot be checked against the prefixes it names")
     flags = []
     for flag in TRAINING_DATA_FLAGS:
-        value = getattr(train, flag[2:].replace("-", "_"), None)
+        value = getattr(data, flag[2:].replace("-", "_"))
         if value:
             flags += [flag, *map(str, value)]
     return training_prefixes(flags)

@@ -101,32 +101,35 @@ def downstream(load: Path, iteration: int, settings: EvalSettings) -> dict:
 def evaluate_checkpoint(run: Path, iteration: int, settings: EvalSettings) -> dict:
     from ..hf.megatron_checkpoint import load_model, read_checkpoint
     ckpt = run / "checkpoints"
-    path, train_args, fixed_code, _ = read_checkpoint(str(ckpt), iteration)
-    model = load_model(path, train_args, fixed_code)
+    path, trained, fixed_code, _ = read_checkpoint(str(ckpt), iteration)
+    model = load_model(path, trained, fixed_code)
+    seq_length = trained.config.model.seq_length
     record = {"iteration": iteration, "settings": _settings_json(settings),
-              **training_compute(train_args, iteration, model)}
+              **training_compute(trained, iteration, model)}
     if settings.data_path:
-        windows = held_out_tokens(settings.data_path, settings.tokens, train_args.seq_length)
+        windows = held_out_tokens(settings.data_path, settings.tokens, seq_length)
         loss = held_out_loss(model, windows, settings.batch_size)
         if not math.isfinite(loss):
             raise StudyError(f"{path}: the held-out loss is {loss} (non-finite weights?): "
                              f"a study's means and intervals cannot take it")
         record.update(valid_loss=loss, valid_ppl=math.exp(min(loss, 50.0)),
-                      valid_tokens=int(windows.shape[0] * train_args.seq_length),
+                      valid_tokens=int(windows.shape[0] * seq_length),
                       valid_tokens_sha256=tokens_sha256(windows))
     if settings.tasks:
         record["tasks"] = downstream(ckpt, iteration, settings)
     return record
 
 
-def training_compute(train_args, iteration: int, model) -> dict:
-    """``{"flops", "parameters"}`` of a checkpoint at ``iteration`` (its saved flags, which
-    hold the derived batch and padded vocabulary, and its model)."""
+def training_compute(trained, iteration: int, model) -> dict:
+    """``{"flops", "parameters"}`` of a checkpoint at ``iteration`` (its ``trained`` run,
+    ``hf.megatron_checkpoint.SavedRun``: its saved flags hold the derived batch, and its
+    padded vocabulary; and its model)."""
     from ..metrics.flops import flops_per_token
     from ..model.param_count import count_parameters
-    tokens = iteration * train_args.global_batch_size * train_args.seq_length
+    config = trained.config
+    tokens = iteration * config.training.global_batch_size * config.model.seq_length
     counts = count_parameters(model)
-    return {"flops": tokens * flops_per_token(train_args, train_args.padded_vocab_size),
+    return {"flops": tokens * flops_per_token(trained.config.model, trained.padded_vocab_size),
             "parameters": {"total": counts["total"],
                            "non_embedding": counts["total"] - counts["input"]}}
 
@@ -208,9 +211,9 @@ def evaluate_study(study: Study, study_dir: Path, progress=print) -> dict:
     if todo or older:
         initialize_distributed("cpu", 1, 1)
     for run, iteration, record in older:
-        path, train_args, fixed_code, _ = read_checkpoint(str(run / "checkpoints"), iteration)
-        record.update(training_compute(train_args, iteration,
-                                       load_model(path, train_args, fixed_code)))
+        path, trained, fixed_code, _ = read_checkpoint(str(run / "checkpoints"), iteration)
+        record.update(training_compute(trained, iteration,
+                                       load_model(path, trained, fixed_code)))
         write_json(str(cache_path(run, iteration)), record)
     for i, (run, iteration) in enumerate(todo, 1):
         progress(f"[eval {i}/{len(todo)}] {run} iteration {iteration}")

@@ -8,7 +8,6 @@ makes the 1.7B one."""
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import sys
 import types
@@ -19,7 +18,7 @@ import torch
 from conftest import REPO
 from megatron_ext.config.arguments import add_training_args, parse_model_config
 from megatron_ext.hf import export
-from megatron_ext.hf.megatron_checkpoint import read_checkpoint
+from megatron_ext.hf.megatron_checkpoint import SavedRun, read_checkpoint
 from megatron_ext.runtime.errors import DeviceError
 from megatron_ext.train.setup import save_initialised_model
 
@@ -97,4 +96,4 @@ def test_a_machine_without_the_memory_is_refused_before_any_work(checkpoints, tm
     # a bf16 export also holds the bf16 copy it writes
     assert export.memory_needed(train, torch.bfloat16) > export.memory_needed(
         train, torch.float32)
-    assert isinstance(train, argparse.Namespace)
+    assert isinstance(train, SavedRun)

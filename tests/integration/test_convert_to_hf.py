@@ -8,7 +8,6 @@ the model card, tokenizers that encode like training, generate(), refusals."""
 
 from __future__ import annotations
 
-import argparse
 import ast
 import json
 import os
@@ -35,6 +34,7 @@ from megatron_ext.hf import modeling_fixedcode  # noqa: E402
 from megatron_ext.hf.configuration_fixedcode import FixedCodeLlamaConfig  # noqa: E402
 from megatron_ext.hf import export  # noqa: E402
 from megatron_ext.hf.convert import RECORD_KEY, check_mappable, hf_state_dict  # noqa: E402
+from megatron_ext.config.run_config import RunConfig  # noqa: E402
 from megatron_ext.hf.parity import TOLERANCE  # noqa: E402
 from megatron_ext.datasets.tokenizer import build_tokenizer  # noqa: E402
 from megatron_ext.runtime.errors import ConversionError, FixedcodeError  # noqa: E402
@@ -124,7 +124,6 @@ def common_state(ckpt: str) -> dict:
 def megatron_logits(ckpt: str, tokens: torch.Tensor) -> torch.Tensor:
     """The documented reader recipe, written out here: the reference the HF model must match."""
     from megatron.core import dist_checkpointing
-    from megatron_ext.config.run_config import RunConfig
     from megatron_ext.model.provider import model_provider
     common = common_state(ckpt)
     config = RunConfig.from_record(common["args"]).replace(tensor_model_parallel_size=1,
@@ -218,19 +217,18 @@ def test_every_scheme_and_tiling_exports_with_logit_parity(flags, as_table, tmp_
     from megatron_ext.hf.convert import hf_config, save_hf_model
     from megatron_ext.hf.parity import load_hf, max_logit_diff, megatron_logits, probe_tokens
     from megatron_ext.model.provider import model_provider
-    config = parse_model_config(TINY_MODEL + ["--vocab-size", "500", "--input-interface",
-                                              *flags], "test")[0]
-    # as a checkpoint's record has it
-    args = argparse.Namespace(**config.record(), padded_vocab_size=padded_vocab_size(500, 128, 1))
+    run = parse_model_config(TINY_MODEL + ["--vocab-size", "500", "--input-interface",
+                                           *flags], "test")[0]
+    args, vocab = run.model, padded_vocab_size(500, 128, 1)
     torch.manual_seed(0)
-    model = model_provider(config, args.padded_vocab_size, on_cpu=True).eval()
+    model = model_provider(run, vocab, on_cpu=True).eval()
     if args.code_projection:  # trained: no longer the tiling a table of the code would equal
         torch.nn.init.normal_(model.embedding.projection.weight)
     code = model.embedding.code
     projection = model.embedding.projection.weight.detach().clone() if args.code_projection \
         else None
-    save_hf_model(hf_config(args, code.to_dict(), torch.float32, 499, as_table),
-                  hf_state_dict(model.state_dict(), args, torch.float32,
+    save_hf_model(hf_config(args, vocab, code.to_dict(), torch.float32, 499, as_table),
+                  hf_state_dict(model.state_dict(), args, vocab, torch.float32,
                                 code if as_table else None),
                   str(tmp_path))
     config = json.loads((tmp_path / "config.json").read_text())
@@ -238,7 +236,7 @@ def test_every_scheme_and_tiling_exports_with_logit_parity(flags, as_table, tmp_
         assert config["model_type"] == "llama" and "auto_map" not in config
         assert schemes.FixedCode.from_dict(config[RECORD_KEY]["fixed_code"]) == code
         assert config[RECORD_KEY]["code_projection"] == args.code_projection
-        ids = torch.arange(args.padded_vocab_size)
+        ids = torch.arange(vocab)
         expected = code.encode(ids, args.hidden_size)
         if args.code_projection:
             expected = code.encode(ids, code.num_bits) @ projection.t()
@@ -454,11 +452,12 @@ def test_a_saved_code_is_read_not_redrawn(ckpts, cpu_dist):
     from megatron_ext.codes.schemes import build_code
     path, train, fixed_code, _ = read_checkpoint(ckpts["random_recode"])
     assert len(fixed_code["table"]) == 512 and len(fixed_code["recode_A"]) == 6
-    train.code_seed += 1
+    train = train._replace(config=train.config.replace(code_seed=train.config.model.code_seed
+                                                       + 1))
     saved = schemes.FixedCode.from_dict(fixed_code)
     assert load_model(path, train, fixed_code).embedding.code == saved
     # what redrawing from the changed seed would give:
-    assert build_code(train, train.padded_vocab_size) != saved
+    assert build_code(train.config.model, train.padded_vocab_size) != saved
 
 
 @pytest.mark.integration
@@ -554,7 +553,7 @@ def test_a_bf16_export_of_an_fp32_residual_run_warns(tmp_path, cpu_dist):
     ({"input_interface": "hashed"}, "--input-interface hashed: not one of"),
 ])
 def test_unmappable_backbones_are_refused_with_the_reason(change, reason, ckpts):
-    args = argparse.Namespace(**{**common_state(ckpts["binary_pp2"])["args"], **change})
+    args = RunConfig.from_record({**common_state(ckpts["binary_pp2"])["args"], **change}).model
     with pytest.raises(ConversionError, match="cannot convert CKPT to Hugging Face Llama") as e:
         check_mappable(args, common_state(ckpts["binary_pp2"])["fixed_code"], "CKPT")
     assert reason in str(e.value)
@@ -562,23 +561,40 @@ def test_unmappable_backbones_are_refused_with_the_reason(change, reason, ckpts)
 
 @pytest.mark.integration
 def test_fixed_code_checkpoint_without_its_code_is_refused(ckpts):
-    args = argparse.Namespace(**common_state(ckpts["gf2"])["args"])
+    args = RunConfig.from_record(common_state(ckpts["gf2"])["args"]).model
     with pytest.raises(ConversionError, match="gf2 checkpoint without its saved fixed_code"):
         check_mappable(args, None, "CKPT")
 
 
 @pytest.mark.integration
+def test_a_checkpoint_whose_args_lack_the_model_is_refused_when_read(monkeypatch):
+    """The saved args are read once, into the run's config, where every flag has a value:
+    a checkpoint not written by pretrain_fixedcode.py is refused there, naming what it lacks,
+    not exported with declared defaults."""
+    from megatron_ext.hf import megatron_checkpoint
+    saved = {**RunConfig().record(), "padded_vocab_size": 512}
+    del saved["hidden_size"], saved["rotary_base"]
+    monkeypatch.setattr(megatron_checkpoint, "load_common",
+                        lambda load, iteration: ("CKPT", {"args": saved}))
+    with pytest.raises(FixedcodeError, match=re.escape(
+            "CKPT: the saved training args lack ['hidden_size', 'rotary_base']; was it "
+            "written by pretrain_fixedcode.py?")):
+        megatron_checkpoint.read_checkpoint("DIR")
+
+
+@pytest.mark.integration
 def test_unknown_weights_are_refused(ckpts):
-    args = argparse.Namespace(**common_state(ckpts["binary_pp2"])["args"])
+    saved = common_state(ckpts["binary_pp2"])["args"]
+    args, vocab = RunConfig.from_record(saved).model, saved["padded_vocab_size"]
     state = {"decoder.layers.0.self_attention.q_layernorm.weight": torch.ones(16)}
     with pytest.raises(ConversionError, match="no weight decoder.layers.0.input_layernorm.weight"):
-        hf_state_dict(state, args, torch.float32)
-    args.num_layers = 0
+        hf_state_dict(state, args, vocab, torch.float32)
+    args = args.replace(num_layers=0)
     state = {"decoder.final_layernorm.weight": torch.ones(64),
              "output_layer.weight": torch.ones(512, 64), **state}
     with pytest.raises(ConversionError, match=r"cannot map the checkpoint's weights "
                                          r"\['decoder.layers.0.self_attention.q_layernorm"):
-        hf_state_dict(state, args, torch.float32)
+        hf_state_dict(state, args, vocab, torch.float32)
 
 
 @pytest.mark.integration

@@ -164,7 +164,8 @@ def test_the_input_table_lr_mult_0_freezes_it_and_1_is_the_recipe(tmp_path, cpu_
     assert torch.equal(end.embedding.word_embeddings.weight,
                        start.embedding.word_embeddings.weight)
     assert not torch.equal(end.output_layer.weight, start.output_layer.weight)
-    assert (saved.input_table_lr_mult, saved.input_table_weight_decay) == (0.0, None)
+    training = saved.config.training
+    assert (training.input_table_lr_mult, training.input_table_weight_decay) == (0.0, None)
 
 
 def test_a_tiny_study_across_the_new_arms_reports_the_capacity_axis_and_probes(

@@ -373,9 +373,9 @@ def test_each_evaluated_point_carries_the_flops_the_training_log_counts(tiny_stu
         params[arm] = record["parameters"]
     assert params["learned"]["non_embedding"] == params["binary"]["non_embedding"]
     from megatron_ext.hf.megatron_checkpoint import read_checkpoint
-    args = read_checkpoint(str(study_dir / "learned" / "seed1" / "checkpoints"), 3)[1]
+    trained = read_checkpoint(str(study_dir / "learned" / "seed1" / "checkpoints"), 3)[1]
     assert params["learned"]["total"] - params["binary"]["total"] == \
-        args.padded_vocab_size * args.hidden_size
+        trained.padded_vocab_size * trained.config.model.hidden_size
 
 
 @pytest.mark.integration
