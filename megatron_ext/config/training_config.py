@@ -10,6 +10,8 @@ from typing import Optional
 from ..runtime.errors import FlagError
 from .flag_fields import FlagConfig, flag, flag_name
 
+SPIKE_ACTIONS = ("log", "skip", "stop")  # --spiky-loss-action (train/spikes.py acts on them)
+
 
 @dataclasses.dataclass(frozen=True)
 class TrainingConfig(FlagConfig):
@@ -84,7 +86,7 @@ class TrainingConfig(FlagConfig):
         100, "--check-for-spiky-loss: the first steps whose largest loss is the reference")
     spiky_loss_action: str = flag(
         "log", "--check-for-spiky-loss: log the spike (Megatron-LM's fatal=False), skip its "
-               "update, or skip it and save and stop", choices=("log", "skip", "stop"))
+               "update, or skip it and save and stop", choices=SPIKE_ACTIONS)
     max_nonfinite_steps: int = flag(
         10, "stop with an error after this many updates in a row skipped for a non-finite "
             "loss, non-finite gradients, or an fp16 overflow at the minimum loss scale "

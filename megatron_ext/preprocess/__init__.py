@@ -15,7 +15,7 @@ megatron_ext/datasets/indexed.py, and the checks of a dataset's splits before it
 megatron_ext/datasets/split_checks.py, since training does them too. The command-line tools
 ``tools/preprocess_data.py``, ``tools/train_tokenizer.py`` and ``tools/check_data.py`` are thin
 drivers over the modules here: ``tools/preprocess_data.py`` makes its parser from
-``PreprocessConfig``'s fields and hands the job that config, not its parsed flags. User errors (bad input, flags, files) are raised as the typed errors
-of megatron_ext/runtime/errors.py, which the tools turn into ``error: ...`` lines, as everywhere in
-the project.
+``PreprocessConfig``'s fields and hands the job that config, not its parsed flags. User errors
+(bad input, flags, files) are raised as the typed errors of megatron_ext/runtime/errors.py, which
+the tools turn into ``error: ...`` lines, as everywhere in the project.
 """

@@ -11,8 +11,6 @@ from __future__ import annotations
 import math
 from typing import Optional
 
-SPIKE_ACTIONS = ("log", "skip", "stop")
-
 
 class SpikeDetector:
     """Flags a step loss far above the largest of the first ones (on the last pipeline
