@@ -43,6 +43,8 @@ import functools
 import inspect
 import logging
 import os
+import pickle
+import re
 import traceback
 from pathlib import Path
 from typing import Callable, Optional
@@ -284,7 +286,22 @@ def read_common_objects(path: str, written_by: Optional[str]) -> dict:
             f"megatron-core {written_by or '0.19'} (Python 3.12: pip install "
             f"'megatron-core>=0.19,<0.20'); a save of 0.16.1 resumes under 0.19, not the "
             f"reverse")
-    return dist_checkpointing.load_common_state_dict(path)
+    try:
+        return dist_checkpointing.load_common_state_dict(path)
+    except pickle.UnpicklingError as e:
+        raise CheckpointError(_unsafe_pickle(path, e)) from None
+
+
+def _unsafe_pickle(path: str, error: pickle.UnpicklingError) -> str:
+    """What to say of a save whose common objects torch's safe loader (``weights_only``)
+    refused: the file, and the type it names."""
+    common = os.path.join(path, COMMON_FILE)
+    found = re.search(r"Unsupported global: GLOBAL (\S+)", str(error))
+    what = f"a pickled {found.group(1)}" if found else f"a pickle it refuses ({error})"
+    return (f"{common if os.path.isfile(common) else path}: holds {what}, outside the types "
+            f"torch loads safely (weights_only=True); fixedcode saves none, and nothing of it "
+            f"was run. Load only checkpoints you trust; this one was not written by fixedcode "
+            f"as it is")
 
 
 def grad_sync_asks_cuda_stream() -> bool:

@@ -20,3 +20,8 @@ def rewrite_common(save_dir: str, iteration: int, change: Callable[[dict], dict]
     torch.save(change(dict(common)), f"{path}/{COMMON_FILE}")
     manifest.write_manifest(path, {}, written_by=manifest.written_by(path))
     return path
+
+
+class Opaque:
+    """An object outside the types torch loads with ``weights_only=True``: what a save written
+    by other code may hold."""

@@ -12,6 +12,7 @@ import ast
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -29,6 +30,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM  
 
 from conftest import REPO, TINY_MODEL, TINY_RUN, run_pretrain  # noqa: E402
 from helpers.gpt2_bpe import gpt2_bpe_files  # noqa: E402
+from helpers.saves import Opaque, rewrite_common  # noqa: E402
 from megatron_ext.codes import schemes  # noqa: E402
 from megatron_ext.hf import modeling_fixedcode  # noqa: E402
 from megatron_ext.hf.configuration_fixedcode import FixedCodeLlamaConfig  # noqa: E402
@@ -580,6 +582,27 @@ def test_a_checkpoint_whose_args_lack_the_model_is_refused_when_read(monkeypatch
             "CKPT: the saved training args lack ['hidden_size', 'rotary_base']; was it "
             "written by pretrain_fixedcode.py?")):
         megatron_checkpoint.read_checkpoint("DIR")
+
+
+@pytest.mark.integration
+def test_a_checkpoint_holding_an_unsafe_pickle_is_refused_by_convert_and_load(
+        ckpts, comedy_tokenizer, tmp_path, capsys):
+    """torch's safe loader refuses the object, so nothing of it runs: convert and a run's
+    --load say so, naming the file and the type, with no traceback."""
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(ckpts["learned"], ckpt)
+    path = rewrite_common(ckpt, 3, lambda common: {**common, "extra": Opaque()})
+    said = re.escape(f"error: {path}/common.pt: holds a pickled helpers.saves.Opaque, outside "
+                     f"the types torch loads safely (weights_only=True)")
+    with pytest.raises(SystemExit, match=said):
+        convert_to_hf.main(["--load", str(ckpt), "--output", str(tmp_path / "hf")])
+    assert not (tmp_path / "hf").exists()
+    flags = [f.format(hf=comedy_tokenizer) for f in RUNS["learned"][0]]
+    run = run_pretrain(TINY_RUN + flags + ["--train-iters", "4", "--load", ckpt, "--save", ckpt,
+                                           "--save-interval", "4"], check=False)
+    assert run.returncode != 0
+    assert re.search(said, run.stderr + run.stdout), run.stderr[-2000:]
+    assert "Traceback" not in run.stderr
 
 
 @pytest.mark.integration
