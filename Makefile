@@ -12,8 +12,14 @@ PY312 ?= PYENV_VERSION=3.12.1 python3.12
 VENV19 := .venv-mcore019
 STAMP19 := $(VENV19)/.installed
 PYTEST := -m pytest -q -n 3 --dist loadgroup --durations=25 $(PYTEST_ARGS)
+# Other people's programs that read our exports (bench/engines.txt), in their own venv: the
+# engine tests run in the first leg (FIXEDCODE_ENGINES names its Python), bench/bench_engines.py
+# too. llama.cpp's converter and gguf-py are taken from the llama-cpp-python sdist.
+ENGINES := .venv-engines
+STAMP_ENGINES := $(ENGINES)/.installed
+LLAMA_CPP_PYTHON := 0.3.36
 
-.PHONY: install demo demo-mcore019 test test-mcore016 test-mcore019 clean gpu-wheels gpu-twin
+.PHONY: install engines demo demo-mcore019 test test-mcore016 test-mcore019 clean gpu-wheels gpu-twin
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -28,6 +34,20 @@ $(STAMP19): pyproject.toml
 	touch $(STAMP19)
 
 install: $(STAMP)
+
+$(STAMP_ENGINES): bench/engines.txt
+	test -x $(ENGINES)/bin/python || $(PY) -m venv $(ENGINES)
+	$(ENGINES)/bin/pip install -q torch==2.13.0
+	$(ENGINES)/bin/pip install -q -r bench/engines.txt
+	$(ENGINES)/bin/pip download -q --no-deps --no-binary :all: -d $(ENGINES)/sdist \
+	    llama-cpp-python==$(LLAMA_CPP_PYTHON)
+	tar xzf $(ENGINES)/sdist/llama_cpp_python-$(LLAMA_CPP_PYTHON).tar.gz -C $(ENGINES) \
+	    --strip-components=2 --wildcards '*/vendor/llama.cpp/convert_hf_to_gguf.py' \
+	    '*/vendor/llama.cpp/conversion/*' '*/vendor/llama.cpp/gguf-py/*'
+	rm -r $(ENGINES)/sdist
+	touch $(STAMP_ENGINES)
+
+engines: $(STAMP_ENGINES)
 
 demo: $(STAMP)
 	$(BIN)/python examples/cpu_demo/run_demo.py
@@ -44,8 +64,8 @@ demo-mcore019: $(STAMP19)
 # worker. The 25 slowest are printed.
 test: test-mcore016 test-mcore019
 
-test-mcore016: $(STAMP)
-	$(BIN)/python $(PYTEST)
+test-mcore016: $(STAMP) $(STAMP_ENGINES)
+	FIXEDCODE_ENGINES=$(ENGINES)/bin/python $(BIN)/python $(PYTEST)
 
 test-mcore019: $(STAMP19) $(STAMP)
 	$(VENV19)/bin/python $(PYTEST)
@@ -68,4 +88,4 @@ gpu-twin:
 	.gpu-twin/bin/pip install -q -r bench/gpu_twin.txt
 
 clean:
-	rm -rf $(VENV) $(VENV19) demo demo-mcore019
+	rm -rf $(VENV) $(VENV19) $(ENGINES) demo demo-mcore019

@@ -112,6 +112,7 @@ class HuggingFaceTokenizer:
         self.model_file = file
         self.tok = Tokenizer.from_file(file)
         special = _special_tokens(os.path.dirname(file))
+        self.named = special  # {"eos_token": "</s>", ...}: what the folder names
         # As transformers does: the named special tokens are matched whole in texts, and those
         # not in the vocabulary get new ids.
         self.special_tokens = list(dict.fromkeys(special.values()))

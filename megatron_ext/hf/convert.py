@@ -180,9 +180,10 @@ def hf_state_dict(state: dict, model: ModelConfig, padded_vocab_size: int, dtype
 
 
 def hf_config(model: ModelConfig, padded_vocab_size: int, fixed_code: Optional[dict],
-              dtype: torch.dtype, eos_token_id: int, as_table: bool = False) -> LlamaConfig:
+              dtype: torch.dtype, token_ids: dict, as_table: bool = False) -> LlamaConfig:
     """The HF config of the checkpoint's model (its run's ``model`` config, its
-    ``padded_vocab_size``): Llama's, plus the code for a fixed-code arm
+    ``padded_vocab_size``; ``token_ids``: ``bos_token_id``, ``eos_token_id`` and
+    ``pad_token_id``, the exported tokenizer's): Llama's, plus the code for a fixed-code arm
     exported as code; a stock Llama's says what its table is (:func:`input_record`)."""
     shape = dict(
         vocab_size=padded_vocab_size,
@@ -199,9 +200,7 @@ def hf_config(model: ModelConfig, padded_vocab_size: int, fixed_code: Optional[d
         attention_bias=False,
         mlp_bias=False,
         initializer_range=model.init_method_std,
-        bos_token_id=None,
-        eos_token_id=eos_token_id,
-        pad_token_id=None,
+        **token_ids,
         dtype=dtype,
     )
     if model.input_interface not in SCHEMES or as_table:
@@ -226,15 +225,16 @@ def build_hf_model(config: LlamaConfig, state: dict, device: str = "meta") -> Ll
 
 
 def save_hf_model(config: LlamaConfig, state: dict, output: str) -> None:
-    """Write ``config.json``, safetensors and ``generation_config.json`` (EOD ends and pads a
-    generation), plus the custom code files for a fixed-code arm; a stock Llama's config also
+    """Write ``config.json``, safetensors and ``generation_config.json`` (the config's BOS,
+    EOS and PAD: EOD ends a generation), plus the custom code files for a fixed-code arm; a stock Llama's config also
     in the keys of transformers 4 (:func:`add_transformers4_keys`)."""
     if isinstance(config, FixedCodeLlamaConfig):
         FixedCodeLlamaConfig.register_for_auto_class()
         FixedCodeLlamaForCausalLM.register_for_auto_class("AutoModelForCausalLM")
     model = build_hf_model(config, state)
-    model.generation_config = GenerationConfig(eos_token_id=config.eos_token_id,
-                                               pad_token_id=config.eos_token_id)
+    model.generation_config = GenerationConfig(bos_token_id=config.bos_token_id,
+                                               eos_token_id=config.eos_token_id,
+                                               pad_token_id=config.pad_token_id)
     model.save_pretrained(output)
     if not isinstance(config, FixedCodeLlamaConfig):
         add_transformers4_keys(os.path.join(output, "config.json"))

@@ -32,10 +32,10 @@ from ..runtime.initialize import destroy_distributed, initialize_distributed
 from .convert import (DTYPES, check_mappable, hf_config, hf_state_dict, input_record,
                       save_hf_model)
 from .megatron_checkpoint import SavedRun, load_model, read_checkpoint_common
-from .model_card import card_metadata, write_card
+from .model_card import card_metadata, check_license, write_card
 from .parity import (PROBE_TEXTS, TOLERANCE, load_hf, max_logit_diff, megatron_logits,
                      probe_tokens, sample, tokenizer_mismatch)
-from .tokenizer import hf_tokenizer
+from .tokenizer import hf_tokenizer, llama_cpp_note, write_tokenizer
 
 # What the conversion holds besides the weights: the interpreter with torch, transformers and
 # Megatron-Core imported (about 0.5 GiB measured, bench/RESULTS.md), with a margin.
@@ -129,17 +129,21 @@ def _release_freed_memory() -> None:
 def export_checkpoint(load: str, output: str, iteration: Optional[int] = None,
                       dtype: str = "fp32", tokenizer_model: Optional[str] = None,
                       check: bool = False, progress: Callable[[str], None] = print,
-                      as_table: bool = False) -> dict:
+                      as_table: bool = False, license: Optional[str] = None) -> dict:
     """Write the checkpoint of ``load`` (``iteration``, default the latest) to the new or
     empty folder ``output`` in ``dtype`` (a key of :data:`.convert.DTYPES`), a fixed code as
-    a stock Llama's input table with ``as_table``, with its model card; with ``check``,
+    a stock Llama's input table with ``as_table``, with its model card (``license``: a Hub
+    licence identifier, checked before any work, or None); with ``check``,
     reload it and validate it. Runs in this process (started as one process, not under
     torchrun); a process group already up (a caller's) is left up. Returns ``{"output",
-    "arm", "iteration", "stock", "card"}`` (and the validation's results)."""
+    "arm", "iteration", "stock", "card", "llama_cpp_note"}`` (the note:
+    :func:`.tokenizer.llama_cpp_note`, or None), and the validation's results."""
     if Version(transformers.__version__) < Version(TRANSFORMERS_MIN):
         raise DeviceError(f"the export needs transformers >= {TRANSFORMERS_MIN}, this "
                           f"environment has {transformers.__version__}: pip install "
                           f"'transformers>={TRANSFORMERS_MIN}'")
+    if license is not None:
+        check_license(license)
     path, run, common = read_checkpoint_common(str(load), iteration)
     fixed_code, iteration = common.get("fixed_code"), common.get("iteration")
     model_config = run.config.model
@@ -177,15 +181,21 @@ def export_checkpoint(load: str, output: str, iteration: Optional[int] = None,
         gc.collect()
         weights = hf_state_dict(state, model_config, run.padded_vocab_size, torch_dtype, code)
         stored = sum(t.numel() for t in {t.data_ptr(): t for t in weights.values()}.values())
+        hf_tok = hf_tokenizer(tokenizer, model_config.max_position_embeddings)
+        # the ids config.json and generation_config.json name, the tokenizer's own
+        ids = (dict(bos_token_id=None, eos_token_id=tokenizer.eod, pad_token_id=tokenizer.eod)
+               if hf_tok is None else
+               dict(bos_token_id=hf_tok.bos_token_id, eos_token_id=hf_tok.eos_token_id,
+                    pad_token_id=hf_tok.pad_token_id))
         save_hf_model(hf_config(model_config, run.padded_vocab_size, fixed_code, torch_dtype,
-                                tokenizer.eod, as_table), weights, output)
+                                ids, as_table), weights, output)
         del weights
         _release_freed_memory()  # the Megatron tensors, before the export is reloaded
-        hf_tok = hf_tokenizer(tokenizer, model_config.max_position_embeddings)
         if hf_tok is not None:
-            hf_tok.save_pretrained(output)
+            write_tokenizer(hf_tok, tokenizer, output)
         metadata = card_metadata(model_config, common, input_record(model_config, fixed_code),
-                                 stock=stock, trainable=trainable, stored=stored)
+                                 stock=stock, trainable=trainable, stored=stored,
+                                 license=license)
         card = write_card(output, os.path.basename(os.path.abspath(output)), model_config,
                           run.padded_vocab_size, metadata)
         added = table_weights(run, as_table)
@@ -197,8 +207,11 @@ def export_checkpoint(load: str, output: str, iteration: Optional[int] = None,
                     "FixedCodeLlamaForCausalLM (load with trust_remote_code=True; "
                     "--as-table for a stock Llama)")
                  + f"; model card {card}")
+        note = llama_cpp_note(hf_tok, tokenizer) if stock else None
+        if note:
+            progress(note)
         result = {"output": output, "arm": model_config.input_interface, "iteration": iteration,
-                  "stock": stock, "card": card}
+                  "stock": stock, "card": card, "llama_cpp_note": note}
         if check:
             result.update(validate(tokens, logits, output, tokenizer, hf_tok is not None,
                                    progress))

@@ -1,7 +1,8 @@
 """The model card (``README.md``) of an exported model, ready to publish on the Hugging Face Hub:
-YAML metadata (library, a licence placeholder, tags, and under ``fixedcode`` the arm and its
-code, the tokenizer, the training tokens and data as the checkpoint records them, the parameter
-counts) and a body saying what the model is and how to load it. :mod:`.export` writes it;
+YAML metadata (library, the licence given as a Hub identifier or none, tags, and under
+``fixedcode`` the arm and its code, the tokenizer and the training data by file name (and the
+tokenizer's sha256: a card meant for the Hub publishes no directory of the training machine),
+the training tokens, the parameter counts) and a body saying what the model is and how to load it. :mod:`.export` writes it;
 tools/evaluate.py records its results in it (:func:`record_evaluation`): a table between the
 card's evaluation markers and the Hub's ``model-index``, both made from the rows kept in the
 metadata, so that a second evaluation replaces its tasks' rows instead of adding to them.
@@ -18,39 +19,83 @@ from huggingface_hub import EvalResult
 from huggingface_hub.repocard_data import eval_results_to_model_index, model_index_to_eval_results
 
 from ..config.model_config import ModelConfig
-from ..runtime.errors import DataError
+from ..config.recipes import is_weight
+from ..runtime.errors import DataError, FlagError
 from ..runtime.files import write_text
 from .eval_report import PERCENT
 
 CARD = "README.md"
-# What the user must replace before publishing (the Hub refuses a card whose licence is not one
-# it knows, so it cannot be published as it is by mistake).
-LICENSE_PLACEHOLDER = "FILL-IN"
+# The Hugging Face Hub's licence identifiers (huggingface.co/docs/hub/repositories-licenses):
+# a card's ``license`` must be one (``other`` with ``license_name``/``license_link`` for the rest).
+HUB_LICENSES = (
+    "apache-2.0", "mit", "openrail", "bigscience-openrail-m", "creativeml-openrail-m",
+    "bigscience-bloom-rail-1.0", "bigcode-openrail-m", "afl-3.0", "artistic-2.0", "bsl-1.0",
+    "bsd", "bsd-2-clause", "bsd-3-clause", "bsd-3-clause-clear", "c-uda", "cc", "cc0-1.0",
+    "cc-by-2.0", "cc-by-2.5", "cc-by-3.0", "cc-by-4.0", "cc-by-sa-3.0", "cc-by-sa-4.0",
+    "cc-by-nc-2.0", "cc-by-nc-3.0", "cc-by-nc-4.0", "cc-by-nd-4.0", "cc-by-nc-nd-3.0",
+    "cc-by-nc-nd-4.0", "cc-by-nc-sa-2.0", "cc-by-nc-sa-3.0", "cc-by-nc-sa-4.0",
+    "cdla-sharing-1.0", "cdla-permissive-1.0", "cdla-permissive-2.0", "wtfpl", "ecl-2.0",
+    "epl-1.0", "epl-2.0", "etalab-2.0", "eupl-1.1", "eupl-1.2", "agpl-3.0", "gfdl", "gpl",
+    "gpl-2.0", "gpl-3.0", "lgpl", "lgpl-2.1", "lgpl-3.0", "isc", "h-research",
+    "intel-research", "lppl-1.3c", "ms-pl", "apple-ascl", "apple-amlr", "mpl-2.0", "odc-by",
+    "odbl", "openrail++", "osl-3.0", "postgresql", "ofl-1.1", "ncsa", "unlicense", "zlib",
+    "pddl", "lgpl-lr", "deepfloyd-if-license", "fair-noncommercial-research-license",
+    "llama2", "llama3", "llama3.1", "llama3.2", "llama3.3", "llama4", "gemma", "unknown",
+    "other")
 EVALUATION_START = "<!-- fixedcode:evaluation -->"
 EVALUATION_END = "<!-- /fixedcode:evaluation -->"
 NOT_EVALUATED = ("Not evaluated yet: `tools/evaluate.py` writes its results here and in the "
                  "metadata's `model-index`.")
-# The saved args that name the training data (as the run was given them).
+# The saved args that name the training data (as the run was given them; the card keeps
+# their file names).
 DATA_ARGS = ("data_path", "train_data_path", "valid_data_path", "test_data_path",
              "data_args_path", "per_split_data_args_path")
-TOKENIZER_ARGS = {"tokenizer_type": "type", "tokenizer_model": "model", "vocab_file": "vocab_file",
-                  "merge_file": "merge_file", "tokenizer_sha256": "sha256"}
+# The saved args that name the tokenizer: its files (by name) and its sha256.
+TOKENIZER_FILES = {"tokenizer_model": "model", "vocab_file": "vocab_file",
+                   "merge_file": "merge_file"}
 # The Hub's names of the tasks' datasets.
 TASK_NAMES = {"hellaswag": "HellaSwag", "piqa": "PIQA", "lambada_openai": "LAMBADA (OpenAI)"}
 
 
+def check_license(license: str) -> str:
+    """``license`` if it is a Hub licence identifier, else a :class:`FlagError` naming it."""
+    if license not in HUB_LICENSES:
+        raise FlagError(f"--license {license}: not a Hugging Face Hub licence identifier "
+                        f"(e.g. apache-2.0, mit, cc-by-4.0, llama3.1; 'other' for the rest: "
+                        f"huggingface.co/docs/hub/repositories-licenses)")
+    return license
+
+
+def file_name(path: str) -> str:
+    """What a card says of a path of the training machine: the file's name, no directory."""
+    return os.path.basename(os.path.normpath(str(path)))
+
+
+def _data_names(value):
+    """A data flag's values with each path reduced to its file name (weights kept)."""
+    if isinstance(value, (list, tuple)):
+        return [v if is_weight(str(v)) else file_name(v) for v in value]
+    return file_name(value)
+
+
 def card_metadata(model_config: ModelConfig, common: dict, record: dict, *, stock: bool,
-                  trainable: dict, stored: int) -> dict:
+                  trainable: dict, stored: int, license: Optional[str] = None) -> dict:
     """The card's YAML metadata. ``model_config``: the checkpoint's run's model config; ``common``:
     the checkpoint's common state (its args as saved: the data and tokenizer as the run was
     given them, its paths as written, not as a reader resolves them; the train state, the
     provenance); ``record``: :func:`.convert.input_record`; ``stock``:
     whether the export is a stock ``LlamaForCausalLM``; ``trainable``: the trained model's
     parameters by part (model.param_count.count_parameters); ``stored``: the weights the
-    export holds."""
+    export holds; ``license``: a Hub identifier (:func:`check_license`), or None for no
+    ``license`` key."""
     saved = common["args"]
     samples = int(common.get("consumed_train_samples", 0))
-    data = {k: saved[k] for k in DATA_ARGS if saved.get(k)}
+    data = {k: _data_names(saved[k]) for k in DATA_ARGS if saved.get(k)}
+    tokenizer = {"type": saved.get("tokenizer_type"),
+                 **{name: file_name(saved[k]) for k, name in TOKENIZER_FILES.items()
+                    if saved.get(k)}}
+    if saved.get("tokenizer_sha256"):
+        tokenizer["sha256"] = saved["tokenizer_sha256"]
     model = {"arm": record["arm"], "input_table": record["input_table"]}
     if "code" in record:
         model.update(code=record["code"], code_projection=record["code_projection"])
@@ -62,12 +107,12 @@ def card_metadata(model_config: ModelConfig, common: dict, record: dict, *, stoc
         tags.append("fixed-input-code")
     return {
         "library_name": "transformers",
-        "license": LICENSE_PLACEHOLDER,
+        **({"license": license} if license else {}),
         "pipeline_tag": "text-generation",
         "tags": tags,
         "fixedcode": {
             **model,
-            "tokenizer": {name: saved[k] for k, name in TOKENIZER_ARGS.items() if saved.get(k)},
+            "tokenizer": tokenizer,
             "training": {"iteration": int(common.get("iteration", 0)), "samples": samples,
                          "sequence_length": int(model_config.seq_length),
                          "tokens": samples * int(model_config.seq_length),
@@ -139,8 +184,10 @@ def card_body(name: str, model: ModelConfig, padded_vocab_size: int, metadata: d
          "(`tools/convert_to_hf.py --as-table`)."), "",
         "## Evaluation", "", EVALUATION_START, NOT_EVALUATED, EVALUATION_END, "",
         "## Licence", "",
-        f"Replace `license: {LICENSE_PLACEHOLDER}` in the metadata above with this model's "
-        "licence before publishing (it follows from the training data's licences).", "",
+        (f"`{metadata['license']}` (the metadata's `license`)." if metadata.get("license") else
+         "Not stated: add `license:` (a Hub licence identifier) to the metadata above before "
+         "publishing, or export with `--license`; it follows from the training data's "
+         "licences."), "",
     ]
     return "\n".join(lines)
 

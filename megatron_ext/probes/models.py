@@ -115,7 +115,8 @@ def _describe_checkpoint(path: str, name: str, iteration: Optional[int]) -> Mode
         initialize_distributed("cpu")
         state = load_model(ckpt, trained, fixed_code).state_dict()
         vocab = trained.padded_vocab_size
-        return build_hf_model(hf_config(model, vocab, fixed_code, torch.float32, tokenizer.eod),
+        return build_hf_model(hf_config(model, vocab, fixed_code, torch.float32,
+                                        dict(eos_token_id=tokenizer.eod)),
                               hf_state_dict(state, model, vocab, torch.float32), device="cpu")
 
     return ModelInfo(name=name, source=f"{path} iteration {saved}", arm=model.input_interface,

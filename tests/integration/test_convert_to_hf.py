@@ -229,7 +229,8 @@ def test_every_scheme_and_tiling_exports_with_logit_parity(flags, as_table, tmp_
     code = model.embedding.code
     projection = model.embedding.projection.weight.detach().clone() if args.code_projection \
         else None
-    save_hf_model(hf_config(args, vocab, code.to_dict(), torch.float32, 499, as_table),
+    save_hf_model(hf_config(args, vocab, code.to_dict(), torch.float32, dict(eos_token_id=499),
+                            as_table),
                   hf_state_dict(model.state_dict(), args, vocab, torch.float32,
                                 code if as_table else None),
                   str(tmp_path))
@@ -412,17 +413,18 @@ def test_a_bf16_table_is_the_code_rounded_as_the_model_rounds_it(ckpts, tmp_path
 @pytest.mark.parametrize("name", ["gf2", "learned"])
 def test_every_export_has_a_model_card_with_the_hub_metadata(name, ckpts, exports,
                                                             table_exports):
-    """The card's metadata: library, the licence placeholder, tags, the arm and its code, the
-    tokenizer and training data as the checkpoint's args record them, the training tokens,
-    the parameters (trained: the stored weights less a table of the code)."""
+    """The card's metadata: library, no licence unless one is given, tags, the arm and its
+    code, the tokenizer by file name and sha256 (no directory of the training machine), the
+    training tokens, the parameters (trained: the stored weights less a table of the code)."""
     saved = common_state(ckpts[name])
     args = saved["args"]
     for hf_dir, stock in ([(exports[name][0], name == "learned")]
                           + ([(table_exports[name][0], True)] if name in TABLES else [])):
         metadata, body = card(hf_dir)
         fc = metadata["fixedcode"]
-        assert (metadata["library_name"], metadata["license"], metadata["pipeline_tag"]) == (
-            "transformers", "FILL-IN", "text-generation")
+        assert (metadata["library_name"], metadata["pipeline_tag"]) == (
+            "transformers", "text-generation")
+        assert "license" not in metadata and "add `license:`" in body
         assert {"fixedcode", "llama", f"arm-{name}"} <= set(metadata["tags"])
         assert fc["arm"] == name
         assert fc["export"].startswith("LlamaForCausalLM" if stock else
@@ -431,7 +433,8 @@ def test_every_export_has_a_model_card_with_the_hub_metadata(name, ckpts, export
             assert fc["code"] == "gf2 code, 16 bits, repeat tiling, pm1 x 0.37"
             assert fc["input_table"] == "fixed, never trained"
         assert fc["tokenizer"]["type"] == args["tokenizer_type"]
-        assert fc["tokenizer"]["model"] == args["tokenizer_model"]
+        assert fc["tokenizer"]["model"] == os.path.basename(args["tokenizer_model"])
+        assert os.path.dirname(args["tokenizer_model"]) not in Path(hf_dir, "README.md").read_text()
         assert fc["tokenizer"]["sha256"] == args["tokenizer_sha256"]
         assert fc["training"] == {"iteration": 3, "samples": 12, "sequence_length": 32,
                                   "tokens": 384, "data": "mock data (--mock-data)"}
@@ -631,6 +634,19 @@ def test_an_older_transformers_is_named_before_any_work(monkeypatch, tmp_path):
 
 
 @pytest.mark.integration
+def test_a_licence_is_written_when_it_is_a_hub_identifier(ckpts, tmp_path, cpu_dist):
+    with pytest.raises(SystemExit, match=re.escape(
+            "error: --license Apache 2: not a Hugging Face Hub licence identifier")):
+        convert_to_hf.main(["--load", str(tmp_path), "--output", str(tmp_path / "hf"),
+                            "--license", "Apache 2"])  # refused before the checkpoint is read
+    convert_to_hf.main(["--load", ckpts["binary_pp2"], "--output", str(tmp_path / "hf"),
+                        "--license", "apache-2.0"])
+    metadata, body = card(str(tmp_path / "hf"))
+    assert metadata["license"] == "apache-2.0"
+    assert "`apache-2.0` (the metadata's `license`)" in body
+
+
+@pytest.mark.integration
 def test_bad_paths_are_named(ckpts, tmp_path):
     with pytest.raises(SystemExit, match=f"no completed checkpoint in {tmp_path}"):
         convert_to_hf.main(["--load", str(tmp_path), "--output", str(tmp_path / "hf")])
@@ -647,3 +663,157 @@ def test_the_exported_config_knows_the_same_code_schemes_as_training():
     """configuration_fixedcode.py restates the schemes (it imports nothing of megatron_ext)."""
     from megatron_ext.hf import configuration_fixedcode
     assert configuration_fixedcode.SCHEMES == schemes.SCHEMES
+
+
+# ------------------------------------------------------------- read by other people's programs
+# The exports read by the engines themselves, each with its default options, in their own
+# environment (`make engines`: transformers 4.57.6, llama.cpp's converter and gguf-py from the
+# llama-cpp-python sdist, CTranslate2; bench/engines_worker.py). `make test` runs them in its
+# first leg; elsewhere they are skipped unless FIXEDCODE_ENGINES names that environment's Python.
+ENGINES = os.environ.get("FIXEDCODE_ENGINES")
+needs_engines = pytest.mark.skipif(not ENGINES, reason="FIXEDCODE_ENGINES (make engines) unset")
+ENGINE_TEXTS = [UNSEEN[:400], "If music be the food of love, play on;", *export.PROBE_TEXTS,
+                "Naïve café — “quoted” 漢字 🎭 </s> <s> <unk>"]
+# name -> (how it is exported, what each engine reads)
+ENGINE_EXPORTS = {"gf2-table": ("gf2", ["--as-table"], ["--gguf", "--ct2"]),
+                  "gf2-table-bf16": ("gf2", ["--as-table", "--dtype", "bf16"], ["--gguf"]),
+                  "learned": ("learned", [], ["--gguf", "--ct2"])}
+
+
+@pytest.fixture(scope="module")
+def engines(ckpts, tmp_path_factory, cpu_dist):
+    """``{name: (HF dir, rows scored, transformers 5's log-probs, what the engines read)}``."""
+    root = tmp_path_factory.mktemp("engines")
+    (root / "texts.json").write_text(json.dumps(ENGINE_TEXTS), encoding="utf-8")
+    exported = {}
+    for name, (ckpt, flags, _) in ENGINE_EXPORTS.items():
+        convert_to_hf.main(["--load", ckpts[ckpt], "--output", str(root / name), *flags])
+        tokenizer = AutoTokenizer.from_pretrained(root / name)
+        rows = [tokenizer(text)["input_ids"][:32] for text in ENGINE_TEXTS[:2]]
+        rows = [row[:min(map(len, rows))] for row in rows]
+        (root / f"{name}.ids.json").write_text(json.dumps(rows))
+        with torch.no_grad():
+            model = AutoModelForCausalLM.from_pretrained(root / name, dtype=torch.float32)
+            logp = torch.log_softmax(model(torch.tensor(rows)).logits.float(), dim=-1)
+        exported[name] = rows, [[float(logp[r, i, row[i + 1]]) for i in range(len(row) - 1)]
+                                for r, row in enumerate(rows)]
+
+    def read(name):
+        proc = subprocess.run([ENGINES, str(REPO / "bench/engines_worker.py"), "--hf",
+                               str(root / name), "--work", str(root / f"{name}.work"), "--texts",
+                               str(root / "texts.json"), "--ids", str(root / f"{name}.ids.json"),
+                               "--transformers", *ENGINE_EXPORTS[name][2]],
+                              capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return name, (str(root / name), *exported[name], json.loads(proc.stdout))
+
+    with ThreadPoolExecutor(2) as pool:
+        return dict(pool.map(read, ENGINE_EXPORTS))
+
+
+def token_ids(hf_dir: str) -> dict:
+    """BOS, EOS and PAD ids as config.json, generation_config.json and the tokenizer name them."""
+    config = json.loads(Path(hf_dir, "config.json").read_text())
+    generation = json.loads(Path(hf_dir, "generation_config.json").read_text())
+    tokenizer = AutoTokenizer.from_pretrained(hf_dir, trust_remote_code=True)
+    return {source: tuple(ids.get(f"{t}_token_id") for t in ("bos", "eos", "pad"))
+            for source, ids in (("config", config), ("generation", generation),
+                                ("tokenizer", {f"{t}_token_id": getattr(tokenizer, f"{t}_token_id")
+                                               for t in ("bos", "eos", "pad")}))}
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("name", ["gf2", "learned"])
+def test_the_special_tokens_agree_across_the_files_and_none_is_added(name, ckpts, exports,
+                                                                     table_exports):
+    """One BOS, EOS and PAD id in config.json, generation_config.json and the tokenizer (EOS:
+    the training EOD; BOS named, as engines need, but never added), a tokenizer class
+    transformers 4 has, and a sentencepiece tokenizer's own model beside it."""
+    saved = common_state(ckpts[name])["args"]
+    for hf_dir in [exports[name][0]] + ([table_exports[name][0]] if name in TABLES else []):
+        ids = token_ids(hf_dir)
+        assert len(set(ids.values())) == 1, ids
+        bos, eos, pad = ids["config"]
+        assert None not in (bos, eos, pad)
+        tokenizer = AutoTokenizer.from_pretrained(hf_dir, trust_remote_code=True)
+        assert tokenizer.convert_ids_to_tokens(eos) == tokenizer.eos_token
+        assert tokenizer("a b")["input_ids"] == tokenizer("a b", add_special_tokens=False)[
+            "input_ids"]
+        config = json.loads(Path(hf_dir, "tokenizer_config.json").read_text())
+        assert (config["tokenizer_class"], config["add_bos_token"], config["add_eos_token"]) == (
+            "PreTrainedTokenizerFast", False, False)
+        sp = Path(hf_dir, "tokenizer.model")
+        assert sp.exists() == (saved["tokenizer_type"] == "SentencePieceTokenizer")
+        if sp.exists():
+            assert sp.read_bytes() == Path(saved["tokenizer_model"]).read_bytes()
+            assert tokenizer.bos_token == "<s>" and tokenizer.unk_token == "<unk>"
+
+
+@pytest.mark.integration
+@needs_engines
+@pytest.mark.parametrize("name", list(ENGINE_EXPORTS))
+def test_transformers_4_reads_the_export_as_transformers_5_does(name, engines):
+    hf_dir, rows, logp, read = engines[name]
+    t4 = read["transformers"]
+    assert t4["version"].startswith("4.") and t4["tokenizer_class"] == "PreTrainedTokenizerFast"
+    t5 = AutoTokenizer.from_pretrained(hf_dir)
+    assert t4["ids"] == [t5(text)["input_ids"] for text in ENGINE_TEXTS]
+    assert t4["rope_theta"] == json.loads(Path(hf_dir, "config.json").read_text())["rope_theta"]
+    assert torch.allclose(torch.tensor(t4["log_probs"]), torch.tensor(logp), atol=1e-4)
+
+
+@pytest.mark.integration
+@needs_engines
+@pytest.mark.parametrize("name", ["gf2-table", "gf2-table-bf16"])
+def test_llama_cpp_converts_a_sentencepiece_export_with_its_scores_and_no_bos(name, ckpts,
+                                                                            engines):
+    """llama.cpp's converter reads the pieces and scores from tokenizer.model (from
+    tokenizer.json alone it scored every piece -1000) and the export's own BOS flag (false:
+    else llama.cpp prepends a BOS the model never saw)."""
+    import sentencepiece
+    hf_dir, _, _, read = engines[name]
+    gguf = read["gguf"]
+    assert gguf["converted"], gguf.get("message")
+    sp = sentencepiece.SentencePieceProcessor(
+        model_file=common_state(ckpts["gf2"])["args"]["tokenizer_model"])
+    assert gguf["tokenizer_model"] == "llama"
+    assert gguf["scores"][:sp.get_piece_size()] == pytest.approx(
+        [sp.get_score(i) for i in range(sp.get_piece_size())])
+    assert gguf["add_bos_token"] is False and gguf["add_eos_token"] is False
+    bos, eos, pad = token_ids(hf_dir)["config"]
+    assert (gguf["bos_token_id"], gguf["eos_token_id"], gguf["unknown_token_id"]) == (
+        bos, eos, sp.unk_id())
+    assert gguf["license"] is None
+    assert gguf["rope_freq_base"] == pytest.approx(
+        json.loads(Path(hf_dir, "config.json").read_text())["rope_theta"])
+
+
+@pytest.mark.integration
+@needs_engines
+def test_llama_cpp_refuses_a_byte_level_bpe_it_does_not_know_as_the_converter_says(engines):
+    """The documented refusal: llama.cpp's converter knows a byte-level BPE by its vocabulary's
+    ids of one text; ours is not in its list, which the export says, naming the pre-tokenizer."""
+    hf_dir, _, _, read = engines["learned"]
+    assert not read["gguf"]["converted"]
+    assert "BPE pre-tokenizer was not recognized" in read["gguf"]["message"]
+
+
+@pytest.mark.integration
+def test_the_converter_names_llama_cpps_refusal_of_a_byte_level_bpe(exports, table_exports):
+    note = exports["learned"][1]["llama_cpp_note"]
+    assert note and "'BPE pre-tokenizer was not recognized'" in note
+    assert "pre-tokenizer ByteLevel" in note or "pre-tokenizer Split(" in note, note
+    assert table_exports["gf2"][1]["llama_cpp_note"] is None
+
+
+@pytest.mark.integration
+@needs_engines
+@pytest.mark.parametrize("name", ["gf2-table", "learned"])
+def test_ctranslate2_loads_the_export_and_scores_it_as_transformers_does(name, engines):
+    hf_dir, rows, logp, read = engines[name]
+    ct2 = read["ct2"]
+    assert ct2["converted"], ct2.get("message")
+    tokenizer = AutoTokenizer.from_pretrained(hf_dir)
+    assert (ct2["bos_token"], ct2["eos_token"]) == (tokenizer.bos_token, tokenizer.eos_token)
+    assert torch.allclose(torch.tensor(ct2["log_probs"]), torch.tensor(logp), atol=1e-4)
