@@ -5,7 +5,8 @@ what they made of it as JSON. Run by the engine tests (tests/integration/test_en
 bench/bench_engines.py with that environment's Python; it imports nothing of fixedcode:
 
     .venv-engines/bin/python bench/engines_worker.py --hf HF_DIR --work DIR \\
-        --texts texts.json --ids ids.json [--gguf] [--ct2] [--transformers]
+        --texts texts.json --ids ids.json [--transformers] [--gguf] [--gguf-outtype f32 q8_0] \\
+        [--ct2] [--ct2-quantization int8]
 
 * ``transformers``: AutoTokenizer's ids of each text (transformers 4) and, for a stock Llama,
   AutoModelForCausalLM's log-probability of each next id of each ``--ids`` row.
@@ -63,10 +64,12 @@ def _field(reader, name: str):
     return decoded if len(field.types) > 1 and field.types[0].name == "ARRAY" else decoded[0]
 
 
-def read_gguf(hf_dir: str, work: Path) -> dict:
-    out_file = work / "model.gguf"
+def read_gguf(hf_dir: str, work: Path, outtype: str = None) -> dict:
+    out_file = work / f"model{'-' + outtype if outtype else ''}.gguf"
     proc = subprocess.run([sys.executable, str(LLAMA_CPP / "convert_hf_to_gguf.py"), hf_dir,
-                           "--outfile", str(out_file)], capture_output=True, text=True)
+                           "--outfile", str(out_file)]
+                          + (["--outtype", outtype] if outtype else []),
+                          capture_output=True, text=True)
     if proc.returncode != 0:
         return {"converted": False, "returncode": proc.returncode,
                 "message": _tail(proc.stderr, 20)}
@@ -117,6 +120,8 @@ def main() -> None:
     parser.add_argument("--ids", required=True, help="a JSON list of id rows to score")
     parser.add_argument("--transformers", action="store_true", help="read with transformers")
     parser.add_argument("--gguf", action="store_true", help="convert with llama.cpp's converter")
+    parser.add_argument("--gguf-outtype", nargs="*", default=[],
+                        help="also convert with these --outtype values (f32, q8_0, ...)")
     parser.add_argument("--ct2", action="store_true", help="convert and score with CTranslate2")
     parser.add_argument("--ct2-quantization", help="also convert with this --quantization")
     args = parser.parse_args()
@@ -129,6 +134,8 @@ def main() -> None:
         out["transformers"] = read_transformers(args.hf, texts, rows)
     if args.gguf:
         out["gguf"] = read_gguf(args.hf, work)
+    for outtype in args.gguf_outtype:
+        out[f"gguf_{outtype}"] = read_gguf(args.hf, work, outtype)
     if args.ct2:
         out["ct2"] = read_ct2(args.hf, work, rows)
     if args.ct2_quantization:
