@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import subprocess
 import sys
 import time
@@ -61,7 +60,7 @@ def reference(hf_dir: Path) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(hf_dir)
-    ids = tokenizer(ROW_TEXT)["input_ids"]
+    ids = tokenizer(" ".join([ROW_TEXT] * 4))["input_ids"]
     rows = [ids[:ROW_LENGTH], ids[len(ids) - ROW_LENGTH:]]
     model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
     with torch.no_grad():
@@ -160,7 +159,8 @@ def main() -> None:
     start = time.time()
     results = [bench_arm(arm, Path(args.demo), work, args.engines_python, llama)
                for arm in args.arms]
-    header = (f"bench_engines: {platform.processor() or platform.machine()}, "
+    from measure import machine
+    header = (f"bench_engines: {machine().split(', measured with')[0]}, "
               f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {time.time() - start:.0f} s")
     (work / "engines.json").write_text(json.dumps({"header": header, "results": results},
                                                   indent=2))
