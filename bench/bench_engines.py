@@ -160,7 +160,7 @@ def main() -> None:
     results = [bench_arm(arm, Path(args.demo), work, args.engines_python, llama)
                for arm in args.arms]
     from measure import machine
-    header = (f"bench_engines: {machine().split(', measured with')[0]}, "
+    header = (f"bench_engines: {machine().replace(', measured with OMP_NUM_THREADS=1', '')}, "
               f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {time.time() - start:.0f} s")
     (work / "engines.json").write_text(json.dumps({"header": header, "results": results},
                                                   indent=2))

@@ -7,7 +7,8 @@ card, ``README.md`` (megatron_ext/hf/export.py). The learned arm becomes a stock
 table is the checkpoint's code of every id (V x h more weights)::
 
     python tools/convert_to_hf.py --load CKPT_DIR [--iteration N] --output HF_DIR \\
-        [--dtype fp32|bf16|fp16] [--tokenizer-model PATH] [--as-table] [--validate]
+        [--dtype fp32|bf16|fp16] [--tokenizer-model PATH] [--as-table] [--license ID] \\
+        [--validate]
 
 ``--dtype`` defaults to fp32: lossless for any training precision (bf16 weights upcast
 exactly) and the precision of the parity check; bf16 halves the files. ``--validate``
@@ -24,7 +25,6 @@ from typing import Optional, Sequence
 
 from megatron_ext.hf.convert import DTYPES
 from megatron_ext.hf.export import export_checkpoint
-from megatron_ext.hf.model_card import LICENSE_PLACEHOLDER
 from megatron_ext.runtime.errors import exits_on_error
 
 
@@ -42,6 +42,10 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                         help="write a fixed-code arm as a stock LlamaForCausalLM whose "
                              "embed_tokens.weight is its code of every id (loads without "
                              "trust_remote_code, serves where a Llama does; V x h more weights)")
+    parser.add_argument("--license",
+                        help="the model's licence, a Hugging Face Hub identifier (apache-2.0, "
+                             "mit, cc-by-4.0, ..., other), written into the model card's "
+                             "metadata; default: none stated")
     parser.add_argument("--validate", action="store_true",
                         help="reload the output and check it against the Megatron model")
     return parser.parse_args(argv)
@@ -52,9 +56,10 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         args = parse_args(argv)
         result = export_checkpoint(args.load, args.output, args.iteration, args.dtype,
                                    args.tokenizer_model, check=args.validate,
-                                   as_table=args.as_table)
-        print(f"before publishing {args.output}, put its licence in {result['card']} "
-              f"(license: {LICENSE_PLACEHOLDER})")
+                                   as_table=args.as_table, license=args.license)
+        if args.license is None:
+            print(f"before publishing {args.output}, state its licence: --license, or "
+                  f"license: in {result['card']}")
         return result
 
 
