@@ -10,26 +10,44 @@ through a bitmap; a text holding a character outside it (not admitted, not check
 the BMP) is checked as the set of its characters. A regex class of arbitrary characters would be
 matched item by item: the check then grows with the characters met, which made the byte-level
 encoder quadratic on text with thousands of distinct characters (issue #51).
+
+A check can start from a table (:func:`table`: of :data:`TABLE_CHARACTERS`, every character of
+the BMP but the surrogates and the emoji blocks, those admitted), computed once per tokenizer
+and library versions by the main process (megatron_ext/preprocess/character_table.py) and handed
+to every worker, which then learns only the rare characters beyond it (issue #56: learning
+them per worker cost more than gigatoken's encode on multilingual text).
 """
 
 from __future__ import annotations
 
 import re
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Optional
 
 BMP = 0x10000
 RECOMPILE_AFTER = 64  # newly admitted BMP characters before the class is compiled again
+TABLE_CHARACTERS = "".join(chr(c) for c in [*range(0xD800), *range(0xE000, BMP),
+                                            *range(0x1F000, 0x1FB00)])
+
+
+def table(check: Callable[[str], bool]) -> tuple[str, str]:
+    """The characters checked (:data:`TABLE_CHARACTERS`) and those ``check`` admits."""
+    return TABLE_CHARACTERS, "".join(c for c in TABLE_CHARACTERS if check(c))
 
 
 class CharacterCheck:
     """``admits(text)``: whether ``check(character)`` holds for every character of ``text``."""
 
-    def __init__(self, check: Callable[[str], bool]):
+    def __init__(self, check: Callable[[str], bool],
+                 known: Optional[tuple[str, str]] = None):
+        """``known``: the :func:`table` of ``check``, if computed (its characters are not
+        checked again)."""
         self.check = check
-        self.admitted: set[str] = set()
-        self.refused: set[str] = set()
+        checked, admitted = known or ("", "")
+        self.admitted: set[str] = set(admitted)
+        self.refused: set[str] = set(checked) - self.admitted
         self._pending = 0  # admitted BMP characters not in the compiled class yet
-        self.ascii = self._learn(map(chr, range(128)))
+        self.ascii = self._learn(set(map(chr, range(128))) - self.admitted - self.refused) \
+            and self.refused.isdisjoint(map(chr, range(128)))
         self._outside = self._compile()
 
     def _learn(self, characters: Iterable[str]) -> bool:
