@@ -335,7 +335,7 @@ def compare(commands: Commands, tokenizer: str, size: float, reps: int, tmp: str
             ("ids " if which == "gigatoken" else "") + str(identical[which, workers])
         print(f"| {tokenizer} | {corpus} | {gb * 1e3:,.0f} MB | {documents:,} | {reps} | {label} | "
               f"{m['wall']:.1f} | {m['cpu']:.1f}{encode} | {m['cpu'] / gb:.1f} | "
-              f"{gb * 1e3 / m['wall']:.1f} | {m['peak_mb']:,.0f} | "
+              f"{gb * 1e3 / m['wall']:.1f} | {gb * 1e3 / m['cpu']:.1f} | {m['peak_mb']:,.0f} | "
               f"{m['wall'] / ours['wall']:.2f}× | {m['cpu'] / ours['cpu']:.2f}× | {same} |",
               flush=True)
     os.remove(source)
@@ -426,8 +426,9 @@ def main() -> None:
             if "fast" in args.commands and commands.sentencepiece and args.megatron_lm_main:
                 print(f"fast tool with {name}: {commands.refusal(tmp)}")
         print("\n| tokenizer | corpus | input | documents | runs | command | wall s | CPU s | "
-              "CPU s/GB | MB/s | peak MB | wall / ours | CPU / ours | same bytes as ours |")
-        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
+              "CPU s/GB | MB/s | MB/s per core (MB per CPU s) | peak MB | wall / ours | "
+              "CPU / ours | same bytes as ours |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
         for size in args.sizes_mb:
             for corpus in args.corpora:
                 for name, commands in made:
