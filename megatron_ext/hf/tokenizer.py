@@ -158,7 +158,8 @@ def llama_cpp_note(hf_tok: Optional[PreTrainedTokenizerFast], tokenizer) -> Opti
     spec = json.loads(hf_tok.backend_tokenizer.to_str())
     if spec["model"].get("type") != "BPE":
         return None
-    return ("llama.cpp: its convert_hf_to_gguf.py takes a byte-level BPE only when it knows "
-            "the vocabulary (by the ids it gives one text, chkhsh); this tokenizer, pre-tokenizer "
-            f"{_pre_tokenizer(spec.get('pre_tokenizer'))}, is not in its list, and it refuses "
-            "the folder with 'BPE pre-tokenizer was not recognized' (docs/hf-export.md)")
+    return ("llama.cpp: its convert_hf_to_gguf.py takes a byte-level BPE only when its list "
+            "knows the vocabulary (by the ids it gives one text, chkhsh): one trained for a run "
+            f"(pre-tokenizer {_pre_tokenizer(spec.get('pre_tokenizer'))} here) is not in it, "
+            "and the converter refuses the folder with 'BPE pre-tokenizer was not recognized' "
+            "(docs/hf-export.md)")
