@@ -3,6 +3,7 @@
 # the project with its extras (wandb: the tests run it offline) and megatron-core 0.16.1.
 # `make test` then tests the second supported release: Python 3.12 with megatron-core 0.19.x,
 # in .venv-mcore019 (torch 2.13.0 there is the CUDA build, which runs on CPU; about 5.8 GB).
+# Its first leg also reads exports with other people's programs, from .venv-engines (below).
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -65,7 +66,7 @@ demo-mcore019: $(STAMP19)
 test: test-mcore016 test-mcore019
 
 test-mcore016: $(STAMP) $(STAMP_ENGINES)
-	FIXEDCODE_ENGINES=$(ENGINES)/bin/python $(BIN)/python $(PYTEST)
+	FIXEDCODE_ENGINES=$(CURDIR)/$(ENGINES)/bin/python $(BIN)/python $(PYTEST)
 
 test-mcore019: $(STAMP19) $(STAMP)
 	$(VENV19)/bin/python $(PYTEST)
