@@ -53,12 +53,11 @@ import numpy as np
 from scipy import stats as scipy_stats
 from scipy.optimize import brentq
 
+from ..metrics.intervals import no_spread as spread_is_rounding
+
 POWER = 0.8
 ALPHA = 0.05
 MOST_SEEDS = 1000  # seeds searched for a measured gap; beyond: "more than"
-# A spread at most this share of the gap's size (or of 1, for a smaller gap) is rounding:
-# float64 differences of values of order 1 carry errors near 1e-15.
-NO_SPREAD = 1e-10
 
 _NODES, _WEIGHTS = np.polynomial.legendre.leggauss(64)
 _NODES, _WEIGHTS = (_NODES + 1) / 2, _WEIGHTS / 2        # on (0, 1): probabilities
@@ -166,9 +165,10 @@ def expected_detection(gap: float, parts: Sequence[Part], alpha: float = ALPHA) 
 
 
 def no_spread(parts: Sequence[Part], gap: float) -> bool:
-    """Whether the interval's spread is 0 or at the level of rounding (:data:`NO_SPREAD`):
-    then the seeds measured nothing a gap or a seed count could be planned from."""
-    return math.sqrt(sum(p.variance for p in parts)) <= NO_SPREAD * max(abs(gap), 1.0)
+    """Whether the interval's spread is 0 or at the level of rounding
+    (:func:`megatron_ext.metrics.intervals.no_spread`): then the seeds measured nothing a
+    gap or a seed count could be planned from (and the interval has no p-value)."""
+    return spread_is_rounding(math.sqrt(sum(p.variance for p in parts)), gap)
 
 
 def detectable(parts: Sequence[Part], alpha: float = ALPHA, power: float = POWER,

@@ -57,7 +57,7 @@ def test_the_crossed_interval_separates_an_arm_better_on_every_item():
     assert got["half_width"] == pytest.approx(half)
     assert got["p"] < 1e-6
     same = crossed_interval(control, control)
-    assert (same["low"], same["mean"], same["high"], same["p"]) == (0.0, 0.0, 0.0, 1.0)
+    assert (same["low"], same["mean"], same["high"], same["p"]) == (0.0, 0.0, 0.0, None)
     alone = crossed_interval(arm[:1], control[:1])
     assert alone["conditional"] and alone["half_width"] == pytest.approx(
         2.0226909200367604 * math.sqrt(np.var([1.0] * 30 + [0.0] * 10, ddof=1) / 40))

@@ -19,7 +19,7 @@ from scipy import integrate
 from scipy import stats as scipy_stats
 
 from megatron_ext.study import power
-from megatron_ext.study.stats import crossed_interval, paired_difference, t_interval
+from megatron_ext.study.stats import crossed_interval, holm, paired_difference, t_interval
 
 
 def test_the_paired_t_power_is_the_t_tests():
@@ -209,3 +209,17 @@ def test_a_fits_interval_scales_its_degrees_of_freedom_with_the_seeds():
     assert seeds == 3 and part.groups == 5
     (more,) = power.with_seeds([part], seeds, 7)
     assert more.dof == 30 and more.variance == pytest.approx(0.0021 * 3 / 7)
+
+
+def test_seeds_that_measured_no_spread_report_no_p_value_and_holm_does_not_count_them():
+    """Issue 57: equal per-seed differences (a spread of 0, or of rounding) printed p = 0,
+    which Holm's adjustment then counted as significant. They report no p-value (None,
+    not 0 and not 1), which the adjustment leaves out."""
+    equal = paired_difference({1: 4.2, 2: 4.3, 3: 4.4}, {1: 4.0, 2: 4.1, 3: 4.2})
+    rounding = paired_difference({1: 0.1 + 0.2, 2: 0.3, 3: 0.7 - 0.4}, {1: 0.0, 2: 0.0, 3: 0.0})
+    crossed = crossed_interval([[1.0, 1.0]] * 2, [[0.0, 0.0]] * 2)
+    same = crossed_interval([[1.0, 0.0]] * 2, [[1.0, 0.0]] * 2)
+    for interval in (equal, rounding, t_interval([0.2, 0.2]), crossed, same):
+        assert interval["p"] is None, interval
+    assert holm([equal["p"], 0.04]) == [None, 0.04]
+    assert t_interval([0.2, 0.2 + 1e-6, 0.2 - 1e-6])["p"] < 1e-6    # a spread: a p-value
