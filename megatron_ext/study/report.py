@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import os
 import platform
 from pathlib import Path
@@ -32,6 +33,7 @@ from ..checkpoint.layout import completed_iterations
 from ..metrics.reporting import (colours, mean_interval, number, pyplot, save_figure, shown_path,
                                  signed_range, tokens_axis)
 from ..metrics.sinks import summarise_run
+from ..runtime.errors import StudyError
 from ..runtime.files import write_text
 
 from . import capacity, power
@@ -96,8 +98,8 @@ def summarise(study: Study, runs: dict) -> dict:
                      "flops": float(np.mean([r["flops"] for r in records])),
                      "parameters": records[0]["parameters"]}
             for name in names:
-                values = [v for r in seeds.values() if it in r["evals"]
-                          for v in [metric_value(r["evals"][it], name)] if v is not None]
+                values = [_value(r, it, name, arm.name, s) for s, r in seeds.items()
+                          if it in r["evals"]]
                 if values:
                     point[name] = t_interval(values)
             curve.append(point)
@@ -132,7 +134,8 @@ def _tokens_per_iteration(seeds: dict) -> int:
 
 def _differences(study: Study, runs: dict, final: int, names: list[str]) -> dict:
     """Each arm minus the control: ``{arm: {metric: {"by_seed", "by_item"}}}``."""
-    return {arm.name: _difference(runs[arm.name], runs[study.control], final, names)
+    return {arm.name: _difference(runs[arm.name], runs[study.control], final, names,
+                                  arm.name, study.control)
             for arm in study.arms if arm.name != study.control}
 
 
@@ -140,16 +143,18 @@ def _pairwise(study: Study, runs: dict, final: int, names: list[str]) -> list[di
     """Every two arms, neither the control (those are :func:`_differences`), in study
     order: ``[{"a", "b", metric: {"by_seed", "by_item"}}]`` of ``b - a``."""
     others = [a.name for a in study.arms if a.name != study.control]
-    return [{"a": a, "b": b, **_difference(runs[b], runs[a], final, names)}
+    return [{"a": a, "b": b, **_difference(runs[b], runs[a], final, names, b, a)}
             for i, a in enumerate(others) for b in others[i + 1:]]
 
 
-def _difference(seeds: dict, control: dict, final: int, names: list[str]) -> dict:
+def _difference(seeds: dict, control: dict, final: int, names: list[str], arm: str,
+                against: str) -> dict:
     shared = sorted(set(seeds) & set(control))
     row = {}
     for name in names:
-        row[name] = {"by_seed": paired_difference(_final_by_seed(seeds, final, name),
-                                                  _final_by_seed(control, final, name))}
+        row[name] = {"by_seed": paired_difference(_final_by_seed(seeds, final, name, arm),
+                                                  _final_by_seed(control, final, name,
+                                                                 against))}
         if name != "valid_loss" and shared:
             row[name]["by_item"] = crossed_interval(
                 _items_by_seed(seeds, shared, final, name),
@@ -157,8 +162,20 @@ def _difference(seeds: dict, control: dict, final: int, names: list[str]) -> dic
     return row
 
 
-def _final_by_seed(seeds: dict, final: int, name: str) -> dict:
-    return {s: metric_value(r["evals"][final], name) for s, r in seeds.items()}
+def _final_by_seed(seeds: dict, final: int, name: str, arm: str) -> dict:
+    return {s: _value(r, final, name, arm, s) for s, r in seeds.items()}
+
+
+def _value(run: dict, iteration: int, name: str, arm: str, seed: int) -> float:
+    """Metric ``name`` of run ``arm``/``seed`` at ``iteration``; a missing or non-finite
+    value is refused naming the run (never averaged, never a TypeError)."""
+    value = metric_value(run["evals"][iteration], name)
+    if value is None or not math.isfinite(value):
+        raise StudyError(f"{arm}/seed{seed}: {label(name)} at iteration {iteration:,} is "
+                         f"{'missing' if value is None else value}: a study's means and "
+                         f"intervals cannot take it (evaluate the checkpoint again: "
+                         f"`tools/study.py eval`, or remove the run)")
+    return value
 
 
 def _items_by_seed(seeds: dict, shared: list, final: int, name: str) -> np.ndarray:

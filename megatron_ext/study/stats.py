@@ -15,16 +15,27 @@ from scipy import stats as scipy_stats
 from scipy.optimize import brentq
 
 from ..metrics.intervals import no_spread, t_interval
+from ..runtime.errors import StudyError
 
 
 def paired_difference(arm: dict, control: dict, confidence: float = 0.95) -> Optional[dict]:
     """``arm - control`` over the seeds both have (``{seed: value}``), with the t interval
-    of the per-seed differences; None when they share no seed."""
+    of the per-seed differences; None when they share no seed. Seeds only one side has are
+    listed under ``dropped`` (absent when none is); a missing or non-finite value is
+    refused naming its seed."""
+    for side in (arm, control):
+        bad = next((s for s, v in side.items() if v is None or not math.isfinite(v)), None)
+        if bad is not None:
+            raise StudyError(f"seed {bad}: {side[bad]!r}: a paired difference cannot take a "
+                             f"missing or non-finite value")
     seeds = sorted(set(arm) & set(control))
     if not seeds:
         return None
     out = t_interval([arm[s] - control[s] for s in seeds], confidence)
     out["seeds"] = seeds
+    dropped = sorted(set(arm) ^ set(control))
+    if dropped:
+        out["dropped"] = dropped
     return out
 
 
