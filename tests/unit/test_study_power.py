@@ -127,10 +127,14 @@ def test_the_seeds_named_for_a_gap_are_the_fewest_that_detect_it():
         # the spread's uncertainty costs seeds: more than with the spread taken as true
         assert needed >= power.seeds_needed(gap, parts, seeds, expected=False)
     assert power.seeds_needed(1e-6, parts, seeds) is None            # beyond MOST_SEEDS
-    found = power.sensitivity(interval)
-    assert found["seeds"] == 3 and found["seeds_needed"] == power.seeds_needed(
-        interval["mean"], parts, seeds)
-    assert power.cell(interval) == f"±{found['detectable']:.4f} · {found['seeds_needed']} seeds"
+    found = power.sensitivity(interval, gap=0.1)      # a gap of interest, not the measured
+    assert found["seeds"] == 3 and found["seeds_needed"] == power.seeds_needed(0.1, parts, seeds)
+    assert found["power"] == power.expected_detection(0.1, parts) < 0.8
+    assert power.cell(interval, gap=0.1) == (f"±{found['detectable']:.4f} · power "
+                                             f"{found['power']:.2f}, {found['seeds_needed']} seeds")
+    # issue 57: no figure is planned from the measured gap (observed power)
+    assert power.cell(interval) == f"±{found['detectable']:.4f}"
+    assert power.sensitivity(interval)["seeds_needed"] is None
 
 
 def test_a_family_judged_by_holm_gets_the_power_at_its_threshold_beside_95_percent():
@@ -138,12 +142,14 @@ def test_a_family_judged_by_holm_gets_the_power_at_its_threshold_beside_95_perce
     whatever the others: the cell gives the gap and seeds there after the 95% ones, both
     larger."""
     interval = paired_difference({1: 0.31, 2: 0.27, 3: 0.36}, {1: 0.0, 2: 0.0, 3: 0.0})
-    at_95, at_holm = (power.sensitivity(interval, alpha) for alpha in (0.05, 0.05 / 3))
+    at_95, at_holm = (power.sensitivity(interval, alpha, 0.3) for alpha in (0.05, 0.05 / 3))
     assert at_holm["detectable"] > at_95["detectable"]
     assert at_holm["seeds_needed"] > at_95["seeds_needed"]
-    assert power.cell(interval, family=3) == (
-        f"±{at_95['detectable']:.4f} · {at_95['seeds_needed']} seeds / "
-        f"±{at_holm['detectable']:.4f} · {at_holm['seeds_needed']} seeds")
+    assert at_holm["power"] < at_95["power"]
+    assert power.cell(interval, family=3, gap=0.3) == (
+        f"±{at_95['detectable']:.4f} · power {at_95['power']:.2f}, "
+        f"{at_95['seeds_needed']} seeds / ±{at_holm['detectable']:.4f} · power "
+        f"{at_holm['power']:.2f}, {at_holm['seeds_needed']} seeds")
     assert power.header(3).endswith("(95% / Holm's 0.05/3)") and power.header(1) == power.HEADER
 
 
@@ -159,21 +165,21 @@ def test_seeds_that_measured_no_spread_print_neither_a_gap_nor_a_seed_count():
         assert found["no_spread"] and found["detectable"] is None
         assert found["seeds_needed"] is None
         assert power.cell(interval) == power.NO_SPREAD_TEXT
-        assert power.cell(interval, family=3, trained=lambda r: 2 * r - 1) == (
+        assert power.cell(interval, family=3, trained=lambda r: 2 * r - 1, gap=0.1) == (
             f"{power.NO_SPREAD_TEXT} / {power.NO_SPREAD_TEXT}")
     assert "±0.0000" not in power.cell(equal) and "1000" not in power.cell(rounding)
     small = t_interval([0.2, 0.2 + 1e-6, 0.2 - 1e-6])
     assert not power.sensitivity(small)["no_spread"]
-    assert power.cell(small).endswith(" · 2 seeds")
+    assert power.cell(small, gap=0.1).endswith(", 2 seeds")
 
 
 def test_a_tuned_design_counts_every_seed_it_trains():
     """A tuned study's gaps are over its reported seeds; the seeds it needs are shown as
     those it trains, the selection's included (2·reported − 1)."""
     interval = t_interval([0.31, 0.27, 0.36])
-    needed = power.sensitivity(interval)["seeds_needed"]
-    assert power.cell(interval, trained=lambda r: 2 * r - 1).endswith(
-        f" · {2 * needed - 1} seeds ({needed} reported)")
+    needed = power.sensitivity(interval, gap=0.1)["seeds_needed"]
+    assert power.cell(interval, trained=lambda r: 2 * r - 1, gap=0.1).endswith(
+        f", {2 * needed - 1} seeds ({needed} reported)")
 
 
 def test_a_crossed_interval_whose_items_limit_it_says_no_number_of_seeds_does():
@@ -182,9 +188,10 @@ def test_a_crossed_interval_whose_items_limit_it_says_no_number_of_seeds_does():
     rng = np.random.default_rng(1)
     diff = 0.002 + rng.normal(0, 0.3, 400)[None, :] + rng.normal(0, 0.01, (3, 400))
     interval = crossed_interval(diff, np.zeros_like(diff))
-    found = power.sensitivity(interval)
+    found = power.sensitivity(interval, gap=0.002)
     assert found["items_limit"] and found["seeds_needed"] is None
-    assert power.cell(interval).endswith("· no number of seeds (the items' part alone)")
+    assert power.cell(interval, gap=0.002).endswith(", no number of seeds (the items' part "
+                                                    "alone)")
     parts, seeds = power.design(interval)
     assert [p.groups for p in parts] == [1.0, 0.0]
     more = power.with_seeds(parts, seeds, 30)
