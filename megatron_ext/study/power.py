@@ -281,19 +281,18 @@ def non_inferiority_seeds(margin: float, parts: Sequence[Part], seeds: int) -> O
     return seeds_needed(margin, parts, seeds, 2 * ALPHA)
 
 
-def header(family: int = 1, gap: Optional[float] = None) -> str:
+def header(family: int = 1) -> str:
     """The power column's heading; with a family of more than one, both figures."""
-    text = HEADER if gap is None else f"{HEADER} · {at_gap(gap)}"
-    return text if family <= 1 else f"{text} (95% / Holm's 0.05/{family})"
+    return HEADER if family <= 1 else f"{HEADER} (95% / Holm's 0.05/{family})"
 
 
-def at_gap(gap: float) -> str:
-    """How a gap of interest is named in headings: nats and % perplexity."""
-    return (f"at the gap of interest {gap:.4f} nats ({100 * math.expm1(gap):.1f}% "
-            f"perplexity): expected power, seeds for 80%")
+def gap_text(gap: float) -> str:
+    """A loss gap in nats and as % perplexity."""
+    return f"{gap:.4f} nats ({100 * math.expm1(gap):.1f}% perplexity)"
 
 
-HEADER = "80% expected power: smallest gap"
+HEADER = ("80% expected power: smallest gap · at the gap of interest: expected power, "
+          "seeds for 80%")
 
 NOTE = ("What the design detects: the smallest true gap a fresh study of the same design "
         "detects (its interval excludes 0) with 80% expected power and, for a gap of "

@@ -246,7 +246,7 @@ def final_sections(study: Study, summary: dict, depth: int = 2) -> list[str]:
         lines += ["", f"{h} Between the other arms: b − a", ""]
         lines += _difference_table(names, [(f"{p['b']} − {p['a']}", p)
                                            for p in summary["pairwise"]], "b − a")
-    lines += [""] + family_table(summary) + [""]
+    lines += [""] + family_table(summary, study) + [""]
     return lines
 
 
@@ -272,10 +272,26 @@ def family_size(summary: dict) -> int:
     return sum(interval["p"] is not None for *_, interval in family(summary))
 
 
-def family_table(summary: dict) -> list[str]:
+def _pair(pair: str, study: Optional[Study]) -> tuple[str, str]:
+    """``(b, a)`` of a family row's ``"b − a"`` (``"arm − control"``)."""
+    b, a = pair.split(" − ")
+    return b, (study.control if a == "control" and study is not None else a)
+
+
+def _reading(study: Optional[Study], pair: str, name: str) -> tuple:
+    """``(gap of interest, margin)`` of a family row: the study's, for the held-out loss
+    only (nats); none for a task's metric."""
+    if study is None or name != "valid_loss":
+        return None, None
+    return study.reading(*_pair(pair, study))
+
+
+def family_table(summary: dict, study: Optional[Study] = None) -> list[str]:
     """Each difference's unadjusted and Holm-adjusted p-value over the family of every
-    difference the report shows (pairs of arms x metrics x intervals), and what its design
-    detects at 95% and at Holm's 0.05/m (:mod:`.power`)."""
+    difference the report shows (pairs of arms x metrics x intervals), what its design
+    detects at 95% and at Holm's 0.05/m (:mod:`.power`; for the held-out loss with the
+    study's gap of interest, its expected power and seeds), then what each rules out
+    (:func:`equivalence_table`)."""
     members = family(summary)
     adjusted = holm([interval["p"] for *_, interval in members])
     tested = family_size(summary)
@@ -289,14 +305,72 @@ def family_table(summary: dict) -> list[str]:
                            f"Holm's 0.05/{tested}: a p-value below it is significant after "
                            f"adjustment whatever the family's other results."), "",
              "| difference | metric | interval | p | Holm p (family of "
-             f"{tested}) | {power.header(tested)} |", "|---|---|---|---:|---:|---:|"]
+             f"{tested}) | {power.header(tested)} | gap of interest |",
+             "|---|---|---|---:|---:|---:|---:|"]
     for (pair, name, kind, interval), p_holm in zip(members, adjusted):
-        what = ("by seed" if kind == "by_seed" else
-                "by item, conditional on the one seed" if interval.get("conditional") else
-                "by seed and item")
-        lines.append(f"| {pair} | {label(name)} | {what} | "
+        gap, _ = _reading(study, pair, name)
+        lines.append(f"| {pair} | {label(name)} | {_kind(kind, interval)} | "
                      f"{number(interval['p'], '.3g')} | {number(p_holm, '.3g')} | "
-                     f"{power.cell(interval, family=tested)} |")
+                     f"{power.cell(interval, family=tested, gap=gap)} | "
+                     f"{'—' if gap is None else power.gap_text(gap)} |")
+    return lines + [""] + equivalence_table(summary, study)
+
+
+def _kind(kind: str, interval: dict) -> str:
+    return ("by seed" if kind == "by_seed" else
+            "by item, conditional on the one seed" if interval.get("conditional") else
+            "by seed and item")
+
+
+def equivalence(summary: dict, study: Optional[Study] = None) -> list[dict]:
+    """What each difference of the family rules out (:func:`.power.equivalence`): its 90%
+    interval, the smallest equivalence margin shown (TOST at 5%) and, for the held-out loss
+    with a margin, the verdict; for an arm against the control, the seeds that would show
+    non-inferiority at the margin (80% expected power at a true gap of 0, at the measured
+    spread)."""
+    out = []
+    for pair, name, kind, interval in family(summary):
+        _, margin = _reading(study, pair, name)
+        found = power.equivalence(interval, margin)
+        row = {"pair": pair, "metric": name, "interval": kind, "margin": margin,
+               "equivalence": found, "non_inferiority_seeds": None}
+        design = power.design(interval)
+        if (found is not None and margin is not None and pair.endswith(" − control")
+                and design is not None):
+            row["non_inferiority_seeds"] = power.non_inferiority_seeds(margin, *design)
+        out.append(row)
+    return out
+
+
+def equivalence_table(summary: dict, study: Optional[Study] = None) -> list[str]:
+    """The rows of :func:`equivalence` as a table with its note."""
+    lines = ["What each difference rules out (Lakens, Scheel & Isager 2018): its 90% "
+             "interval, whose two ends are the two one-sided tests at 5% (TOST): the study "
+             "shows the difference lies within ±bound for every margin above the bound, and "
+             "its upper end is the non-inferiority bound of an arm's held-out loss against "
+             "the control (one-sided 5%). With a margin fixed before the study (`margin`), "
+             "the verdict, and the seeds per arm that would show an arm non-inferior to the "
+             "control at that margin with 80% expected power if the true gap were 0, at the "
+             "measured spread. Unadjusted for the family.", "",
+             "| difference | metric | interval | 90% interval | equivalence shown for "
+             "margins above (TOST 5%) | margin | verdict | seeds for non-inferiority |",
+             "|---|---|---|---|---:|---:|---|---:|"]
+    for r in equivalence(summary, study):
+        found, margin = r["equivalence"], r["margin"]
+        interval = next(i for p, n, k, i in family(summary)
+                        if (p, n, k) == (r["pair"], r["metric"], r["interval"]))
+        seeds = r["non_inferiority_seeds"]
+        lines.append(
+            f"| {r['pair']} | {label(r['metric'])} | {_kind(r['interval'], interval)} | "
+            + ("— | — | " if found is None else
+               f"[{found['low']:+.4f}, {found['high']:+.4f}] | ±{found['bound']:.4f} | ")
+            + ("—" if margin is None else power.gap_text(margin)) + " | "
+            + ("—" if margin is None or found is None else
+               f"within ±{margin:.4f}" if found["within"] else "not shown") + " | "
+            + ("—" if seeds is None and (margin is None or found is None
+                                         or not r["pair"].endswith(" − control"))
+               else f"more than {power.MOST_SEEDS:,}" if seeds is None else str(seeds))
+            + " |")
     return lines
 
 
@@ -433,6 +507,7 @@ def _write_cell(study: Study, study_dir: Path, title: str, runs: dict, generated
                 ) -> dict:
     """The report of a study without factors (or of one level) in ``study_dir``."""
     summary = summarise(study, runs)
+    summary["rules_out"] = equivalence(summary, study) if summary["final_iteration"] else []
     names = metric_names(study)
     if summary["final_iteration"] is not None and names:
         if "valid_loss" in names:

@@ -52,3 +52,64 @@ def test_a_comparison_over_fewer_seeds_than_its_arms_have_names_the_dropped_seed
     assert "dropped" not in whole and "paired on" not in signed_range(whole)
     with pytest.raises(StudyError, match="seed 2: nan"):
         paired_difference({1: 3.0, 2: math.nan}, {1: 1.0, 2: 2.0})
+
+
+def _read(tmp_path, gap, **fields):
+    from tests.unit import test_study_capacity as capacity
+    from helpers.recipes import TINY_RECIPE
+    from pathlib import Path
+    from megatron_ext.study import spec
+    from megatron_ext.study.report import write_report
+    recipe = tmp_path / "recipe.args"
+    recipe.write_text(TINY_RECIPE + "--tokenizer-type NullTokenizer --vocab-size 511\n")
+    study = spec.build_study({"recipe": str(recipe), "arms": ["learned", "binary", "frozen"],
+                              "seeds": [1, 2, 3], **fields,
+                              "eval": {"data_path": str(tmp_path / "heldout"), "tokens": 64}},
+                             Path.cwd())
+    capacity.fabricate(study, tmp_path / "S", gap)
+    return study, write_report(study, tmp_path / "S"), (tmp_path / "S" / "STUDY.md").read_text()
+
+
+def test_a_gap_of_interest_prints_its_expected_power_and_seeds_per_comparison(tmp_path):
+    """The study's gap (3.3% perplexity: ln 1.033 nats) and a comparison's own (0.2 nats):
+    the family table prints, for the held-out loss, the expected power of a fresh study of
+    this size at that gap and the seeds for 80% (power.sensitivity), never the seeds for
+    the measured gap."""
+    from megatron_ext.study import power
+    study, summary, text = _read(tmp_path, {"learned": 0.0, "binary": 0.30, "frozen": 0.40},
+                                 gap_of_interest="3.3%",
+                                 comparisons={"frozen - learned": {"gap_of_interest": 0.2}})
+    assert study.gap_of_interest == pytest.approx(math.log(1.033))
+    assert study.reading("frozen", "learned") == (0.2, None)
+    for arm, gap in (("binary", math.log(1.033)), ("frozen", 0.2)):
+        interval = summary["differences"][arm]["valid_loss"]["by_seed"]
+        found = power.sensitivity(interval, 0.05, gap)
+        row = next(line for line in text.splitlines()
+                   if line.startswith(f"| {arm} − control | validation loss | by seed | "))
+        assert f"power {found['power']:.2f}, {found['seeds_needed']} seeds" in row
+        assert power.gap_text(gap) in row
+    assert "(3.3% perplexity)" in text
+
+
+def test_a_margin_gives_each_comparison_its_equivalence_verdict(tmp_path):
+    """binary's loss is 0.30 nats above learned's (a spread of a few thousandths): not
+    within ±0.1; frozen is compared with binary at its own margin 0.2 (gap 0.10): within.
+    The bound is the 90% interval's (TOST at 5%), in study.json too."""
+    study, summary, text = _read(
+        tmp_path, {"learned": 0.0, "binary": 0.30, "frozen": 0.40}, margin=0.1,
+        comparisons={"frozen - binary": {"margin": 0.2}})
+    rows = {(r["pair"], r["metric"]): r for r in summary["rules_out"]}
+    binary = rows[("binary − control", "valid_loss")]
+    interval = summary["differences"]["binary"]["valid_loss"]["by_seed"]
+    ninety = paired_difference(*(
+        {s: 5.0 + 0.1 * s + g + n for s, n in zip((1, 2, 3), noise)}
+        for g, noise in ((0.30, (0.008, -0.004, 0.002)), (0.0, (0, 0, 0)))), 0.90)
+    assert binary["equivalence"]["high"] == pytest.approx(ninety["high"])
+    assert binary["equivalence"]["bound"] == pytest.approx(ninety["high"])
+    assert binary["equivalence"]["within"] is False and interval["low"] > 0.1
+    assert rows[("frozen − binary", "valid_loss")]["equivalence"]["within"] is True
+    assert binary["non_inferiority_seeds"] is not None
+    saved = json.loads((tmp_path / "S" / "study.json").read_text())
+    assert saved["rules_out"][0]["equivalence"]["bound"] == pytest.approx(
+        summary["rules_out"][0]["equivalence"]["bound"])
+    assert "| not shown |" in text and "within ±0.2000" in text
