@@ -6,7 +6,10 @@ signal on a held-out text the seeds share, and with ids in exact frequency order
 the frequency-baseline mark), with its measured coverage (95% intervals) or false-positive
 rate (a null effect), and what a report states about each comparison's power
 (:mod:`.power`): the share of fresh studies that detect the gap it prints, with the seeds it
-names. Pure numpy, but for the probes' checks, which run the probes' own fitting (torch);
+names; and what it rules out: equivalence claimed at a true gap equal to the margin (at most
+5%), non-inferiority shown at a true gap of 0 with the seeds printed for it, the expected
+power printed at a gap of interest beside the share detected (reported), normal and
+heavy-tailed (t, 4 df) seeds. Pure numpy, but for the probes' checks, which run the probes' own fitting (torch);
 ``tools/calibrate.py`` runs it and writes ``calibration.json`` and ``calibration.md``.
 
 Each row is one interval in one scenario: the share of trials whose interval holds the
@@ -592,6 +595,50 @@ def power_crossed(rng, trials: int, seeds: int, items: int, seed_sd: float, item
             "crossed)": ("power", at_printed / trials)}
 
 
+# ------------------------------------------------------ gap of interest and equivalence
+# (issue 57; a section of its own, to move with the power rows)
+
+def equivalence_by_seed(rng, trials: int, seeds: int, spread: float, margin: float,
+                        heavy: bool = False) -> dict:
+    """Paired differences of ``seeds`` seeds with a per-seed spread ``spread`` (normal, or
+    with ``heavy`` Student t with 4 degrees of freedom scaled to that sd), read as a report
+    reads them (:func:`.power.equivalence`, :func:`.power.sensitivity`):
+
+    - true gap = ``margin``: the share of studies that claim equivalence within ±margin
+      (TOST at 5%; asserted at most 5%);
+    - true gap 0: with the seeds the study prints for non-inferiority at ``margin``, the
+      share of fresh studies of that many seeds that show it (asserted: a power row);
+    - the gap of interest (= ``margin``): the mean expected power printed and the share of
+      fresh studies of the design that detect that gap, reported: at one fixed true spread
+      the two differ (expected power averages over the spread, not over studies)."""
+    def draw(n: int, gap: float) -> np.ndarray:
+        noise = (rng.standard_t(4, n) / math.sqrt(2.0)) if heavy else rng.standard_normal(n)
+        return gap + spread * noise
+
+    claimed = shown = counted = detected = 0
+    printed = 0.0
+    for _ in range(trials):
+        at_margin = t_interval(draw(seeds, margin))
+        claimed += bool(power.equivalence(at_margin, margin)["within"])
+        null = t_interval(draw(seeds, 0.0))
+        named = power.non_inferiority_seeds(margin, *power.design(null))
+        if named is not None:
+            counted += 1
+            shown += power.equivalence(t_interval(draw(named, 0.0)), margin)["high"] < margin
+        printed += power.sensitivity(null, power.ALPHA, margin)["power"]
+        detected += _detected(t_interval(draw(seeds, margin)))
+    tail = ", t(4) seeds" if heavy else ""
+    fp, pw = ("share", "share") if heavy else ("fp_at_most", "power")
+    return {f"equivalence claimed at a true gap equal to the margin{tail}":
+                (fp, claimed / trials),
+            f"non-inferiority shown with the seeds printed for it, true gap 0{tail}":
+                (pw, shown / max(counted, 1), counted),
+            f"expected power printed at the gap of interest (mean){tail}":
+                ("share", printed / trials),
+            f"detected at the gap of interest by a fresh study{tail}":
+                ("share", detected / trials)}
+
+
 # ------------------------------------------------------------------------------- scenarios
 
 # reported, not asserted: the crossed interval is conservative where the arms' difference
@@ -655,6 +702,12 @@ SCENARIOS: list[tuple[str, str, Callable, dict]] = [
     ("frequency mark", "no signal but frequency: ids in exact frequency order, states of the "
      "tokens' frequencies beside type vectors, 3 seeds x 2 probe seeds sharing each text",
      frequency_mark, dict(seeds=3, probe_seeds=2)),
+    ("equivalence", "3 seeds, margin 1 spread", equivalence_by_seed,
+     dict(seeds=3, spread=0.03, margin=0.03)),
+    ("equivalence", "5 seeds, margin 1 spread", equivalence_by_seed,
+     dict(seeds=5, spread=0.03, margin=0.03)),
+    ("equivalence", "3 seeds, margin 1 spread, heavy-tailed seeds (t, 4 df)",
+     equivalence_by_seed, dict(seeds=3, spread=0.03, margin=0.03, heavy=True)),
     ("power", "2 seeds", power_by_seed, dict(seeds=2, spread=0.03)),
     ("power", "3 seeds", power_by_seed, dict(seeds=3, spread=0.03)),
     ("power", "5 seeds", power_by_seed, dict(seeds=5, spread=0.03)),

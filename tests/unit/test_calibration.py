@@ -30,7 +30,7 @@ def test_the_band_is_the_stated_tolerance_for_the_trial_count():
     assert calibration.tolerance(TRIALS) == pytest.approx(3 * math.sqrt(0.95 * 0.05 / TRIALS))
 
 
-QUICK = ["t by seed", "downstream", "fit", "fit L(N, D)", "tuned", "probes"]
+QUICK = ["t by seed", "downstream", "fit", "fit L(N, D)", "tuned", "probes", "equivalence"]
 
 
 @pytest.fixture(scope="module")
