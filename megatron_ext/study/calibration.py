@@ -524,10 +524,10 @@ def power_by_seed(rng, trials: int, seeds: int, spread: float, family: int = 1) 
     - at the smallest gap printed from the study's own spread (80% expected power,
       :func:`.power.sensitivity`), the share of fresh studies of ``seeds`` seeds that detect
       it (asserted: what "80%" says);
-    - with the seeds printed for the gap it measured, the share of fresh studies of that
-      many seeds, at a true gap of that size, that detect it (asserted; seeds come whole,
-      so at least 80%; a trial that prints "more than :data:`.power.MOST_SEEDS`" names no
-      count and is not counted);
+    - reported (the reports no longer print it: planned from the measured gap, it is the
+      p-value restated): with the seeds at 80% expected power for the gap it measured, the
+      share of fresh studies of that many seeds, at a true gap of that size, that detect it
+      (a trial beyond :data:`.power.MOST_SEEDS` names no count and is not counted);
     - the formula: at the gap of 80% power at the true spread (asserted);
     - reported: the gap and the seeds with the study's own spread taken as the truth, the
       rule the reports printed before expected power (below 80% with few seeds: the spread
@@ -549,7 +549,8 @@ def power_by_seed(rng, trials: int, seeds: int, spread: float, family: int = 1) 
         hits["gap"] += fresh(found["detectable"], seeds)
         hits["old gap"] += fresh(power.detectable(parts, alpha, expected=False), seeds)
         old = power.seeds_needed(measured["mean"], parts, seeds, alpha, expected=False)
-        for key, named in (("seeds", found["seeds_needed"]), ("old seeds", old)):
+        planned = power.seeds_needed(measured["mean"], parts, seeds, alpha)
+        for key, named in (("seeds", planned), ("old seeds", old)):
             if named is not None:
                 counted[key] += 1
                 hits[key] += fresh(measured["mean"], named)
@@ -559,8 +560,8 @@ def power_by_seed(rng, trials: int, seeds: int, spread: float, family: int = 1) 
                 ("power", hits["formula"] / trials),
             f"detected at the printed gap (80% expected power, the study's own spread){at}":
                 ("power", hits["gap"] / trials),
-            f"detected with the seeds printed for the measured gap{at}":
-                ("power", hits["seeds"] / max(counted["seeds"], 1), counted["seeds"]),
+            f"detected with the seeds for the measured gap (no longer printed){at}":
+                ("share", hits["seeds"] / max(counted["seeds"], 1), counted["seeds"]),
             f"{old}: detected at its gap{at}": ("share", hits["old gap"] / trials),
             f"{old}: detected with its seeds{at}":
                 ("share", hits["old seeds"] / max(counted["old seeds"], 1),

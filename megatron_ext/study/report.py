@@ -9,7 +9,9 @@ seeds x items interval (:func:`.stats.crossed_interval`: the task's population o
 with one seed conditional on that seed, and labelled so in the table). The differences form
 one family, named with its size, and each carries its Holm-adjusted p-value beside the
 unadjusted one and what its design detects (:mod:`.power`: the smallest gap at 80%
-expected power and the seeds its measured gap needs, at 95% and at Holm's 0.05/m). Every
+expected power and, for a gap of interest, its expected power and seeds, at 95% and at
+Holm's 0.05/m), then what each rules out (its 90% interval: the equivalence bound, TOST at
+5%, and with a margin the verdict and the seeds for non-inferiority). Every
 row carries the tokens seen and the steps skipped. When the arms differ in trainable input
 parameters, the gap against that count (:mod:`.capacity`). With ``[probes]``, the probes of
 the final checkpoints per layer (:mod:`.probing`). Each arm has one colour in every figure
@@ -445,6 +447,9 @@ def _plot_differences(study: Study, summary: dict, names: list[str], path: Path)
             err = None if d["low"] is None else [[d["mean"] - d["low"]], [d["high"] - d["mean"]]]
             ax.errorbar([d["mean"]], [y], xerr=err, fmt="o", capsize=4, color=colour[arm])
         ax.axvline(0, color="grey", lw=1)
+        if name == "valid_loss" and study.margin:   # the margin the verdicts are against
+            for edge in (-study.margin, study.margin):
+                ax.axvline(edge, color="grey", lw=1, ls="--")
         ax.set_yticks(range(len(arms)), arms)
         ax.set_xlabel(f"Δ {label(name)} vs {study.control}")
         ax.grid(alpha=0.3)
