@@ -230,3 +230,31 @@ def test_seeds_that_measured_no_spread_report_no_p_value_and_holm_does_not_count
         assert interval["p"] is None, interval
     assert holm([equal["p"], 0.04]) == [None, 0.04]
     assert t_interval([0.2, 0.2 + 1e-6, 0.2 - 1e-6])["p"] < 1e-6    # a spread: a p-value
+
+
+def test_the_equivalence_bound_is_the_90_percent_intervals_and_tost_holds_its_size():
+    """The bound is max(|low|, |high|) of the 90% t interval; at a true gap equal to the
+    margin the two one-sided tests claim equivalence at most 5% of the time (computed
+    exactly over a 3-seed study's mean and spread); the seeds for non-inferiority are the
+    fewest whose upper end falls below the margin with 80% expected power at a gap of 0."""
+    interval = t_interval([0.31, 0.27, 0.36])
+    ninety = t_interval([0.31, 0.27, 0.36], 0.90)
+    found = power.equivalence(interval, 0.5)
+    assert found["bound"] == pytest.approx(ninety["high"]) and found["within"]
+    assert power.equivalence(interval, 0.3)["within"] is False
+    assert power.equivalence(t_interval([0.2, 0.2]), 0.1) is None       # no spread
+    # P(|mean| + t·s/√3 < m) at a true gap m = 1 (sd 1, 3 seeds): over s, the normal mean
+    t90 = scipy_stats.t.isf(0.05, 2)
+
+    def claimed(s):
+        half = t90 * s / math.sqrt(3)
+        width = max(2 * (1 - half), 0.0)     # mean in (half - 1, 1 - half), centred at 1
+        return (scipy_stats.norm.cdf((1 - half - 1) * math.sqrt(3))
+                - scipy_stats.norm.cdf((half - 1 - 1) * math.sqrt(3))) if width else 0.0
+    size = integrate.quad(lambda v: claimed(math.sqrt(v / 2)) * scipy_stats.chi2.pdf(v, 2),
+                          0, np.inf)[0]
+    assert 0.0 < size <= 0.05
+    parts, seeds = power.design(interval)
+    needed = power.non_inferiority_seeds(0.05, parts, seeds)
+    assert power.expected_detection(0.05, power.with_seeds(parts, seeds, needed), 0.1) >= 0.8
+    assert power.expected_detection(0.05, power.with_seeds(parts, seeds, needed - 1), 0.1) < 0.8

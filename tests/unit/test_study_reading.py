@@ -113,3 +113,34 @@ def test_a_margin_gives_each_comparison_its_equivalence_verdict(tmp_path):
     assert saved["rules_out"][0]["equivalence"]["bound"] == pytest.approx(
         summary["rules_out"][0]["equivalence"]["bound"])
     assert "| not shown |" in text and "within ±0.2000" in text
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"gap_of_interest": "-1%"}, "gap_of_interest '-1%': expected a positive loss gap"),
+    ({"margin": "wide"}, "margin 'wide': expected a positive loss gap"),
+    ({"comparisons": {"gf2 - learned": {"margin": 0.1}}}, "two arms among"),
+    ({"comparisons": {"binary - learned": {"gap": 0.1}}}, r"unknown key\(s\) \['gap'\]"),
+])
+def test_a_bad_gap_or_margin_is_refused_naming_the_key(tmp_path, fields, message):
+    from pathlib import Path
+    from helpers.recipes import TINY_RECIPE
+    from megatron_ext.study import spec
+    recipe = tmp_path / "recipe.args"
+    recipe.write_text(TINY_RECIPE + "--tokenizer-type NullTokenizer --vocab-size 511\n")
+    with pytest.raises(StudyError, match=message):
+        spec.build_study({"recipe": str(recipe), "arms": ["learned", "binary"],
+                          "seeds": [1, 2], **fields}, Path.cwd())
+
+
+def test_the_definition_keeps_the_gap_and_margin_and_the_flags_set_them(tmp_path):
+    """Fixed in definition.json with the rest (a later different value is another study);
+    `--gap-of-interest 3.3%` as the study file's key."""
+    from megatron_ext.study import spec
+    recipe = tmp_path / "recipe.args"
+    from helpers.recipes import TINY_RECIPE
+    recipe.write_text(TINY_RECIPE + "--tokenizer-type NullTokenizer --vocab-size 511\n")
+    study = spec.study_from_flags(None, {"recipe": str(recipe), "arms": "learned,binary",
+                                         "seeds": "1,2", "control": None,
+                                         "gap_of_interest": "3.3%", "margin": "0.02"}, {})
+    assert (study.gap_of_interest, study.margin) == (pytest.approx(math.log(1.033)), 0.02)
+    assert spec.Study.from_json(json.loads(json.dumps(study.to_json()))) == study
