@@ -44,7 +44,8 @@ def parse_args(argv: Optional[Sequence[str]]) -> tuple[argparse.ArgumentParser,
     run.add_argument("study_dir", type=Path, help="the study's folder")
     d = run.add_argument_group("the study (first run only; later runs reuse definition.json)")
     d.add_argument("--study", help="a TOML study file (keys: recipe, overrides, arms, seeds, "
-                                   "control, [eval], [probes], [factors.NAME]); the flags "
+                                   "control, [eval], [probes], [factors.NAME], gap_of_interest, "
+                                   "margin, [comparisons.\"B - A\"]); the flags "
                                    "below override its keys")
     d.add_argument("--recipe", help="file of pretrain_fixedcode.py flags shared by all runs")
     d.add_argument("--arms", help="comma-separated [NAME:]INTERFACE[@--flag=value...], e.g. "

@@ -2,7 +2,9 @@
 control arm, how checkpoints are evaluated and, optionally, how the final ones are probed
 (``[probes]``, :class:`megatron_ext.probes.settings.ProbeSettings`). Read from a TOML study
 file and/or flags, checked once, and frozen into ``STUDY_DIR/definition.json`` by the first
-command, so that every later command (and the report) uses exactly the same definition.
+command, so that every later command (and the report) uses exactly the same definition,
+including the held-out loss gap of interest and the equivalence margin the report reads its
+comparisons against (fixed before any result: :meth:`Study.reading`).
 
 A study may also cross named **factors** (``[factors.NAME]``, each level a string of flags,
 e.g. one model size): every combination of levels (a *cell*) runs every arm and seed with
@@ -305,7 +307,9 @@ def build_study(fields: dict, base: Path, allow_unreported_intervals: bool = Fal
     dict of :class:`ProbeSettings` fields; ``data_path`` defaults to the eval's). Relative
     paths are taken from ``base`` (the study file's folder, or the working directory).
     ``allow_unreported_intervals``: define a tuned study of fewer than 3 seeds, whose tuned
-    gaps have no interval (refused otherwise)."""
+    gaps have no interval (refused otherwise). ``gap_of_interest`` and ``margin`` (nats or
+    ``"x%"`` perplexity, :func:`nats`) and ``comparisons`` (``{"B - A": {...}}``, their
+    per-comparison values) are fixed with the rest, before any result."""
     unknown = set(fields) - {"recipe", "overrides", "arms", "seeds", "control", "eval",
                              "probes", "factors", "budgets", "tune", "gap_of_interest",
                              "margin", "comparisons"}
