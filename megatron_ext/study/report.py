@@ -446,6 +446,10 @@ def _plot_differences(study: Study, summary: dict, names: list[str], path: Path)
             d = summary["differences"][arm][name]["by_seed"]
             err = None if d["low"] is None else [[d["mean"] - d["low"]], [d["high"] - d["mean"]]]
             ax.errorbar([d["mean"]], [y], xerr=err, fmt="o", capsize=4, color=colour[arm])
+            ruled = power.equivalence(d)   # the 90% interval: what the study rules out
+            if ruled is not None:
+                ax.plot([ruled["low"], ruled["high"]], [y, y], lw=6, alpha=0.35,
+                        solid_capstyle="butt", color=colour[arm])
         ax.axvline(0, color="grey", lw=1)
         if name == "valid_loss" and study.margin:   # the margin the verdicts are against
             for edge in (-study.margin, study.margin):
@@ -453,8 +457,9 @@ def _plot_differences(study: Study, summary: dict, names: list[str], path: Path)
         ax.set_yticks(range(len(arms)), arms)
         ax.set_xlabel(f"Δ {label(name)} vs {study.control}")
         ax.grid(alpha=0.3)
-    fig.suptitle(f"iteration {summary['final_iteration']:,}: mean difference, 95% interval "
-                 f"(paired by seed)")
+    fig.suptitle(f"iteration {summary['final_iteration']:,}: mean difference (paired by "
+                 f"seed), 95% interval (bars)\nand 90% (thick: TOST at 5%, it rules out "
+                 f"every margin beyond it)" + (", ±margin dashed" if study.margin else ""))
     save_figure(fig, path)
 
 

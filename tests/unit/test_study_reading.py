@@ -115,6 +115,31 @@ def test_a_margin_gives_each_comparison_its_equivalence_verdict(tmp_path):
     assert "| not shown |" in text and "within ±0.2000" in text
 
 
+def test_the_differences_figure_draws_each_90_percent_interval_and_the_margin(
+        tmp_path, monkeypatch):
+    """differences.png shows what the study rules out: per comparison its 90% interval
+    (power.equivalence, TOST at 5%) inside its 95% one, and the dashed ±margin."""
+    from megatron_ext.study import power, report
+    drawn = {}
+
+    def keep(fig, path):
+        drawn[path.name] = fig.axes[0]
+    monkeypatch.setattr(report, "save_figure", keep)
+    study, summary, _ = _read(tmp_path, {"learned": 0.0, "binary": 0.30, "frozen": 0.05},
+                              margin=0.1)
+    ax = drawn["differences.png"]
+    lines = [tuple(line.get_xdata()) for line in ax.get_lines()]
+    for arm in ("binary", "frozen"):
+        interval = summary["differences"][arm]["valid_loss"]["by_seed"]
+        ninety = power.equivalence(interval)
+        assert any(len(x) == 2 and math.isclose(x[0], ninety["low"], abs_tol=1e-12)
+                   and math.isclose(x[1], ninety["high"], abs_tol=1e-12) for x in lines)
+        assert interval["low"] < ninety["low"] < ninety["high"] < interval["high"]
+    dashed = sorted(line.get_xdata()[0] for line in ax.get_lines()
+                    if line.get_linestyle() == "--")
+    assert dashed == pytest.approx([-0.1, 0.1])
+
+
 @pytest.mark.parametrize("fields, message", [
     ({"gap_of_interest": "-1%"}, "gap_of_interest '-1%': expected a positive loss gap"),
     ({"margin": "wide"}, "margin 'wide': expected a positive loss gap"),
