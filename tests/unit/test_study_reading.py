@@ -140,6 +140,33 @@ def test_the_differences_figure_draws_each_90_percent_interval_and_the_margin(
     assert dashed == pytest.approx([-0.1, 0.1])
 
 
+def test_the_scaling_table_prints_the_gap_of_interest_beside_each_levels_loss_gap(tmp_path):
+    """Each level's held-out loss gap against the control carries the expected power at
+    the comparison's gap of interest and the seeds for 80%, as the family table's does."""
+    from helpers.recipes import TINY_RECIPE
+    from pathlib import Path
+    from megatron_ext.study import power, scaling, spec
+    recipe = tmp_path / "recipe.args"
+    recipe.write_text(TINY_RECIPE + "--tokenizer-type NullTokenizer --vocab-size 511\n")
+    study = spec.build_study({"recipe": str(recipe), "arms": ["learned", "binary", "frozen"],
+                              "seeds": [1, 2, 3], "gap_of_interest": "3.3%",
+                              "comparisons": {"frozen - learned": {"gap_of_interest": 0.2}},
+                              "eval": {"data_path": str(tmp_path / "heldout"), "tokens": 64}},
+                             Path.cwd())
+    loss = {arm: {s: 5.0 + g + n for s, n in zip((1, 2, 3), (0.01, -0.004, 0.003))}
+            for arm, g in (("learned", 0.0), ("binary", 0.02), ("frozen", 0.05))}
+    loss["learned"][2] += 0.01
+    result = {"points": {"L1": {"compute": 1e15, "tokens": 4096, "loss": loss,
+                                "parameters": {"learned": {"non_embedding": 10, "total": 20}}}},
+              "task_gaps": [], "axes": ["compute"], "fits": None, "refused": "one level"}
+    text = "\n".join(scaling.markdown(study, result))
+    row = next(line for line in text.splitlines() if line.startswith("| L1 |"))
+    for arm, gap in (("binary", math.log(1.033)), ("frozen", 0.2)):
+        cell = power.cell(paired_difference(loss[arm], loss["learned"]), gap=gap)
+        assert "· power" in cell and f"| {cell} |" in row + " |"
+    assert "at the gap of interest: expected power, seeds for 80%" in text
+
+
 @pytest.mark.parametrize("fields, message", [
     ({"gap_of_interest": "-1%"}, "gap_of_interest '-1%': expected a positive loss gap"),
     ({"margin": "wide"}, "margin 'wide': expected a positive loss gap"),
