@@ -44,13 +44,23 @@ def parse_args(argv: Optional[Sequence[str]]) -> tuple[argparse.ArgumentParser,
     run.add_argument("study_dir", type=Path, help="the study's folder")
     d = run.add_argument_group("the study (first run only; later runs reuse definition.json)")
     d.add_argument("--study", help="a TOML study file (keys: recipe, overrides, arms, seeds, "
-                                   "control, [eval], [probes], [factors.NAME]); the flags "
+                                   "control, [eval], [probes], [factors.NAME], gap_of_interest, "
+                                   "margin, [comparisons.\"B - A\"]); the flags "
                                    "below override its keys")
     d.add_argument("--recipe", help="file of pretrain_fixedcode.py flags shared by all runs")
     d.add_argument("--arms", help="comma-separated [NAME:]INTERFACE[@--flag=value...], e.g. "
                                   "learned,binary,small:binary@--code-scale=0.02")
     d.add_argument("--seeds", help="comma-separated --seed values, e.g. 1,2,3")
     d.add_argument("--control", help="the arm the others are compared with (default learned)")
+    d.add_argument("--gap-of-interest",
+                   help="the held-out loss gap a fresh study should detect, fixed before the "
+                        "results: nats (0.0325) or %% perplexity (3.3%%); the tables print "
+                        "its expected power and the seeds for 80%% per comparison (study "
+                        "file: gap_of_interest, per comparison [comparisons.\"B - A\"])")
+    d.add_argument("--margin",
+                   help="the equivalence / non-inferiority margin of the held-out loss, "
+                        "nats or %% perplexity: each comparison's verdict \"within ±m\" or "
+                        "\"not shown\" (TOST at 5%%) (study file: margin)")
     d.add_argument("--eval-data-path", help="indexed dataset prefix of the held-out set")
     d.add_argument("--eval-tokens", type=int,
                    help="held-out tokens per evaluation (default 65536)")
@@ -88,7 +98,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         if args.command == "run":
             given = spec.study_from_flags(
                 args.study, {"recipe": args.recipe, "arms": args.arms, "seeds": args.seeds,
-                             "control": args.control},
+                             "control": args.control, "gap_of_interest": args.gap_of_interest,
+                             "margin": args.margin},
                 {"data_path": args.eval_data_path, "tokens": args.eval_tokens,
                  "tasks": args.tasks, "data_dir": args.data_dir, "limit": args.limit},
                 args.allow_unreported_intervals)

@@ -34,13 +34,16 @@ def mean_interval(interval: Optional[dict], digits: int = 4) -> str:
 def signed_range(interval: Optional[dict], digits: int = 4) -> str:
     """``+mean [+low, +high]`` of a difference's interval, or "—"; an interval conditional
     on one seed (``"conditional"``, :func:`megatron_ext.study.stats.crossed_interval`)
-    says so."""
+    says so, and a paired one over fewer seeds than its arms have names those dropped."""
     if interval is None:
         return MISSING
     if interval.get("low") is None:
         return f"{interval['mean']:+.{digits}f} (1 seed: no interval)"
     text = (f"{interval['mean']:+.{digits}f} [{interval['low']:+.{digits}f}, "
             f"{interval['high']:+.{digits}f}]")
+    if interval.get("dropped"):  # a paired difference over fewer seeds than its arms have
+        text += (f" (paired on seeds {', '.join(map(str, interval['seeds']))}; seeds "
+                 f"{', '.join(map(str, interval['dropped']))} dropped: one arm lacks them)")
     return text + " (1 seed: conditional on this seed)" if interval.get("conditional") else text
 
 

@@ -53,8 +53,8 @@ def markdown(study: Study, capacity: list[dict], final: int, family: int = 1,
              f"Each arm's final held-out loss (iteration {final:,}) minus `{study.control}`'s, "
              f"paired by seed, mean [95% t interval]; the count is the arm's trainable input "
              f"parameters (its checkpoint's); beside it, what the design detects (as in the "
-             f"family table: the smallest gap at 80% expected power and the seeds its "
-             f"measured gap needs, at 95%"
+             f"family table: the smallest gap at 80% expected power and, with a gap of "
+             f"interest, its expected power and the seeds for 80%, at 95%"
              + (f" / at Holm's 0.05/{family}" if family > 1 else "") + ").", "",
              f"| arm | trainable input parameters | Δ held-out loss (by seed) | seeds | "
              f"{power.header(family)} |", "|---|---:|---:|---:|---:|"]
@@ -63,7 +63,9 @@ def markdown(study: Study, capacity: list[dict], final: int, family: int = 1,
         lines.append(f"| {p['arm']} | {p['input_parameters']:,} | "
                      + ("control" if control else signed_range(gap)) + " | "
                      + ("" if control else str(gap["n"] if gap else 0)) + " | "
-                     + ("" if control else power.cell(gap, family=family)) + " |")
+                     + ("" if control else power.cell(
+                         gap, family=family, gap=study.reading(p["arm"], study.control)[0]))
+                     + " |")
     return lines + ["", "![gap against trainable input parameters](input_capacity.png)", ""]
 
 

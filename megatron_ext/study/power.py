@@ -1,6 +1,9 @@
-"""What a study's design can detect: for each difference interval a report prints, the
-smallest true gap that a fresh study of the same design detects (its interval excludes 0)
-with 80% expected power, and how many seeds would detect the gap it measured. Pure
+"""What a study's design can detect and rule out: for each difference interval a report
+prints, the smallest true gap that a fresh study of the same design detects (its interval
+excludes 0) with 80% expected power; for a gap of interest fixed in advance, the expected
+power a fresh study of this size has for it and the seeds that would detect it (never
+planned from the measured gap: that is the p-value restated); and the smallest
+equivalence margin its 90% interval rules out (:func:`equivalence`, TOST at 5%). Pure
 functions of the intervals (:mod:`.stats`, :mod:`.fit`), and their table cells; the report
 modules print them beside the intervals and :mod:`.calibration` checks them by simulation.
 
@@ -17,7 +20,7 @@ the interval's own critical ratio (:func:`detection`; for one part exactly the t
 "Assurance in clinical trial design", Pharmaceutical Statistics 4:187-201). The seeds'
 spread is itself measured, with few degrees of freedom; taken as the truth (the power at
 the measured spread), the gap printed for 80% is detected by a fresh study of the same
-design only about 58% (2 seeds), 63% (3) and 67% (5) of the time. Here the power is
+design only 0.580 (2 seeds), 0.629 (3) and 0.685 (5) of the time (at 95%). Here the power is
 averaged over what the seeds' part of the variance could be given its measured value ``v``
 with ``m`` degrees of freedom: ``v·m/χ²_m`` (the reference prior 1/σ), by Gauss-Legendre quadrature
 (:func:`expected_detection`). The t statistic is pivotal, so that average is exactly the
@@ -34,7 +37,9 @@ freedom) is taken as measured.
 where the report judges a family by Holm's adjustment, at ``0.05/m`` for a family of
 ``m``: a p-value below it is significant after Holm's adjustment whatever the family's
 other results (its smallest p is compared with ``0.05/m``, the others with larger
-thresholds), so the power there is at least the power of the Holm finding.
+thresholds), so the power of the Holm finding is at least the power there: the figure at
+``0.05/m`` is a lower bound on Holm's power (its gap an upper bound, its seeds at most as
+many as Holm needs).
 
 A spread of 0 or at the level of rounding (:func:`no_spread`) measures nothing: its cell
 says so, never ``±0`` or a seed count.
@@ -51,12 +56,11 @@ import numpy as np
 from scipy import stats as scipy_stats
 from scipy.optimize import brentq
 
+from ..metrics.intervals import no_spread as spread_is_rounding
+
 POWER = 0.8
 ALPHA = 0.05
 MOST_SEEDS = 1000  # seeds searched for a measured gap; beyond: "more than"
-# A spread at most this share of the gap's size (or of 1, for a smaller gap) is rounding:
-# float64 differences of values of order 1 carry errors near 1e-15.
-NO_SPREAD = 1e-10
 
 _NODES, _WEIGHTS = np.polynomial.legendre.leggauss(64)
 _NODES, _WEIGHTS = (_NODES + 1) / 2, _WEIGHTS / 2        # on (0, 1): probabilities
@@ -164,9 +168,10 @@ def expected_detection(gap: float, parts: Sequence[Part], alpha: float = ALPHA) 
 
 
 def no_spread(parts: Sequence[Part], gap: float) -> bool:
-    """Whether the interval's spread is 0 or at the level of rounding (:data:`NO_SPREAD`):
-    then the seeds measured nothing a gap or a seed count could be planned from."""
-    return math.sqrt(sum(p.variance for p in parts)) <= NO_SPREAD * max(abs(gap), 1.0)
+    """Whether the interval's spread is 0 or at the level of rounding
+    (:func:`megatron_ext.metrics.intervals.no_spread`): then the seeds measured nothing a
+    gap or a seed count could be planned from (and the interval has no p-value)."""
+    return spread_is_rounding(math.sqrt(sum(p.variance for p in parts)), gap)
 
 
 def detectable(parts: Sequence[Part], alpha: float = ALPHA, power: float = POWER,
@@ -221,29 +226,59 @@ def seeds_needed(gap: float, parts: Sequence[Part], seeds: int, alpha: float = A
     return high
 
 
-def sensitivity(interval: Optional[dict], alpha: float = ALPHA) -> Optional[dict]:
-    """``{"detectable", "seeds", "seeds_needed", "items_limit", "no_spread"}`` of a
+def sensitivity(interval: Optional[dict], alpha: float = ALPHA,
+                gap: Optional[float] = None) -> Optional[dict]:
+    """``{"detectable", "seeds", "power", "seeds_needed", "items_limit", "no_spread"}`` of a
     difference interval at ``alpha`` (None where it has none): the smallest gap detected
-    with 80% expected power, the seeds it was measured with, those that would detect its
-    measured gap (None: more than :data:`MOST_SEEDS`), whether no number of seeds would
-    (the items' part alone keeps the power below 80%), and whether the seeds measured no
-    spread (then ``detectable`` and ``seeds_needed`` are None)."""
+    with 80% expected power, the seeds it was measured with and, for a ``gap`` of interest
+    fixed in advance, the expected power a fresh study of this design has for it and the
+    seeds that would detect it with 80% (None: more than :data:`MOST_SEEDS`), whether no
+    number of seeds would (the items' part alone keeps the power below 80%), and whether
+    the seeds measured no spread (then every figure is None). No figure is planned from
+    the measured gap: at a given seed count it is a function of the p-value (observed
+    power; Hoenig & Heisey 2001)."""
     found = design(interval)
     if found is None:
         return None
     parts, seeds = found
-    gap = interval["mean"] if "mean" in interval else interval["value"]
-    if no_spread(parts, gap):
-        return {"detectable": None, "seeds": seeds, "seeds_needed": None,
-                "items_limit": False, "no_spread": True}
+    out = {"detectable": None, "seeds": seeds, "power": None, "seeds_needed": None,
+           "items_limit": False, "no_spread": True}
+    if no_spread(parts, interval["mean"] if "mean" in interval else interval["value"]):
+        return out
     fixed = [p for p in parts if not p.groups]
-    return {"detectable": detectable(parts, alpha), "seeds": seeds,
-            "seeds_needed": seeds_needed(gap, parts, seeds, alpha),
-            "items_limit": bool(fixed) and gap != 0 and detection(gap, fixed, alpha) < POWER,
-            "no_spread": False}
+    out.update(detectable=detectable(parts, alpha), no_spread=False)
+    if gap:
+        out.update(power=expected_detection(gap, parts, alpha),
+                   seeds_needed=seeds_needed(gap, parts, seeds, alpha),
+                   items_limit=bool(fixed) and detection(gap, fixed, alpha) < POWER)
+    return out
 
 
-HEADER = "80% expected power: smallest gap · seeds for the measured gap"
+def equivalence(interval: Optional[dict], margin: Optional[float] = None) -> Optional[dict]:
+    """What a difference interval rules out (Lakens, Scheel & Isager 2018): ``{"low",
+    "high", "bound", "within"}``, the 90% interval of its parts (the two one-sided tests at
+    5%: every margin above ``bound`` = max(|low|, |high|) is shown, "the difference lies
+    within ±bound"; ``high`` alone is the non-inferiority bound of a loss) and, for a
+    ``margin``, whether equivalence within it is shown. None without an interval or a
+    spread."""
+    found = design(interval)
+    mean = None if interval is None else interval.get("mean", interval.get("value"))
+    if found is None or no_spread(found[0], mean):
+        return None
+    half = math.sqrt(sum(float(scipy_stats.t.isf(ALPHA, p.dof)) ** 2 * p.variance
+                         for p in found[0]))
+    low, high = mean - half, mean + half
+    bound = max(abs(low), abs(high))
+    return {"low": low, "high": high, "bound": bound,
+            "within": None if margin is None else bool(bound < margin)}
+
+
+def non_inferiority_seeds(margin: float, parts: Sequence[Part], seeds: int) -> Optional[int]:
+    """The fewest seeds (at least 2) whose 90% interval's upper end falls below ``margin``
+    with 80% expected power when the true gap is 0 (non-inferiority at ``margin``, one-sided
+    5%): the two-sided power at 10% of a gap ``margin`` counts both tails, the lower one
+    negligible for any useful design (None beyond :data:`MOST_SEEDS`)."""
+    return seeds_needed(margin, parts, seeds, 2 * ALPHA)
 
 
 def header(family: int = 1) -> str:
@@ -251,50 +286,60 @@ def header(family: int = 1) -> str:
     return HEADER if family <= 1 else f"{HEADER} (95% / Holm's 0.05/{family})"
 
 
+def gap_text(gap: float) -> str:
+    """A loss gap in nats and as % perplexity."""
+    return f"{gap:.4f} nats ({100 * math.expm1(gap):.1f}% perplexity)"
+
+
+HEADER = ("80% expected power: smallest gap · at the gap of interest: expected power, "
+          "seeds for 80%")
+
 NOTE = ("What the design detects: the smallest true gap a fresh study of the same design "
-        "detects (its interval excludes 0) with 80% expected power, and the seeds per arm "
-        "that would detect a true gap the size of the one measured. Expected power "
-        "(assurance: O'Hagan, Stevens & Campbell 2005) averages the power over what the "
-        "seeds' spread could be given the spread they measured (the items' part of a task's "
-        "crossed interval taken as measured), so that the printed gap is detected by 80% of "
-        "fresh studies however few the seeds (the measured spread taken as the truth gives "
-        "a gap detected far less often with 2 to 5 seeds: `tools/calibrate.py`'s power "
-        "rows).")
+        "detects (its interval excludes 0) with 80% expected power and, for a gap of "
+        "interest fixed before the study (`gap_of_interest`), the expected power a fresh "
+        "study of this size has for it and the seeds per arm that would detect it with 80%. "
+        "Expected power (assurance: O'Hagan, Stevens & Campbell 2005) averages the power "
+        "over what the seeds' spread could be given the spread they measured (the items' "
+        "part of a task's crossed interval taken as measured): averaged over studies of the "
+        "design, 80% of them print a gap that a fresh study detects (for the study in hand "
+        "the chance may be lower or higher); no figure is planned from the measured gap, "
+        "which restates the p-value.")
 
 NEEDS = "no interval (1 seed): an interval needs 2 seeds"
 NO_SPREAD_TEXT = "the seeds measured no spread: no detectable gap, no seed count"
 
 
 def cell(interval: Optional[dict], digits: int = 4, needs: str = NEEDS, family: int = 1,
-         trained: Optional[Callable[[int], int]] = None) -> str:
-    """The table cell of :func:`sensitivity`: ``±gap · N seeds`` at 95%, then, for a
-    family of ``family`` > 1, ``/`` the same at Holm's ``0.05/family``; ``trained`` turns
-    the interval's seeds into the seeds the design trains (a tuned study's), shown as
-    ``N seeds (R reported)``. Where the design gives no interval for the arms, ``needs``
-    (what it lacks and the seeds that give one); where the seeds measured no spread, that."""
+         trained: Optional[Callable[[int], int]] = None, gap: Optional[float] = None) -> str:
+    """The table cell of :func:`sensitivity`: ``±gap`` at 95% and, with a ``gap`` of
+    interest, ``· power P, N seeds`` for it; then, for a family of ``family`` > 1, ``/``
+    the same at Holm's ``0.05/family``; ``trained`` turns the interval's seeds into the
+    seeds the design trains (a tuned study's), shown as ``N seeds (R reported)``. Where
+    the design gives no interval for the arms, ``needs`` (what it lacks and the seeds that
+    give one); where the seeds measured no spread, that."""
     if interval is None:
         return "—"
     if design(interval) is None:
         return ("conditional on its 1 seed: an interval for the arms needs 2 seeds"
                 if interval.get("conditional") else needs)
     alphas = [ALPHA] + ([ALPHA / family] if family > 1 else [])
-    return " / ".join(_figures(interval, alpha, digits, trained) for alpha in alphas)
+    return " / ".join(_figures(interval, alpha, digits, trained, gap) for alpha in alphas)
 
 
 def _figures(interval: dict, alpha: float, digits: int,
-             trained: Optional[Callable[[int], int]]) -> str:
-    found = sensitivity(interval, alpha)
+             trained: Optional[Callable[[int], int]], gap: Optional[float]) -> str:
+    found = sensitivity(interval, alpha, gap)
     if found["no_spread"]:
         return NO_SPREAD_TEXT
+    text = f"±{found['detectable']:.{digits}f}"
+    if not gap:
+        return text
     needed = found["seeds_needed"]
-    gap = interval["mean"] if "mean" in interval else interval["value"]
-    if gap == 0:
-        text = "no gap measured"
-    elif found["items_limit"]:
-        text = "no number of seeds (the items' part alone)"
+    if found["items_limit"]:
+        seeds = "no number of seeds (the items' part alone)"
     elif needed is None:
-        text = f"more than {MOST_SEEDS:,} {'' if trained is None else 'reported '}seeds"
+        seeds = f"more than {MOST_SEEDS:,} {'' if trained is None else 'reported '}seeds"
     else:
-        text = (f"{needed} seeds" if trained is None
-                else f"{trained(needed)} seeds ({needed} reported)")
-    return f"±{found['detectable']:.{digits}f} · {text}"
+        seeds = (f"{needed} seeds" if trained is None
+                 else f"{trained(needed)} seeds ({needed} reported)")
+    return f"{text} · power {found['power']:.2f}, {seeds}"

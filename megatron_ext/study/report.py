@@ -9,7 +9,9 @@ seeds x items interval (:func:`.stats.crossed_interval`: the task's population o
 with one seed conditional on that seed, and labelled so in the table). The differences form
 one family, named with its size, and each carries its Holm-adjusted p-value beside the
 unadjusted one and what its design detects (:mod:`.power`: the smallest gap at 80%
-expected power and the seeds its measured gap needs, at 95% and at Holm's 0.05/m). Every
+expected power and, for a gap of interest, its expected power and seeds, at 95% and at
+Holm's 0.05/m), then what each rules out (its 90% interval: the equivalence bound, TOST at
+5%, and with a margin the verdict and the seeds for non-inferiority). Every
 row carries the tokens seen and the steps skipped. When the arms differ in trainable input
 parameters, the gap against that count (:mod:`.capacity`). With ``[probes]``, the probes of
 the final checkpoints per layer (:mod:`.probing`). Each arm has one colour in every figure
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import os
 import platform
 from pathlib import Path
@@ -32,6 +35,7 @@ from ..checkpoint.layout import completed_iterations
 from ..metrics.reporting import (colours, mean_interval, number, pyplot, save_figure, shown_path,
                                  signed_range, tokens_axis)
 from ..metrics.sinks import summarise_run
+from ..runtime.errors import StudyError
 from ..runtime.files import write_text
 
 from . import capacity, power
@@ -96,8 +100,8 @@ def summarise(study: Study, runs: dict) -> dict:
                      "flops": float(np.mean([r["flops"] for r in records])),
                      "parameters": records[0]["parameters"]}
             for name in names:
-                values = [v for r in seeds.values() if it in r["evals"]
-                          for v in [metric_value(r["evals"][it], name)] if v is not None]
+                values = [_value(r, it, name, arm.name, s) for s, r in seeds.items()
+                          if it in r["evals"]]
                 if values:
                     point[name] = t_interval(values)
             curve.append(point)
@@ -132,7 +136,8 @@ def _tokens_per_iteration(seeds: dict) -> int:
 
 def _differences(study: Study, runs: dict, final: int, names: list[str]) -> dict:
     """Each arm minus the control: ``{arm: {metric: {"by_seed", "by_item"}}}``."""
-    return {arm.name: _difference(runs[arm.name], runs[study.control], final, names)
+    return {arm.name: _difference(runs[arm.name], runs[study.control], final, names,
+                                  arm.name, study.control)
             for arm in study.arms if arm.name != study.control}
 
 
@@ -140,16 +145,18 @@ def _pairwise(study: Study, runs: dict, final: int, names: list[str]) -> list[di
     """Every two arms, neither the control (those are :func:`_differences`), in study
     order: ``[{"a", "b", metric: {"by_seed", "by_item"}}]`` of ``b - a``."""
     others = [a.name for a in study.arms if a.name != study.control]
-    return [{"a": a, "b": b, **_difference(runs[b], runs[a], final, names)}
+    return [{"a": a, "b": b, **_difference(runs[b], runs[a], final, names, b, a)}
             for i, a in enumerate(others) for b in others[i + 1:]]
 
 
-def _difference(seeds: dict, control: dict, final: int, names: list[str]) -> dict:
+def _difference(seeds: dict, control: dict, final: int, names: list[str], arm: str,
+                against: str) -> dict:
     shared = sorted(set(seeds) & set(control))
     row = {}
     for name in names:
-        row[name] = {"by_seed": paired_difference(_final_by_seed(seeds, final, name),
-                                                  _final_by_seed(control, final, name))}
+        row[name] = {"by_seed": paired_difference(_final_by_seed(seeds, final, name, arm),
+                                                  _final_by_seed(control, final, name,
+                                                                 against))}
         if name != "valid_loss" and shared:
             row[name]["by_item"] = crossed_interval(
                 _items_by_seed(seeds, shared, final, name),
@@ -157,8 +164,20 @@ def _difference(seeds: dict, control: dict, final: int, names: list[str]) -> dic
     return row
 
 
-def _final_by_seed(seeds: dict, final: int, name: str) -> dict:
-    return {s: metric_value(r["evals"][final], name) for s, r in seeds.items()}
+def _final_by_seed(seeds: dict, final: int, name: str, arm: str) -> dict:
+    return {s: _value(r, final, name, arm, s) for s, r in seeds.items()}
+
+
+def _value(run: dict, iteration: int, name: str, arm: str, seed: int) -> float:
+    """Metric ``name`` of run ``arm``/``seed`` at ``iteration``; a missing or non-finite
+    value is refused naming the run (never averaged, never a TypeError)."""
+    value = metric_value(run["evals"][iteration], name)
+    if value is None or not math.isfinite(value):
+        raise StudyError(f"{arm}/seed{seed}: {label(name)} at iteration {iteration:,} is "
+                         f"{'missing' if value is None else value}: a study's means and "
+                         f"intervals cannot take it (evaluate the checkpoint again: "
+                         f"`tools/study.py eval`, or remove the run)")
+    return value
 
 
 def _items_by_seed(seeds: dict, shared: list, final: int, name: str) -> np.ndarray:
@@ -229,7 +248,7 @@ def final_sections(study: Study, summary: dict, depth: int = 2) -> list[str]:
         lines += ["", f"{h} Between the other arms: b − a", ""]
         lines += _difference_table(names, [(f"{p['b']} − {p['a']}", p)
                                            for p in summary["pairwise"]], "b − a")
-    lines += [""] + family_table(summary) + [""]
+    lines += [""] + family_table(summary, study) + [""]
     return lines
 
 
@@ -255,10 +274,26 @@ def family_size(summary: dict) -> int:
     return sum(interval["p"] is not None for *_, interval in family(summary))
 
 
-def family_table(summary: dict) -> list[str]:
+def _pair(pair: str, study: Optional[Study]) -> tuple[str, str]:
+    """``(b, a)`` of a family row's ``"b − a"`` (``"arm − control"``)."""
+    b, a = pair.split(" − ")
+    return b, (study.control if a == "control" and study is not None else a)
+
+
+def _reading(study: Optional[Study], pair: str, name: str) -> tuple:
+    """``(gap of interest, margin)`` of a family row: the study's, for the held-out loss
+    only (nats); none for a task's metric."""
+    if study is None or name != "valid_loss":
+        return None, None
+    return study.reading(*_pair(pair, study))
+
+
+def family_table(summary: dict, study: Optional[Study] = None) -> list[str]:
     """Each difference's unadjusted and Holm-adjusted p-value over the family of every
-    difference the report shows (pairs of arms x metrics x intervals), and what its design
-    detects at 95% and at Holm's 0.05/m (:mod:`.power`)."""
+    difference the report shows (pairs of arms x metrics x intervals), what its design
+    detects at 95% and at Holm's 0.05/m (:mod:`.power`; for the held-out loss with the
+    study's gap of interest, its expected power and seeds), then what each rules out
+    (:func:`equivalence_table`)."""
     members = family(summary)
     adjusted = holm([interval["p"] for *_, interval in members])
     tested = family_size(summary)
@@ -272,14 +307,72 @@ def family_table(summary: dict) -> list[str]:
                            f"Holm's 0.05/{tested}: a p-value below it is significant after "
                            f"adjustment whatever the family's other results."), "",
              "| difference | metric | interval | p | Holm p (family of "
-             f"{tested}) | {power.header(tested)} |", "|---|---|---|---:|---:|---:|"]
+             f"{tested}) | {power.header(tested)} | gap of interest |",
+             "|---|---|---|---:|---:|---:|---:|"]
     for (pair, name, kind, interval), p_holm in zip(members, adjusted):
-        what = ("by seed" if kind == "by_seed" else
-                "by item, conditional on the one seed" if interval.get("conditional") else
-                "by seed and item")
-        lines.append(f"| {pair} | {label(name)} | {what} | "
+        gap, _ = _reading(study, pair, name)
+        lines.append(f"| {pair} | {label(name)} | {_kind(kind, interval)} | "
                      f"{number(interval['p'], '.3g')} | {number(p_holm, '.3g')} | "
-                     f"{power.cell(interval, family=tested)} |")
+                     f"{power.cell(interval, family=tested, gap=gap)} | "
+                     f"{'—' if gap is None else power.gap_text(gap)} |")
+    return lines + [""] + equivalence_table(summary, study)
+
+
+def _kind(kind: str, interval: dict) -> str:
+    return ("by seed" if kind == "by_seed" else
+            "by item, conditional on the one seed" if interval.get("conditional") else
+            "by seed and item")
+
+
+def equivalence(summary: dict, study: Optional[Study] = None) -> list[dict]:
+    """What each difference of the family rules out (:func:`.power.equivalence`): its 90%
+    interval, the smallest equivalence margin shown (TOST at 5%) and, for the held-out loss
+    with a margin, the verdict; for an arm against the control, the seeds that would show
+    non-inferiority at the margin (80% expected power at a true gap of 0, at the measured
+    spread)."""
+    out = []
+    for pair, name, kind, interval in family(summary):
+        _, margin = _reading(study, pair, name)
+        found = power.equivalence(interval, margin)
+        row = {"pair": pair, "metric": name, "interval": kind, "margin": margin,
+               "equivalence": found, "non_inferiority_seeds": None}
+        design = power.design(interval)
+        if (found is not None and margin is not None and pair.endswith(" − control")
+                and design is not None):
+            row["non_inferiority_seeds"] = power.non_inferiority_seeds(margin, *design)
+        out.append(row)
+    return out
+
+
+def equivalence_table(summary: dict, study: Optional[Study] = None) -> list[str]:
+    """The rows of :func:`equivalence` as a table with its note."""
+    lines = ["What each difference rules out (Lakens, Scheel & Isager 2018): its 90% "
+             "interval, whose two ends are the two one-sided tests at 5% (TOST): the study "
+             "shows the difference lies within ±bound for every margin above the bound, and "
+             "its upper end is the non-inferiority bound of an arm's held-out loss against "
+             "the control (one-sided 5%). With a margin fixed before the study (`margin`), "
+             "the verdict, and the seeds per arm that would show an arm non-inferior to the "
+             "control at that margin with 80% expected power if the true gap were 0, at the "
+             "measured spread. Unadjusted for the family.", "",
+             "| difference | metric | interval | 90% interval | equivalence shown for "
+             "margins above (TOST 5%) | margin | verdict | seeds for non-inferiority |",
+             "|---|---|---|---|---:|---:|---|---:|"]
+    for r in equivalence(summary, study):
+        found, margin = r["equivalence"], r["margin"]
+        interval = next(i for p, n, k, i in family(summary)
+                        if (p, n, k) == (r["pair"], r["metric"], r["interval"]))
+        seeds = r["non_inferiority_seeds"]
+        lines.append(
+            f"| {r['pair']} | {label(r['metric'])} | {_kind(r['interval'], interval)} | "
+            + ("— | — | " if found is None else
+               f"[{found['low']:+.4f}, {found['high']:+.4f}] | ±{found['bound']:.4f} | ")
+            + ("—" if margin is None else power.gap_text(margin)) + " | "
+            + ("—" if margin is None or found is None else
+               f"within ±{margin:.4f}" if found["within"] else "not shown") + " | "
+            + ("—" if seeds is None and (margin is None or found is None
+                                         or not r["pair"].endswith(" − control"))
+               else f"more than {power.MOST_SEEDS:,}" if seeds is None else str(seeds))
+            + " |")
     return lines
 
 
@@ -353,12 +446,20 @@ def _plot_differences(study: Study, summary: dict, names: list[str], path: Path)
             d = summary["differences"][arm][name]["by_seed"]
             err = None if d["low"] is None else [[d["mean"] - d["low"]], [d["high"] - d["mean"]]]
             ax.errorbar([d["mean"]], [y], xerr=err, fmt="o", capsize=4, color=colour[arm])
+            ruled = power.equivalence(d)   # the 90% interval: what the study rules out
+            if ruled is not None:
+                ax.plot([ruled["low"], ruled["high"]], [y, y], lw=6, alpha=0.35,
+                        solid_capstyle="butt", color=colour[arm])
         ax.axvline(0, color="grey", lw=1)
+        if name == "valid_loss" and study.margin:   # the margin the verdicts are against
+            for edge in (-study.margin, study.margin):
+                ax.axvline(edge, color="grey", lw=1, ls="--")
         ax.set_yticks(range(len(arms)), arms)
         ax.set_xlabel(f"Δ {label(name)} vs {study.control}")
         ax.grid(alpha=0.3)
-    fig.suptitle(f"iteration {summary['final_iteration']:,}: mean difference, 95% interval "
-                 f"(paired by seed)")
+    fig.suptitle(f"iteration {summary['final_iteration']:,}: mean difference (paired by "
+                 f"seed), 95% interval (bars)\nand 90% (thick: TOST at 5%, it rules out "
+                 f"every margin beyond it)" + (", ±margin dashed" if study.margin else ""))
     save_figure(fig, path)
 
 
@@ -416,6 +517,7 @@ def _write_cell(study: Study, study_dir: Path, title: str, runs: dict, generated
                 ) -> dict:
     """The report of a study without factors (or of one level) in ``study_dir``."""
     summary = summarise(study, runs)
+    summary["rules_out"] = equivalence(summary, study) if summary["final_iteration"] else []
     names = metric_names(study)
     if summary["final_iteration"] is not None and names:
         if "valid_loss" in names:

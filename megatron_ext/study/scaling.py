@@ -161,6 +161,8 @@ def markdown(study: Study, result: dict) -> list[str]:
              "| level | FLOPs | tokens | parameters (non-embedding / total, "
              f"{study.control}) | seeds | " + " | ".join(f"{a.name} loss" for a in study.arms)
              + "".join(f" | {arm} − {study.control} (by seed) | 80% expected power"
+                       + (" · at the gap of interest: expected power, seeds for 80%"
+                          if study.reading(arm, study.control)[0] else "")
                        for arm in others) + " |",
              "|---|---:|---:|---:|---:|" + "---:|" * (len(study.arms) + 2 * len(others))]
     for level, p in sorted(points.items(), key=lambda kv: kv[1]["compute"]):
@@ -176,8 +178,9 @@ def markdown(study: Study, result: dict) -> list[str]:
                      + " | ".join(number(np.mean(list(p["loss"][a.name].values())), ".4f")
                                   for a in study.arms)
                      + "".join(f" | {signed_range(gap)} | "
-                               f"{power.cell(gap, needs=needs, trained=trained)}"
-                               for gap in final_gaps) + " |")
+                               + power.cell(gap, needs=needs, trained=trained,
+                                            gap=study.reading(arm, study.control)[0])
+                               for arm, gap in zip(others, final_gaps)) + " |")
     lines += ["", "![loss against FLOPs](loss_vs_flops.png)", "",
               "![gap to the control against FLOPs](gap_vs_flops.png)", ""]
     if result["task_gaps"]:

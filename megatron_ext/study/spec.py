@@ -2,7 +2,9 @@
 control arm, how checkpoints are evaluated and, optionally, how the final ones are probed
 (``[probes]``, :class:`megatron_ext.probes.settings.ProbeSettings`). Read from a TOML study
 file and/or flags, checked once, and frozen into ``STUDY_DIR/definition.json`` by the first
-command, so that every later command (and the report) uses exactly the same definition.
+command, so that every later command (and the report) uses exactly the same definition,
+including the held-out loss gap of interest and the equivalence margin the report reads its
+comparisons against (fixed before any result: :meth:`Study.reading`).
 
 A study may also cross named **factors** (``[factors.NAME]``, each level a string of flags,
 e.g. one model size): every combination of levels (a *cell*) runs every arm and seed with
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import itertools
 import re
@@ -101,6 +104,20 @@ class Study:
     # A factor tuned over, e.g. "lr": across levels, each arm is compared at its best level
     # of it (lowest final held-out loss) for every combination of the other factors.
     tune: Optional[str] = None
+    # Fixed before the study (nats of held-out loss): the gap a fresh study should detect
+    # and the equivalence / non-inferiority margin, study-wide and per comparison
+    # ``("B - A", gap, margin)``, which override them (:meth:`reading`).
+    gap_of_interest: Optional[float] = None
+    margin: Optional[float] = None
+    comparisons: tuple[tuple[str, Optional[float], Optional[float]], ...] = ()
+
+    def reading(self, b: str, a: str) -> tuple[Optional[float], Optional[float]]:
+        """``(gap of interest, margin)`` of the comparison ``b − a`` in nats."""
+        own = next((c for c in self.comparisons if c[0] == f"{b} - {a}"), None)
+        if own is None:
+            return self.gap_of_interest, self.margin
+        return (own[1] if own[1] is not None else self.gap_of_interest,
+                own[2] if own[2] is not None else self.margin)
 
     def runs(self):
         """``(arm, seed)`` of every run of a study without factors (of one cell), arm-major."""
@@ -143,7 +160,41 @@ class Study:
                    factors=tuple(Factor(f["name"], tuple(Level(lv["name"], tuple(lv["flags"]))
                                                          for lv in f["levels"]))
                                  for f in d.get("factors", ())),
-                   budgets=tuple(d.get("budgets", ())), tune=d.get("tune"))
+                   budgets=tuple(d.get("budgets", ())), tune=d.get("tune"),
+                   gap_of_interest=d.get("gap_of_interest"), margin=d.get("margin"),
+                   comparisons=tuple(tuple(c) for c in d.get("comparisons", ())))
+
+
+def nats(value, key: str) -> float:
+    """A loss gap given as nats (a number, or its text) or as a share of perplexity
+    (``"3.3%"``: ln 1.033 nats); positive."""
+    text = str(value).strip()
+    try:
+        gap = math.log1p(float(text[:-1]) / 100) if text.endswith("%") else float(text)
+    except ValueError:
+        gap = math.nan
+    if not gap > 0 or not math.isfinite(gap):
+        raise StudyError(f"{key} {value!r}: expected a positive loss gap in nats (0.0325) or "
+                         f"as % perplexity (3.3%)")
+    return gap
+
+
+def _comparisons(fields: dict, arms: Sequence[str]) -> tuple:
+    """``[comparisons."B - A"]`` tables (``gap_of_interest``, ``margin``) as
+    :attr:`Study.comparisons`, each naming two of the study's arms."""
+    out = []
+    for name, keys in (fields or {}).items():
+        pair = [x.strip() for x in name.split(" - ")]
+        if len(pair) != 2 or not set(pair) <= set(arms):
+            raise StudyError(f"[comparisons.{name!r}]: expected \"B - A\" of two arms "
+                             f"among {list(arms)}")
+        unknown = set(keys) - {"gap_of_interest", "margin"}
+        if unknown:
+            raise StudyError(f"[comparisons.{name!r}]: unknown key(s) {sorted(unknown)}; "
+                             f"expected gap_of_interest, margin")
+        out.append((" - ".join(pair), *(None if keys.get(k) is None else nats(keys[k], k)
+                                        for k in ("gap_of_interest", "margin"))))
+    return tuple(out)
 
 
 def run_dir(study_dir: Path, arm: Arm, seed: int) -> Path:
@@ -256,13 +307,16 @@ def build_study(fields: dict, base: Path, allow_unreported_intervals: bool = Fal
     dict of :class:`ProbeSettings` fields; ``data_path`` defaults to the eval's). Relative
     paths are taken from ``base`` (the study file's folder, or the working directory).
     ``allow_unreported_intervals``: define a tuned study of fewer than 3 seeds, whose tuned
-    gaps have no interval (refused otherwise)."""
+    gaps have no interval (refused otherwise). ``gap_of_interest`` and ``margin`` (nats or
+    ``"x%"`` perplexity, :func:`nats`) and ``comparisons`` (``{"B - A": {...}}``, their
+    per-comparison values) are fixed with the rest, before any result."""
     unknown = set(fields) - {"recipe", "overrides", "arms", "seeds", "control", "eval",
-                             "probes", "factors", "budgets", "tune"}
+                             "probes", "factors", "budgets", "tune", "gap_of_interest",
+                             "margin", "comparisons"}
     if unknown:
         raise StudyError(f"unknown study key(s) {sorted(unknown)}; expected recipe, "
                          f"overrides, arms, seeds, control, eval, probes, factors, budgets, "
-                         f"tune")
+                         f"tune, gap_of_interest, margin, comparisons")
     for key in ("recipe", "arms", "seeds"):
         if not fields.get(key):
             raise StudyError(f"the study needs {key} (a study file key or --{key})")
@@ -297,7 +351,10 @@ def build_study(fields: dict, base: Path, allow_unreported_intervals: bool = Fal
                   recipe=tuple(read_study_recipe(recipe_path) + overrides), arms=arms,
                   seeds=seeds, control=control, eval=EvalSettings(**evaluation),
                   probes=probes, factors=parse_factors(fields.get("factors") or {}),
-                  budgets=_budgets(fields.get("budgets")), tune=fields.get("tune"))
+                  budgets=_budgets(fields.get("budgets")), tune=fields.get("tune"),
+                  **{k: None if fields.get(k) is None else nats(fields[k], k)
+                     for k in ("gap_of_interest", "margin")},
+                  comparisons=_comparisons(fields.get("comparisons"), names))
     _check_tune(study, allow_unreported_intervals)
     _check_held_out(study)
     _check_flags(study)
@@ -469,7 +526,8 @@ def study_from_flags(study_file: Optional[str], flags: dict, evaluation: dict,
     split = lambda text: [x.strip() for x in text.split(",") if x.strip()]  # noqa: E731
     given = {"recipe": flags["recipe"] and str(Path(flags["recipe"]).resolve()),
              "arms": flags["arms"] and split(flags["arms"]),
-             "seeds": flags["seeds"] and split(flags["seeds"]), "control": flags["control"]}
+             "seeds": flags["seeds"] and split(flags["seeds"]), "control": flags["control"],
+             "gap_of_interest": flags.get("gap_of_interest"), "margin": flags.get("margin")}
     fields.update({k: v for k, v in given.items() if v})
     merged = dict(fields.get("eval", {}))
     for key, value in evaluation.items():

@@ -14,17 +14,28 @@ import numpy as np
 from scipy import stats as scipy_stats
 from scipy.optimize import brentq
 
-from ..metrics.intervals import t_interval
+from ..metrics.intervals import no_spread, t_interval
+from ..runtime.errors import StudyError
 
 
 def paired_difference(arm: dict, control: dict, confidence: float = 0.95) -> Optional[dict]:
     """``arm - control`` over the seeds both have (``{seed: value}``), with the t interval
-    of the per-seed differences; None when they share no seed."""
+    of the per-seed differences; None when they share no seed. Seeds only one side has are
+    listed under ``dropped`` (absent when none is); a missing or non-finite value is
+    refused naming its seed."""
+    for side in (arm, control):
+        bad = next((s for s, v in side.items() if v is None or not math.isfinite(v)), None)
+        if bad is not None:
+            raise StudyError(f"seed {bad}: {side[bad]!r}: a paired difference cannot take a "
+                             f"missing or non-finite value")
     seeds = sorted(set(arm) & set(control))
     if not seeds:
         return None
     out = t_interval([arm[s] - control[s] for s in seeds], confidence)
     out["seeds"] = seeds
+    dropped = sorted(set(arm) ^ set(control))
+    if dropped:
+        out["dropped"] = dropped
     return out
 
 
@@ -75,11 +86,12 @@ def crossed_interval(arm: Sequence[Sequence[float]], control: Sequence[Sequence[
 
 def _interval(mean: float, parts: list, confidence: float) -> dict:
     """``low``, ``high``, ``half_width`` and ``p`` from variance parts ``[(variance, dof)]``,
-    their t half widths added in quadrature (the p-value inverts that interval)."""
+    their t half widths added in quadrature (the p-value inverts that interval; None where
+    the parts measured no spread, :func:`megatron_ext.metrics.intervals.no_spread`)."""
     quantile = (1 + confidence) / 2
     half = math.sqrt(sum(scipy_stats.t.ppf(quantile, dof) ** 2 * v for v, dof in parts))
-    if half == 0.0:
-        p = 1.0 if mean == 0 else 0.0
+    if no_spread(math.sqrt(sum(v for v, _ in parts)), mean):
+        p = None  # no spread measured: no p-value (0 would count as significant)
     else:  # the level at which the interval's edge reaches 0 (at most 1e-15 reported)
 
         def excess(q: float) -> float:

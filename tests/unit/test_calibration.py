@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
 
 from megatron_ext.study import calibration
@@ -30,7 +31,8 @@ def test_the_band_is_the_stated_tolerance_for_the_trial_count():
     assert calibration.tolerance(TRIALS) == pytest.approx(3 * math.sqrt(0.95 * 0.05 / TRIALS))
 
 
-QUICK = ["t by seed", "downstream", "fit", "fit L(N, D)", "tuned", "probes"]
+QUICK = ["t by seed", "downstream", "fit", "fit L(N, D)", "tuned", "probes", "equivalence",
+         "gap of interest"]
 
 
 @pytest.fixture(scope="module")
@@ -81,6 +83,34 @@ def test_a_power_row_must_read_75_to_90_percent_and_an_at_most_row_no_more_than_
     wide = {r["interval"]: r for r in calibration.run(40)["rows"]}["p in"]
     half = 3 * math.sqrt(0.825 * 0.175 / 40)
     assert (wide["low"], wide["high"]) == pytest.approx((0.825 - half, 1.0))   # capped at 1
+
+
+def test_an_agreement_row_must_read_within_3_hundredths_or_its_3_standard_errors(
+        monkeypatch):
+    """A printed figure minus the rate achieved: within ±0.03, or ± the 3 standard errors
+    the scenario gives where they are wider."""
+    rates = {"in": ("agreement", 0.029, 2000, 0.02), "over": ("agreement", -0.031, 2000, 0.02),
+             "wide": ("agreement", 0.1, 40, 0.15)}
+    monkeypatch.setattr(calibration, "SCENARIOS", [
+        ("check", "scenario", lambda rng, trials: rates, {})])
+    rows = {r["interval"]: r for r in calibration.run(2000)["rows"]}
+    assert (rows["in"]["low"], rows["in"]["high"]) == pytest.approx((-0.03, 0.03))
+    assert [rows[k]["within"] for k in ("in", "over", "wide")] == [True, False, True]
+    assert (rows["wide"]["low"], rows["wide"]["high"]) == pytest.approx((-0.15, 0.15))
+
+
+def test_the_gap_of_interest_check_fails_a_printed_power_off_by_a_tenth(monkeypatch):
+    """The expected power printed at a gap of interest, over studies whose true spread is
+    drawn from the prior it assumes, agrees with the share of fresh studies that detect the
+    gap (the quick run above); a figure 0.1 too high is caught at 400 trials (its band
+    there about ±0.05)."""
+    expected = calibration.power.expected_detection
+    monkeypatch.setattr(calibration.power, "expected_detection",
+                        lambda gap, parts: expected(gap, parts) + 0.1)
+    rng = np.random.default_rng(3)
+    found = calibration.gap_of_interest_by_seed(rng, 400, seeds=5, gap=0.03)
+    _, difference, _, error = found["printed minus detected"]
+    assert abs(difference) > max(calibration.AGREEMENT, error)
 
 
 def test_the_seeds_split_into_selection_and_reported():

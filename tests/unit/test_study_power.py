@@ -19,7 +19,7 @@ from scipy import integrate
 from scipy import stats as scipy_stats
 
 from megatron_ext.study import power
-from megatron_ext.study.stats import crossed_interval, paired_difference, t_interval
+from megatron_ext.study.stats import crossed_interval, holm, paired_difference, t_interval
 
 
 def test_the_paired_t_power_is_the_t_tests():
@@ -81,16 +81,19 @@ def test_the_printed_gap_is_detected_by_80_percent_of_fresh_studies(seeds):
     spread; a fresh study of the same design whose true gap is that gap detects it with
     probability 0.80, averaged over the first study's spread (exactly: the t statistic is
     pivotal), at 95% and at Holm's 0.05/3. Taking the measured spread as the truth (the
-    rule before) gives 0.58, 0.63 and 0.69: the issue's table."""
+    rule before) gives 0.580, 0.629 and 0.685 at 95% (issue 57: a loop variable had made
+    this figure 0.05/3's, 0.670 at 5 seeds)."""
     truth = _unit(seeds)
+
+    def detected(ratio, alpha, expected=True):
+        printed = power.detectable([power.Part(ratio / seeds, seeds - 1, 1.0)], alpha,
+                                   expected=expected)
+        return power.detection(printed, truth, alpha)
     for alpha in (0.05, 0.05 / 3):
-        def detected(ratio, expected=True):
-            printed = power.detectable([power.Part(ratio / seeds, seeds - 1, 1.0)], alpha,
-                                       expected=expected)
-            return power.detection(printed, truth, alpha)
-        assert _over_studies(detected, seeds) == pytest.approx(0.80, abs=0.002)
-    old = _over_studies(lambda ratio: detected(ratio, expected=False), seeds)
-    assert old == pytest.approx({2: 0.580, 3: 0.629, 5: 0.670}[seeds], abs=0.01)
+        assert _over_studies(lambda r: detected(r, alpha), seeds) == pytest.approx(0.80,
+                                                                                 abs=0.002)
+    old = _over_studies(lambda ratio: detected(ratio, 0.05, expected=False), seeds)
+    assert old == pytest.approx({2: 0.580, 3: 0.629, 5: 0.685}[seeds], abs=0.003)
 
 
 @pytest.mark.parametrize("seeds", [2, 3, 5])
@@ -124,10 +127,14 @@ def test_the_seeds_named_for_a_gap_are_the_fewest_that_detect_it():
         # the spread's uncertainty costs seeds: more than with the spread taken as true
         assert needed >= power.seeds_needed(gap, parts, seeds, expected=False)
     assert power.seeds_needed(1e-6, parts, seeds) is None            # beyond MOST_SEEDS
-    found = power.sensitivity(interval)
-    assert found["seeds"] == 3 and found["seeds_needed"] == power.seeds_needed(
-        interval["mean"], parts, seeds)
-    assert power.cell(interval) == f"±{found['detectable']:.4f} · {found['seeds_needed']} seeds"
+    found = power.sensitivity(interval, gap=0.1)      # a gap of interest, not the measured
+    assert found["seeds"] == 3 and found["seeds_needed"] == power.seeds_needed(0.1, parts, seeds)
+    assert found["power"] == power.expected_detection(0.1, parts) < 0.8
+    assert power.cell(interval, gap=0.1) == (f"±{found['detectable']:.4f} · power "
+                                             f"{found['power']:.2f}, {found['seeds_needed']} seeds")
+    # issue 57: no figure is planned from the measured gap (observed power)
+    assert power.cell(interval) == f"±{found['detectable']:.4f}"
+    assert power.sensitivity(interval)["seeds_needed"] is None
 
 
 def test_a_family_judged_by_holm_gets_the_power_at_its_threshold_beside_95_percent():
@@ -135,12 +142,14 @@ def test_a_family_judged_by_holm_gets_the_power_at_its_threshold_beside_95_perce
     whatever the others: the cell gives the gap and seeds there after the 95% ones, both
     larger."""
     interval = paired_difference({1: 0.31, 2: 0.27, 3: 0.36}, {1: 0.0, 2: 0.0, 3: 0.0})
-    at_95, at_holm = (power.sensitivity(interval, alpha) for alpha in (0.05, 0.05 / 3))
+    at_95, at_holm = (power.sensitivity(interval, alpha, 0.3) for alpha in (0.05, 0.05 / 3))
     assert at_holm["detectable"] > at_95["detectable"]
     assert at_holm["seeds_needed"] > at_95["seeds_needed"]
-    assert power.cell(interval, family=3) == (
-        f"±{at_95['detectable']:.4f} · {at_95['seeds_needed']} seeds / "
-        f"±{at_holm['detectable']:.4f} · {at_holm['seeds_needed']} seeds")
+    assert at_holm["power"] < at_95["power"]
+    assert power.cell(interval, family=3, gap=0.3) == (
+        f"±{at_95['detectable']:.4f} · power {at_95['power']:.2f}, "
+        f"{at_95['seeds_needed']} seeds / ±{at_holm['detectable']:.4f} · power "
+        f"{at_holm['power']:.2f}, {at_holm['seeds_needed']} seeds")
     assert power.header(3).endswith("(95% / Holm's 0.05/3)") and power.header(1) == power.HEADER
 
 
@@ -156,21 +165,21 @@ def test_seeds_that_measured_no_spread_print_neither_a_gap_nor_a_seed_count():
         assert found["no_spread"] and found["detectable"] is None
         assert found["seeds_needed"] is None
         assert power.cell(interval) == power.NO_SPREAD_TEXT
-        assert power.cell(interval, family=3, trained=lambda r: 2 * r - 1) == (
+        assert power.cell(interval, family=3, trained=lambda r: 2 * r - 1, gap=0.1) == (
             f"{power.NO_SPREAD_TEXT} / {power.NO_SPREAD_TEXT}")
     assert "±0.0000" not in power.cell(equal) and "1000" not in power.cell(rounding)
     small = t_interval([0.2, 0.2 + 1e-6, 0.2 - 1e-6])
     assert not power.sensitivity(small)["no_spread"]
-    assert power.cell(small).endswith(" · 2 seeds")
+    assert power.cell(small, gap=0.1).endswith(", 2 seeds")
 
 
 def test_a_tuned_design_counts_every_seed_it_trains():
     """A tuned study's gaps are over its reported seeds; the seeds it needs are shown as
     those it trains, the selection's included (2·reported − 1)."""
     interval = t_interval([0.31, 0.27, 0.36])
-    needed = power.sensitivity(interval)["seeds_needed"]
-    assert power.cell(interval, trained=lambda r: 2 * r - 1).endswith(
-        f" · {2 * needed - 1} seeds ({needed} reported)")
+    needed = power.sensitivity(interval, gap=0.1)["seeds_needed"]
+    assert power.cell(interval, trained=lambda r: 2 * r - 1, gap=0.1).endswith(
+        f", {2 * needed - 1} seeds ({needed} reported)")
 
 
 def test_a_crossed_interval_whose_items_limit_it_says_no_number_of_seeds_does():
@@ -179,9 +188,10 @@ def test_a_crossed_interval_whose_items_limit_it_says_no_number_of_seeds_does():
     rng = np.random.default_rng(1)
     diff = 0.002 + rng.normal(0, 0.3, 400)[None, :] + rng.normal(0, 0.01, (3, 400))
     interval = crossed_interval(diff, np.zeros_like(diff))
-    found = power.sensitivity(interval)
+    found = power.sensitivity(interval, gap=0.002)
     assert found["items_limit"] and found["seeds_needed"] is None
-    assert power.cell(interval).endswith("· no number of seeds (the items' part alone)")
+    assert power.cell(interval, gap=0.002).endswith(", no number of seeds (the items' part "
+                                                    "alone)")
     parts, seeds = power.design(interval)
     assert [p.groups for p in parts] == [1.0, 0.0]
     more = power.with_seeds(parts, seeds, 30)
@@ -206,3 +216,45 @@ def test_a_fits_interval_scales_its_degrees_of_freedom_with_the_seeds():
     assert seeds == 3 and part.groups == 5
     (more,) = power.with_seeds([part], seeds, 7)
     assert more.dof == 30 and more.variance == pytest.approx(0.0021 * 3 / 7)
+
+
+def test_seeds_that_measured_no_spread_report_no_p_value_and_holm_does_not_count_them():
+    """Issue 57: equal per-seed differences (a spread of 0, or of rounding) printed p = 0,
+    which Holm's adjustment then counted as significant. They report no p-value (None,
+    not 0 and not 1), which the adjustment leaves out."""
+    equal = paired_difference({1: 4.2, 2: 4.3, 3: 4.4}, {1: 4.0, 2: 4.1, 3: 4.2})
+    rounding = paired_difference({1: 0.1 + 0.2, 2: 0.3, 3: 0.7 - 0.4}, {1: 0.0, 2: 0.0, 3: 0.0})
+    crossed = crossed_interval([[1.0, 1.0]] * 2, [[0.0, 0.0]] * 2)
+    same = crossed_interval([[1.0, 0.0]] * 2, [[1.0, 0.0]] * 2)
+    for interval in (equal, rounding, t_interval([0.2, 0.2]), crossed, same):
+        assert interval["p"] is None, interval
+    assert holm([equal["p"], 0.04]) == [None, 0.04]
+    assert t_interval([0.2, 0.2 + 1e-6, 0.2 - 1e-6])["p"] < 1e-6    # a spread: a p-value
+
+
+def test_the_equivalence_bound_is_the_90_percent_intervals_and_tost_holds_its_size():
+    """The bound is max(|low|, |high|) of the 90% t interval; at a true gap equal to the
+    margin the two one-sided tests claim equivalence at most 5% of the time (computed
+    exactly over a 3-seed study's mean and spread); the seeds for non-inferiority are the
+    fewest whose upper end falls below the margin with 80% expected power at a gap of 0."""
+    interval = t_interval([0.31, 0.27, 0.36])
+    ninety = t_interval([0.31, 0.27, 0.36], 0.90)
+    found = power.equivalence(interval, 0.5)
+    assert found["bound"] == pytest.approx(ninety["high"]) and found["within"]
+    assert power.equivalence(interval, 0.3)["within"] is False
+    assert power.equivalence(t_interval([0.2, 0.2]), 0.1) is None       # no spread
+    # P(|mean| + t·s/√3 < m) at a true gap m = 1 (sd 1, 3 seeds): over s, the normal mean
+    t90 = scipy_stats.t.isf(0.05, 2)
+
+    def claimed(s):
+        half = t90 * s / math.sqrt(3)
+        width = max(2 * (1 - half), 0.0)     # mean in (half - 1, 1 - half), centred at 1
+        return (scipy_stats.norm.cdf((1 - half - 1) * math.sqrt(3))
+                - scipy_stats.norm.cdf((half - 1 - 1) * math.sqrt(3))) if width else 0.0
+    size = integrate.quad(lambda v: claimed(math.sqrt(v / 2)) * scipy_stats.chi2.pdf(v, 2),
+                          0, np.inf)[0]
+    assert 0.0 < size <= 0.05
+    parts, seeds = power.design(interval)
+    needed = power.non_inferiority_seeds(0.05, parts, seeds)
+    assert power.expected_detection(0.05, power.with_seeds(parts, seeds, needed), 0.1) >= 0.8
+    assert power.expected_detection(0.05, power.with_seeds(parts, seeds, needed - 1), 0.1) < 0.8
