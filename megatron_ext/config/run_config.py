@@ -38,6 +38,16 @@ CONCERNS = (ModelConfig, ParallelConfig, TrainingConfig, DataConfig, CheckpointC
             LoggingConfig)
 
 
+def fields_where(**facts) -> list[tuple[type, dataclasses.Field]]:
+    """``(concern, field)`` of each flag of a run (every concern's, in :class:`RunConfig`'s
+    order) whose declared facts (``flag_fields.flag``'s ``resume``, ``checkpoint_args``,
+    ``added``, ``study``) are ``facts``: ``fields_where(resume="model")``, the flags a
+    resume refuses to change. The one place the resume's, ``--use-checkpoint-args``'s and
+    the study's sets of flags come from."""
+    return [(concern, field) for concern in CONCERNS for field in concern.flag_fields()
+            if all(field.metadata[fact] == value for fact, value in facts.items())]
+
+
 def declared_defaults(*names: str) -> dict:
     """The declared defaults of the flags ``names`` (field names)."""
     defaults = RunConfig().record()
