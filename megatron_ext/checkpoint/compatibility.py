@@ -132,9 +132,8 @@ def reconcile_schedule(saved_args: dict, config: RunConfig, train_iters: int,
     batch (given, or the default micro-batch x data-parallel size on another number of
     GPUs) is another schedule: a difference too, which only the flags' values can take on
     (Megatron-LM refuses it as well)."""
-    checkpoint = config.checkpoint
-    given = config.record()
-    flags = {k: given[k] for k in SCHEDULE_FLAGS}
+    training, checkpoint = config.training, config.checkpoint
+    flags = {k: getattr(training, k) for k in SCHEDULE_FLAGS}  # the training's flags
     old, new = _schedule(saved_args), _schedule({**flags, "train_iters": train_iters})
     diffs = [f"{SCHEDULE_FLAGS[k]} {new[k]} (checkpoint {old[k]})" for k in old if old[k] != new[k]]
     saved_batch = saved_args.get("global_batch_size")
