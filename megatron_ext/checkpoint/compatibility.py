@@ -2,7 +2,8 @@
 input and precision (:func:`check_compatible`), the data and the model's function, said in
 the log (:func:`changed_on_resume`), the learning-rate schedule (:func:`reconcile_schedule`),
 the parallel sizes the distributed optimizer's saved layout allows
-(:func:`check_optimizer_resharding`)."""
+(:func:`check_optimizer_resharding`). Which flags are which, each flag's field declares
+(``resume=``, ``added=``: ``config/flag_fields.py``); the sets here are built from them."""
 
 from __future__ import annotations
 

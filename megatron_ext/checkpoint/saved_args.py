@@ -2,7 +2,8 @@
 ``megatron/training/checkpointing.py``): the model and input flags of a run taken from the
 checkpoint in ``--load`` (``--ckpt-step``, else its latest), before the flags are validated.
 As there, the shape flags are filled only where the command line leaves them unset
-(:data:`UNSET_ONLY`) and the others always (:data:`ALWAYS`); the fixed code's flags are ours.
+(:data:`UNSET_ONLY`) and the others always (:data:`ALWAYS`), as each flag's field declares
+(``checkpoint_args=``); the fixed code's flags are ours.
 Part of parsing, as ``--preset`` is: the result is the run's flags. Reads the checkpoint's
 common objects only (the resume verifies and loads the save later)."""
 

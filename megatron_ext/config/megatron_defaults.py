@@ -1,7 +1,8 @@
 """The defaults of ours that differ from Megatron-LM core_v0.16.1's (its
 ``megatron/training/arguments.py``, with ``TransformerConfig`` and ``training_config.py``
 where its parser takes them from): the paper's recipe, kept, and said once at start-up
-(:func:`defaults_line`) for a user whose scripts rely on Megatron-LM's. docs/training.md
+(:func:`defaults_line`) for a user whose scripts rely on Megatron-LM's, each declared on
+its flag's field (``megatron_lm=``). docs/training.md
 tables them; a test checks the table and ours against the parser. No torch."""
 
 from __future__ import annotations

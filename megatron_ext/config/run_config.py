@@ -18,7 +18,9 @@ Set-up then settles it for the machine and the checkpoint (``train/setup.py``,
 machine, the tokenizer, the data or a checkpoint is named for what it needs
 (``check_vocab``, ``check_device``, ``check_world``) or stays where that is known. A
 checkpoint stores the config as its ``args`` record (:meth:`RunConfig.record`) and a reader
-builds it back (:meth:`RunConfig.from_record`)."""
+builds it back (:meth:`RunConfig.from_record`). What a resume does with each flag, its fields
+declare (``flag_fields.flag``); :func:`fields_where` gives the flags of a declaration, for
+``checkpoint/`` and ``study/`` to build their sets from."""
 
 from __future__ import annotations
 
