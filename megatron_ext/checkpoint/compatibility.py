@@ -134,7 +134,7 @@ def reconcile_schedule(saved_args: dict, config: RunConfig, train_iters: int,
     GPUs) is another schedule: a difference too, which only the flags' values can take on
     (Megatron-LM refuses it as well)."""
     training, checkpoint = config.training, config.checkpoint
-    flags = {k: getattr(training, k) for k in SCHEDULE_FLAGS}  # the training's flags
+    flags = {k: getattr(training, k) for k in SCHEDULE_FLAGS}
     old, new = _schedule(saved_args), _schedule({**flags, "train_iters": train_iters})
     diffs = [f"{SCHEDULE_FLAGS[k]} {new[k]} (checkpoint {old[k]})" for k in old if old[k] != new[k]]
     saved_batch = saved_args.get("global_batch_size")
