@@ -36,18 +36,26 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from ..codes.limits import ARMS
-from ..config import recipes
+from ..config import recipes, run_config
 from ..probes.settings import ProbeSettings
 from ..runtime.errors import FlagError, StudyError
 from ..runtime.files import write_text
 
 from .budgets import Branch, plan
 
-# Set by the study for every run; an arm or recipe that sets them is refused.
-PER_RUN_FLAGS = ("--input-interface", "--seed", "--save", "--load", "--tensorboard-dir",
-                 "--exit-signal-handler", "--metrics-file")
+
+def _spellings(role: str) -> tuple[str, ...]:
+    """The flags whose field declares this role in a study (flag_fields.STUDY_ROLES), as the
+    command line spells them."""
+    return tuple(spelling for config, field in run_config.fields_where(study=role)
+                 for spelling in config.spellings(field))
+
+
+# Set by the study for every run (the arm, the seed, where it saves and logs); an arm or
+# recipe that sets them is refused.
+PER_RUN_FLAGS = _spellings("per_run")
 # What an arm may not change: the tokens of an iteration, at which the arms are compared.
-ARM_FIXED_FLAGS = ("--global-batch-size", "--seq-length")  # (batch ramps: UNSTUDIED_FLAGS)
+ARM_FIXED_FLAGS = _spellings("arm_fixed")  # (batch ramps: UNSTUDIED_FLAGS)
 ARM_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@=+-]*")
 
 
