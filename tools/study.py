@@ -30,6 +30,8 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
+from megatron_ext.config.flag_fields import add_flags
+from megatron_ext.config.recipes import RecipeFile
 from megatron_ext.launch import plan, slurm
 from megatron_ext.study import launch, spec
 from megatron_ext.runtime.errors import exits_on_error
@@ -47,7 +49,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> tuple[argparse.ArgumentParser,
                                    "control, [eval], [probes], [factors.NAME], gap_of_interest, "
                                    "margin, [comparisons.\"B - A\"]); the flags "
                                    "below override its keys")
-    d.add_argument("--recipe", help="file of pretrain_fixedcode.py flags shared by all runs")
+    add_flags(d, RecipeFile)
     d.add_argument("--arms", help="comma-separated [NAME:]INTERFACE[@--flag=value...], e.g. "
                                   "learned,binary,small:binary@--code-scale=0.02")
     d.add_argument("--seeds", help="comma-separated --seed values, e.g. 1,2,3")

@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from megatron_ext.codes.limits import ARMS, PAPER_ARMS
+from megatron_ext.config.flag_fields import add_flags
+from megatron_ext.config.recipes import RecipeFile
 from megatron_ext.study.spec import parse_arm
 from megatron_ext.launch.plan import (Cluster, add_plan_args, check_fits, plan_arms,
                                       plan_submission)
@@ -36,8 +38,7 @@ from megatron_ext.runtime.errors import exits_on_error
 
 def parse_args(argv: Optional[Sequence[str]]) -> tuple[argparse.Namespace, Job]:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
-    p.add_argument("--recipe", required=True, type=Path,
-                   help="file of pretrain_fixedcode.py flags shared by the arms")
+    add_flags(p, RecipeFile, required=("recipe",))
     p.add_argument("--run-dir", required=True, type=Path,
                    help="per arm: RUN_DIR/ARM/{checkpoints,tensorboard,slurm-ID.log,job.sbatch}")
     p.add_argument("--arms", default=",".join(PAPER_ARMS),

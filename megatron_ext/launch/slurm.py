@@ -33,14 +33,24 @@ PER_ARM_FLAGS = ("--input-interface", "--save", "--load", "--tensorboard-dir",
                  "--exit-signal-handler")
 
 
+LAYOUT_GROUP = "layout"
+
+
 @dataclasses.dataclass(frozen=True)
-class Job(FlagConfig):
-    """A job's resources and preemption settings, each field declaring its flag (shared by
-    tools/submit.py and tools/study.py: :func:`add_job_args`); :meth:`for_run_dir` checks
-    them and resolves their defaults."""
-    nodes: int = flag(1, "nodes per job")
-    gpus_per_node: int = flag(8, "0: CPU-only job (no GPU request; then --ntasks-per-node is "
-                                 "required)", least=0)
+class Layout(FlagConfig):
+    """Nodes x GPUs per node of a run: a job's (:class:`Job`) and a plan's
+    (:class:`~megatron_ext.launch.plan.Cluster`), declared once for every tool."""
+    nodes: int = flag(1, "nodes per run (default 1)", group=LAYOUT_GROUP)
+    gpus_per_node: int = flag(8, "GPUs per node (default 8); 0, a Slurm job only: CPU-only, no "
+                                 "GPU request, then --ntasks-per-node is required", least=0,
+                              group=LAYOUT_GROUP)
+
+
+@dataclasses.dataclass(frozen=True)
+class Job(Layout):
+    """A job's layout, resources and preemption settings, each field declaring its flag
+    (shared by tools/submit.py and tools/study.py: :func:`add_job_args`); :meth:`for_run_dir`
+    checks them and resolves their defaults."""
     ntasks_per_node: Optional[int] = flag(
         None, "training ranks per node (default: --gpus-per-node, one rank per GPU)")
     cpus_per_task: Optional[int] = flag(None, "also sets OMP_NUM_THREADS")
