@@ -32,6 +32,7 @@ from typing import Optional, Sequence
 
 from megatron_ext.config.flag_fields import add_flags
 from megatron_ext.config.recipes import RecipeFile
+from megatron_ext.hf.eval_settings import EvaluateSettings
 from megatron_ext.launch import plan, slurm
 from megatron_ext.study import launch, spec
 from megatron_ext.runtime.errors import exits_on_error
@@ -63,12 +64,11 @@ def parse_args(argv: Optional[Sequence[str]]) -> tuple[argparse.ArgumentParser,
                    help="the equivalence / non-inferiority margin of the held-out loss, "
                         "nats or %% perplexity: each comparison's verdict \"within ±m\" or "
                         "\"not shown\" (TOST at 5%%) (study file: margin)")
-    d.add_argument("--eval-data-path", help="indexed dataset prefix of the held-out set")
-    d.add_argument("--eval-tokens", type=int,
-                   help="held-out tokens per evaluation (default 65536)")
-    d.add_argument("--tasks", help="downstream tasks (from hellaswag,piqa,lambada_openai)")
-    d.add_argument("--data-dir", help="folder of <task>.jsonl files for --tasks")
-    d.add_argument("--limit", type=int, help="only the first N documents per task")
+    # None where not given: the study file's [eval] keys, or their defaults, stand.
+    add_flags(d, spec.EvalSettings, only=("data_path", "tokens"),
+              defaults={"tokens": None})
+    add_flags(d, EvaluateSettings, only=("tasks",))
+    add_flags(d, spec.EvalSettings, only=("data_dir", "limit"))
     d.add_argument(spec.ALLOW_UNREPORTED, action="store_true",
                    help=f"define a tuned study (tune = ...) of fewer than "
                         f"{spec.seeds_for_reported(spec.REPORTED_SEEDS)} seeds, whose tuned "
@@ -102,7 +102,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
                 args.study, {"recipe": args.recipe, "arms": args.arms, "seeds": args.seeds,
                              "control": args.control, "gap_of_interest": args.gap_of_interest,
                              "margin": args.margin},
-                {"data_path": args.eval_data_path, "tokens": args.eval_tokens,
+                {"data_path": args.data_path, "tokens": args.tokens,
                  "tasks": args.tasks, "data_dir": args.data_dir, "limit": args.limit},
                 args.allow_unreported_intervals)
             study = spec.settle(args.study_dir, given, save=False)

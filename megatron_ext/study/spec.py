@@ -37,6 +37,7 @@ from typing import Optional, Sequence
 
 from ..codes.limits import ARMS
 from ..config import recipes
+from ..config.flag_fields import FlagConfig, flag
 from ..probes.settings import ProbeSettings
 from ..runtime.errors import FlagError, StudyError
 from ..runtime.files import write_text
@@ -75,17 +76,22 @@ class Factor:
 
 
 @dataclasses.dataclass(frozen=True)
-class EvalSettings:
+class EvalSettings(FlagConfig):
     """How each checkpoint is evaluated: the held-out token set (the first ``tokens``
     tokens of ``data_path``, the same for every run and checkpoint) and, optionally,
-    downstream tasks (tools/evaluate.py's, from ``data_dir``). A held-out prefix that the
-    recipe trains on is refused unless ``allow_train_text`` (then the report says so)."""
-    data_path: Optional[str] = None
-    tokens: int = 65536
-    batch_size: int = 8
+    downstream tasks (tools/evaluate.py's, from ``data_dir``; the fields with a flag are
+    tools/study.py's and, ``data_dir``, ``batch_size`` and ``limit``, tools/evaluate.py's). A
+    held-out prefix that the recipe trains on is refused unless ``allow_train_text`` (then the
+    report says so)."""
+    data_path: Optional[str] = flag(None, "indexed dataset prefix of the held-out set",
+                                    names=("--eval-data-path",))
+    tokens: int = flag(65536, "held-out tokens per evaluation (default 65536)",
+                       names=("--eval-tokens",))
+    batch_size: int = flag(8, "windows (the held-out loss) and documents (lm-eval) per "
+                              "forward pass")
     tasks: tuple[str, ...] = ()
-    data_dir: Optional[str] = None
-    limit: Optional[int] = None
+    data_dir: Optional[str] = flag(None, "folder of <task>.jsonl files (official layouts)")
+    limit: Optional[int] = flag(None, "only the first N documents per task (tests)")
     allow_train_text: bool = False
 
 
