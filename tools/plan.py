@@ -18,10 +18,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import Optional, Sequence
 
-from megatron_ext.codes.limits import ARMS, PAPER_ARMS
+from megatron_ext.codes.limits import ARMS
 from megatron_ext.config.data_config import DataConfig
 from megatron_ext.config.flag_fields import add_flags
 from megatron_ext.config.recipes import RecipeFile
@@ -35,10 +34,8 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     what = p.add_mutually_exclusive_group(required=True)
     add_flags(what, RecipeFile)
-    what.add_argument("--study", type=Path, help="a study file (tools/study.py's TOML)")
-    p.add_argument("--arms", default=",".join(PAPER_ARMS),
-                   help="--recipe: comma-separated arms, [NAME:]INTERFACE[@--flag=value...] "
-                        f"(default: {','.join(PAPER_ARMS)})")
+    add_flags(what, spec.StudyFlags, only=("study",))
+    add_flags(p, spec.StudyFlags, only=("arms",))
     add_flags(p, Layout)
     add_flags(p, DataConfig, only=("vocab_size",), helps={
         "vocab_size": "the tokenizer's vocabulary size, where the recipe's tokenizer is not "

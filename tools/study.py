@@ -46,13 +46,14 @@ def parse_args(argv: Optional[Sequence[str]]) -> tuple[argparse.ArgumentParser,
                                           "with the local launcher)", allow_abbrev=False)
     run.add_argument("study_dir", type=Path, help="the study's folder")
     d = run.add_argument_group("the study (first run only; later runs reuse definition.json)")
-    d.add_argument("--study", help="a TOML study file (keys: recipe, overrides, arms, seeds, "
-                                   "control, [eval], [probes], [factors.NAME], gap_of_interest, "
-                                   "margin, [comparisons.\"B - A\"]); the flags "
-                                   "below override its keys")
+    add_flags(d, spec.StudyFlags, only=("study",), helps={
+        "study": "a TOML study file (keys: recipe, overrides, arms, seeds, control, [eval], "
+                 "[probes], [factors.NAME], gap_of_interest, margin, [comparisons.\"B - A\"]); "
+                 "the flags below override its keys"})
     add_flags(d, RecipeFile)
-    d.add_argument("--arms", help="comma-separated [NAME:]INTERFACE[@--flag=value...], e.g. "
-                                  "learned,binary,small:binary@--code-scale=0.02")
+    add_flags(d, spec.StudyFlags, only=("arms",), defaults={"arms": None}, helps={
+        "arms": "comma-separated [NAME:]INTERFACE[@--flag=value...], e.g. "
+                "learned,binary,small:binary@--code-scale=0.02"})
     d.add_argument("--seeds", help="comma-separated --seed values, e.g. 1,2,3")
     d.add_argument("--control", help="the arm the others are compared with (default learned)")
     d.add_argument("--gap-of-interest",
@@ -81,8 +82,8 @@ def parse_args(argv: Optional[Sequence[str]]) -> tuple[argparse.ArgumentParser,
                         help="local: processes per run (torchrun when > 1)")
     launch.add_argument("--no-eval", action="store_true",
                         help="local: train only (evaluate later with `eval`)")
-    launch.add_argument("--dry-run", action="store_true",
-                        help="slurm: print the job scripts; write and submit nothing")
+    add_flags(launch, slurm.Submission, only=("dry_run",), helps={
+        "dry_run": "slurm: print the job scripts; write and submit nothing"})
     slurm.add_job_args(run.add_argument_group("slurm jobs (as tools/submit.py)"))
     plan.add_plan_args(run)
     for name, text in (("eval", "evaluate the checkpoints not evaluated yet, then report"),

@@ -83,6 +83,33 @@ class Job(Layout):
             python=self.python or ("python" if self.container_image else sys.executable))
 
 
+CACHE_GROUP = "dataset index caches built ahead (--build-cache)"
+
+
+@dataclasses.dataclass(frozen=True)
+class Submission(FlagConfig):
+    """What tools/submit.py queues besides the jobs' resources: the folder of the runs, the
+    cache job ahead of them (its own partition, time limit and CPUs), or nothing
+    (``dry_run``)."""
+    run_dir: Optional[Path] = flag(
+        None, "per arm: RUN_DIR/ARM/{checkpoints,tensorboard,slurm-ID.log,job.sbatch}")
+    build_cache: bool = flag(
+        False, "first queue a CPU job that builds the recipe's dataset index caches into its "
+               "--data-cache-path (tools/build_data_cache.py); the arms' jobs start when it "
+               "succeeds (--dependency=afterok) and load them with --require-data-cache, never "
+               "build them", group=CACHE_GROUP)
+    build_cache_partition: Optional[str] = flag(
+        None, "partition of the cache job, e.g. a CPU one (default: --partition)",
+        group=CACHE_GROUP)
+    build_cache_time: Optional[str] = flag(
+        None, "sbatch --time limit of the cache job (default: the partition's)",
+        group=CACHE_GROUP)
+    build_cache_cpus_per_task: Optional[int] = flag(
+        None, "CPUs of the cache job's one task (default: Slurm's)", group=CACHE_GROUP)
+    dry_run: bool = flag(False, "print the plan and the generated scripts; write and submit "
+                                "nothing")
+
+
 def add_job_args(group) -> None:
     """The job options (resources, preemption, container), shared with tools/study.py."""
     add_flags(group, Job)

@@ -35,7 +35,7 @@ import tomllib
 from pathlib import Path
 from typing import Optional, Sequence
 
-from ..codes.limits import ARMS
+from ..codes.limits import ARMS, PAPER_ARMS
 from ..config import recipes
 from ..config.flag_fields import FlagConfig, flag
 from ..probes.settings import ProbeSettings
@@ -73,6 +73,18 @@ class Level:
 class Factor:
     name: str
     levels: tuple[Level, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class StudyFlags(FlagConfig):
+    """The flags naming a study's file and arms (tools/study.py's, and tools/plan.py's and
+    tools/submit.py's): each arm as :func:`parse_arm` reads it."""
+    study: Optional[str] = flag(None, "a study file (tools/study.py's TOML)")
+    arms: str = flag(
+        ",".join(PAPER_ARMS),
+        "comma-separated arms of %s (default: %s), each with flags of its own as a study names "
+        "them: [NAME:]ARM[@--flag=value...], e.g. r32:factorized@--input-table-rank=32 (NAME "
+        "names its folder)" % (",".join(ARMS), ",".join(PAPER_ARMS)))
 
 
 @dataclasses.dataclass(frozen=True)
