@@ -7,6 +7,7 @@ imported."""
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -264,6 +265,7 @@ FIELD_TOOLS = ("plan", "submit", "probe", "evaluate", "check_data", "build_data_
                "convert_to_hf", "check_checkpoint")
 
 
+@functools.lru_cache(maxsize=None)
 def field_flags() -> dict[str, list[str]]:
     """``{flag: ["module:Class.field", ...]}`` of every field of the package that declares a flag
     (a ``flag(...)`` default), read from the source: its ``names``, else ``--field-name``
