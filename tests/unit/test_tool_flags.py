@@ -85,3 +85,13 @@ def test_evaluate_reads_the_tasks_and_the_shared_settings(tmp_path):
     assert (shared.data_dir, shared.limit, shared.batch_size) == (str(tmp_path), 3, 8)
     default = EvaluateSettings.from_flags(evaluate.parse_args([str(tmp_path), "--online"]))
     assert default.task_names == ["hellaswag", "piqa", "lambada_openai"]
+
+
+def test_the_old_name_reaches_the_check(tmp_path, capsys):
+    """``--ckpt-step 3`` checks iteration 3, as ``--iteration 3`` does."""
+    for flag in ("--ckpt-step", "--iteration"):
+        with pytest.raises(SystemExit) as refused:
+            check_checkpoint.main([str(tmp_path), flag, "3"])
+        assert refused.value.code != 0
+        assert f"{tmp_path}/iter_0000003 does not exist" in \
+            f"{refused.value.code} {capsys.readouterr().err}"
