@@ -74,17 +74,21 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
 def main(argv: Optional[list[str]] = None) -> dict:
     with exits_on_error():
         args = parse_args(argv)
-        vocab_size, vocab_source = vocabulary(DataConfig.from_flags(args))
-        train_samples = (args.train_samples if args.train_iters is None
-                         else args.train_iters * args.global_batch_size)
+        data, model = DataConfig.from_flags(args), ModelConfig.from_flags(args)
+        training = TrainingConfig.from_flags(args)
+        vocab_size, vocab_source = vocabulary(data)
+        train_samples = (training.train_samples if training.train_iters is None
+                         else training.train_iters * training.global_batch_size)
         reports, problems = [], []
         for prefix in args.prefixes:
-            report, found = check_file(prefix, vocab_size, vocab_source, code_bits=args.code_bits,
-                                       seq_length=args.seq_length, split=args.split,
-                                       eval_iters=args.eval_iters, train_samples=train_samples)
+            report, found = check_file(prefix, vocab_size, vocab_source,
+                                       code_bits=model.code_bits, seq_length=model.seq_length,
+                                       split=data.split,
+                                       eval_iters=LoggingConfig.from_flags(args).eval_iters,
+                                       train_samples=train_samples)
             if report:
                 reports.append(report)
-                print(format_report(report, args.split, train_samples, args.seq_length),
+                print(format_report(report, data.split, train_samples, model.seq_length),
                       flush=True)
             problems += found
         result = {"files": reports, "problems": problems}

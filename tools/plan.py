@@ -50,13 +50,14 @@ def main(argv: Optional[Sequence[str]] = None) -> list:
         cluster = Cluster.from_flags(args)
         recipe = RecipeFile.from_flags(args).recipe
         vocab_size = DataConfig.from_flags(args).vocab_size
+        named = spec.StudyFlags.from_flags(args)
         if recipe:
-            arms = [spec.parse_arm(a, ARMS) for a in args.arms.split(",") if a]
+            arms = [spec.parse_arm(a, ARMS) for a in named.arms.split(",") if a]
             plans = plan_arms(read_job_recipe(recipe),
                               [(arm.name, arm.training_flags()) for arm in arms], cluster,
                               vocab_size)
         else:
-            study = spec.study_from_flags(str(args.study), dict.fromkeys(
+            study = spec.study_from_flags(named.study, dict.fromkeys(
                 ("recipe", "arms", "seeds", "control")), {})
             plans = launch.plan_study(study, cluster, vocab_size)
         print(plan_table(plans, cluster))

@@ -41,9 +41,9 @@ def measured_mfu(interface: str) -> float:
 
 @dataclasses.dataclass(frozen=True)
 class Cluster(Layout):
-    """Where the runs go: ``nodes`` x ``gpus_per_node`` GPUs (:class:`.slurm.Layout`'s flags:
-    a job's layout, a plan's) named ``gpu`` (a name of :data:`~megatron_ext.metrics.flops.PEAK_TFLOPS`),
-    each of ``memory_gib`` (None: not checked); ``mfu``: the utilisation assumed (None: the
+    """Where the runs go: ``nodes`` x ``gpus_per_node`` GPUs (:class:`.slurm.Layout`'s
+    flags: a job's layout, a plan's) named ``gpu`` (a name of
+    :data:`~megatron_ext.metrics.flops.PEAK_TFLOPS`), each of ``memory_gib`` (None: not checked); ``mfu``: the utilisation assumed (None: the
     measured one). A value out of range is a :class:`FlagError` naming its flag."""
     FLAG_GROUP = "plan (memory per GPU, time, GPU-hours)"
     gpu: str = flag("H100", "GPU model whose dense bf16 peak the MFU is of: "
