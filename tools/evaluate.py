@@ -60,8 +60,9 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
 def main(argv: Optional[Sequence[str]] = None) -> dict:
     with exits_on_error():
         args = parse_args(argv)
-        run, shared = EvaluateSettings.from_flags(args), EvalSettings.from_flags(args)
+        run = EvaluateSettings.from_flags(args)
         tasks = run.task_names
+        shared = EvalSettings.from_flags(args, tasks=tuple(tasks))
         if not run.online:
             os.environ["HF_HUB_OFFLINE"] = os.environ["HF_DATASETS_OFFLINE"] = "1"
         # Imported only now: datasets and transformers read the offline switches at import.

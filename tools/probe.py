@@ -68,7 +68,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         else:
             from megatron_ext.datasets.tokenizer import tokenizer_from_args
             from megatron_ext.probes.models import check_text_tokenizer
-            data = DataConfig.from_flags(args)
+            data = DataConfig.from_record({k: getattr(args, k) for k in TOKENIZER_FLAGS})
             tokenizer = tokenizer_from_args(data)
             tokenizer_name = f"{data.tokenizer_type} {data.tokenizer_model or data.vocab_file}"
             check_text_tokenizer(infos, tokenizer, tokenizer_name)

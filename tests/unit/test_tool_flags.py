@@ -80,7 +80,8 @@ def test_evaluate_reads_the_tasks_and_the_shared_settings(tmp_path):
         (tmp_path / name).write_text("{}")
     args = evaluate.parse_args([str(tmp_path), "--data-dir", str(tmp_path), "--tasks",
                                 "piqa, hellaswag", "--limit", "3", "--no-model-card"])
-    run, shared = EvaluateSettings.from_flags(args), EvalSettings.from_flags(args)
+    run = EvaluateSettings.from_flags(args)
+    shared = EvalSettings.from_flags(args, tasks=tuple(run.task_names))
     assert run.task_names == ["piqa", "hellaswag"] and not run.model_card
     assert (shared.data_dir, shared.limit, shared.batch_size) == (str(tmp_path), 3, 8)
     default = EvaluateSettings.from_flags(evaluate.parse_args([str(tmp_path), "--online"]))
