@@ -98,3 +98,13 @@ class CheckpointConfig(FlagConfig):
         if self.override_opt_param_scheduler and self.use_checkpoint_opt_param_scheduler:
             raise FlagError("--override-opt_param-scheduler and "
                             "--use-checkpoint-opt_param-scheduler are exclusive")
+
+
+@dataclasses.dataclass(frozen=True)
+class SavedIteration(FlagConfig):
+    """Which save of a ``--save`` folder a tool reads (tools/check_checkpoint.py,
+    tools/convert_to_hf.py): ``--iteration`` in every tool. Training's flag for it stays
+    Megatron-LM's ``--ckpt-step`` (:class:`CheckpointConfig`)."""
+    iteration: Optional[int] = flag(
+        None, "the save of this iteration (default: the latest completed one, the marker's)",
+        least=0)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import sys
 import typing
 from typing import Any, ClassVar, Optional, Sequence
 
@@ -159,12 +160,15 @@ class FlagConfig:
 
 def add_flags(group, config: type, title: Optional[str] = None,
               only: Optional[Sequence[str]] = None, defaults: Optional[dict] = None,
-              required: Sequence[str] = (), helps: Optional[dict] = None) -> list:
+              required: Sequence[str] = (), helps: Optional[dict] = None,
+              renamed: Optional[dict] = None) -> list:
     """Add to ``group`` (a parser or an argument group) the flags of ``config``'s fields in
     the ``--help`` group ``title`` (None: all), or those named in ``only``; ``defaults``
     replace declared defaults, the fields in ``required`` must be given, ``helps`` replace
     the help of a tool that reads a training flag for a purpose of its own (its name, type
-    and default stay the field's). Returns the actions added."""
+    and default stay the field's), ``renamed`` (``{field: old names}``) keeps a tool's old
+    spellings of a renamed flag for one release (:class:`RenamedFlag`). Returns the actions
+    added."""
     hints, added = _hints(config), []
     for field in config.flag_fields():
         if (title is not None and config.group_of(field) != title) \
@@ -192,8 +196,35 @@ def add_flags(group, config: type, title: Optional[str] = None,
                 raise TypeError(f"{config.__name__}.{field.name}: a tuple needs nargs")
         if field.name in required:
             options.update(required=True, default=None)
+        old = tuple((renamed or {}).get(field.name, ()))
+        if old and (meta["switch"] == "both" or field.name in required):
+            raise TypeError(f"{config.__name__}.{field.name}: an old name of a flag that is "
+                            f"required or has a --no- form is not kept")
+        if old:
+            options["help"] += (f" (formerly {', '.join(old)}, accepted until the next "
+                                f"release)")
         added.append(group.add_argument(*names, **options))
+        for name in old:
+            group.add_argument(name, action=RenamedFlag, new=names[0], help=argparse.SUPPRESS,
+                               default=argparse.SUPPRESS, **{
+                                   k: v for k, v in added[-1].__dict__.items()
+                                   if k in ("dest", "type", "choices", "nargs", "metavar",
+                                            "const") and v is not None})
     return added
+
+
+class RenamedFlag(argparse.Action):
+    """The old spelling of a tool's renamed flag, kept for one release: it sets what the new
+    one sets, and says on stderr that the name changed."""
+
+    def __init__(self, option_strings, dest, new: str, **options):
+        self.new = new
+        super().__init__(option_strings, dest, **options)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"[fixedcode] {option_string} is now {self.new}; the old name goes in the next "
+              f"release", file=sys.stderr)
+        setattr(namespace, self.dest, self.const if self.nargs == 0 else values)
 
 
 class ShowDefaults(argparse.HelpFormatter):
