@@ -113,28 +113,32 @@ def word_encoder(tokenizer):
     return None
 
 
-def gigatoken_encoder(tokenizer, words=None) -> "GigatokenEncoder | str":
+def gigatoken_encoder(tokenizer, words=None, table: Optional[tuple[str, str]] = None
+                      ) -> "GigatokenEncoder | str":
     """The gigatoken encoder of ``tokenizer`` (its reference: :func:`reference_encode` with
-    ``words``, its :func:`word_encoder`), or why there is none."""
+    ``words``, its :func:`word_encoder`; ``table``: its character table, if computed), or why
+    there is none."""
     if words is None:
         words = word_encoder(tokenizer)
     return GigatokenEncoder.create(tokenizer, words, functools.partial(reference_encode,
-                                                                       tokenizer, words))
+                                                                       tokenizer, words), table)
 
 
 def init_worker(tokenizer, keys: list[str], eod: Optional[int], gigatoken: bool = False,
-                verify_fraction: float = 0.0, folder: Optional[str] = None) -> None:
+                verify_fraction: float = 0.0, folder: Optional[str] = None,
+                table: Optional[tuple[str, str]] = None) -> None:
     """Pool initializer: a megatron_ext.datasets.tokenizer tokenizer, the JSON keys, the id to
     append (None: no EOD), whether gigatoken encodes what it can (the main process checked that
-    it can), the share of its documents the reference encodes again, and the work folder where
-    :func:`encode_task` writes the tokens."""
+    it can), the share of its documents the reference encodes again, the work folder where
+    :func:`encode_task` writes the tokens, and gigatoken's character table (the main process
+    computed it once: megatron_ext/preprocess/character_table.py; None: learned here)."""
     global _worker_state, _word_encoder, _gigatoken, _token_files
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per worker process
     os.environ.setdefault("RAYON_NUM_THREADS", "1")  # gigatoken runs with parallel=False anyway
     _worker_state = (tokenizer, keys, eod, verify_fraction, folder)
     _token_files = {}
     _word_encoder = word_encoder(tokenizer)
-    _gigatoken = gigatoken_encoder(tokenizer, _word_encoder) if gigatoken else None
+    _gigatoken = gigatoken_encoder(tokenizer, _word_encoder, table) if gigatoken else None
 
 
 def _flatten(ids: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:

@@ -8,6 +8,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -883,6 +884,34 @@ def test_encoders_write_the_same_bytes_and_the_summary_counts_their_documents(ki
             f"documents, reference ({auto.encoder}) {auto.reference_documents:,}") in out
     assert "encoder: reference" in capsys.readouterr().out
     assert reference.reference_documents == reference.documents == auto.documents
+
+
+@pytest.mark.integration
+def test_the_main_process_computes_the_character_table_once_and_the_workers_use_it(
+        toks, tmp_path, monkeypatch):
+    """A run computes gigatoken's character table (here over the corpus's characters, the BMP
+    in a real run) in the main process, caches it beside the tokenizer and hands it to the
+    workers; the bytes are the reference's, and the next run reads the cache."""
+    from helpers.breaker_texts import breaker_texts
+    from megatron_ext.preprocess import character_table, characters, preprocess
+    from megatron_ext.preprocess.gigatoken_encoder import GigatokenEncoder
+    texts = [t for t in breaker_texts(seed=4, count=120, long_chars=500) if t.strip()]
+    source = write_jsonl(tmp_path / "docs.jsonl", [{"text": t} for t in texts])
+    monkeypatch.setattr(characters, "TABLE_CHARACTERS", "".join(sorted(set("".join(texts)))))
+    monkeypatch.setattr(preprocess, "TABLE_FROM_BYTES", 0)
+    folder = tmp_path / "tok"
+    shutil.copytree(toks["huggingface"].model, folder)
+    tok = Tok("huggingface", str(folder))
+    flags = ["--workers", "2", "--skip-bad-lines"]
+    run(tok, [source], tmp_path / "auto", *flags)
+    cached = list(folder.glob(character_table.CACHE_PREFIX + "*"))
+    assert len(cached) == 1 and json.loads(cached[0].read_text())["admitted"]
+    run(tok, [source], tmp_path / "reference", *flags, "--encoder", "reference")
+    assert output_bytes(tmp_path / "auto") == output_bytes(tmp_path / "reference")
+    monkeypatch.setattr(GigatokenEncoder, "character_table",
+                        lambda self: pytest.fail("computed again"))
+    run(tok, [source], tmp_path / "again", *flags)
+    assert output_bytes(tmp_path / "again") == output_bytes(tmp_path / "reference")
 
 
 @pytest.mark.integration
