@@ -5,7 +5,9 @@ once, and their checks), ``readers`` (find the inputs, cut them
 into byte ranges or stream them, parse them), ``tasks`` (the workers' tasks, planned and run in
 input order), ``encode`` (a task's texts to token ids, written by the worker processes), ``gigatoken_encoder``
 (gigatoken for every text where it gives the reference library's ids, routed before encoding),
-``characters`` (which texts hold only characters a check admits, in linear time), ``word_cache``
+``characters`` (which texts hold only characters a check admits, in linear time),
+``character_table`` (gigatoken's character table, computed once per tokenizer and cached
+beside it), ``word_cache``
 (sentencepiece BPE a word at a time, and the cache of words' ids), ``byte_level`` (byte-level
 BPE a word at a time), ``parts`` (the resumable work folder of a job),
 ``merge`` (the parts into one dataset under its final name), ``tokenizer_training`` (a
