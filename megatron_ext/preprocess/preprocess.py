@@ -33,6 +33,7 @@ from .merge import merge_datasets, publish_dataset
 from .parts import WorkDir, dataset_prefix
 from .preprocess_config import PreprocessConfig
 from .readers import describe_bad_input, expand_inputs, input_kind
+from .shards import shard_inputs
 from .tasks import plan_tasks, run_in_order, task_bytes
 
 
@@ -218,6 +219,8 @@ def preprocess(config: PreprocessConfig) -> Summary:
     """Run the job ``config`` (tools/preprocess_data.py's flags) describes; what it produced."""
     config.validate()
     paths = expand_inputs(config.input)
+    if config.shard is not None:
+        paths = shard_inputs(paths, config.shard)
     check_inputs(paths, config.json_keys)
     tokenizer = tokenizer_from_args(config.tokenizer)
     dtype = optimal_dtype(tokenizer.vocab_size)
