@@ -14,8 +14,10 @@ gigatoken 0.10.0 is known to differ (issue #51); none is encoding twice and comp
   library does not;
 * byte-level BPE, Unicode tables: a text holding a character that gigatoken's pre-tokenizer (ICU
   tables) and the reference (``tokenizers``' tables, through our words regex) class differently;
-  each character is checked once per process, by the words both cut from it after a letter, a
-  digit, a period and a space (megatron_ext/preprocess/characters.py);
+  each character is checked once, by the words both cut from it after a letter, a digit, a
+  period and a space (megatron_ext/preprocess/characters.py): the main process checks the BMP
+  and the emoji once per tokenizer and library versions (a table cached beside the tokenizer,
+  megatron_ext/preprocess/character_table.py) and hands the table to the workers;
 * sentencepiece, normalization: gigatoken applies the model's character map a grapheme or a
   character at a time, sentencepiece by longest match over the text, so a text that could hold a
   key of more than one character (it holds a character that is the second or a later one of such
@@ -37,6 +39,7 @@ the tokenizer was built, it is built afresh (its ids do not depend on the cache)
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from typing import Callable, Optional
@@ -46,7 +49,7 @@ import regex
 
 from ..datasets.tokenizer import GPT2BPETokenizer, HuggingFaceTokenizer, SentencePieceTokenizer
 from .byte_level import CONTEXTS, DIGIT_WORDS, GPT2_WORDS, ByteLevelWordEncoder
-from .characters import CharacterCheck
+from .characters import CharacterCheck, table
 
 MAX_CACHE_BYTES = 256 << 20  # per worker process: growth of its resident memory before a rebuild
 CHECK_MEMORY_EVERY = 16  # batches
@@ -162,25 +165,27 @@ class GigatokenEncoder:
         self.memory = _resident_bytes()
 
     @classmethod
-    def create(cls, tokenizer, word_encoder, reference: Callable) -> "GigatokenEncoder | str":
+    def create(cls, tokenizer, word_encoder, reference: Callable,
+               table: Optional[tuple[str, str]] = None) -> "GigatokenEncoder | str":
         """The encoder for a megatron_ext tokenizer, whose reference encoding (today's, of
         megatron_ext/preprocess/encode.py) is ``reference`` and uses ``word_encoder`` (a
-        ByteLevelWordEncoder, a WordCachedEncoder or None), or why gigatoken cannot take it."""
+        ByteLevelWordEncoder, a WordCachedEncoder or None), or why gigatoken cannot take it;
+        ``table``: its :meth:`character_table`, if computed."""
         if gigatoken_version() is None:
             return "gigatoken is not installed (pip install gigatoken)"
         import gigatoken
 
         if isinstance(tokenizer, SentencePieceTokenizer):
-            return cls._for_sentencepiece(gigatoken, tokenizer, reference)
+            return cls._for_sentencepiece(gigatoken, tokenizer, reference, table)
         if isinstance(tokenizer, (HuggingFaceTokenizer, GPT2BPETokenizer)):
             if not isinstance(word_encoder, ByteLevelWordEncoder):
                 return ("not a byte-level BPE with GPT-2's pre-tokenizer (alone or after SmolLM2's "
                         "Digits), no normalizer, no dropout")
-            return cls._for_byte_level(gigatoken, tokenizer, word_encoder, reference)
+            return cls._for_byte_level(gigatoken, tokenizer, word_encoder, reference, table)
         return f"{type(tokenizer).__name__} is not a BPE tokenizer gigatoken loads"
 
     @classmethod
-    def _for_byte_level(cls, gigatoken, tokenizer, words: ByteLevelWordEncoder, reference):
+    def _for_byte_level(cls, gigatoken, tokenizer, words: ByteLevelWordEncoder, reference, table):
         spec = json.loads(tokenizer.tok.to_str())
         digits = words.words.pattern == DIGIT_WORDS
         if digits:  # the stretches between digits get GPT-2's pre-tokenizer alone
@@ -198,19 +203,18 @@ class GigatokenEncoder:
         def gigatoken_agrees(character: str) -> bool:
             for context in CONTEXTS:
                 text = context + character
-                words = gigatoken.pretokenizer(text.encode())
-                ends = np.cumsum([len(word) for word in words]).tolist()
+                ends = list(itertools.accumulate(map(len, gigatoken.pretokenizer(text.encode()))))
                 ours = [len(text[:m.end()].encode()) for m in gpt2.finditer(text)]
                 if ends != ours:
                     return False
             return True
 
-        characters = CharacterCheck(lambda c: words.agrees(c) and gigatoken_agrees(c))
+        characters = CharacterCheck(lambda c: words.agrees(c) and gigatoken_agrees(c), table)
         special = _SpecialText([token["content"] for token in spec.get("added_tokens") or []])
         return cls(build, backend, reference, special, characters=characters, digits=digits)
 
     @classmethod
-    def _for_sentencepiece(cls, gigatoken, tokenizer, reference):
+    def _for_sentencepiece(cls, gigatoken, tokenizer, reference, table):
         try:
             from sentencepiece import sentencepiece_model_pb2
         except ImportError:  # protobuf is missing
@@ -237,9 +241,14 @@ class GigatokenEncoder:
         special = _SpecialText([p.piece for p in model.pieces if p.type != _NORMAL_PIECE]
                                + ["\r\n"] * mapping.crlf)
         return cls(build, backend, reference, special,
-                   characters=check and CharacterCheck(check),
+                   characters=check and CharacterCheck(check, table),
                    stripped=mapping.single if model.normalizer_spec.remove_extra_whitespaces
                    else None)
+
+    def character_table(self) -> Optional[tuple[str, str]]:
+        """The table (megatron_ext/preprocess/characters.py): the characters checked and those
+        gigatoken classes as the reference does; None where no character is checked."""
+        return None if self.characters is None else table(self.characters.check)
 
     def admits(self, text: str) -> bool:
         """Whether gigatoken gives the reference library's ids for ``text`` (module docstring)."""

@@ -9,16 +9,21 @@ document) until ``finalize``, whereas this writes the index one part and one sec
 places in it, in the kernel where it can (``copy_file_range``), by the worker processes
 (:func:`copy_segments`, given as ``map``); tokens that are one whole file already are linked,
 not copied.
+
+:func:`merge_dataset_files` does the same for whole datasets (tools/merge_datasets.py): the
+shards of a job split over nodes (``--shard I/N``: megatron_ext/preprocess/shards.py), in shard
+order, give the bytes of one run over every input.
 """
 
 from __future__ import annotations
 
 import errno
 import functools
+import glob
 import os
 import shutil
 
-from ..datasets.indexed import read_index, write_index
+from ..datasets.indexed import Index, read_index, write_index
 from ..runtime.errors import DataError
 from ..runtime.files import publish
 
@@ -104,3 +109,51 @@ def publish_dataset(built_prefix: str, final_prefix: str) -> None:
         os.remove(f"{final_prefix}.idx")
     publish(f"{built_prefix}.bin", f"{final_prefix}.bin")
     publish(f"{built_prefix}.idx", f"{final_prefix}.idx")
+
+
+def _prefix(path: str) -> str:
+    root, ext = os.path.splitext(path)
+    return root if ext in (".bin", ".idx") else path
+
+
+def dataset_inputs(given: list[str]) -> list[str]:
+    """The dataset prefixes of :func:`merge_dataset_files`' inputs, in order: a prefix (or its
+    ``.bin``/``.idx``) as given, a quoted glob of prefixes or ``.idx`` files and a folder (every
+    dataset in it: Megatron-LM's ``tools/merge_datasets.py --input``) sorted by name."""
+    prefixes = []
+    for item in given:
+        if os.path.isdir(item):
+            found = sorted(_prefix(p) for p in glob.glob(os.path.join(item, "*.idx")))
+        elif glob.has_magic(item):
+            found = sorted({_prefix(p) for p in glob.glob(item) + glob.glob(f"{item}.idx")
+                            if p.endswith(".idx") or os.path.isfile(f"{p}.idx")})
+        else:
+            found = [_prefix(item)]
+        if not found:
+            raise DataError(f"--input {item}: no dataset (.idx) there")
+        prefixes += found
+    return prefixes
+
+
+def merge_dataset_files(given: list[str], output_prefix: str) -> list[Index]:
+    """Merge the datasets ``given`` (:func:`dataset_inputs`), in order, into
+    ``output_prefix.bin/.idx``, the bytes megatron.core's builder writes for them; written
+    under a temporary name and renamed, so no partial dataset ever has the final name. The
+    indexes of the inputs, as read and checked."""
+    prefixes = dataset_inputs(given)
+    if _prefix(os.path.abspath(output_prefix)) in map(os.path.abspath, prefixes):
+        raise DataError(f"--output-prefix {output_prefix} is one of the inputs")
+    indexes = [read_index(prefix) for prefix in prefixes]
+    dtypes = {index.dtype for index in indexes}
+    if len(dtypes) > 1:
+        raise DataError("the datasets hold different dtypes (tokenized with different "
+                        "tokenizers?): " + ", ".join(f"{index.prefix} {index.dtype.__name__}"
+                                                     for index in indexes))
+    empty = [index.prefix for index in indexes if not index.tokens()]
+    if empty:
+        raise DataError(f"{empty[0]}: a dataset without tokens")
+    building = f"{output_prefix}.merging"
+    merge_datasets([(prefix, [(f"{prefix}.bin", 0, os.path.getsize(f"{prefix}.bin"))])
+                    for prefix in prefixes], building)
+    publish_dataset(building, output_prefix)
+    return indexes

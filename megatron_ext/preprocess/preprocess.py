@@ -26,12 +26,14 @@ from ..runtime.errors import DataError, FlagError
 from ..runtime.files import file_fingerprint
 
 from ..datasets.indexed import optimal_dtype
+from .character_table import TABLE_FROM_BYTES, character_table
 from .encode import TaskResult, gigatoken_encoder, init_worker
-from .gigatoken_encoder import gigatoken_version
+from .gigatoken_encoder import GigatokenEncoder, gigatoken_version
 from .merge import merge_datasets, publish_dataset
 from .parts import WorkDir, dataset_prefix
 from .preprocess_config import PreprocessConfig
 from .readers import describe_bad_input, expand_inputs, input_kind
+from .shards import shard_inputs
 from .tasks import plan_tasks, run_in_order, task_bytes
 
 
@@ -109,14 +111,14 @@ class _Progress:
         self.bar.close()
 
 
-def choose_encoder(tokenizer, requested: str) -> Optional[str]:
-    """Why gigatoken does not encode (``--encoder``); None where it does."""
+def choose_encoder(tokenizer, requested: str) -> "GigatokenEncoder | str":
+    """The gigatoken encoder (``--encoder``), or why gigatoken does not encode."""
     if requested == "reference":
         return "--encoder reference"
     made = gigatoken_encoder(tokenizer)
     if isinstance(made, str) and requested == "gigatoken":
         raise FlagError(f"--encoder gigatoken: {made}; pass --encoder auto or reference")
-    return made if isinstance(made, str) else None
+    return made
 
 
 def reference_library(tokenizer) -> str:
@@ -126,8 +128,10 @@ def reference_library(tokenizer) -> str:
             "GPT2BPETokenizer": "tokenizers"}.get(name, name)
 
 
-def _pool(config: PreprocessConfig, tokenizer, folder: str, gigatoken: bool):
-    """The worker processes: ``--workers`` of them, each initialized to encode."""
+def _pool(config: PreprocessConfig, tokenizer, folder: str, gigatoken: bool,
+          table: Optional[tuple[str, str]]):
+    """The worker processes: ``--workers`` of them, each initialized to encode (with
+    gigatoken's character table ``table``)."""
     # fork (as Megatron-LM's tool) from this tool's single-threaded process; a caller with
     # threads of its own (a notebook, the tests) gets a fork server: a child forked beside
     # other threads can inherit a lock one of them held and hang
@@ -135,7 +139,8 @@ def _pool(config: PreprocessConfig, tokenizer, folder: str, gigatoken: bool):
     eod = tokenizer.eod if config.append_eod else None
     return multiprocessing.get_context(method).Pool(
         config.workers, initializer=init_worker,
-        initargs=(tokenizer, config.json_keys, eod, gigatoken, config.verify_fraction, folder))
+        initargs=(tokenizer, config.json_keys, eod, gigatoken, config.verify_fraction, folder,
+                  table))
 
 
 def _encode_parts(config: PreprocessConfig, paths: list[str], tokenizer, dtype, work: WorkDir,
@@ -214,10 +219,16 @@ def preprocess(config: PreprocessConfig) -> Summary:
     """Run the job ``config`` (tools/preprocess_data.py's flags) describes; what it produced."""
     config.validate()
     paths = expand_inputs(config.input)
+    if config.shard is not None:
+        paths = shard_inputs(paths, config.shard)
     check_inputs(paths, config.json_keys)
     tokenizer = tokenizer_from_args(config.tokenizer)
     dtype = optimal_dtype(tokenizer.vocab_size)
-    gigatoken_note = choose_encoder(tokenizer, config.encoder)
+    made = choose_encoder(tokenizer, config.encoder)
+    gigatoken_note = made if isinstance(made, str) else None
+    table = None if gigatoken_note else character_table(
+        made, tokenizer, config.tokenizer.tokenizer_model or config.tokenizer.vocab_file,
+        compute=sum(map(os.path.getsize, paths)) >= TABLE_FROM_BYTES)
 
     work = WorkDir(config.output_prefix)
     settings = {"--tokenizer-type": config.tokenizer.tokenizer_type,
@@ -232,7 +243,7 @@ def preprocess(config: PreprocessConfig) -> Summary:
     manifests = work.start(settings, inputs, config.resume)
     resumed = sum(m["documents"] for m in manifests)
     filled = None
-    pool = _pool(config, tokenizer, work.path, gigatoken_note is None)
+    pool = _pool(config, tokenizer, work.path, gigatoken_note is None, table)
     try:
         if not (manifests and manifests[-1]["final"]):
             manifests += _encode_parts(config, paths, tokenizer, dtype, work, manifests, pool)

@@ -15,6 +15,7 @@ from ..config.flag_fields import FlagConfig, flag
 from ..config.model_config import ModelConfig
 from ..runtime.errors import FlagError
 from .readers import TEXT_DOCUMENT_MODES
+from .shards import parse_shard
 
 ENCODERS = ("auto", "gigatoken", "reference")  # --encoder
 
@@ -35,6 +36,11 @@ class PreprocessConfig(FlagConfig):
     text_document: str = flag(
         "file", "plain-text inputs: one document per file (default), or per non-blank line",
         choices=TEXT_DOCUMENT_MODES, group="input data")
+    shard: Optional[str] = flag(
+        None, "I/N: read only shard I (0 to N-1) of the input files, a contiguous run of them, "
+              "for a job split over N nodes (a Slurm array); tools/merge_datasets.py joins the N "
+              "datasets, in shard order, into the bytes of one run over every input",
+        metavar="I/N", group="input data")
     skip_bad_lines: bool = flag(
         False, "count and skip malformed JSON, missing keys, invalid UTF-8 and empty "
                "documents instead of stopping at the first", group="input data")
@@ -72,5 +78,7 @@ class PreprocessConfig(FlagConfig):
         if not 0 <= self.verify_fraction <= 1:
             raise FlagError(f"--verify-fraction {self.verify_fraction}: a share of the "
                             "documents, from 0 to 1")
+        if self.shard is not None:
+            parse_shard(self.shard)
         if len(set(self.json_keys)) < len(self.json_keys):
             raise FlagError(f"--json-keys {' '.join(self.json_keys)}: a key is given twice")

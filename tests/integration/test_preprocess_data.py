@@ -8,6 +8,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -686,6 +687,143 @@ def test_parquet_and_dataset_folders_equal_jsonl(toks, documents, tmp_path):
 
 
 @pytest.mark.integration
+def test_compressed_and_parquet_shards_are_read_by_the_workers_with_the_jsonl_bytes(
+        toks, documents, tmp_path, monkeypatch):
+    """One corpus as JSONL, .jsonl.gz, .jsonl.zst (two frames) and Parquet (row groups of 4):
+    the same .bin/.idx with one worker and two, and the main process reads none of the
+    compressed or Parquet input (the workers do, by pieces: megatron_ext/preprocess/pieces.py)."""
+    from megatron_ext.preprocess import pieces
+    records = [{"text": d} for d in documents] * 2
+    jsonl = write_jsonl(tmp_path / "all.jsonl", records)
+    half = len(records) // 2
+    (tmp_path / "gz").mkdir()
+    write_jsonl(tmp_path / "gz/a.jsonl.gz", records[:half])
+    write_jsonl(tmp_path / "gz/b.jsonl.gz", records[half:])
+    frames = [zstandard.ZstdCompressor().compress(write_jsonl(tmp_path / f"f{i}.jsonl",
+                                                              part).read_bytes())
+              for i, part in enumerate((records[:3], records[3:]))]
+    (tmp_path / "zst").mkdir()
+    (tmp_path / "zst/all.jsonl.zst").write_bytes(b"".join(frames))
+    write_parquet(tmp_path / "pq/a.parquet", records[:half])
+    write_parquet(tmp_path / "pq/b.parquet", records[half:])
+    readers_pids = tmp_path / "pids"
+    real = pieces.file_batches
+
+    def noted(*args, **kwargs):
+        with open(readers_pids, "a") as f:
+            f.write(f"{os.getpid()}\n")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pieces, "file_batches", noted)
+    flags = ["--append-eod", "--part-tokens", "20000"]
+    run(toks["sentencepiece"], [jsonl], tmp_path / "jsonl", *flags)
+    for name, given in {"gz": tmp_path / "gz/*.jsonl.gz", "zst": tmp_path / "zst/all.jsonl.zst",
+                        "parquet": tmp_path / "pq"}.items():
+        for workers in ("1", "2"):
+            run(toks["sentencepiece"], [given], tmp_path / f"{name}{workers}", *flags,
+                "--workers", workers)
+            assert output_bytes(tmp_path / f"{name}{workers}") == output_bytes(tmp_path / "jsonl")
+    if readers_pids.exists():  # the workers were forked with the spy (a fork server starts clean)
+        assert str(os.getpid()) not in readers_pids.read_text().split()
+
+
+@pytest.mark.integration
+def test_damaged_compressed_shards_are_named_by_file_and_line(toks, documents, tmp_path):
+    records = [{"text": d} for d in documents]
+    data = bytearray(zstandard.ZstdCompressor().compress(
+        write_jsonl(tmp_path / "a.jsonl", records).read_bytes()))
+    data[len(data) // 2:len(data) // 2 + 64] = b"\x00" * 64
+    (tmp_path / "bad.jsonl.zst").write_bytes(bytes(data))
+    with pytest.raises(SystemExit, match=r"bad\.jsonl\.zst: cannot be decompressed after line 0 "
+                                         r"\(a damaged or truncated \.zst file"):
+        run(toks["sentencepiece"], [tmp_path / "bad.jsonl.zst"], tmp_path / "out")
+    whole = gzip.compress((tmp_path / "a.jsonl").read_bytes())
+    (tmp_path / "cut.jsonl.gz").write_bytes(whole[:len(whole) // 2])
+    with pytest.raises(SystemExit, match=r"cut\.jsonl\.gz: cannot be decompressed after line 0 "
+                                         r"\(a damaged or truncated \.gz file"):
+        run(toks["sentencepiece"], [tmp_path / "cut.jsonl.gz"], tmp_path / "out2")
+
+
+@pytest.mark.integration
+def test_shards_of_a_split_job_merge_into_the_single_runs_bytes(toks, documents, tmp_path):
+    """``--shard I/N`` over five input files (Parquet and .jsonl.zst), then
+    tools/merge_datasets.py in shard order: the bytes of one run over all five."""
+    from tools import merge_datasets
+    records = [{"text": d} for d in documents]
+    inputs = [write_parquet(tmp_path / f"data/{i:02d}.parquet", records[i::5]) for i in (0, 2, 4)]
+    inputs += [write_jsonl(tmp_path / f"data/{i:02d}.jsonl.zst", records[i::5]) for i in (1, 3)]
+    given = [tmp_path / "data/*"]
+    flags = ["--append-eod", "--workers", "2"]
+    whole = run(toks["sentencepiece"], given, tmp_path / "whole", *flags)
+    shards = [run(toks["sentencepiece"], given, tmp_path / f"shard-{i}", *flags, "--shard",
+                  f"{i}/3") for i in range(3)]
+    assert sum(s.documents for s in shards) == whole.documents
+    assert all(s.documents for s in shards)
+    merge_datasets.main(["--input", *[f"{tmp_path}/shard-{i}_text_document" for i in range(3)],
+                         "--output-prefix", str(tmp_path / "merged_text_document")])
+    assert output_bytes(tmp_path / "merged") == output_bytes(tmp_path / "whole")
+    merge_datasets.main(["--input", str(tmp_path / "shard-*_text_document"),
+                         "--output-prefix", str(tmp_path / "globbed_text_document")])
+    assert output_bytes(tmp_path / "globbed") == output_bytes(tmp_path / "whole")
+    with pytest.raises(SystemExit, match=r"--shard 3/3: give I/N"):
+        run(toks["sentencepiece"], given, tmp_path / "bad", "--shard", "3/3")
+    with pytest.raises(SystemExit, match=r"--shard 0/6: 6 shards of 5 input files"):
+        run(toks["sentencepiece"], given, tmp_path / "bad", "--shard", "0/6")
+    with pytest.raises(SystemExit, match=r"shard-9_text_document\.idx does not exist"):
+        merge_datasets.main(["--input", f"{tmp_path}/shard-9_text_document",
+                             "--output-prefix", str(tmp_path / "none")])
+
+
+FAKE_SBATCH = r"""#!/usr/bin/env bash
+# sbatch's stand-in: records its arguments, runs the --wrap command now (each array task in
+# turn, with Slurm's variables), prints a job id as --parsable does
+echo "$*" >> "$SBATCH_LOG"
+array="" wrap=""
+while (( $# )); do
+    case $1 in --array=*) array=${1#--array=} ;; --wrap) wrap=$2; shift ;; esac
+    shift
+done
+if [[ -n $array ]]; then
+    last=${array#*-}
+    for (( i = 0; i <= last; i++ )); do
+        SLURM_ARRAY_TASK_ID=$i SLURM_ARRAY_TASK_COUNT=$((last + 1)) bash -c "$wrap" \
+            >> "$SBATCH_LOG.out" 2>&1 || exit 1
+    done
+else
+    bash -c "$wrap" >> "$SBATCH_LOG.out" 2>&1 || exit 1
+fi
+echo $RANDOM
+"""
+
+
+@pytest.mark.integration
+def test_the_slurm_array_script_shards_then_merges_into_the_single_runs_bytes(toks, documents,
+                                                                              tmp_path):
+    """slurm/preprocess_array.sh submits N array tasks of ``--shard I/N`` and a merge job after
+    them (afterok); run in place by a stand-in sbatch, they write the single run's bytes."""
+    records = [{"text": d} for d in documents]
+    for i in range(3):
+        write_parquet(tmp_path / f"data/{i}.parquet", records[i::3])
+    flags = ["--input", str(tmp_path / "data/*.parquet"), *toks["sentencepiece"].flags(),
+             "--append-eod"]
+    preprocess_data.main(flags + ["--output-prefix", str(tmp_path / "whole")])
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text(FAKE_SBATCH)
+    (bin_dir / "sbatch").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}",
+           "SBATCH_LOG": str(tmp_path / "sbatch.log"), "PYTHON": sys.executable,
+           "SBATCH_ARGS": "--partition cpu", "PYTHONPATH": str(REPO)}
+    done = subprocess.run([str(REPO / "slurm/preprocess_array.sh"), "2", str(tmp_path / "out"),
+                           *flags], cwd=REPO, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr + (tmp_path / "sbatch.log.out").read_text()
+    assert output_bytes(tmp_path / "out") == output_bytes(tmp_path / "whole")
+    array, merge = (tmp_path / "sbatch.log").read_text().splitlines()
+    assert "--array=0-1" in array and "--partition cpu" in array
+    assert "--dependency=afterok:" in merge and "tools.merge_datasets" in merge
+
+
+@pytest.mark.integration
 def test_corrupt_parquet_names_the_file_and_row_group(toks, documents, tmp_path):
     source = write_parquet(tmp_path / "shard.parquet", [{"text": d} for d in documents[:12]])
     column = pq.ParquetFile(source).metadata.row_group(1).column(0)
@@ -717,11 +855,11 @@ def three_inputs(tmp_path: Path, documents: list[str], kind: str = "jsonl") -> l
     records = [{"text": d} for d in documents]
     if kind == "parquet":
         return [write_parquet(tmp_path / f"in{i}.parquet", records[i::3]) for i in range(3)]
-    return [write_jsonl(tmp_path / f"in{i}.jsonl", records[i::3]) for i in range(3)]
+    return [write_jsonl(tmp_path / f"in{i}.{kind}", records[i::3]) for i in range(3)]
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("kind", ["jsonl", "parquet"])
+@pytest.mark.parametrize("kind", ["jsonl", "parquet", "jsonl.zst"])
 def test_resume_after_a_kill_finishes_the_job_identically(kind, toks, documents, tmp_path,
                                                           monkeypatch):
     sources = three_inputs(tmp_path, documents, kind)
@@ -883,6 +1021,34 @@ def test_encoders_write_the_same_bytes_and_the_summary_counts_their_documents(ki
             f"documents, reference ({auto.encoder}) {auto.reference_documents:,}") in out
     assert "encoder: reference" in capsys.readouterr().out
     assert reference.reference_documents == reference.documents == auto.documents
+
+
+@pytest.mark.integration
+def test_the_main_process_computes_the_character_table_once_and_the_workers_use_it(
+        toks, tmp_path, monkeypatch):
+    """A run computes gigatoken's character table (here over the corpus's characters, the BMP
+    in a real run) in the main process, caches it beside the tokenizer and hands it to the
+    workers; the bytes are the reference's, and the next run reads the cache."""
+    from helpers.breaker_texts import breaker_texts
+    from megatron_ext.preprocess import character_table, characters, preprocess
+    from megatron_ext.preprocess.gigatoken_encoder import GigatokenEncoder
+    texts = [t for t in breaker_texts(seed=4, count=120, long_chars=500) if t.strip()]
+    source = write_jsonl(tmp_path / "docs.jsonl", [{"text": t} for t in texts])
+    monkeypatch.setattr(characters, "TABLE_CHARACTERS", "".join(sorted(set("".join(texts)))))
+    monkeypatch.setattr(preprocess, "TABLE_FROM_BYTES", 0)
+    folder = tmp_path / "tok"
+    shutil.copytree(toks["huggingface"].model, folder)
+    tok = Tok("huggingface", str(folder))
+    flags = ["--workers", "2", "--skip-bad-lines"]
+    run(tok, [source], tmp_path / "auto", *flags)
+    cached = list(folder.glob(character_table.CACHE_PREFIX + "*"))
+    assert len(cached) == 1 and json.loads(cached[0].read_text())["admitted"]
+    run(tok, [source], tmp_path / "reference", *flags, "--encoder", "reference")
+    assert output_bytes(tmp_path / "auto") == output_bytes(tmp_path / "reference")
+    monkeypatch.setattr(GigatokenEncoder, "character_table",
+                        lambda self: pytest.fail("computed again"))
+    run(tok, [source], tmp_path / "again", *flags)
+    assert output_bytes(tmp_path / "again") == output_bytes(tmp_path / "reference")
 
 
 @pytest.mark.integration

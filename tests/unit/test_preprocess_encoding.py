@@ -6,6 +6,7 @@ encoding time linear in a long word; the message of a malformed JSON line."""
 
 import json
 import re
+import shutil
 import time
 from pathlib import Path
 
@@ -17,7 +18,7 @@ import tokenizers
 
 from helpers.breaker_texts import PLAIN, breaker_texts, recently_assigned
 from megatron_ext.datasets.tokenizer import build_tokenizer
-from megatron_ext.preprocess import encode, gigatoken_encoder
+from megatron_ext.preprocess import character_table, characters, encode, gigatoken_encoder
 from megatron_ext.preprocess.characters import CharacterCheck
 from megatron_ext.preprocess.gigatoken_encoder import Charsmap, GigatokenEncoder
 from megatron_ext.preprocess.readers import Batch, BadInput, parse_unit
@@ -277,3 +278,45 @@ def test_json_lines_msgspec_refuses_get_jsons_verdict(raw, kind, detail):
     with pytest.raises(BadInput) as error:
         parse_unit(raw, 5, "jsonl", ["text"])
     assert (error.value.kind, error.value.detail) == (kind, detail)
+
+
+@pytest.mark.parametrize("kind", ["HuggingFaceTokenizer", "SmolLM2", "nmt_nfkc"])
+def test_a_character_table_routes_as_learning_does_and_checks_no_character_again(
+        kind, tokenizer_files, texts, monkeypatch):
+    """An encoder seeded with the table the main process computed (over the texts' characters
+    here, the whole BMP in a run) sends the same texts to the reference and gives the same ids as
+    one learning each character, and checks none of the table's characters again."""
+    table_characters = "".join(sorted({c for text in texts for c in text}))
+    monkeypatch.setattr(characters, "TABLE_CHARACTERS", table_characters)
+    tokenizer = build_tokenizer(**tokenizer_files[kind])
+    learning = encode.gigatoken_encoder(tokenizer)
+    table = learning.character_table()
+    assert table[0] == table_characters and 0 < len(table[1]) < len(table[0])  # some refused
+    seeded = encode.gigatoken_encoder(tokenizer, table=table)
+    monkeypatch.setattr(seeded.characters, "check", lambda c: pytest.fail(f"checked {c!r}"))
+    tokens, lengths, by_reference = seeded.encode(texts)
+    expected = encode.gigatoken_encoder(tokenizer).encode(texts)
+    assert np.array_equal(by_reference, expected[2]) and by_reference.any()
+    assert split_ids(tokens, lengths) == split_ids(*expected[:2])
+
+
+def test_the_character_table_is_cached_beside_the_tokenizer_per_library_versions(
+        tokenizer_files, tmp_path, monkeypatch):
+    """Computed once, written beside the tokenizer, read by the next run without checking any
+    character; another gigatoken version (or tokenizer) computes and caches its own."""
+    monkeypatch.setattr(characters, "TABLE_CHARACTERS", "aé\u0301漢\u2028")
+    folder = tmp_path / "tok"
+    shutil.copytree(tokenizer_files["HuggingFaceTokenizer"]["tokenizer_model"], folder)
+    tokenizer = build_tokenizer("HuggingFaceTokenizer", tokenizer_model=str(folder))
+    encoder = encode.gigatoken_encoder(tokenizer)
+    table = character_table.character_table(encoder, tokenizer, str(folder))
+    assert table == encoder.character_table()
+    cached = sorted(folder.glob(character_table.CACHE_PREFIX + "*"))
+    assert len(cached) == 1
+    computed = []
+    monkeypatch.setattr(encoder, "character_table", lambda: computed.append(1) or table)
+    assert character_table.character_table(encoder, tokenizer, str(folder)) == table
+    assert not computed
+    monkeypatch.setattr(character_table, "_version", lambda name: "0.0-other")
+    assert character_table.character_table(encoder, tokenizer, str(folder)) == table
+    assert computed and len(list(folder.glob(character_table.CACHE_PREFIX + "*"))) == 2
