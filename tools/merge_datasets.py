@@ -16,27 +16,25 @@ from __future__ import annotations
 import argparse
 from typing import Optional
 
+from megatron_ext.config.flag_fields import ShowDefaults, add_flags
 from megatron_ext.preprocess.merge import merge_dataset_files
+from megatron_ext.preprocess.preprocess_config import DatasetMerge
 from megatron_ext.runtime.errors import exits_on_error
 
 
-def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--input", nargs="+", required=True, metavar="PREFIX_OR_GLOB",
-                        help="datasets to merge, in this order: prefixes (or their .bin/.idx), "
-                             "quoted glob patterns and folders (every dataset in it), the last "
-                             "two sorted by name")
-    parser.add_argument("--output-prefix", required=True,
-                        help="path of the merged dataset without .bin/.idx")
-    return parser.parse_args(argv)
+def parse_args(argv: Optional[list[str]] = None) -> DatasetMerge:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=ShowDefaults)
+    add_flags(parser, DatasetMerge, required=("input", "output_prefix"))
+    return DatasetMerge.from_flags(parser.parse_args(argv))
 
 
 def main(argv: Optional[list[str]] = None) -> list:
     with exits_on_error():
-        args = parse_args(argv)
-        indexes = merge_dataset_files(args.input, args.output_prefix)
+        merge = parse_args(argv)
+        indexes = merge_dataset_files(list(merge.input), merge.output_prefix)
         print(f"merged {len(indexes)} datasets: {sum(i.documents for i in indexes):,} documents, "
-              f"{sum(i.tokens() for i in indexes):,} tokens -> {args.output_prefix}.bin/.idx "
+              f"{sum(i.tokens() for i in indexes):,} tokens -> {merge.output_prefix}.bin/.idx "
               f"({indexes[0].dtype.__name__})")
         return indexes
 

@@ -82,3 +82,16 @@ class PreprocessConfig(FlagConfig):
             parse_shard(self.shard)
         if len(set(self.json_keys)) < len(self.json_keys):
             raise FlagError(f"--json-keys {' '.join(self.json_keys)}: a key is given twice")
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetMerge(FlagConfig):
+    """What tools/merge_datasets.py's flags ask (Megatron-LM's ``tools/merge_datasets.py``
+    names them ``--input`` and ``--output-prefix`` too): whole datasets in, one out."""
+    FLAG_GROUP = "merge"
+    input: tuple[str, ...] = flag(
+        (), "datasets to merge, in this order: prefixes (or their .bin/.idx), quoted glob "
+            "patterns and folders (every dataset in it), the last two sorted by name",
+        nargs="+", metavar="PREFIX_OR_GLOB")
+    output_prefix: Optional[str] = flag(
+        None, "path of the merged dataset without .bin/.idx")

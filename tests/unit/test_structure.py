@@ -262,7 +262,7 @@ def test_each_flag_is_declared_once_by_a_config_field():
 TOOLS = sorted((REPO / "tools").glob("*.py"))
 # The tools whose every flag is a config field's (issue 58): they add positional arguments only.
 FIELD_TOOLS = ("plan", "submit", "probe", "evaluate", "check_data", "build_data_cache",
-               "convert_to_hf", "check_checkpoint")
+               "convert_to_hf", "check_checkpoint", "merge_datasets")
 
 
 @functools.lru_cache(maxsize=None)
@@ -356,6 +356,9 @@ def test_a_flag_name_has_one_meaning_across_the_tools():
         "--dtype": "convert_to_hf.py's exported weights; evaluate.py's loaded models",
         "--device": "probe.py's (default cpu); evaluate.py's (default cuda if visible)",
         "--output": "convert_to_hf.py's export folder (new or empty); probe.py's report folder",
+        "--input": "preprocess_data.py's corpus files; merge_datasets.py's datasets",
+        "--output-prefix": "preprocess_data.py's (a _{key}_document suffix follows); "
+                           "merge_datasets.py's (the dataset's own path)",
     }
     twice = {name: where for name, where in field_flags().items() if len(where) > 1}
     assert set(twice) == set(own_meanings), twice
