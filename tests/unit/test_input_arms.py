@@ -213,7 +213,7 @@ def test_param_report_refuses_an_arm_spec_that_training_refuses(cpu_dist):
     args = parse_model_config(SHAPE, "count")[0]
     with pytest.raises(FixedcodeError, match=re.escape("--input-table-rank 128 is outside")):
         count_arms(args, ["factorized@--input-table-rank=128"])
-    with pytest.raises(FixedcodeError, match=re.escape("--arms binary@--no-such-flag")):
+    with pytest.raises(FixedcodeError, match=re.escape("arm 'binary@--no-such-flag'")):
         count_arms(args, ["binary@--no-such-flag"])
 
 

@@ -15,6 +15,7 @@ from megatron_ext.launch import plan
 from megatron_ext.launch.plan import Cluster, check_fits, plan_run
 from megatron_ext.metrics.flops import flops_per_token, peak_flops
 from megatron_ext.model import memory
+from megatron_ext.config.arms import parse_arm
 from megatron_ext.model.param_count import count_arms
 from megatron_ext.runtime.errors import FlagError, LaunchError
 from pretrain_fixedcode import parse_args
@@ -52,8 +53,7 @@ def test_whole_model_parameters_are_the_built_modules(cpu_dist, arm):
                        "--train-iters", "1"])
     counted = count_arms(args, [arm])[arm]
     one = plan.run_config(["--preset", "smollm2-1.7b", "--bf16", "--mock-data",
-                           "--train-iters", "1", "--input-interface", arm.split("@")[0],
-                           *[t for f in arm.split("@")[1:] for t in f.split("=")]])
+                           "--train-iters", "1", *parse_arm(arm).training_flags()])
     planned = memory.stage_parameters(one, 49152, 0)
     assert planned.trained == counted["total"]
     state = memory.state_bytes(one, 49152, 1, 0)
