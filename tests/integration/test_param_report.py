@@ -78,14 +78,14 @@ def test_input_rms_and_the_matching_code_scale():
 
 def test_show_code_prints_the_rows_of_the_configured_code(capsys):
     from helpers.code_reference import py_row
-    from megatron_ext.codes.schemes import FixedCode
+    from helpers.codes import new_code
     from tools.param_report import main
     flags = ["--input-interface", "random", "--code-tiling", "recode", "--code-bits", "12",
              "--code-seed", "7"]
     main(SMALL + flags + ["--show-code", "3"])
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("# random code, 12 bits, recode tiling, pm1 x 1; vocabulary 512")
-    code = FixedCode.create("random", num_bits=12, tiling="recode", seed=7, vocab_size=512,
+    code = new_code("random", num_bits=12, tiling="recode", seed=7, vocab_size=512,
                             hidden_size=40)
     assert len(lines) == 5
     for t, line in enumerate(lines[2:]):
