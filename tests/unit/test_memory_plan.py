@@ -208,12 +208,10 @@ def test_submit_prints_the_plan_and_refuses_before_writing(tmp_path, capsys):
     assert not (tmp_path / "runs").exists()
 
 
-def test_a_studys_dry_run_prints_its_plan_with_branches(tmp_path, capsys, monkeypatch):
+def test_a_studys_dry_run_prints_its_plan_with_branches(tmp_path, capsys):
     """Every cell and arm, its seeds as runs alike; a budget's branch counts the iterations
-    it trains (from its branch point), and the total sums them all. (No queue is asked which
-    runs are queued: squeue is the launcher's, tested with Slurm.)"""
-    from megatron_ext.study import launch
-    monkeypatch.setattr(launch, "queued_job", lambda name: None)
+    it trains (from its branch point), and the total sums them all. (A dry run asks no
+    queue: tests/integration/test_study.py.)"""
     recipe = tmp_path / "r.args"
     recipe.write_text(" ".join(TINY[:-2] + ["--train-iters", "40", "--lr-decay-style", "WSD",
                                             "--lr-wsd-decay-iters", "8",
