@@ -30,11 +30,11 @@ from megatron_ext.launch.plan import (Cluster, add_plan_args, check_fits, plan_a
 from megatron_ext.launch.slurm import (CACHE_JOB, Job, add_job_args, cache_job_script,
                                        check_cache_recipe, check_job_runs, job_script,
                                        read_job_recipe, run_flags, write_and_submit)
-from megatron_ext.runtime.errors import exits_on_error
+from megatron_ext.runtime.errors import StudyError, exits_on_error
 
 
 
-def parse_args(argv: Optional[Sequence[str]]) -> tuple[argparse.Namespace, Job]:
+def parse_args(argv: Optional[Sequence[str]]) -> tuple[argparse.Namespace, Job, list]:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     p.add_argument("--recipe", required=True, type=Path,
                    help="file of pretrain_fixedcode.py flags shared by the arms")
@@ -62,16 +62,19 @@ def parse_args(argv: Optional[Sequence[str]]) -> tuple[argparse.Namespace, Job]:
     p.add_argument("--dry-run", action="store_true",
                    help="print the plan and the generated scripts; write and submit nothing")
     args = p.parse_args(argv)
-    if not args.arms.strip(","):
+    try:
+        arms = [parse_arm(spec, ARMS) for spec in args.arms.split(",") if spec]
+    except StudyError as error:
+        p.error(f"--arms: {error}")
+    if not arms:
         p.error(f"--arms: give one arm or more of {', '.join(ARMS)}")
-    return args, Job.from_flags(args).for_run_dir(args.run_dir.resolve())
+    return args, Job.from_flags(args).for_run_dir(args.run_dir.resolve()), arms
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
     with exits_on_error():
-        args, job = parse_args(argv)
+        args, job, arms = parse_args(argv)
         run_dir = args.run_dir.resolve()
-        arms = [parse_arm(spec, ARMS) for spec in args.arms.split(",") if spec]
         recipe = read_job_recipe(args.recipe)
         if args.build_cache:
             check_cache_recipe(recipe, args.recipe)
