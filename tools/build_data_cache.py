@@ -26,39 +26,40 @@ import logging
 import os
 import sys
 import time
-from pathlib import Path
 from typing import Optional, Sequence
 
 import megatron_ext  # noqa: F401  (its warning filters first)
 from megatron_ext.config import recipes  # noqa: E402
 from megatron_ext.config.arguments import add_training_args, parse_model_config  # noqa: E402
 from megatron_ext.config.derived import derive  # noqa: E402
+from megatron_ext.config.flag_fields import add_flags  # noqa: E402
 from megatron_ext.config.run_config import RunConfig  # noqa: E402
+from megatron_ext.datasets.cache import CacheBuild  # noqa: E402
 from megatron_ext.datasets.gpt_datasets import build_caches, samples_per_split  # noqa: E402
 from megatron_ext.datasets.tokenizer import tokenizer_from_args  # noqa: E402
 from megatron_ext.runtime.errors import FlagError, exits_on_error  # noqa: E402
 
 DESCRIPTION = __doc__.splitlines()[0]
+RECIPE_HELP = ("file of pretrain_fixedcode.py flags (tools/submit.py's --recipe); flags given "
+               "after it add to or override it")
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> tuple[RunConfig, int]:
     """The training run's config and the world size its caches are built for."""
     def add_builder_args(parser: argparse.ArgumentParser) -> None:
         add_training_args(parser)
-        g = parser.add_argument_group("tools/build_data_cache.py")
-        g.add_argument("--recipe", type=Path,
-                       help="file of pretrain_fixedcode.py flags (tools/submit.py's --recipe); "
-                            "flags given after it add to or override it")
-        g.add_argument("--world-size", type=int,
-                       help="ranks of the training job (nodes x tasks per node): sets the "
-                            "data-parallel size, hence the default --global-batch-size")
+        g = parser.add_argument_group(CacheBuild.FLAG_GROUP)
+        add_flags(g, recipes.RecipeFile, helps={"recipe": RECIPE_HELP})
+        add_flags(g, CacheBuild)
 
     argv = list(sys.argv[1:] if argv is None else argv)
     pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    pre.add_argument("--recipe", type=Path)
+    add_flags(pre, recipes.RecipeFile)
     known, rest = pre.parse_known_args(argv)
-    flags = recipes.read_recipe(known.recipe, (), "") if known.recipe else []
+    recipe = recipes.RecipeFile.from_flags(known).recipe
+    flags = recipes.read_recipe(recipe, (), "") if recipe else []
     config, args = parse_model_config(flags + rest, DESCRIPTION, add_builder_args)
+    world_size = CacheBuild.from_flags(args).world_size
     config.training.validate()  # the schedule and data flags, as training refuses them
     config.data.validate()
     if not config.data.data_cache_path:
@@ -67,16 +68,14 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> tuple[RunConfig, int]:
     if config.data.mock_data:
         raise FlagError("--mock-data: nothing to build ahead (its tokens are drawn when "
                         "training starts)")
-    if args.world_size is None:
+    if world_size is None:
         if config.training.global_batch_size is None:
             raise FlagError("give --global-batch-size, or the training job's --world-size: "
                             "the default global batch is --micro-batch-size x the "
                             "data-parallel size")
         return config, config.parallel.model_parallel_size  # the data-parallel size is moot
-    if args.world_size < 1:
-        raise FlagError(f"--world-size {args.world_size}: at least 1")
-    config.parallel.check_world(args.world_size, f"--world-size {args.world_size}")
-    return config, args.world_size
+    config.parallel.check_world(world_size, f"--world-size {world_size}")
+    return config, world_size
 
 
 def main(argv: Optional[Sequence[str]] = None) -> list:

@@ -21,7 +21,7 @@ import argparse
 import sys
 from typing import Optional
 
-from megatron_ext.preprocess.check import check_file, format_report, vocabulary
+from megatron_ext.preprocess.check import CheckOutput, check_file, format_report, vocabulary
 from megatron_ext.runtime.errors import exits_on_error
 from megatron_ext.runtime.files import write_json
 from megatron_ext.config.data_config import DataConfig, add_tokenizer_flags
@@ -38,9 +38,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     parser.add_argument("prefixes", nargs="+", metavar="PREFIX",
                         help="dataset prefixes, without .bin/.idx (as for --data-path)")
     group = parser.add_argument_group("token ids")
-    group.add_argument("--vocab-size", type=int,
-                       help="token ids must be below this; with --tokenizer-type NullTokenizer, "
-                            "below this + 1 (its EOD), as for training")
+    add_flags(group, DataConfig, only=("vocab_size",), helps={
+        "vocab_size": "token ids must be below this; with --tokenizer-type NullTokenizer, "
+                      "below this + 1 (its EOD), as for training"})
     add_tokenizer_flags(group)  # token ids must be below its vocabulary size, as for training
     add_flags(group, ModelConfig, only=("code_bits",), helps={
         "code_bits": "token ids must be below 2^bits, for the fixed-code arms"})
@@ -56,7 +56,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                                       "samples take",
                      "train_iters": "or this many iterations of --global-batch-size samples",
                      "global_batch_size": "samples per iteration"})
-    parser.add_argument("--json", metavar="PATH", help="also write the results to PATH as JSON")
+    add_flags(parser, CheckOutput)
     args = parser.parse_args(argv)
     try:
         split_ranges(args.split, 0)
@@ -74,22 +74,27 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
 def main(argv: Optional[list[str]] = None) -> dict:
     with exits_on_error():
         args = parse_args(argv)
-        vocab_size, vocab_source = vocabulary(DataConfig.from_flags(args))
-        train_samples = (args.train_samples if args.train_iters is None
-                         else args.train_iters * args.global_batch_size)
+        data, model = DataConfig.from_flags(args), ModelConfig.from_flags(args)
+        training = TrainingConfig.from_flags(args)
+        vocab_size, vocab_source = vocabulary(data)
+        train_samples = (training.train_samples if training.train_iters is None
+                         else training.train_iters * training.global_batch_size)
         reports, problems = [], []
         for prefix in args.prefixes:
-            report, found = check_file(prefix, vocab_size, vocab_source, code_bits=args.code_bits,
-                                       seq_length=args.seq_length, split=args.split,
-                                       eval_iters=args.eval_iters, train_samples=train_samples)
+            report, found = check_file(prefix, vocab_size, vocab_source,
+                                       code_bits=model.code_bits, seq_length=model.seq_length,
+                                       split=data.split,
+                                       eval_iters=LoggingConfig.from_flags(args).eval_iters,
+                                       train_samples=train_samples)
             if report:
                 reports.append(report)
-                print(format_report(report, args.split, train_samples, args.seq_length),
+                print(format_report(report, data.split, train_samples, model.seq_length),
                       flush=True)
             problems += found
         result = {"files": reports, "problems": problems}
-        if args.json:
-            write_json(args.json, result)
+        output = CheckOutput.from_flags(args)
+        if output.json:
+            write_json(output.json, result)
         if problems:
             print("\n".join(problems), file=sys.stderr)
             raise SystemExit(1)

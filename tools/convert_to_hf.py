@@ -23,42 +23,38 @@ import argparse
 import sys
 from typing import Optional, Sequence
 
-from megatron_ext.hf.convert import DTYPES
-from megatron_ext.hf.export import export_checkpoint
+from megatron_ext.config.checkpoint_config import CheckpointConfig, SavedIteration
+from megatron_ext.config.data_config import DataConfig
+from megatron_ext.config.flag_fields import ShowDefaults, add_flags
+from megatron_ext.hf.export import ExportSettings, export_checkpoint
 from megatron_ext.runtime.errors import exits_on_error
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Convert a checkpoint to Hugging Face format",
-                                     allow_abbrev=False)
-    parser.add_argument("--load", required=True, help="the training run's --save directory")
-    parser.add_argument("--iteration", type=int, help="default: the latest completed save")
-    parser.add_argument("--output", required=True, help="new or empty output directory")
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32",
-                        help="dtype of the exported weights (default fp32)")
-    parser.add_argument("--tokenizer-model",
-                        help="the tokenizer file, when the checkpoint's path is not valid here")
-    parser.add_argument("--as-table", action="store_true",
-                        help="write a fixed-code arm as a stock LlamaForCausalLM whose "
-                             "embed_tokens.weight is its code of every id (loads without "
-                             "trust_remote_code, serves where a Llama does; V x h more weights)")
-    parser.add_argument("--license",
-                        help="the model's licence, a Hugging Face Hub identifier (apache-2.0, "
-                             "mit, cc-by-4.0, ..., other), written into the model card's "
-                             "metadata; default: none stated")
-    parser.add_argument("--validate", action="store_true",
-                        help="reload the output and check it against the Megatron model")
+                                     allow_abbrev=False, formatter_class=ShowDefaults)
+    add_flags(parser, CheckpointConfig, only=("load",), required=("load",),
+              helps={"load": "the training run's --save directory"})
+    add_flags(parser, SavedIteration)
+    add_flags(parser, ExportSettings, only=("output",), required=("output",))
+    add_flags(parser, ExportSettings, only=("dtype",))
+    add_flags(parser, DataConfig, only=("tokenizer_model",), helps={
+        "tokenizer_model": "the tokenizer file, when the checkpoint's path is not valid here"})
+    add_flags(parser, ExportSettings, only=("as_table", "license", "validate"))
     return parser.parse_args(argv)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> dict:
     with exits_on_error():
         args = parse_args(argv)
-        result = export_checkpoint(args.load, args.output, args.iteration, args.dtype,
-                                   args.tokenizer_model, check=args.validate,
-                                   as_table=args.as_table, license=args.license)
-        if args.license is None:
-            print(f"before publishing {args.output}, state its licence: --license, or "
+        export = ExportSettings.from_flags(args)
+        result = export_checkpoint(
+            CheckpointConfig.from_flags(args).load, export.output,
+            SavedIteration.from_flags(args).iteration, export.dtype,
+            DataConfig.from_flags(args).tokenizer_model, check=export.validate,
+            as_table=export.as_table, license=export.license)
+        if export.license is None:
+            print(f"before publishing {export.output}, state its licence: --license, or "
                   f"license: in {result['card']}")
         return result
 

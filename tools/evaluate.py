@@ -25,34 +25,24 @@ import os
 import sys
 from typing import Optional, Sequence
 
+from megatron_ext.config.flag_fields import ShowDefaults, add_flags
+from megatron_ext.hf.eval_settings import DTYPES, PAPER_TASKS, EvaluateSettings
 from megatron_ext.runtime.errors import exits_on_error
-
-DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+from megatron_ext.study.spec import EvalSettings
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Evaluate exported models with lm-eval",
-                                     allow_abbrev=False)
+                                     allow_abbrev=False, formatter_class=ShowDefaults)
     parser.add_argument("hf_dirs", nargs="+", metavar="HF_DIR",
                         help="directories written by tools/convert_to_hf.py")
-    parser.add_argument("--tasks", default="hellaswag,piqa,lambada_openai",
-                        help="comma-separated, from hellaswag, piqa, lambada_openai")
-    parser.add_argument("--data-dir", help="folder of <task>.jsonl files (official layouts)")
-    parser.add_argument("--online", action="store_true",
-                        help="allow network access (without --data-dir: the Hub datasets)")
-    parser.add_argument("--output-dir", default="eval_results",
-                        help="where results.md and results.json go (default eval_results)")
-    parser.add_argument("--device", default=None, help="default: cuda if visible, else cpu")
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--limit", type=int, help="only the first N documents per task (tests)")
-    parser.add_argument("--bootstrap-iters", type=int, default=100000,
-                        help="bootstrap resamples for the standard errors (0: none)")
-    parser.add_argument("--seed", type=int, default=1234)
-    parser.add_argument("--no-model-card", action="store_true",
-                        help="leave the exports' model cards (README.md) as they are")
+    add_flags(parser, EvaluateSettings, only=("tasks",),
+              defaults={"tasks": ",".join(PAPER_TASKS)})
+    add_flags(parser, EvalSettings, only=("data_dir",))
+    add_flags(parser, EvaluateSettings, only=("online", "output_dir", "device", "dtype"))
+    add_flags(parser, EvalSettings, only=("batch_size", "limit"))
+    add_flags(parser, EvaluateSettings, only=("bootstrap_iters", "seed", "model_card"))
     args = parser.parse_args(argv)
-    args.tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     if args.data_dir is None and not args.online:
         parser.error("pass --data-dir DIR (local JSONL), or --online to read the official "
                      "datasets from the Hugging Face Hub")
@@ -70,7 +60,10 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
 def main(argv: Optional[Sequence[str]] = None) -> dict:
     with exits_on_error():
         args = parse_args(argv)
-        if not args.online:
+        run = EvaluateSettings.from_flags(args)
+        tasks = run.task_names
+        shared = EvalSettings.from_flags(args, tasks=tuple(tasks))
+        if not run.online:
             os.environ["HF_HUB_OFFLINE"] = os.environ["HF_DATASETS_OFFLINE"] = "1"
         # Imported only now: datasets and transformers read the offline switches at import.
         import torch
@@ -82,27 +75,27 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
 
         logging.basicConfig(format="%(asctime)s %(name)s %(levelname)s: %(message)s")
         logging.getLogger("lm_eval").setLevel(logging.INFO)
-        device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        device = run.device or ("cuda" if torch.cuda.is_available() else "cpu")
         report = evaluate_models(
-            args.hf_dirs, args.tasks, args.data_dir,
+            args.hf_dirs, tasks, shared.data_dir,
             starting=lambda i, hf_dir, arm: print(
                 f"[{i}/{len(args.hf_dirs)}] {hf_dir} ({arm} arm, "
                 + ("custom code: trust_remote_code" if needs_remote_code(hf_dir)
-                   else "stock Llama") + f"): {', '.join(args.tasks)} on "
-                f"{device} in {args.dtype}", flush=True),
-            device=device, dtype=DTYPES[args.dtype], batch_size=args.batch_size, limit=args.limit,
-            bootstrap_iters=args.bootstrap_iters, seed=args.seed)
-        md_path, json_path = write_report(report, args.output_dir)
+                   else "stock Llama") + f"): {', '.join(tasks)} on "
+                f"{device} in {run.dtype}", flush=True),
+            device=device, dtype=DTYPES[run.dtype], batch_size=shared.batch_size,
+            limit=shared.limit, bootstrap_iters=run.bootstrap_iters, seed=run.seed)
+        md_path, json_path = write_report(report, run.output_dir)
         print(markdown(report))
         print(f"wrote {md_path} and {json_path}")
-        for hf_dir in [] if args.no_model_card else args.hf_dirs:
-            if args.limit:
+        for hf_dir in args.hf_dirs if run.model_card else []:
+            if shared.limit:
                 print(f"{hf_dir}: model card left as it is (a --limit run)")
                 continue
             card = record_evaluation(hf_dir, evaluation_rows(report, hf_dir))
             print(f"{hf_dir}: " + (f"results recorded in its model card {card}" if card else
                                    "no model card of tools/convert_to_hf.py: results only in "
-                                   f"{args.output_dir}"))
+                                   f"{run.output_dir}"))
         return report
 
 

@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import Optional, Sequence
 
-from megatron_ext.codes.limits import ARMS, PAPER_ARMS
+from megatron_ext.codes.limits import ARMS
+from megatron_ext.config.data_config import DataConfig
+from megatron_ext.config.flag_fields import add_flags
+from megatron_ext.config.recipes import RecipeFile
 from megatron_ext.launch.plan import Cluster, add_plan_args, check_fits, plan_arms, plan_table
-from megatron_ext.launch.slurm import read_job_recipe
+from megatron_ext.launch.slurm import Layout, read_job_recipe
 from megatron_ext.runtime.errors import exits_on_error
 from megatron_ext.study import launch, spec
 
@@ -31,16 +33,13 @@ from megatron_ext.study import launch, spec
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     what = p.add_mutually_exclusive_group(required=True)
-    what.add_argument("--recipe", type=Path, help="file of pretrain_fixedcode.py flags")
-    what.add_argument("--study", type=Path, help="a study file (tools/study.py's TOML)")
-    p.add_argument("--arms", default=",".join(PAPER_ARMS),
-                   help="--recipe: comma-separated arms, [NAME:]INTERFACE[@--flag=value...] "
-                        f"(default: {','.join(PAPER_ARMS)})")
-    p.add_argument("--nodes", type=int, default=1, help="nodes per run (default 1)")
-    p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (default 8)")
-    p.add_argument("--vocab-size", type=int, default=None,
-                   help="the tokenizer's vocabulary size, where the recipe's tokenizer is not "
-                        "readable here (default: read from it)")
+    add_flags(what, RecipeFile)
+    add_flags(what, spec.StudyFlags, only=("study",))
+    add_flags(p, spec.StudyFlags, only=("arms",))
+    add_flags(p, Layout)
+    add_flags(p, DataConfig, only=("vocab_size",), helps={
+        "vocab_size": "the tokenizer's vocabulary size, where the recipe's tokenizer is not "
+                      "readable here (default: read from it)"})
     add_plan_args(p)
     return p.parse_args(argv)
 
@@ -48,16 +47,19 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
 def main(argv: Optional[Sequence[str]] = None) -> list:
     with exits_on_error():
         args = parse_args(argv)
-        cluster = Cluster.from_flags(args, nodes=args.nodes, gpus_per_node=args.gpus_per_node)
-        if args.recipe:
-            arms = [spec.parse_arm(a, ARMS) for a in args.arms.split(",") if a]
-            plans = plan_arms(read_job_recipe(args.recipe),
+        cluster = Cluster.from_flags(args)
+        recipe = RecipeFile.from_flags(args).recipe
+        vocab_size = DataConfig.from_flags(args).vocab_size
+        named = spec.StudyFlags.from_flags(args)
+        if recipe:
+            arms = [spec.parse_arm(a, ARMS) for a in named.arms.split(",") if a]
+            plans = plan_arms(read_job_recipe(recipe),
                               [(arm.name, arm.training_flags()) for arm in arms], cluster,
-                              args.vocab_size)
+                              vocab_size)
         else:
-            study = spec.study_from_flags(str(args.study), dict.fromkeys(
+            study = spec.study_from_flags(named.study, dict.fromkeys(
                 ("recipe", "arms", "seeds", "control")), {})
-            plans = launch.plan_study(study, cluster, args.vocab_size)
+            plans = launch.plan_study(study, cluster, vocab_size)
         print(plan_table(plans, cluster))
         check_fits(plans, cluster)
         return plans

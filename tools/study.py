@@ -30,6 +30,9 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
+from megatron_ext.config.flag_fields import add_flags
+from megatron_ext.config.recipes import RecipeFile
+from megatron_ext.hf.eval_settings import EvaluateSettings
 from megatron_ext.launch import plan, slurm
 from megatron_ext.study import launch, spec
 from megatron_ext.runtime.errors import exits_on_error
@@ -43,13 +46,14 @@ def parse_args(argv: Optional[Sequence[str]]) -> tuple[argparse.ArgumentParser,
                                           "with the local launcher)", allow_abbrev=False)
     run.add_argument("study_dir", type=Path, help="the study's folder")
     d = run.add_argument_group("the study (first run only; later runs reuse definition.json)")
-    d.add_argument("--study", help="a TOML study file (keys: recipe, overrides, arms, seeds, "
-                                   "control, [eval], [probes], [factors.NAME], gap_of_interest, "
-                                   "margin, [comparisons.\"B - A\"]); the flags "
-                                   "below override its keys")
-    d.add_argument("--recipe", help="file of pretrain_fixedcode.py flags shared by all runs")
-    d.add_argument("--arms", help="comma-separated [NAME:]INTERFACE[@--flag=value...], e.g. "
-                                  "learned,binary,small:binary@--code-scale=0.02")
+    add_flags(d, spec.StudyFlags, only=("study",), helps={
+        "study": "a TOML study file (keys: recipe, overrides, arms, seeds, control, [eval], "
+                 "[probes], [factors.NAME], gap_of_interest, margin, [comparisons.\"B - A\"]); "
+                 "the flags below override its keys"})
+    add_flags(d, RecipeFile)
+    add_flags(d, spec.StudyFlags, only=("arms",), defaults={"arms": None}, helps={
+        "arms": "comma-separated [NAME:]INTERFACE[@--flag=value...], e.g. "
+                "learned,binary,small:binary@--code-scale=0.02"})
     d.add_argument("--seeds", help="comma-separated --seed values, e.g. 1,2,3")
     d.add_argument("--control", help="the arm the others are compared with (default learned)")
     d.add_argument("--gap-of-interest",
@@ -61,12 +65,11 @@ def parse_args(argv: Optional[Sequence[str]]) -> tuple[argparse.ArgumentParser,
                    help="the equivalence / non-inferiority margin of the held-out loss, "
                         "nats or %% perplexity: each comparison's verdict \"within ±m\" or "
                         "\"not shown\" (TOST at 5%%) (study file: margin)")
-    d.add_argument("--eval-data-path", help="indexed dataset prefix of the held-out set")
-    d.add_argument("--eval-tokens", type=int,
-                   help="held-out tokens per evaluation (default 65536)")
-    d.add_argument("--tasks", help="downstream tasks (from hellaswag,piqa,lambada_openai)")
-    d.add_argument("--data-dir", help="folder of <task>.jsonl files for --tasks")
-    d.add_argument("--limit", type=int, help="only the first N documents per task")
+    # None where not given: the study file's [eval] keys, or their defaults, stand.
+    add_flags(d, spec.EvalSettings, only=("data_path", "tokens"),
+              defaults={"tokens": None})
+    add_flags(d, EvaluateSettings, only=("tasks",))
+    add_flags(d, spec.EvalSettings, only=("data_dir", "limit"))
     d.add_argument(spec.ALLOW_UNREPORTED, action="store_true",
                    help=f"define a tuned study (tune = ...) of fewer than "
                         f"{spec.seeds_for_reported(spec.REPORTED_SEEDS)} seeds, whose tuned "
@@ -79,8 +82,8 @@ def parse_args(argv: Optional[Sequence[str]]) -> tuple[argparse.ArgumentParser,
                         help="local: processes per run (torchrun when > 1)")
     launch.add_argument("--no-eval", action="store_true",
                         help="local: train only (evaluate later with `eval`)")
-    launch.add_argument("--dry-run", action="store_true",
-                        help="slurm: print the job scripts; write and submit nothing")
+    add_flags(launch, slurm.Submission, only=("dry_run",), helps={
+        "dry_run": "slurm: print the job scripts; write and submit nothing"})
     slurm.add_job_args(run.add_argument_group("slurm jobs (as tools/submit.py)"))
     plan.add_plan_args(run)
     for name, text in (("eval", "evaluate the checkpoints not evaluated yet, then report"),
@@ -100,7 +103,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
                 args.study, {"recipe": args.recipe, "arms": args.arms, "seeds": args.seeds,
                              "control": args.control, "gap_of_interest": args.gap_of_interest,
                              "margin": args.margin},
-                {"data_path": args.eval_data_path, "tokens": args.eval_tokens,
+                {"data_path": args.data_path, "tokens": args.tokens,
                  "tasks": args.tasks, "data_dir": args.data_dir, "limit": args.limit},
                 args.allow_unreported_intervals)
             study = spec.settle(args.study_dir, given, save=False)

@@ -20,47 +20,30 @@ caches with ``--require-data-cache``. Usage::
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Optional, Sequence
 
-from megatron_ext.codes.limits import ARMS, PAPER_ARMS
-from megatron_ext.study.spec import parse_arm
+from megatron_ext.codes.limits import ARMS
+from megatron_ext.config.flag_fields import add_flags
+from megatron_ext.config.recipes import RecipeFile
+from megatron_ext.study.spec import StudyFlags, parse_arm
 from megatron_ext.launch.plan import (Cluster, add_plan_args, check_fits, plan_arms,
                                       plan_submission)
-from megatron_ext.launch.slurm import (CACHE_JOB, Job, add_job_args, cache_job_script,
-                                       check_cache_recipe, check_job_runs, job_script,
-                                       read_job_recipe, run_flags, write_and_submit)
+from megatron_ext.launch.slurm import (CACHE_GROUP, CACHE_JOB, Job, Submission, add_job_args,
+                                       cache_job_script, check_cache_recipe, check_job_runs,
+                                       job_script, read_job_recipe, run_flags, write_and_submit)
 from megatron_ext.runtime.errors import StudyError, exits_on_error
 
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> tuple[argparse.Namespace, Job, list]:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
-    p.add_argument("--recipe", required=True, type=Path,
-                   help="file of pretrain_fixedcode.py flags shared by the arms")
-    p.add_argument("--run-dir", required=True, type=Path,
-                   help="per arm: RUN_DIR/ARM/{checkpoints,tensorboard,slurm-ID.log,job.sbatch}")
-    p.add_argument("--arms", default=",".join(PAPER_ARMS),
-                   help="comma-separated arms of %s (default: %s), each with flags of its own "
-                        "as a study names them: [NAME:]ARM[@--flag=value...], e.g. "
-                        "r32:factorized@--input-table-rank=32 (NAME names its folder)"
-                        % (",".join(ARMS), ",".join(PAPER_ARMS)))
+    add_flags(p, RecipeFile, required=("recipe",))
+    add_flags(p, Submission, only=("run_dir",), required=("run_dir",))
+    add_flags(p, StudyFlags, only=("arms",))
     add_job_args(p)
-    c = p.add_argument_group("dataset index caches built ahead (--build-cache)")
-    c.add_argument("--build-cache", action="store_true",
-                   help="first queue a CPU job that builds the recipe's dataset index caches "
-                        "into its --data-cache-path (tools/build_data_cache.py); the arms' jobs "
-                        "start when it succeeds (--dependency=afterok) and load them with "
-                        "--require-data-cache, never build them")
-    c.add_argument("--build-cache-partition",
-                   help="partition of the cache job, e.g. a CPU one (default: --partition)")
-    c.add_argument("--build-cache-time",
-                   help="sbatch --time limit of the cache job (default: the partition's)")
-    c.add_argument("--build-cache-cpus-per-task", type=int,
-                   help="CPUs of the cache job's one task (default: Slurm's)")
+    add_flags(p.add_argument_group(CACHE_GROUP), Submission, title=CACHE_GROUP)
     add_plan_args(p)
-    p.add_argument("--dry-run", action="store_true",
-                   help="print the plan and the generated scripts; write and submit nothing")
+    add_flags(p, Submission, only=("dry_run",))
     args = p.parse_args(argv)
     try:
         arms = [parse_arm(spec, ARMS) for spec in args.arms.split(",") if spec]

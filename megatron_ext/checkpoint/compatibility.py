@@ -2,50 +2,48 @@
 input and precision (:func:`check_compatible`), the data and the model's function, said in
 the log (:func:`changed_on_resume`), the learning-rate schedule (:func:`reconcile_schedule`),
 the parallel sizes the distributed optimizer's saved layout allows
-(:func:`check_optimizer_resharding`)."""
+(:func:`check_optimizer_resharding`). Which flags are which, each flag's field declares
+(``resume=``, ``added=``: ``config/flag_fields.py``); the sets here are built from them."""
 
 from __future__ import annotations
 
 from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 
-from ..config.model_config import padded_vocab_size
+from ..config.data_config import DataConfig
+from ..config.model_config import ModelConfig, padded_vocab_size
 from ..config.parallel_config import ParallelConfig
-from ..config.run_config import RunConfig, declared_defaults
+from ..config.run_config import RunConfig, declared_defaults, fields_where
 from ..runtime.errors import CheckpointError
 from ..runtime.megatron_compat import installed_release, null_tokenizer_counts
 from . import manifest
 from .layout import saved_content_metadata
 
 
-# Arguments that define the model and its input: a checkpoint can only be resumed with the same.
-MODEL_DEFINING_ARGS = (
-    "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
-    "padded_vocab_size", "normalization", "swiglu", "disable_bias_linear",
-    "untie_embeddings_and_output_weights", "position_embedding_type", "input_interface",
-    "code_bits", "code_values", "code_scale", "code_tiling", "input_table_rank", "code_projection",
-)
+# Each flag's field declares what a resume does when it differs (flag_fields.RESUME_KINDS).
+# Refused: the model and its input, and the padded vocabulary, a value derived at start-up
+# (derived.Derived), not a flag: --vocab-size, --make-vocab-size-divisible-by and the
+# tensor-parallel size may change where the padding they give does not.
+MODEL_DEFINING_ARGS = (*(f.name for _, f in fields_where(resume="model")), "padded_vocab_size")
+
+# The flags added since the first checkpoints: their value in those checkpoints, the default
+# each was added with (which kept the earlier behaviour).
+ADDED_ARGS = declared_defaults(*(f.name for _, f in fields_where(added=True)))
+
+# The precision the optimizer state was saved in (its main-parameter copies and loss scaler),
+# refused when it differs; off (the declared default) where a checkpoint's args lack them.
+PRECISION_ARGS = declared_defaults(*(f.name for _, f in fields_where(resume="precision")))
 
 
-# Model arguments added since the first checkpoints: their value in those checkpoints, the
-# default each was added with (which kept the earlier behaviour).
-ADDED_ARGS = declared_defaults("code_tiling", "input_table_rank", "code_projection",
-                               "embedding_init_method_std")
+def _said_order(concern: type) -> int:
+    """The data's flags first, the model's last, the rest (--seed: the data's order) between."""
+    return {DataConfig: 0, ModelConfig: 2}.get(concern, 1)
 
-
-# The precision the optimizer state was saved in (its main-parameter copies and loss scaler);
-# off where a checkpoint's args lack them.
-PRECISION_ARGS = {"bf16": False, "fp16": False}
 
 # What a resumed run may change on purpose (a new blend for a cooldown, a longer context, a
 # fine-tuning's dropout), so it is said, not refused: the data and their order, and what the
 # model computes without changing its shape. Megatron-LM resumes with them changed in silence.
-SAID_ON_RESUME = (
-    "data_path", "train_data_path", "valid_data_path", "test_data_path", "data_args_path",
-    "per_split_data_args_path", "mock_data", "split", "seed", "seq_length", "tokenizer_type",
-    "tokenizer_model", "vocab_file", "merge_file", "eod_mask_loss", "reset_position_ids",
-    "reset_attention_mask", "rotary_base", "norm_epsilon", "hidden_dropout",
-    "attention_dropout",
-)
+SAID_ON_RESUME = tuple(f.name for _, f in sorted(fields_where(resume="said"),
+                                                 key=lambda pair: _said_order(pair[0])))
 
 
 def _differences(names, saved_args: dict, current: dict, absent: dict = ADDED_ARGS) -> list[str]:
@@ -109,26 +107,12 @@ def changed_on_resume(saved_args: dict, current: dict) -> list[str]:
 
 
 # The learning-rate and weight-decay schedule, by argument, with its flag.
-SCHEDULE_FLAGS = {
-    "lr": "--lr", "min_lr": "--min-lr", "lr_warmup_iters": "--lr-warmup-iters",
-    "lr_warmup_fraction": "--lr-warmup-fraction", "lr_warmup_samples": "--lr-warmup-samples",
-    "lr_decay_iters": "--lr-decay-iters", "lr_decay_samples": "--lr-decay-samples",
-    "lr_decay_style": "--lr-decay-style",
-    "lr_wsd_decay_iters": "--lr-wsd-decay-iters",
-    "lr_wsd_decay_samples": "--lr-wsd-decay-samples",
-    "lr_wsd_decay_style": "--lr-wsd-decay-style", "lr_warmup_init": "--lr-warmup-init",
-    "weight_decay": "--weight-decay", "input_table_lr_mult": "--input-table-lr-mult",
-    "input_table_weight_decay": "--input-table-weight-decay",
-}
-# Schedule flags added since the first checkpoints: their value in those checkpoints (as
-# ADDED_ARGS).
-ADDED_SCHEDULE_FLAGS = declared_defaults("lr_warmup_samples", "lr_warmup_init",
-                                         "input_table_lr_mult", "input_table_weight_decay")
+SCHEDULE_FLAGS = {f.name: c.spellings(f)[0] for c, f in fields_where(resume="schedule")}
 
 
 def _schedule(flags: dict) -> dict:
     """The schedule the arguments define (decay length resolved, WSD values only for WSD)."""
-    schedule = {k: flags.get(k, ADDED_SCHEDULE_FLAGS.get(k)) for k in SCHEDULE_FLAGS}
+    schedule = {k: flags.get(k, ADDED_ARGS.get(k)) for k in SCHEDULE_FLAGS}
     schedule["lr_decay_iters"] = schedule["lr_decay_iters"] or flags.get("train_iters")
     if schedule["lr_decay_style"] != "WSD":
         schedule["lr_wsd_decay_iters"] = schedule["lr_wsd_decay_style"] = None

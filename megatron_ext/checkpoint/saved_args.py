@@ -2,7 +2,8 @@
 ``megatron/training/checkpointing.py``): the model and input flags of a run taken from the
 checkpoint in ``--load`` (``--ckpt-step``, else its latest), before the flags are validated.
 As there, the shape flags are filled only where the command line leaves them unset
-(:data:`UNSET_ONLY`) and the others always (:data:`ALWAYS`); the fixed code's flags are ours.
+(:data:`UNSET_ONLY`) and the others always (:data:`ALWAYS`), as each flag's field declares
+(``checkpoint_args=``); the fixed code's flags are ours.
 Part of parsing, as ``--preset`` is: the result is the run's flags. Reads the checkpoint's
 common objects only (the resume verifies and loads the save later)."""
 
@@ -10,23 +11,20 @@ from __future__ import annotations
 
 import os
 
-from ..config.run_config import RunConfig
+from ..config.run_config import RunConfig, fields_where
 from ..runtime.log import log
 from ..runtime.megatron_compat import read_common_objects
 from .manifest import written_by
 from .layout import existing_save, latest_iteration
 
+# What each flag's field declares for --use-checkpoint-args (flag_fields.CHECKPOINT_ARGS).
 # Taken from the checkpoint where the command line does not give them (Megatron-LM's
-# ``_set_arg(name)``).
-UNSET_ONLY = ("num_layers", "hidden_size", "ffn_hidden_size", "seq_length",
-              "num_attention_heads", "max_position_embeddings")
+# ``_set_arg(name)``): the shape.
+UNSET_ONLY = tuple(f.name for _, f in fields_where(checkpoint_args="unset_only"))
 # Always taken from the checkpoint (Megatron-LM's ``force=True``, and what else defines the
 # model's function that it leaves to the command line: RoPE base, norm epsilon, dropouts),
 # and the fixed code's flags.
-ALWAYS = ("num_query_groups", "position_embedding_type", "rotary_base", "disable_bias_linear",
-          "swiglu", "untie_embeddings_and_output_weights", "normalization", "norm_epsilon",
-          "attention_dropout", "hidden_dropout", "input_interface", "code_bits", "code_values",
-          "code_scale", "code_tiling", "code_seed")
+ALWAYS = tuple(f.name for _, f in fields_where(checkpoint_args="always"))
 
 
 def with_checkpoint_args(config: RunConfig) -> RunConfig:
@@ -44,7 +42,7 @@ def with_checkpoint_args(config: RunConfig) -> RunConfig:
         return config
     path, _ = existing_save(checkpoint.load, checkpoint.ckpt_step)
     saved = read_common_objects(path, written_by(path))["args"]
-    given, taken, changes = config.model.record(), [], {}
+    given, taken, changes = config.record(), [], {}
     for name in UNSET_ONLY + ALWAYS:
         if name in saved and (name in ALWAYS or given[name] is None):
             if given[name] != saved[name]:

@@ -2,12 +2,14 @@
 Megatron-LM's flags, the parser made from them, recipe files, the values derived once at
 start-up, argparse types. Imports ``codes`` and ``runtime``.
 
-- ``flag_fields``: a config field that declares its flag, and the parser made from fields;
+- ``flag_fields``: a config field that declares its flag and its life on resume, and the
+  parser made from fields;
 - ``model_config``, ``parallel_config``, ``training_config``, ``data_config``,
   ``checkpoint_config``, ``logging_config``: the flags of each concern, with the checks that
   need only them (``validate``);
 - ``run_config``: ``RunConfig``, the concerns together: built once from the parsed flags,
-  validated, stored with checkpoints as their ``args`` record;
+  validated, stored with checkpoints as their ``args`` record; the flags whose fields
+  declare a resume kind, a study role, ... (``fields_where``);
 - ``arguments``: the parser of pretrain_fixedcode.py and the tools, ``--preset``, the
   Megatron-LM flags refused; the parsed flags turned into the run's config;
 - ``arms``: an arm as a study and the tools name it (``[NAME:]INTERFACE[@--flag=value...]``),

@@ -19,64 +19,67 @@ class CheckpointConfig(FlagConfig):
     """Saving (where, when, which saves are kept), loading and resuming (what is loaded,
     which schedule continues), and exiting (signals, a wall-clock budget, an interval)."""
     FLAG_GROUP = "checkpointing and exit"
-    save: Optional[str] = flag(None, "checkpoint directory")
+    save: Optional[str] = flag(None, "checkpoint directory", resume="free", study="per_run")
     save_interval: Optional[int] = flag(
-        None, "save a checkpoint every this many steps (and at the end)")
+        None, "save a checkpoint every this many steps (and at the end)", resume="free")
     async_save: bool = flag(
         False, "write each save in the background (megatron-core's asynchronous "
                "dist-checkpointing); the marker moves once every rank has written, and the "
-               "next save, an exit and the last iteration wait for it")
+               "next save, an exit and the last iteration wait for it", resume="free")
     keep_last_checkpoints: Optional[int] = flag(
         None, "after each completed save, delete the older saves but the newest N (default: "
               "keep every save); never the marker's, a .partial, or one a study's evaluation "
-              "is reading", metavar="N")
+              "is reading", metavar="N", resume="free")
     keep_checkpoints_every: Optional[int] = flag(
         None, "with --keep-last-checkpoints: keep every save whose iteration is a multiple of "
-              "K for good (a study's curves)", metavar="K")
+              "K for good (a study's curves)", metavar="K", resume="free")
     ckpt_format: str = flag(
         "torch_dist", "Megatron-Core dist_checkpointing (Megatron-LM's torch_dist), the only "
-                      "format", choices=("torch_dist",))
+                      "format", choices=("torch_dist",), resume="free")
     save_lease_timeout: int = flag(
         300, "a run holds a lease on --save (.locks/run.lease, a heartbeat every tenth of "
              "this) and another run refuses that directory; a lease without a heartbeat for "
              "this long is taken over (at once: one of this Slurm job, or of a gone process "
-             "on this host)", metavar="SECS")
+             "on this host)", metavar="SECS", resume="free")
     load: Optional[str] = flag(
-        None, "resume from the latest checkpoint here (none yet: start fresh)")
+        None, "resume from the latest checkpoint here (none yet: start fresh)",
+        resume="free", study="per_run")
     ckpt_step: Optional[int] = flag(
-        None, "load this iteration of --load, not the latest", least=0)
+        None, "load this iteration of --load, not the latest", least=0, resume="free")
     use_checkpoint_args: bool = flag(
         False, "take the model and input flags from the checkpoint in --load, as in "
                "Megatron-LM: the shape flags where not given here, the others (--swiglu, "
-               "--normalization, --input-interface, --code-*, ...) always")
+               "--normalization, --input-interface, --code-*, ...) always", resume="free")
     no_load_optim: bool = flag(
         False, "on resume: load neither the optimizer state nor the learning-rate "
                "scheduler's (the schedule restarts from its step 0), as in Megatron-LM; the "
-               "iteration and data position continue")
+               "iteration and data position continue", resume="free")
     no_load_rng: bool = flag(
-        False, "on resume: do not load the random-number states (re-seeded from --seed)")
+        False, "on resume: do not load the random-number states (re-seeded from --seed)",
+        resume="free")
     finetune: bool = flag(
         False, "load only the model weights from --load: iteration 0, fresh optimizer, "
                "schedule and data order, as in Megatron-LM (a --save directory holding this "
-               "run's own saves still resumes them fully)")
+               "run's own saves still resumes them fully)", resume="free")
     override_opt_param_scheduler: bool = flag(
         False, "on resume: continue with the schedule these flags give (--lr, "
                "--lr-decay-iters, ...) where it differs from the checkpoint's",
-        names=("--override-opt_param-scheduler", "--override-opt-param-scheduler"))
+        names=("--override-opt_param-scheduler", "--override-opt-param-scheduler"), resume="free")
     use_checkpoint_opt_param_scheduler: bool = flag(
         False, "on resume: keep the checkpoint's schedule whatever these flags say",
-        names=("--use-checkpoint-opt_param-scheduler", "--use-checkpoint-opt-param-scheduler"))
+        names=("--use-checkpoint-opt_param-scheduler", "--use-checkpoint-opt-param-scheduler"),
+        resume="free")
     dist_ckpt_optim_fully_reshardable: bool = flag(
         False, "--use-distributed-optimizer: save the optimizer state gathered per parameter "
                "on data-parallel rank 0, so it resumes at any TP/PP size (default: "
                "dp_reshardable, written by every rank in parallel, resumes at another "
-               "data-parallel size only), as in Megatron-LM")
+               "data-parallel size only), as in Megatron-LM", resume="free")
     exit_signal_handler: bool = flag(
-        False, "on SIGTERM/SIGUSR1: finish the step, save, exit 0")
+        False, "on SIGTERM/SIGUSR1: finish the step, save, exit 0", resume="free", study="per_run")
     exit_duration_in_mins: Optional[float] = flag(
-        None, "save and exit after this many minutes of wall time")
+        None, "save and exit after this many minutes of wall time", resume="free")
     exit_interval: Optional[int] = flag(
-        None, "save and exit when the iteration is a multiple of this")
+        None, "save and exit when the iteration is a multiple of this", resume="free")
 
     def validate(self) -> None:
         if self.use_checkpoint_args and not self.load:
@@ -95,3 +98,13 @@ class CheckpointConfig(FlagConfig):
         if self.override_opt_param_scheduler and self.use_checkpoint_opt_param_scheduler:
             raise FlagError("--override-opt_param-scheduler and "
                             "--use-checkpoint-opt_param-scheduler are exclusive")
+
+
+@dataclasses.dataclass(frozen=True)
+class SavedIteration(FlagConfig):
+    """Which save of a ``--save`` folder a tool reads (tools/check_checkpoint.py,
+    tools/convert_to_hf.py): ``--iteration`` in every tool. Training's flag for it stays
+    Megatron-LM's ``--ckpt-step`` (:class:`CheckpointConfig`)."""
+    iteration: Optional[int] = flag(
+        None, "the save of this iteration (default: the latest completed one, the marker's)",
+        least=0)

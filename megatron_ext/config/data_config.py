@@ -49,53 +49,62 @@ class DataConfig(FlagConfig):
     FLAG_GROUP = "data"
     tokenizer_type: str = flag("NullTokenizer",
                                "as in Megatron-LM (megatron_ext/datasets/tokenizer.py)",
-                               choices=TOKENIZER_TYPES, group=TOKENIZER_GROUP)
+                               choices=TOKENIZER_TYPES, group=TOKENIZER_GROUP,
+                               resume="said", megatron_lm=(None, "required"))
     tokenizer_model: Optional[str] = flag(
         None, "sentencepiece .model, tokenizer.json or Hugging Face folder",
-        group=TOKENIZER_GROUP)
+        group=TOKENIZER_GROUP, resume="said")
     vocab_file: Optional[str] = flag(
-        None, "GPT2BPETokenizer: the vocabulary (GPT-2's vocab.json)", group=TOKENIZER_GROUP)
+        None, "GPT2BPETokenizer: the vocabulary (GPT-2's vocab.json)", group=TOKENIZER_GROUP,
+        resume="said")
     merge_file: Optional[str] = flag(
-        None, "GPT2BPETokenizer: the BPE merges (GPT-2's merges.txt)", group=TOKENIZER_GROUP)
+        None, "GPT2BPETokenizer: the BPE merges (GPT-2's merges.txt)", group=TOKENIZER_GROUP,
+        resume="said")
+    # resume free: the padded vocabulary it gives is what a resume compares (compatibility.py)
     vocab_size: Optional[int] = flag(
         None, "NullTokenizer: ids 0 .. V-1, and EOD V (V + 1 ids, as in Megatron-LM)",
-        group=TOKENIZER_GROUP)
+        group=TOKENIZER_GROUP, resume="free")
     data_path: Optional[tuple[str, ...]] = flag(
-        None, "indexed dataset prefixes, optionally weighted: [W1] P1 [W2] P2 ...", nargs="+")
-    split: str = flag("969,30,1", "train,valid,test proportions")
+        None, "indexed dataset prefixes, optionally weighted: [W1] P1 [W2] P2 ...", nargs="+",
+        resume="said")
+    split: str = flag("969,30,1", "train,valid,test proportions",
+                      resume="said", megatron_lm=(None, "required with --data-path"))
     train_data_path: Optional[tuple[str, ...]] = flag(
-        None, "train split from its own prefixes (instead of --data-path/--split)", nargs="+")
+        None, "train split from its own prefixes (instead of --data-path/--split)", nargs="+",
+        resume="said")
     valid_data_path: Optional[tuple[str, ...]] = flag(
-        None, "valid split from its own prefixes (instead of --data-path/--split)", nargs="+")
+        None, "valid split from its own prefixes (instead of --data-path/--split)", nargs="+",
+        resume="said")
     test_data_path: Optional[tuple[str, ...]] = flag(
-        None, "test split from its own prefixes (instead of --data-path/--split)", nargs="+")
+        None, "test split from its own prefixes (instead of --data-path/--split)", nargs="+",
+        resume="said")
     data_args_path: Optional[str] = flag(
         None, "a file holding --data-path's value (whitespace-separated [W1] P1 ...), for "
-              "blends too long for a command line, as in Megatron-LM")
+              "blends too long for a command line, as in Megatron-LM", resume="said")
     per_split_data_args_path: Optional[str] = flag(
         None, "a JSON file {\"train\": ..., \"valid\": ..., \"test\": ...} of "
               "--train/valid/test-data-path values (lists or whitespace-separated strings), "
-              "as in Megatron-LM")
-    mock_data: bool = flag(False, "synthetic tokens, no files")
+              "as in Megatron-LM", resume="said")
+    mock_data: bool = flag(False, "synthetic tokens, no files", resume="said")
     eod_mask_loss: bool = flag(
-        False, "no loss on end-of-document tokens (the dataset's loss mask)")
+        False, "no loss on end-of-document tokens (the dataset's loss mask)", resume="said")
     reset_position_ids: bool = flag(
-        False, "position ids restart after each end-of-document token")
+        False, "position ids restart after each end-of-document token", resume="said")
     reset_attention_mask: bool = flag(
         False, "documents packed in one sequence do not attend to each other: an explicit "
                "mask, on local layers with --attention-backend auto or unfused/local (refused "
-               "with flash and with Transformer Engine layers)")
+               "with flash and with Transformer Engine layers)", resume="said")
     data_cache_path: Optional[str] = flag(
         None, "where Megatron's dataset index caches go (rank 0 builds them, the others load "
-              "them: a directory every node shares)")
+              "them: a directory every node shares)", resume="free")
     require_data_cache: bool = flag(
         False, "load the index caches from --data-cache-path, never build them: missing ones "
                "are an error (build them ahead with tools/build_data_cache.py; "
-               "tools/submit.py --build-cache sets this)")
+               "tools/submit.py --build-cache sets this)", resume="free")
     max_data_epochs: Optional[float] = flag(
         None, "refuse to start when the train samples would read a data file's train split "
-              "more than this many times (default: only warn above 1)")
-    num_workers: int = flag(2, "data loader workers", least=0)
+              "more than this many times (default: only warn above 1)", resume="free")
+    num_workers: int = flag(2, "data loader workers", least=0, resume="free")
 
     def validate(self) -> None:
         """The tokenizer's flags, and the data given one way (the files themselves are read

@@ -1,7 +1,8 @@
 """The defaults of ours that differ from Megatron-LM core_v0.16.1's (its
 ``megatron/training/arguments.py``, with ``TransformerConfig`` and ``training_config.py``
 where its parser takes them from): the paper's recipe, kept, and said once at start-up
-(:func:`defaults_line`) for a user whose scripts rely on Megatron-LM's. docs/training.md
+(:func:`defaults_line`) for a user whose scripts rely on Megatron-LM's, each declared on
+its flag's field (``megatron_lm=``). docs/training.md
 tables them; a test checks the table and ours against the parser. No torch."""
 
 from __future__ import annotations
@@ -9,27 +10,12 @@ from __future__ import annotations
 from typing import Optional
 
 from .model_config import ModelConfig
-from .run_config import RunConfig
+from .run_config import RunConfig, fields_where
 
-# dest: (Megatron-LM's default, what it means); ours is the flag's declared default
-MEGATRON_LM_DEFAULTS = {
-    "position_embedding_type": ("learned_absolute", "a learned position table"),
-    "swiglu": (False, "a GELU MLP"),
-    "disable_bias_linear": (False, "biases in the linear layers"),
-    "untie_embeddings_and_output_weights": (False, "the head tied to the input table"),
-    "normalization": ("LayerNorm", "LayerNorm"),
-    "hidden_dropout": (0.1, "dropout 0.1 on the residual stream"),
-    "attention_dropout": (0.1, "dropout 0.1 on the attention probabilities"),
-    "weight_decay": (0.01, "weight decay 0.01"),
-    "adam_beta2": (0.999, "Adam beta2 0.999"),
-    "lr_decay_style": ("linear", "linear decay"),
-    "eval_iters": (100, "100 batches per validation"),
-    "eval_interval": (None, "no validation during training"),
-    "lr": (None, "required"),
-    "micro_batch_size": (None, "required"),
-    "split": (None, "required with --data-path"),
-    "tokenizer_type": (None, "required"),
-}
+# dest: (Megatron-LM's default, what it means), as each flag's field declares it
+# (flag_fields.flag's megatron_lm); ours is the flag's declared default
+MEGATRON_LM_DEFAULTS = {field.name: field.metadata["megatron_lm"]
+                        for _, field in fields_where() if field.metadata["megatron_lm"]}
 # dest: (ours, Megatron-LM's, what Megatron-LM's means)
 DIFFERING_DEFAULTS = {dest: (RunConfig().record()[dest], *theirs)
                       for dest, theirs in MEGATRON_LM_DEFAULTS.items()}

@@ -82,144 +82,181 @@ class ModelConfig(FlagConfig):
     FLAG_GROUP = "model"
     preset: Optional[str] = flag(
         None, "fill the model shape from a named preset (explicit flags still win)",
-        choices=sorted(PRESETS))
-    num_layers: Optional[int] = flag(None, "transformer layers")
-    hidden_size: Optional[int] = flag(None, "model width h (the fixed code is tiled to it)")
+        choices=sorted(PRESETS), resume="free")
+    num_layers: Optional[int] = flag(None, "transformer layers",
+                                     resume="model", checkpoint_args="unset_only")
+    hidden_size: Optional[int] = flag(None, "model width h (the fixed code is tiled to it)",
+                                      resume="model", checkpoint_args="unset_only")
+    # resume free: it can only be the head width, which the shape's flags give
     kv_channels: Optional[int] = flag(
         None, "the head width: taken when it is --hidden-size / --num-attention-heads, the "
-              "width fixedcode builds (Megatron-LM's default)")
+              "width fixedcode builds (Megatron-LM's default)", resume="free")
     ffn_hidden_size: Optional[int] = flag(
         None, "default, as in Megatron-LM: 4 x hidden size, or with --swiglu 2/3 of that "
-              "rounded down to a multiple of 64")
-    num_attention_heads: Optional[int] = flag(None, "attention heads")
+              "rounded down to a multiple of 64", resume="model", checkpoint_args="unset_only")
+    num_attention_heads: Optional[int] = flag(None, "attention heads",
+                                              resume="model", checkpoint_args="unset_only")
     num_query_groups: Optional[int] = flag(
-        None, "grouped-query attention groups (default: no GQA)")
+        None, "grouped-query attention groups (default: no GQA)",
+        resume="model", checkpoint_args="always")
+    # resume free: --num-query-groups alone decides the attention built here
     group_query_attention: bool = flag(
         False, "Megatron-LM's switch for --num-query-groups, accepted; --num-query-groups "
-               "alone turns grouped-query attention on too")
-    seq_length: Optional[int] = flag(None, "tokens per training sequence")
-    max_position_embeddings: Optional[int] = flag(None, "default --seq-length")
+               "alone turns grouped-query attention on too", resume="free")
+    seq_length: Optional[int] = flag(None, "tokens per training sequence", resume="said",
+                                     checkpoint_args="unset_only", study="arm_fixed")
+    max_position_embeddings: Optional[int] = flag(None, "default --seq-length",
+                                                  resume="free", checkpoint_args="unset_only")
     position_embedding_type: str = flag("rope", "rope, or none (no position information)",
-                                        choices=("rope", "none"))
-    rotary_base: int = flag(10000, "RoPE base frequency")
-    normalization: str = flag("RMSNorm", "the layers' norm", choices=("RMSNorm", "LayerNorm"))
-    norm_epsilon: float = flag(1e-5, "epsilon of the norms")
-    swiglu: bool = flag(True, "SwiGLU MLP (--no-swiglu: GELU)", switch="both")
+                                        choices=("rope", "none"),
+                                        resume="model", checkpoint_args="always",
+                                        megatron_lm=("learned_absolute",
+                                                     "a learned position table"))
+    rotary_base: int = flag(10000, "RoPE base frequency", resume="said", checkpoint_args="always")
+    normalization: str = flag("RMSNorm", "the layers' norm", choices=("RMSNorm", "LayerNorm"),
+                              resume="model", checkpoint_args="always",
+                              megatron_lm=("LayerNorm", "LayerNorm"))
+    norm_epsilon: float = flag(1e-5, "epsilon of the norms",
+                               resume="said", checkpoint_args="always")
+    swiglu: bool = flag(True, "SwiGLU MLP (--no-swiglu: GELU)", switch="both",
+                        resume="model", checkpoint_args="always",
+                        megatron_lm=(False, "a GELU MLP"))
     disable_bias_linear: bool = flag(
         True, "no biases in the linear layers (--no-disable-bias-linear: biases)",
-        switch="both")
+        switch="both",
+        resume="model", checkpoint_args="always",
+        megatron_lm=(False, "biases in the linear layers"))
     untie_embeddings_and_output_weights: bool = flag(
         True, "an output head of its own (--no-...: tied to the learned input table)",
-        switch="both")
+        switch="both",
+        resume="model", checkpoint_args="always",
+        megatron_lm=(False, "the head tied to the input table"))
+    # resume free: the initialisation only (a resume loads the weights), as is --embedding-init-method-std's
     init_method_std: float = flag(
-        0.02, "standard deviation of the weight initialisation (and of the learned table)")
-    hidden_dropout: float = flag(0.0, "dropout on the residual stream")
-    attention_dropout: float = flag(0.0, "dropout on the attention probabilities")
+        0.02, "standard deviation of the weight initialisation (and of the learned table)",
+        resume="free")
+    hidden_dropout: float = flag(0.0, "dropout on the residual stream",
+                                 resume="said", checkpoint_args="always",
+                                 megatron_lm=(0.1, "dropout 0.1 on the residual stream"))
+    attention_dropout: float = flag(0.0, "dropout on the attention probabilities",
+                                    resume="said", checkpoint_args="always",
+                                    megatron_lm=(0.1,
+                                                 "dropout 0.1 on the attention probabilities"))
+    # resume free: the padded vocabulary it gives is what a resume compares (compatibility.py)
     make_vocab_size_divisible_by: int = flag(
-        128, "pad the vocabulary to a multiple of this x tensor-parallel size")
-    bf16: bool = flag(False, "bf16 weights and activations, fp32 main weights in the optimizer")
+        128, "pad the vocabulary to a multiple of this x tensor-parallel size", resume="free")
+    bf16: bool = flag(False, "bf16 weights and activations, fp32 main weights in the optimizer",
+                      resume="precision")
     fp16: bool = flag(False, "fp16 weights and activations, fp32 main weights, dynamic loss "
-                             "scaling")
+                             "scaling", resume="precision")
     transformer_impl: Optional[str] = flag(
         None, "transformer layers (default: transformer_engine on a GPU where Transformer "
               "Engine imports, as in Megatron-LM; local otherwise)",
-        choices=("local", "transformer_engine"))
+        choices=("local", "transformer_engine"), resume="free")
     attention_backend: str = flag(
         "auto", "Transformer Engine layers: TE's attention backend, as in Megatron-LM (auto: "
                 "TE's choice). Local layers: auto or flash run torch's fused "
                 "scaled_dot_product_attention (flash: the flash kernel only on a GPU), unfused "
                 "or local Megatron-Core's DotProductAttention; fused is TE's",
-        choices=ATTENTION_BACKENDS)
+        choices=ATTENTION_BACKENDS, resume="free")
     fp32_residual_connection: bool = flag(
         False, "keep the residual stream in fp32 under --bf16/--fp16 (the layers still compute "
                "in the training dtype); docs/gpu.md says what a bf16 stream loses with +-1 "
-               "codes")
+               "codes", resume="free")
     fp8_format: Optional[str] = flag(None, "FP8 training with Transformer Engine",
-                                     choices=("e4m3", "hybrid"))
+                                     choices=("e4m3", "hybrid"), resume="free")
     fp8_recipe: str = flag(
         "delayed", "FP8 scaling: delayed (amax history), tensorwise (current scaling), "
                    "blockwise (Hopper, TE >= 2.3), mxfp8 (Blackwell)",
-        choices=("delayed", "tensorwise", "blockwise", "mxfp8"))
+        choices=("delayed", "tensorwise", "blockwise", "mxfp8"), resume="free")
     fp8_amax_history_len: int = flag(
-        1, "delayed recipe: amax history length (as in Megatron-LM)")
+        1, "delayed recipe: amax history length (as in Megatron-LM)", resume="free")
     fp8_amax_compute_algo: str = flag(
         "most_recent", "delayed recipe: scale from the most recent or the largest amax of the "
-                       "history (as in Megatron-LM)", choices=("most_recent", "max"))
+                       "history (as in Megatron-LM)", choices=("most_recent", "max"),
+        resume="free")
     # Fused kernels, on by default on GPUs as in Megatron-LM (never used on CPU).
-    bias_swiglu_fusion: bool = flag(True, "unfused SwiGLU (default: fused on GPUs)")
+    bias_swiglu_fusion: bool = flag(True, "unfused SwiGLU (default: fused on GPUs)", resume="free")
     rope_fusion: bool = flag(
         True, "unfused RoPE (default: Transformer Engine's fused RoPE on a GPU where TE "
-              "imports, for TE and local layers)")
+              "imports, for TE and local layers)", resume="free")
     masked_softmax_fusion: bool = flag(
         True, "unfused attention softmax in the local layers (default: fused where apex's "
-              "softmax kernels import)")
+              "softmax kernels import)", resume="free")
     cross_entropy_loss_fusion: Optional[bool] = flag(
         None, "Megatron-Core's fused cross-entropy of the output logits (default: on on a GPU "
               "under --bf16; off on CPU, where its torch.compile'd kernels compile slowly; "
-              "native needs --bf16)", switch="both")
+              "native needs --bf16)", switch="both", resume="free")
     cross_entropy_fusion_impl: str = flag(
         "native", "--cross-entropy-loss-fusion: Megatron-Core's own (native) or Transformer "
-                  "Engine's (te: TE must import)", choices=("native", "te"))
+                  "Engine's (te: TE must import)", choices=("native", "te"), resume="free")
     gradient_accumulation_fusion: bool = flag(
         True, "weight gradients not accumulated in the GEMM (default: fused on a GPU where "
-              "apex's fused_weight_gradient_mlp_cuda imports)")
+              "apex's fused_weight_gradient_mlp_cuda imports)", resume="free")
     torch_compile_layers: bool = flag(
         False, "torch.compile each transformer layer, one graph per layer (local layers; off "
                "by default: its GPU speed-up is not measured yet; the compile time is logged "
-               "after the step that spent it)")
+               "after the step that spent it)", resume="free")
     torch_compile_backend: str = flag(
         "inductor", "--torch-compile-layers: inductor generates the kernels (Triton on a GPU, "
                     "C++ on CPU); aot_eager and eager trace the graphs but run torch's own "
-                    "kernels (tests, debugging)", choices=("inductor", "aot_eager", "eager"))
+                    "kernels (tests, debugging)", choices=("inductor", "aot_eager", "eager"),
+        resume="free")
 
     input_interface: str = flag(
         "learned", "learned table (control); frozen: Megatron's initial table, never trained; "
                    "factorized: a learned table of rank --input-table-rank; or a fixed code "
                    "(docs/codes.md): binary code of the id, GF(2) affine code, binary code of "
                    "a seeded permutation of the ids, or a seeded random code",
-        choices=ARMS, group=INPUT_GROUP)
+        choices=ARMS, group=INPUT_GROUP, resume="model", checkpoint_args="always", study="per_run")
     input_table_rank: Optional[int] = flag(
         None, "factorized: the rank r of the input table, a V x r table times an r x h map "
               "(ALBERT's factorised embedding), r <= --hidden-size and <= the padded "
-              "vocabulary", group=INPUT_GROUP)
+              "vocabulary", group=INPUT_GROUP, resume="model", added=True)
     embedding_init_method_std: Optional[float] = flag(
         None, "standard deviation of the input table's initialisation (learned, frozen, "
-              "factorized; default --init-method-std), as in Megatron-LM", group=INPUT_GROUP)
+              "factorized; default --init-method-std), as in Megatron-LM", group=INPUT_GROUP,
+        resume="free", added=True)
     code_projection: bool = flag(
         False, "a fixed code: a trainable n x h linear map from the n-bit code to the width, "
                "instead of tiling it (initialised to the tiling: the first step's input is "
-               "the fixed arm's)", group=INPUT_GROUP)
+               "the fixed arm's)", group=INPUT_GROUP, resume="model", added=True)
     code_bits: int = flag(
         16, "bits n of the code, 1..62 (vocab <= 2^n; the last copy is truncated when n does "
-            "not divide --hidden-size)", group=INPUT_GROUP)
+            "not divide --hidden-size)", group=INPUT_GROUP,
+        resume="model", checkpoint_args="always")
     code_values: str = flag("pm1", "bit value mapping: pm1 -> {-1,+1}, 01 -> {0,1}",
-                            choices=("pm1", "01"), group=INPUT_GROUP)
+                            choices=("pm1", "01"), group=INPUT_GROUP,
+                            resume="model", checkpoint_args="always")
     code_scale: float = flag(
         1.0, "multiplies the code values: the input RMS of a pm1 code (a learned table starts "
              "at RMS ~ --init-method-std; tools/param_report.py prints the matching scale)",
-        group=INPUT_GROUP)
+        group=INPUT_GROUP, resume="model", checkpoint_args="always")
     code_tiling: str = flag(
         "repeat", "fill the width with copies of the code (repeat), or with a seeded "
                   "invertible GF(2) affine recoding of it per copy (recode)",
-        choices=TILINGS, group=INPUT_GROUP)
+        choices=TILINGS, group=INPUT_GROUP, resume="model", checkpoint_args="always", added=True)
+    # resume free: the code it drew is stored with the model, and a resume loads that one
     code_seed: int = flag(
         1234, "seed drawing the code's random parts (gf2's A and b, the permutation, the "
               "random code, the recodings); they are stored with the model", least=0,
-        group=INPUT_GROUP)
+        group=INPUT_GROUP, resume="free", checkpoint_args="always")
     fixed_code_impl: str = flag(
         "auto", "auto: fused CUDA kernel on a GPU when it builds, else PyTorch; cuda: the "
-                "kernel or an error", choices=("auto", "torch", "cuda"), group=INPUT_GROUP)
+                "kernel or an error", choices=("auto", "torch", "cuda"), group=INPUT_GROUP,
+        resume="free")
 
     recompute_granularity: Optional[str] = flag(
         None, "full: recompute whole transformer layers in the backward pass; selective: only "
-              "core attention", choices=("full", "selective"), group=RECOMPUTE_GROUP)
+              "core attention", choices=("full", "selective"), group=RECOMPUTE_GROUP,
+        resume="free")
     recompute_method: Optional[str] = flag(
         None, "full recompute: uniform (every layer, in chunks of --recompute-num-layers) or "
               "block (the first --recompute-num-layers layers of each pipeline stage)",
-        choices=("uniform", "block"), group=RECOMPUTE_GROUP)
+        choices=("uniform", "block"), group=RECOMPUTE_GROUP, resume="free")
     recompute_num_layers: Optional[int] = flag(
         None, "full recompute: layers per chunk (uniform) or per stage (block)",
-        group=RECOMPUTE_GROUP)
+        group=RECOMPUTE_GROUP, resume="free")
 
     def with_dependent_defaults(self) -> "ModelConfig":
         """The defaults a flag cannot declare, as Megatron-LM fills them: ``--ffn-hidden-size``

@@ -18,26 +18,27 @@ class ParallelConfig(FlagConfig):
     """Tensor, pipeline and data parallelism, and the optimizer's sharding over data-parallel
     ranks (the data-parallel size itself is the world's: ``derived.Derived``)."""
     FLAG_GROUP = "parallelism"
-    tensor_model_parallel_size: int = flag(1, "tensor-parallel ranks per model replica")
-    pipeline_model_parallel_size: int = flag(1, "pipeline stages")
+    tensor_model_parallel_size: int = flag(1, "tensor-parallel ranks per model replica",
+                                           resume="free")
+    pipeline_model_parallel_size: int = flag(1, "pipeline stages", resume="free")
     sequence_parallel: bool = flag(
         False, "split the norms and dropout along the sequence over tensor-parallel ranks "
-               "(GPU, TE layers)")
+               "(GPU, TE layers)", resume="free")
     use_distributed_optimizer: bool = flag(
-        False, "shard the optimizer state over data-parallel ranks (GPU)")
+        False, "shard the optimizer state over data-parallel ranks (GPU)", resume="free")
     overlap_grad_reduce: bool = flag(
-        False, "reduce gradients bucket by bucket during the backward pass")
+        False, "reduce gradients bucket by bucket during the backward pass", resume="free")
     overlap_param_gather: bool = flag(
         False, "--use-distributed-optimizer: gather the updated parameters bucket by bucket "
-               "during the next forward pass (needs --overlap-grad-reduce)")
+               "during the next forward pass (needs --overlap-grad-reduce)", resume="free")
     torch_adam_fused: str = flag(
         "auto", "where neither Transformer Engine nor Apex supplies a FusedAdam, "
                 "megatron-core's optimizer is torch's AdamW: run its fused kernel (auto: on a "
                 "GPU; on: also on CPU; off: torch's for-each update)",
-        choices=("auto", "on", "off"))
+        choices=("auto", "on", "off"), resume="free")
     ddp_bucket_size: Optional[int] = flag(
         None, "--overlap-grad-reduce: parameters per gradient bucket (default max(40M, 1M x "
-              "DP size)); without it one bucket, as in megatron-core")
+              "DP size)); without it one bucket, as in megatron-core", resume="free")
 
     def validate(self) -> None:
         if self.overlap_param_gather and not (self.use_distributed_optimizer

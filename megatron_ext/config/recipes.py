@@ -1,15 +1,24 @@
 """Recipes: files of pretrain_fixedcode.py flags shared by the runs of an experiment (model
 shape, data, schedule), ``#`` starting a comment. tools/submit.py and tools/study.py read
-them; each refuses the flags it sets itself for every run."""
+them; each refuses the flags it sets itself for every run. :class:`RecipeFile` declares the
+tools' ``--recipe``."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
 from pathlib import Path
-from typing import Sequence
+from typing import Optional, Sequence
 
 from ..runtime.errors import DataError, FlagError
+from .flag_fields import FlagConfig, flag
+
+
+@dataclasses.dataclass(frozen=True)
+class RecipeFile(FlagConfig):
+    """The recipe a tool reads (tools/plan.py, submit.py, study.py, build_data_cache.py)."""
+    recipe: Optional[Path] = flag(None, "file of pretrain_fixedcode.py flags shared by the runs")
 
 
 def read_recipe(path: Path, refused: Sequence[str], setter: str) -> list[str]:

@@ -18,7 +18,9 @@ Set-up then settles it for the machine and the checkpoint (``train/setup.py``,
 machine, the tokenizer, the data or a checkpoint is named for what it needs
 (``check_vocab``, ``check_device``, ``check_world``) or stays where that is known. A
 checkpoint stores the config as its ``args`` record (:meth:`RunConfig.record`) and a reader
-builds it back (:meth:`RunConfig.from_record`)."""
+builds it back (:meth:`RunConfig.from_record`). What a resume does with each flag, its fields
+declare (``flag_fields.flag``); :func:`fields_where` gives the flags of a declaration, for
+``checkpoint/`` and ``study/`` to build their sets from."""
 
 from __future__ import annotations
 
@@ -36,6 +38,16 @@ from .training_config import TrainingConfig
 
 CONCERNS = (ModelConfig, ParallelConfig, TrainingConfig, DataConfig, CheckpointConfig,
             LoggingConfig)
+
+
+def fields_where(**facts) -> list[tuple[type, dataclasses.Field]]:
+    """``(concern, field)`` of each flag of a run (every concern's, in :class:`RunConfig`'s
+    order) whose declared facts (``flag_fields.flag``'s ``resume``, ``checkpoint_args``,
+    ``added``, ``study``) are ``facts``: ``fields_where(resume="model")``, the flags a
+    resume refuses to change. The one place the resume's, ``--use-checkpoint-args``'s and
+    the study's sets of flags come from."""
+    return [(concern, field) for concern in CONCERNS for field in concern.flag_fields()
+            if all(field.metadata[fact] == value for fact, value in facts.items())]
 
 
 def declared_defaults(*names: str) -> dict:

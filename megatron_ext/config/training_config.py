@@ -20,77 +20,94 @@ class TrainingConfig(FlagConfig):
     table's own rate and decay; the seed and the device; the step's guards (non-finite
     steps, spiky losses) and the garbage-collection policy."""
     FLAG_GROUP = "training"
-    micro_batch_size: int = flag(1, "sequences per micro-batch per data-parallel rank")
+    micro_batch_size: int = flag(1, "sequences per micro-batch per data-parallel rank",
+                                 resume="free", megatron_lm=(None, "required"))
+    # resume free as flags: the global batch (this, or the micro batch x data-parallel size)
+    # and the decay length --train-iters defaults are derived, and the schedule's
+    # reconciliation compares those (compatibility.reconcile_schedule)
     global_batch_size: Optional[int] = flag(
-        None, "default micro batch x data-parallel size; accumulation is derived")
-    train_iters: Optional[int] = flag(None, "training steps (or --train-samples)")
+        None, "default micro batch x data-parallel size; accumulation is derived",
+        resume="free", study="arm_fixed")
+    train_iters: Optional[int] = flag(None, "training steps (or --train-samples)", resume="free")
     train_samples: Optional[int] = flag(
-        None, "training sequences; steps = this / --global-batch-size")
-    lr: float = flag(3e-4, "peak learning rate")
-    min_lr: float = flag(0.0, "learning rate at the end of the decay")
-    lr_warmup_iters: int = flag(0, "linear warm-up steps", least=0)
-    lr_warmup_init: float = flag(0.0, "learning rate at the start of the warm-up")
+        None, "training sequences; steps = this / --global-batch-size", resume="free")
+    lr: float = flag(3e-4, "peak learning rate", resume="schedule", megatron_lm=(None, "required"))
+    min_lr: float = flag(0.0, "learning rate at the end of the decay", resume="schedule")
+    lr_warmup_iters: int = flag(0, "linear warm-up steps", least=0, resume="schedule")
+    lr_warmup_init: float = flag(0.0, "learning rate at the start of the warm-up",
+                                 resume="schedule", added=True)
     lr_warmup_fraction: Optional[float] = flag(
         None, "warm-up as a fraction of the decay length (--lr-decay-iters or "
-              "--lr-decay-samples), instead of --lr-warmup-iters/--lr-warmup-samples")
+              "--lr-decay-samples), instead of --lr-warmup-iters/--lr-warmup-samples",
+        resume="schedule")
     lr_warmup_samples: int = flag(
-        0, "--train-samples runs: linear warm-up over this many samples", least=0)
-    lr_decay_iters: Optional[int] = flag(None, "default --train-iters")
+        0, "--train-samples runs: linear warm-up over this many samples", least=0,
+        resume="schedule", added=True)
+    lr_decay_iters: Optional[int] = flag(None, "default --train-iters", resume="schedule")
     lr_decay_samples: Optional[int] = flag(
-        None, "--train-samples runs: decay over this many samples (default --train-samples)")
+        None, "--train-samples runs: decay over this many samples (default --train-samples)",
+        resume="schedule")
     rampup_batch_size: Optional[tuple[int, ...]] = flag(
         None, "--train-samples runs: grow the global batch from START by INCREMENT over "
               "SAMPLES samples up to --global-batch-size, as in Megatron-LM",
-        nargs=3, metavar=("START", "INCREMENT", "SAMPLES"))
+        nargs=3, metavar=("START", "INCREMENT", "SAMPLES"), resume="free")
     lr_decay_style: str = flag(
         "cosine", "decay after the warm-up (WSD: constant, then --lr-wsd-decay-iters of decay)",
-        choices=("constant", "linear", "cosine", "WSD"))
-    lr_wsd_decay_iters: Optional[int] = flag(None, "WSD: length of the final decay phase")
+        choices=("constant", "linear", "cosine", "WSD"),
+        resume="schedule", megatron_lm=("linear", "linear decay"))
+    lr_wsd_decay_iters: Optional[int] = flag(None, "WSD: length of the final decay phase",
+                                             resume="schedule")
     lr_wsd_decay_samples: Optional[int] = flag(
-        None, "--train-samples runs: WSD's final decay in samples")
+        None, "--train-samples runs: WSD's final decay in samples", resume="schedule")
     lr_wsd_decay_style: str = flag(
         "exponential", "WSD: shape of the final decay (as in Megatron-LM)",
-        choices=("linear", "cosine", "exponential", "minus_sqrt"))
+        choices=("linear", "cosine", "exponential", "minus_sqrt"), resume="schedule")
     optimizer: str = flag(
         "adam", "Adam with decoupled weight decay (Megatron-LM's adam; its others are not "
-                "supported)", choices=("adam",))
-    weight_decay: float = flag(0.1, "AdamW weight decay")
+                "supported)", choices=("adam",), resume="free")
+    weight_decay: float = flag(0.1, "AdamW weight decay",
+                               resume="schedule", megatron_lm=(0.01, "weight decay 0.01"))
     input_table_lr_mult: float = flag(
         1.0, "learned, factorized: the input table's learning rate is the schedule's times "
-             "this (0 freezes it; the head and backbone keep the schedule's)")
+             "this (0 freezes it; the head and backbone keep the schedule's)",
+        resume="schedule", added=True)
     input_table_weight_decay: Optional[float] = flag(
         None, "learned, factorized: the input table's AdamW weight decay (default "
-              "--weight-decay)")
-    adam_beta1: float = flag(0.9, "Adam beta1")
-    adam_beta2: float = flag(0.95, "Adam beta2")
-    adam_eps: float = flag(1e-8, "Adam epsilon")
-    clip_grad: float = flag(1.0, "0 disables clipping")
+              "--weight-decay)", resume="schedule", added=True)
+    adam_beta1: float = flag(0.9, "Adam beta1", resume="free")
+    adam_beta2: float = flag(0.95, "Adam beta2",
+                             resume="free", megatron_lm=(0.999, "Adam beta2 0.999"))
+    adam_eps: float = flag(1e-8, "Adam epsilon", resume="free")
+    clip_grad: float = flag(1.0, "0 disables clipping", resume="free")
     seed: int = flag(1234, "seed of the backbone initialisation and the data order (the same "
-                           "backbone in every arm)", least=0)
+                           "backbone in every arm)", least=0, resume="said", study="per_run")
     device: str = flag("auto", "auto: GPU when one is visible, else CPU over gloo",
-                       choices=("auto", "cuda", "cpu"))
+                       choices=("auto", "cuda", "cpu"), resume="free")
     manual_gc: bool = flag(
         False, "turn Python's automatic garbage collector off and collect at fixed points "
                "(before and after validation, every --manual-gc-interval steps) so that ranks "
-               "pause together, as in Megatron-LM")
+               "pause together, as in Megatron-LM", resume="free")
     manual_gc_interval: int = flag(
-        0, "--manual-gc: collect every this many steps (0: not between steps)", least=0)
-    manual_gc_eval: bool = flag(True, "--manual-gc: no collection around validation")
+        0, "--manual-gc: collect every this many steps (0: not between steps)", least=0,
+        resume="free")
+    manual_gc_eval: bool = flag(True, "--manual-gc: no collection around validation",
+                                resume="free")
     check_for_spiky_loss: bool = flag(
         False, "flag a step whose loss is --spiky-loss-factor x the largest of the first "
                "--spiky-loss-samples steps', as Megatron-LM (without its rerun); logged, or "
-               "acted on with --spiky-loss-action")
+               "acted on with --spiky-loss-action", resume="free")
     spiky_loss_factor: float = flag(
-        10.0, "--check-for-spiky-loss: Megatron-LM's SPIKY_LOSS_FACTOR")
+        10.0, "--check-for-spiky-loss: Megatron-LM's SPIKY_LOSS_FACTOR", resume="free")
     spiky_loss_samples: int = flag(
-        100, "--check-for-spiky-loss: the first steps whose largest loss is the reference")
+        100, "--check-for-spiky-loss: the first steps whose largest loss is the reference",
+        resume="free")
     spiky_loss_action: str = flag(
         "log", "--check-for-spiky-loss: log the spike (Megatron-LM's fatal=False), skip its "
-               "update, or skip it and save and stop", choices=SPIKE_ACTIONS)
+               "update, or skip it and save and stop", choices=SPIKE_ACTIONS, resume="free")
     max_nonfinite_steps: int = flag(
         10, "stop with an error after this many updates in a row skipped for a non-finite "
             "loss, non-finite gradients, or an fp16 overflow at the minimum loss scale "
-            "(overflows above it only lower the scale)")
+            "(overflows above it only lower the scale)", resume="free")
 
     def validate(self) -> None:
         """The run's length is given one way, and the schedule flags go together: the

@@ -18,7 +18,8 @@ after a barrier. Here:
 - :func:`cache_report`: which cache files each dataset uses, and whether they were built or
   found (loaded);
 - :func:`one_process_group`: the process group of one process that building the caches ahead
-  of time runs under (megatron_ext.datasets.gpt_datasets.build_caches).
+  of time runs under (megatron_ext.datasets.gpt_datasets.build_caches);
+- :class:`CacheBuild`: tools/build_data_cache.py's own flag, the job the caches are built for.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from typing import Optional
 import torch
 from megatron.core.datasets.gpt_dataset import GPTDataset
 
+from ..config.flag_fields import FlagConfig, flag
 from ..runtime.errors import DataError, joined
 from ..runtime.files import file_fingerprint
 
@@ -192,6 +194,15 @@ def one_process_group() -> bool:
     torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0,
                                          world_size=1)
     return True
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheBuild(FlagConfig):
+    """The training job that caches are built ahead for (tools/build_data_cache.py)."""
+    FLAG_GROUP = "tools/build_data_cache.py"
+    world_size: Optional[int] = flag(
+        None, "ranks of the training job (nodes x tasks per node): sets the data-parallel "
+              "size, hence the default --global-batch-size")
 
 
 def listing(path: Optional[str]) -> set[str]:

@@ -12,6 +12,7 @@ folder gets a model card (:mod:`.model_card`).
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import gc
 import os
 import warnings
@@ -23,6 +24,7 @@ import transformers
 from packaging.version import Version
 
 from ..codes.schemes import SCHEMES
+from ..config.flag_fields import FlagConfig, flag
 from ..datasets.tokenizer import check_training_tokenizer, tokenizer_from_args
 from ..model.memory import stage_parameters
 from ..model.param_count import count_parameters
@@ -124,6 +126,23 @@ def _release_freed_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
         pass
+
+
+@dataclasses.dataclass(frozen=True)
+class ExportSettings(FlagConfig):
+    """How a checkpoint is written out (tools/convert_to_hf.py's own flags; the checkpoint
+    and its iteration are the training flags ``--load`` and the tools' ``--iteration``)."""
+    output: Optional[str] = flag(None, "new or empty output directory")
+    dtype: str = flag("fp32", "dtype of the exported weights", choices=sorted(DTYPES))
+    as_table: bool = flag(
+        False, "write a fixed-code arm as a stock LlamaForCausalLM whose embed_tokens.weight "
+               "is its code of every id (loads without trust_remote_code, serves where a "
+               "Llama does; V x h more weights)")
+    license: Optional[str] = flag(
+        None, "the model's licence, a Hugging Face Hub identifier (apache-2.0, mit, "
+              "cc-by-4.0, ..., other), written into the model card's metadata; default: none "
+              "stated")
+    validate: bool = flag(False, "reload the output and check it against the Megatron model")
 
 
 def export_checkpoint(load: str, output: str, iteration: Optional[int] = None,

@@ -16,12 +16,13 @@ from typing import Callable, Optional, Sequence
 
 from ..config.arguments import add_training_args, parse_model_config
 from ..config.derived import derive
-from ..config.flag_fields import FlagConfig, add_flags, flag
+from ..config.flag_fields import add_flags, flag
 from ..config.run_config import RunConfig
 from ..datasets.tokenizer import tokenizer_from_args
 from ..metrics.flops import PEAK_TFLOPS, flops_per_token, peak_flops
 from ..model.memory import GIB, TABLE_ARMS, Footprint, footprint, stage_parameters
 from ..runtime.errors import FixedcodeError, FlagError, LaunchError
+from .slurm import Layout
 
 # The throughput measured on a GPU (bench/RESULTS.md, "GPU: the first runs"), as MFU: the log's
 # count (Megatron-LM 0.16.1's FLOPs) over the dense bf16 peak.
@@ -39,14 +40,12 @@ def measured_mfu(interface: str) -> float:
 
 
 @dataclasses.dataclass(frozen=True)
-class Cluster(FlagConfig):
-    """Where the runs go: ``nodes`` x ``gpus_per_node`` GPUs (set by each tool: a job's
-    layout, a plan's) named ``gpu`` (a name of :data:`~megatron_ext.metrics.flops.PEAK_TFLOPS`),
-    each of ``memory_gib`` (None: not checked); ``mfu``: the utilisation assumed (None: the
+class Cluster(Layout):
+    """Where the runs go: ``nodes`` x ``gpus_per_node`` GPUs (:class:`.slurm.Layout`'s
+    flags: a job's layout, a plan's) named ``gpu`` (a name of
+    :data:`~megatron_ext.metrics.flops.PEAK_TFLOPS`), each of ``memory_gib`` (None: not checked); ``mfu``: the utilisation assumed (None: the
     measured one). A value out of range is a :class:`FlagError` naming its flag."""
     FLAG_GROUP = "plan (memory per GPU, time, GPU-hours)"
-    nodes: int = 1
-    gpus_per_node: int = 8
     gpu: str = flag("H100", "GPU model whose dense bf16 peak the MFU is of: "
                     + ", ".join(name for name, _, _ in PEAK_TFLOPS) + " (default H100, SXM)")
     memory_gib: Optional[float] = flag(
@@ -84,7 +83,7 @@ class Cluster(FlagConfig):
 
 def add_plan_args(parser: argparse.ArgumentParser) -> None:
     """The flags of a plan besides the layout (shared by plan.py, submit.py, study.py)."""
-    add_flags(parser.add_argument_group(Cluster.FLAG_GROUP), Cluster)
+    add_flags(parser.add_argument_group(Cluster.FLAG_GROUP), Cluster, title=Cluster.FLAG_GROUP)
 
 
 @dataclasses.dataclass(frozen=True)

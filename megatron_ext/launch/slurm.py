@@ -35,14 +35,24 @@ PER_ARM_FLAGS = ("--input-interface", "--save", "--load", "--tensorboard-dir",
                  "--exit-signal-handler")
 
 
+LAYOUT_GROUP = "layout"
+
+
 @dataclasses.dataclass(frozen=True)
-class Job(FlagConfig):
-    """A job's resources and preemption settings, each field declaring its flag (shared by
-    tools/submit.py and tools/study.py: :func:`add_job_args`); :meth:`for_run_dir` checks
-    them and resolves their defaults."""
-    nodes: int = flag(1, "nodes per job")
-    gpus_per_node: int = flag(8, "0: CPU-only job (no GPU request; then --ntasks-per-node is "
-                                 "required)", least=0)
+class Layout(FlagConfig):
+    """Nodes x GPUs per node of a run: a job's (:class:`Job`) and a plan's
+    (:class:`~megatron_ext.launch.plan.Cluster`), declared once for every tool."""
+    nodes: int = flag(1, "nodes per run (default 1)", group=LAYOUT_GROUP)
+    gpus_per_node: int = flag(8, "GPUs per node (default 8); 0, a Slurm job only: CPU-only, no "
+                                 "GPU request, then --ntasks-per-node is required", least=0,
+                              group=LAYOUT_GROUP)
+
+
+@dataclasses.dataclass(frozen=True)
+class Job(Layout):
+    """A job's layout, resources and preemption settings, each field declaring its flag
+    (shared by tools/submit.py and tools/study.py: :func:`add_job_args`); :meth:`for_run_dir`
+    checks them and resolves their defaults."""
     ntasks_per_node: Optional[int] = flag(
         None, "training ranks per node (default: --gpus-per-node, one rank per GPU)")
     cpus_per_task: Optional[int] = flag(None, "also sets OMP_NUM_THREADS")
@@ -73,6 +83,33 @@ class Job(FlagConfig):
         return self.replace(
             ntasks_per_node=self.ntasks_per_node or self.gpus_per_node,
             python=self.python or ("python" if self.container_image else sys.executable))
+
+
+CACHE_GROUP = "dataset index caches built ahead (--build-cache)"
+
+
+@dataclasses.dataclass(frozen=True)
+class Submission(FlagConfig):
+    """What tools/submit.py queues besides the jobs' resources: the folder of the runs, the
+    cache job ahead of them (its own partition, time limit and CPUs), or nothing
+    (``dry_run``)."""
+    run_dir: Optional[Path] = flag(
+        None, "per arm: RUN_DIR/ARM/{checkpoints,tensorboard,slurm-ID.log,job.sbatch}")
+    build_cache: bool = flag(
+        False, "first queue a CPU job that builds the recipe's dataset index caches into its "
+               "--data-cache-path (tools/build_data_cache.py); the arms' jobs start when it "
+               "succeeds (--dependency=afterok) and load them with --require-data-cache, never "
+               "build them", group=CACHE_GROUP)
+    build_cache_partition: Optional[str] = flag(
+        None, "partition of the cache job, e.g. a CPU one (default: --partition)",
+        group=CACHE_GROUP)
+    build_cache_time: Optional[str] = flag(
+        None, "sbatch --time limit of the cache job (default: the partition's)",
+        group=CACHE_GROUP)
+    build_cache_cpus_per_task: Optional[int] = flag(
+        None, "CPUs of the cache job's one task (default: Slurm's)", group=CACHE_GROUP)
+    dry_run: bool = flag(False, "print the plan and the generated scripts; write and submit "
+                                "nothing")
 
 
 def add_job_args(group) -> None:

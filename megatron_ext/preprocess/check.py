@@ -9,15 +9,23 @@ a vocabulary and a code's bits, into a report and its table.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Optional
 
 from tqdm import tqdm
 
 from ..config.data_config import DataConfig
+from ..config.flag_fields import FlagConfig, flag
 from ..datasets.indexed import IndexCheckError, read_index, token_id_range
 from ..datasets.split_checks import SPLITS, split_problems, split_ranges
 from ..datasets.tokenizer import tokenizer_from_args
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckOutput(FlagConfig):
+    """Where tools/check_data.py writes its results besides the screen."""
+    json: Optional[str] = flag(None, "also write the results to PATH as JSON", metavar="PATH")
 
 
 def vocabulary(tokenizer: DataConfig) -> tuple[Optional[int], str]:

@@ -34,20 +34,29 @@ import tomllib
 from pathlib import Path
 from typing import Optional, Sequence
 
-from ..codes.limits import ARMS
-from ..config import recipes
+from ..codes.limits import ARMS, PAPER_ARMS
+from ..config import recipes, run_config
 from ..config.arms import Arm, check_name, parse_arm as parse_arm_spec
+from ..config.flag_fields import FlagConfig, flag
 from ..probes.settings import ProbeSettings
 from ..runtime.errors import FlagError, StudyError
 from ..runtime.files import write_text
 
 from .budgets import Branch, plan
 
-# Set by the study for every run; an arm or recipe that sets them is refused.
-PER_RUN_FLAGS = ("--input-interface", "--seed", "--save", "--load", "--tensorboard-dir",
-                 "--exit-signal-handler", "--metrics-file")
+
+def _spellings(role: str) -> tuple[str, ...]:
+    """The flags whose field declares this role in a study (flag_fields.STUDY_ROLES), as the
+    command line spells them."""
+    return tuple(spelling for config, field in run_config.fields_where(study=role)
+                 for spelling in config.spellings(field))
+
+
+# Set by the study for every run (the arm, the seed, where it saves and logs); an arm or
+# recipe that sets them is refused.
+PER_RUN_FLAGS = _spellings("per_run")
 # What an arm may not change: the tokens of an iteration, at which the arms are compared.
-ARM_FIXED_FLAGS = ("--global-batch-size", "--seq-length")  # (batch ramps: UNSTUDIED_FLAGS)
+ARM_FIXED_FLAGS = _spellings("arm_fixed")  # (batch ramps: UNSTUDIED_FLAGS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,17 +73,34 @@ class Factor:
 
 
 @dataclasses.dataclass(frozen=True)
-class EvalSettings:
+class StudyFlags(FlagConfig):
+    """The flags naming a study's file and arms (tools/study.py's, and tools/plan.py's and
+    tools/submit.py's): each arm as :func:`parse_arm` reads it."""
+    study: Optional[str] = flag(None, "a study file (tools/study.py's TOML)")
+    arms: str = flag(
+        ",".join(PAPER_ARMS),
+        "comma-separated arms of %s (default: %s), each with flags of its own as a study names "
+        "them: [NAME:]ARM[@--flag=value...], e.g. r32:factorized@--input-table-rank=32 (NAME "
+        "names its folder)" % (",".join(ARMS), ",".join(PAPER_ARMS)))
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSettings(FlagConfig):
     """How each checkpoint is evaluated: the held-out token set (the first ``tokens``
     tokens of ``data_path``, the same for every run and checkpoint) and, optionally,
-    downstream tasks (tools/evaluate.py's, from ``data_dir``). A held-out prefix that the
-    recipe trains on is refused unless ``allow_train_text`` (then the report says so)."""
-    data_path: Optional[str] = None
-    tokens: int = 65536
-    batch_size: int = 8
+    downstream tasks (tools/evaluate.py's, from ``data_dir``; the fields with a flag are
+    tools/study.py's and, ``data_dir``, ``batch_size`` and ``limit``, tools/evaluate.py's). A
+    held-out prefix that the recipe trains on is refused unless ``allow_train_text`` (then the
+    report says so)."""
+    data_path: Optional[str] = flag(None, "indexed dataset prefix of the held-out set",
+                                    names=("--eval-data-path",))
+    tokens: int = flag(65536, "held-out tokens per evaluation (default 65536)",
+                       names=("--eval-tokens",))
+    batch_size: int = flag(8, "windows (the held-out loss) and documents (lm-eval) per "
+                              "forward pass")
     tasks: tuple[str, ...] = ()
-    data_dir: Optional[str] = None
-    limit: Optional[int] = None
+    data_dir: Optional[str] = flag(None, "folder of <task>.jsonl files (official layouts)")
+    limit: Optional[int] = flag(None, "only the first N documents per task (tests)")
     allow_train_text: bool = False
 
 

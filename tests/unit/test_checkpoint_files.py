@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import pytest
 
@@ -15,8 +16,10 @@ from helpers.checkpoint_files import write_save
 from megatron_ext.checkpoint import compatibility, layout, loading, manifest, retention
 from megatron_ext.checkpoint.layout import MARKER, TrainState
 from megatron_ext.checkpoint.resume import own_saves
+from megatron_ext.checkpoint.saved_args import with_checkpoint_args
 from megatron_ext.config.arguments import read_training_flags
-from megatron_ext.config.run_config import RunConfig
+from megatron_ext.config.flag_fields import RESUME_KINDS
+from megatron_ext.config.run_config import RunConfig, fields_where
 from megatron_ext.runtime.errors import CheckpointError
 from megatron_ext.runtime.megatron_compat import installed_release, null_tokenizer_counts
 
@@ -227,6 +230,73 @@ def test_a_changed_schedule_is_refused_unless_the_flags_say_which_continues():
     with pytest.raises(CheckpointError, match="trained at --global-batch-size 4, this run's "
                                               "is 8"):
         compatibility.reconcile_schedule(saved, args, 8, 8, "CKPT")
+
+
+def _other(value):
+    """A value unlike ``value`` (a switch flipped): a resume compares values, whatever their
+    type."""
+    return not value if isinstance(value, bool) else f"changed from {value!r}"
+
+
+def _dashed(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+@pytest.mark.parametrize("kind", sorted(RESUME_KINDS))
+def test_each_flag_resumes_as_its_field_declares(kind):
+    """Every flag of a kind, changed alone since the checkpoint (under WSD, so that every
+    schedule flag counts): a model or precision flag is refused naming it, a said one is
+    taken and named for the log, a schedule one is a difference of the schedule that the
+    flags' values take on with --override-opt_param-scheduler, a free one none of these."""
+    saved = saved_args("--lr-decay-style", "WSD")
+    config = read_training_flags([*TINY_RUN, "--train-iters", "8", "--lr-decay-style", "WSD"])
+    fields = fields_where(resume=kind)
+    assert fields
+    for concern, field in fields:
+        name, value = field.name, _other(saved[field.name])
+        current = {**saved, name: value}
+        refused = re.escape(f"{_dashed(name)}: checkpoint {saved[name]!r}, now {value!r}")
+        if kind in ("model", "precision"):
+            with pytest.raises(CheckpointError, match=refused):
+                compatibility.check_compatible(saved, current, "CKPT")
+            continue
+        compatibility.check_compatible(saved, current, "CKPT")
+        said = compatibility.changed_on_resume(saved, current)
+        assert said == ([f"{_dashed(name)}: checkpoint {saved[name]!r}, now {value!r}"]
+                        if kind == "said" else []), name
+        changed = config.replace(**{name: value, "override_opt_param_scheduler": True})
+        diffs, kept = compatibility.reconcile_schedule(saved, changed, 8, 4, "CKPT")
+        if kind == "schedule":
+            assert [d.split()[0] for d in diffs][:1] == [concern.spellings(field)[0]], name
+            assert kept[name] == value, name
+        else:
+            assert diffs == [], name
+
+
+def test_use_checkpoint_args_takes_each_flag_as_its_field_declares(tmp_path):
+    """With --use-checkpoint-args, a flag declared ``always`` is the checkpoint's whatever
+    the command line says, one declared ``unset_only`` is the checkpoint's where the command
+    line leaves it unset and the command line's where given, any other stays as given."""
+    import torch
+    from megatron.core.dist_checkpointing.core import CheckpointingConfig, save_config
+    given = read_training_flags([*TINY_RUN, "--train-iters", "8", "--load", str(tmp_path),
+                                 "--use-checkpoint-args"])
+    saved = {k: _other(v) for k, v in given.record().items()}
+    path = layout.checkpoint_path(str(tmp_path), 3)
+    os.makedirs(path)
+    torch.save({"args": saved}, os.path.join(path, "common.pt"))  # a save's common objects
+    save_config(CheckpointingConfig("torch_dist"), path)
+    (tmp_path / MARKER).write_text("3")
+    unset_only = {f.name for _, f in fields_where(checkpoint_args="unset_only")}
+    unset = given.replace(**dict.fromkeys(unset_only, None))
+    for config in (given, unset):
+        taken = with_checkpoint_args(config).record()
+        for name, value in config.record().items():
+            declared = next(f for _, f in fields_where() if f.name == name)
+            from_checkpoint = declared.metadata["checkpoint_args"] == "always" or (
+                declared.metadata["checkpoint_args"] == "unset_only" and value is None)
+            assert taken[name] == (saved[name] if from_checkpoint else value), name
+    assert unset_only and {f.name for _, f in fields_where(checkpoint_args="always")}
 
 
 def test_the_runs_own_saves_are_its_save_directory_however_spelled(tmp_path):

@@ -18,6 +18,7 @@ from conftest import TINY_RUN
 from helpers.recipes import TINY_RECIPE
 from megatron_ext.config.arguments import (add_training_args, build_parser, check_run_flags,
                                            parse_flags)
+from megatron_ext.config.flag_fields import RESUME_KINDS, FlagConfig, flag
 from megatron_ext.config.run_config import (CheckpointConfig, DataConfig, LoggingConfig,
                                             ModelConfig, ParallelConfig, RunConfig,
                                             TrainingConfig)
@@ -39,6 +40,32 @@ def test_every_flag_belongs_to_one_config():
     fields = [f.name for cls in CONCERNS for f in dataclasses.fields(cls)]
     assert len(fields) == len(set(fields)), "a flag in two configs"
     assert set(fields) == dests, (sorted(dests - set(fields)), sorted(set(fields) - dests))
+
+
+def undeclared_resume(configs) -> list[str]:
+    """The fields of ``configs`` that state no resume kind, as ``Config.field``."""
+    return [f"{cls.__name__}.{f.name}" for cls in configs for f in dataclasses.fields(cls)
+            if f.metadata.get("resume") not in RESUME_KINDS]
+
+
+def test_every_training_flag_states_what_a_resume_does_with_it():
+    """Each field of each training config declares what a resume does with it (there is no
+    default kind: a flag added without one fails here, named); a kind, a
+    --use-checkpoint-args mode or a study role outside its set, or a Megatron-LM default
+    without its meaning, is a TypeError where the field is declared."""
+    assert undeclared_resume(CONCERNS) == []
+
+    @dataclasses.dataclass(frozen=True)
+    class Added(FlagConfig):
+        stated: int = flag(1, "a flag that states its kind", resume="free")
+        silent: int = flag(1, "a flag added without one")
+    assert undeclared_resume([Added]) == ["Added.silent"]
+    for typo, named in ((dict(resume="modle"), "resume='modle'"),
+                        (dict(checkpoint_args="allways"), "checkpoint_args='allways'"),
+                        (dict(study="per-run"), "study='per-run'"),
+                        (dict(megatron_lm=0.1), "megatron_lm=0.1")):
+        with pytest.raises(TypeError, match=re.escape(f"flag({named})")):
+            flag(1, "a flag", **typo)
 
 
 def test_a_tool_that_reads_training_flags_takes_their_declarations():
