@@ -33,15 +33,17 @@ def build(arm: str, impl: str, dev: str) -> torch.nn.Module:
     from megatron.core.models.common.embeddings.language_model_embedding import (
         LanguageModelEmbedding)
     from megatron.core.transformer.transformer_config import TransformerConfig
-    from megatron_ext.codes.schemes import FixedCode
+    from megatron_ext.codes.schemes import build_code
     from megatron_ext.codes.embedding import FixedCodeEmbedding
+    from megatron_ext.config.model_config import ModelConfig
     config = TransformerConfig(num_layers=1, hidden_size=HIDDEN, num_attention_heads=16,
                                bf16=True, params_dtype=DTYPE, hidden_dropout=0.0,
                                use_cpu_initialization=dev == "cpu")
     if arm == "learned":
         return LanguageModelEmbedding(config, VOCAB, SEQ, position_embedding_type="rope")
     scheme, tiling = arm.split("/")
-    code = FixedCode.create(scheme, tiling=tiling, vocab_size=VOCAB, hidden_size=HIDDEN)
+    code = build_code(ModelConfig().replace(input_interface=scheme, code_tiling=tiling,
+                                            hidden_size=HIDDEN), VOCAB)  # the flags' defaults
     return FixedCodeEmbedding(config, VOCAB, SEQ, position_embedding_type="rope", code=code,
                               impl=impl).to(dev)
 

@@ -24,6 +24,7 @@ import sys
 from typing import Optional, Sequence
 
 from megatron_ext.config.arguments import parse_model_config
+from megatron_ext.config.run_config import RunConfig
 from megatron_ext.codes.limits import ARMS
 from megatron_ext.model.param_count import (ARMS_WITHOUT_FLAGS, code_rows, count_arms,
                                            format_table, input_rms)
@@ -49,9 +50,10 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         if args.show_code is not None:
             print(code_rows(config, args.show_code))
             return {}
-        counts = count_arms(config, args.arms)
+        given = RunConfig.from_flags(args)  # each arm fills its own dependent defaults
+        counts = count_arms(given, args.arms)
         print(json.dumps(counts, indent=2) if args.json
-              else format_table(counts, input_rms(config, args.arms),
+              else format_table(counts, input_rms(given, args.arms),
                                 config.model.init_method_std))
         return counts
 

@@ -31,11 +31,11 @@ from megatron_ext.launch.plan import (Cluster, add_plan_args, check_fits, plan_a
 from megatron_ext.launch.slurm import (CACHE_GROUP, CACHE_JOB, Job, Submission, add_job_args,
                                        cache_job_script, check_cache_recipe, check_job_runs,
                                        job_script, read_job_recipe, run_flags, write_and_submit)
-from megatron_ext.runtime.errors import exits_on_error
+from megatron_ext.runtime.errors import StudyError, exits_on_error
 
 
 
-def parse_args(argv: Optional[Sequence[str]]) -> tuple[argparse.Namespace, Job]:
+def parse_args(argv: Optional[Sequence[str]]) -> tuple[argparse.Namespace, Job, list]:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     add_flags(p, RecipeFile, required=("recipe",))
     add_flags(p, Submission, only=("run_dir",), required=("run_dir",))
@@ -45,19 +45,19 @@ def parse_args(argv: Optional[Sequence[str]]) -> tuple[argparse.Namespace, Job]:
     add_plan_args(p)
     add_flags(p, Submission, only=("dry_run",))
     args = p.parse_args(argv)
-    specs = [a for a in args.arms.split(",") if a]
-    unknown = sorted({a for a in specs if a.partition(":")[2 if ":" in a else 0]
-                      .split("@")[0] not in ARMS})
-    if unknown or not specs:
-        p.error(f"--arms: unknown arm(s) {unknown or specs}; choose from {', '.join(ARMS)}")
-    return args, Job.from_flags(args).for_run_dir(args.run_dir.resolve())
+    try:
+        arms = [parse_arm(spec, ARMS) for spec in args.arms.split(",") if spec]
+    except StudyError as error:
+        p.error(f"--arms: {error}")
+    if not arms:
+        p.error(f"--arms: give one arm or more of {', '.join(ARMS)}")
+    return args, Job.from_flags(args).for_run_dir(args.run_dir.resolve()), arms
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
     with exits_on_error():
-        args, job = parse_args(argv)
+        args, job, arms = parse_args(argv)
         run_dir = args.run_dir.resolve()
-        arms = [parse_arm(spec, ARMS) for spec in args.arms.split(",") if spec]
         recipe = read_job_recipe(args.recipe)
         if args.build_cache:
             check_cache_recipe(recipe, args.recipe)

@@ -2,7 +2,7 @@
 
 Everything else (the Megatron embedding module, the CUDA kernel, the Hugging Face export)
 computes exactly what this module defines, and is tested against it. docs/codes.md states the
-same definitions for citation. With n = ``num_bits`` (1..62, default 16), V the (padded)
+same definitions for citation. With n = ``num_bits`` (1..62), V the (padded)
 vocabulary and h the model width:
 
 * ``bits(x)[k] = (x >> k) & 1`` for k = 0..n-1: **least significant bit first**.
@@ -15,12 +15,13 @@ vocabulary and h the model width:
   block ``r = j div n``; the last block is truncated to its first ``h - (R-1)·n`` bits. Block r
   is ``c(t)`` (``repeat``) or ``A_r·c(t) ⊕ b_r`` (``recode``: one invertible affine map per
   block). h >= n: block 0 is always whole.
-* values: bit 1 becomes ``scale`` and bit 0 ``-scale`` (``pm1``, default), or 1 -> ``scale``
+* values: bit 1 becomes ``scale`` and bit 0 ``-scale`` (``pm1``), or 1 -> ``scale``
   and 0 -> ``0`` (``01``).
 
 Every random part (A, b; table; the A_r, b_r) is drawn once from ``seed`` by
 :meth:`FixedCode.create` and then **stored** (checkpoints, exported configs): a saved model never
-depends on redrawing it.
+depends on redrawing it. A code's options have no defaults here: the ``--code-*`` flags declare
+them (``config.model_config``), and :func:`build_code` draws a run's code from them.
 """
 
 from __future__ import annotations
@@ -136,12 +137,12 @@ class FixedCode:
     ``recode_A [R, n, n]``, ``recode_b [R, n]``: the per-block maps, ``recode`` tiling only."""
 
     scheme: str
-    num_bits: int = 16
-    values: str = "pm1"
-    scale: float = 1.0
+    num_bits: int
+    values: str
+    scale: float
+    tiling: str
     A: Optional[torch.Tensor] = None
     b: Optional[torch.Tensor] = None
-    tiling: str = "repeat"
     table: Optional[torch.Tensor] = None
     recode_A: Optional[torch.Tensor] = None
     recode_b: Optional[torch.Tensor] = None
@@ -199,13 +200,14 @@ class FixedCode:
         self.check_vocab(len(t))
 
     @classmethod
-    def create(cls, scheme: str, num_bits: int = 16, values: str = "pm1", scale: float = 1.0,
-               seed: int = 0, tiling: str = "repeat", vocab_size: Optional[int] = None,
+    def create(cls, scheme: str, *, num_bits: int, values: str, scale: float, seed: int,
+               tiling: str, vocab_size: Optional[int] = None,
                hidden_size: Optional[int] = None) -> "FixedCode":
         """A new code, its random parts drawn from one generator seeded with ``seed``: first the
         scheme's (gf2: A then b; permuted: the permutation; random: the table), then the R
-        recode maps in block order. ``vocab_size`` is needed by permuted and random,
-        ``hidden_size`` by the recode tiling."""
+        recode maps in block order. Every option is given (a run's are its ``--code-*`` flags:
+        :func:`build_code`); ``vocab_size`` is needed by permuted and random, ``hidden_size``
+        by the recode tiling."""
         if scheme in TABLE_SCHEMES and vocab_size is None:
             raise ValueError(f"a {scheme} code is drawn for a vocabulary: give vocab_size")
         if tiling == "recode" and hidden_size is None:

@@ -12,6 +12,8 @@ start-up, argparse types. Imports ``codes`` and ``runtime``.
   declare a resume kind, a study role, ... (``fields_where``);
 - ``arguments``: the parser of pretrain_fixedcode.py and the tools, ``--preset``, the
   Megatron-LM flags refused; the parsed flags turned into the run's config;
+- ``arms``: an arm as a study and the tools name it (``[NAME:]INTERFACE[@--flag=value...]``),
+  parsed once, and its config over the flags;
 - ``recipes``: files of flags shared by the runs of an experiment;
 - ``derived``: ``Derived``: values derived at start-up, never written into the config;
 - ``schedule``: the learning-rate schedule and the batch ramp in samples, as Megatron-LM

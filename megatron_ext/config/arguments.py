@@ -162,24 +162,6 @@ def parse_run_config(argv: Optional[Sequence[str]], description: str,
     return config
 
 
-def arm_config(config: RunConfig, arm: str) -> RunConfig:
-    """``config`` for one arm: ``[NAME:]INTERFACE[@--flag=value...]`` (as a study writes an
-    arm, e.g. ``r32:factorized@--input-table-rank=32`` or ``binary@--code-projection``): the
-    interface and the model flags it names over ``config``; refused as training refuses
-    them."""
-    interface, *flags = arm.partition(":")[2 if ":" in arm else 0].split("@")
-    tokens = ["--input-interface", interface] + [t for f in flags for t in f.split("=", 1)]
-    parser = build_parser("one arm")
-    parser.set_defaults(**config.record())  # what the spec does not name stays as it is
-    try:
-        one = RunConfig.from_flags(parser.parse_args(tokens))
-    except SystemExit:
-        raise FlagError(f"--arms {arm}: not INTERFACE[@--flag=value...] of model flags "
-                        f"(the error above)") from None
-    one.model.validate_input()
-    return one
-
-
 def read_training_flags(flags: Sequence[str]) -> RunConfig:
     """pretrain_fixedcode.py's flags ``flags`` as its parser reads them, neither validated nor
     filled (flags it does not know are left out): what the study tools read off a recipe."""

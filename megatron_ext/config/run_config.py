@@ -129,6 +129,24 @@ class RunConfig:
         if model.transformer_impl is not None:
             self.check_layers(model.transformer_impl)
 
+    def settle_layers(self, device: str, te_imports: bool) -> tuple[str, bool]:
+        """``(transformer_impl, sequence_parallel)`` of a run on ``device`` (``cuda``,
+        ``cpu``), as Megatron-LM settles them (megatron/training/arguments.py): the run's
+        rule at start-up (``train.setup.resolve_layers``) and the planner's
+        (``launch.plan``). ``--transformer-impl`` left out: Transformer Engine layers on a
+        GPU where TE imports (``te_imports``), local ones otherwise; TE's asked for on a CPU
+        refused; sequence parallelism off at TP 1; then what these layers cannot run
+        refused (:meth:`check_layers`)."""
+        model, parallel = self.model, self.parallel
+        impl = model.transformer_impl
+        if impl is None:
+            impl = "transformer_engine" if device == "cuda" and te_imports else "local"
+        elif impl == "transformer_engine" and device == "cpu":
+            raise FlagError("--transformer-impl transformer_engine needs a GPU (Transformer "
+                            "Engine's layers run on CUDA only); use --transformer-impl local")
+        self.check_layers(impl, device)
+        return impl, parallel.sequence_parallel and parallel.tensor_model_parallel_size > 1
+
     def check_layers(self, impl: str, device: Optional[str] = None) -> None:
         """What the transformer layers ``impl`` cannot run with these flags, refused naming
         them: when the flags are parsed where ``--transformer-impl`` is given, at start-up

@@ -140,6 +140,14 @@ def vocab_size_of(config: RunConfig, given: Optional[int] = None) -> int:
                         f"({e}); give --vocab-size") from e
 
 
+def gpu_layers(config: RunConfig) -> tuple[str, bool]:
+    """``(transformer_impl, sequence_parallel)`` of the run of ``config`` on a GPU where
+    Transformer Engine imports (the image's), settled by the run's rule
+    (:meth:`~megatron_ext.config.run_config.RunConfig.settle_layers`), refused as the run
+    refuses them."""
+    return config.settle_layers("cuda", te_imports=True)
+
+
 def plan_run(name: str, flags: Sequence[str], cluster: Cluster,
              vocab_size: Optional[int] = None, iterations: Optional[int] = None,
              count: int = 1) -> RunPlan:
@@ -157,11 +165,8 @@ def plan_run(name: str, flags: Sequence[str], cluster: Cluster,
         raise FlagError(f"{e} (data-parallel size from --nodes {cluster.nodes} x "
                         f"--gpus-per-node {cluster.gpus_per_node})") from e
     model, parallel = config.model, config.parallel
-    # the flags as a GPU run applies them: no sequence parallelism at TP 1, Transformer
-    # Engine layers by default (Megatron-LM's on a GPU where TE imports)
-    applied = config.replace(
-        transformer_impl=model.transformer_impl or "transformer_engine",
-        sequence_parallel=parallel.sequence_parallel and parallel.tensor_model_parallel_size > 1)
+    impl, sequence_parallel = gpu_layers(config)
+    applied = config.replace(transformer_impl=impl, sequence_parallel=sequence_parallel)
     padded = derived.padded_vocab_size
     whole = applied.replace(tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
     tokens_per_iteration = derived.global_batch_size * model.seq_length

@@ -1,5 +1,6 @@
 """Slurm jobs of training runs: the batch scripts filled from the templates in slurm/, and
-their submission with sbatch (tools/submit.py's arms, tools/study.py's runs).
+their submission with sbatch (tools/submit.py's arms, tools/study.py's runs), and the jobs
+already queued (:func:`queued_jobs`, one squeue call).
 
 A job script is slurm/fixedcode.sbatch with the run's training flags (a recipe, the run's
 own flags, and where it saves: :func:`run_flags`), the resources and the preemption
@@ -11,6 +12,7 @@ installed from (``make`` installs it editable).
 from __future__ import annotations
 
 import dataclasses
+import getpass
 import re
 import shlex
 import shutil
@@ -237,6 +239,39 @@ def cache_job_script(job: Job, recipe: List[str], run_dir: Path, mount_dir: Path
         "REPO": shlex.quote(str(REPO)),
         "PYTHON": shlex.quote(job.python),
     })
+
+
+# How long squeue may take to answer (a controller that is down makes it retry, then fail).
+SQUEUE_TIMEOUT = 120
+
+
+def queued_jobs() -> dict[str, str]:
+    """``{job name: job id}`` of this user's jobs that Slurm holds (pending, running,
+    completing...), asked with one ``squeue`` call; an empty dict when none is queued. A
+    :class:`LaunchError` naming the command and its message when the queue cannot be asked
+    (squeue not found, no controller reachable, no answer in :data:`SQUEUE_TIMEOUT` s):
+    "could not ask" is never taken for "not queued", which would submit a queued run twice."""
+    command = ["squeue", "--noheader", "--user", getpass.getuser(), "--format", "%i %j"]
+    shown = shlex.join(command)
+    if shutil.which("squeue") is None:
+        raise LaunchError(f"{shown}: squeue not found: run on a Slurm login node, or use "
+                          f"--dry-run")
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=SQUEUE_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        raise LaunchError(f"{shown} did not answer in {SQUEUE_TIMEOUT} s: nothing was "
+                          f"submitted; retry when the Slurm controller answers") from None
+    if done.returncode != 0:
+        raise LaunchError(f"{shown} failed (exit {done.returncode}): "
+                          f"{(done.stderr or done.stdout).strip()}; nothing was submitted "
+                          f"(which runs are queued is not known); retry when the Slurm "
+                          f"controller answers")
+    jobs = {}
+    for line in done.stdout.splitlines():
+        job_id, _, name = line.strip().partition(" ")
+        if name:
+            jobs.setdefault(name.strip(), job_id)
+    return jobs
 
 
 def submit(script: Path, after: Optional[str] = None) -> str:

@@ -19,7 +19,7 @@ import torch
 
 from ..codes.kernels import fixed_code_forward, lookup_tables
 from ..codes.schemes import ARMS, SCHEMES, FixedCode, build_code
-from ..config.arguments import arm_config
+from ..config.arms import parse_arm
 from ..config.model_config import padded_vocab_size
 from ..config.run_config import RunConfig
 from ..runtime.errors import FlagError
@@ -44,11 +44,6 @@ def count_parameters(model: torch.nn.Module) -> dict:
     return parts
 
 
-def arm_name(arm: str) -> str:
-    """The row name of an arm spec: its ``NAME:``, else the spec."""
-    return arm.partition(":")[0] if ":" in arm else arm
-
-
 def padded_vocab(config: RunConfig, arms: Sequence[str], tp: int = 1) -> int:
     """The vocabulary as training pads it at TP size ``tp``; refused, as training refuses
     it, when a fixed-code arm of ``arms`` cannot code every id of it or a factorized arm's
@@ -58,22 +53,23 @@ def padded_vocab(config: RunConfig, arms: Sequence[str], tp: int = 1) -> int:
         raise FlagError("--vocab-size is required (or use --preset)")
     padded = padded_vocab_size(vocab_size, config.model.make_vocab_size_divisible_by, tp)
     for arm in arms:
-        arm_config(config, arm).model.check_vocab(padded, vocab_size)
+        parse_arm(arm).config(config).model.check_vocab(padded, vocab_size)
     return padded
 
 
 def count_arms(config: RunConfig, arms: Sequence[str]) -> dict:
-    """``{arm name: {part: count}}`` for a model shape given by ``config`` (arms as
-    :func:`~megatron_ext.config.arguments.arm_config` reads them)."""
+    """``{arm name: {part: count}}`` for a model shape given by ``config``, the flags' config
+    before their dependent defaults (each arm's config over it:
+    :meth:`~megatron_ext.config.arms.Arm.config`)."""
     counts, vocab = {}, padded_vocab(config, arms)
     started = not torch.distributed.is_initialized()  # else the caller's, left running
     if started:
         initialize_distributed("cpu")
     try:
-        for arm in arms:
+        for arm in map(parse_arm, arms):
             with torch.device("meta"):
-                model = model_provider(arm_config(config, arm), vocab, on_cpu=True)
-            counts[arm_name(arm)] = count_parameters(model)
+                model = model_provider(arm.config(config), vocab, on_cpu=True)
+            counts[arm.name] = count_parameters(model)
     finally:
         if started:
             destroy_distributed()
@@ -96,15 +92,15 @@ def input_rms(config: RunConfig, arms: Sequence[str]) -> dict:
     """``{arm name: (input RMS at step 0, --code-scale matching the learned RMS or None)}``."""
     vocab = padded_vocab(config, arms)
     rms = {}
-    for arm in arms:
-        one = arm_config(config, arm).model
+    for arm in map(parse_arm, arms):
+        one = arm.config(config).model
         std = one.embedding_init_method_std or one.init_method_std
         if one.input_interface not in SCHEMES:
-            rms[arm_name(arm)] = (std, None)
+            rms[arm.name] = (std, None)
             continue
         # with --code-projection the first step's input is the tiled code's
         value = code_rms(build_code(one, vocab), vocab, one.hidden_size)
-        rms[arm_name(arm)] = (value, one.code_scale * std / value)  # RMS scales with the scale
+        rms[arm.name] = (value, one.code_scale * std / value)  # RMS scales with the scale
     return rms
 
 

@@ -12,7 +12,6 @@ of its own.
 
 from __future__ import annotations
 
-import shutil
 import signal
 import subprocess
 import sys
@@ -121,28 +120,27 @@ def _relay(proc: subprocess.Popen, log, tag: str) -> int:
     return proc.wait()
 
 
-def queued_job(name: str) -> Optional[str]:
-    """The id of a pending or running Slurm job of this name, or None."""
-    if shutil.which("squeue") is None:
-        return None
-    out = subprocess.run(["squeue", "-h", "-n", name, "-o", "%i"], capture_output=True,
-                         text=True).stdout.split()
-    return out[0] if out else None
-
-
 def submit_to_slurm(study: spec.Study, study_dir: Path, job: slurm.Job, dry_run: bool,
                     progress: Progress = _print, cluster=None) -> None:
-    """Submit each run that is neither finished nor queued as a ``job``. A budget's branch
-    is a job that starts once its run's job has succeeded (none when that run is
-    finished). ``dry_run`` prints the scripts and dependencies. With ``cluster`` (a
-    :class:`~megatron_ext.launch.plan.Cluster`), the study's plan is printed first and a run
-    that does not fit its GPU memory refuses the submission."""
+    """Submit each run that is neither finished nor queued as a ``job``: the queue is asked
+    once, before anything is submitted (:func:`~megatron_ext.launch.slurm.queued_jobs`; a
+    queue that cannot be asked stops the submission with its error). A budget's branch is a
+    job that starts once its run's job has succeeded (none when that run is finished).
+    ``dry_run`` prints the scripts and dependencies of the unfinished runs and asks no
+    queue. With ``cluster`` (a :class:`~megatron_ext.launch.plan.Cluster`), the study's plan
+    is printed first and a run that does not fit its GPU memory refuses the submission."""
     if cluster is not None:
         from ..launch.plan import check_fits, plan_submission
         plans, table = plan_submission(
             study.recipe, lambda vocab: plan_study(study, cluster, vocab), cluster)
         progress(table)
         check_fits(plans, cluster)
+    if dry_run:
+        queue = {}
+        progress("# dry run: the queue is not asked (squeue); a submission skips the runs "
+                 "queued or running then")
+    else:
+        queue = slurm.queued_jobs()
     jobs = {}  # run folder -> its job id (submitted or queued), or "dry-run"
     for folder, cell, arm, seed, run in spec.all_runs(study, study_dir):
         what = f"{folder + ' ' if folder else ''}{arm.name} seed {seed}"
@@ -151,7 +149,7 @@ def submit_to_slurm(study: spec.Study, study_dir: Path, job: slurm.Job, dry_run:
         if finished(run):
             progress(f"{what}: finished")
             continue
-        queued = queued_job(name)
+        queued = queue.get(name)
         if queued:
             jobs[run] = queued
             progress(f"{what}: queued or running as job {queued}")

@@ -29,7 +29,6 @@ import json
 import math
 import os
 import itertools
-import re
 import shlex
 import tomllib
 from pathlib import Path
@@ -37,6 +36,7 @@ from typing import Optional, Sequence
 
 from ..codes.limits import ARMS, PAPER_ARMS
 from ..config import recipes, run_config
+from ..config.arms import Arm, check_name, parse_arm as parse_arm_spec
 from ..config.flag_fields import FlagConfig, flag
 from ..probes.settings import ProbeSettings
 from ..runtime.errors import FlagError, StudyError
@@ -57,17 +57,6 @@ def _spellings(role: str) -> tuple[str, ...]:
 PER_RUN_FLAGS = _spellings("per_run")
 # What an arm may not change: the tokens of an iteration, at which the arms are compared.
 ARM_FIXED_FLAGS = _spellings("arm_fixed")  # (batch ramps: UNSTUDIED_FLAGS)
-ARM_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@=+-]*")
-
-
-@dataclasses.dataclass(frozen=True)
-class Arm:
-    name: str
-    interface: str
-    flags: tuple[str, ...] = ()
-
-    def training_flags(self) -> list[str]:
-        return ["--input-interface", self.interface, *self.flags]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -240,34 +229,20 @@ def branched_from(study_dir: Path, folder: str, arm: Arm, seed: int) -> Path:
 
 
 def parse_arm(spec: str, interfaces: tuple[str, ...]) -> Arm:
-    """An arm from ``[NAME:]INTERFACE[@--flag=value...]``; errors name the spec."""
-    name, sep, body = spec.partition(":")
-    if not sep:
-        name, body = spec, spec
-    interface, *flag_specs = body.split("@")
-    if interface not in interfaces:
-        raise StudyError(f"arm {spec!r}: unknown input interface {interface!r} "
-                         f"(choose from {', '.join(interfaces)})")
-    _check_name(name, f"arm {spec!r}")
-    flags = []
-    for part in flag_specs:
-        flag, eq, value = part.partition("=")
-        if not flag.startswith("--"):
-            raise StudyError(f"arm {spec!r}: {part!r} is not a --flag[=value]")
-        flags += [flag, value] if eq else [flag]
-    _refuse_per_run(flags, f"arm {spec!r}")
-    for token in flags:
+    """An arm from ``[NAME:]INTERFACE[@--flag=value...]``
+    (:func:`megatron_ext.config.arms.parse_arm`) that sets neither a flag the study sets for
+    every run nor the tokens of an iteration; errors name the spec."""
+    try:
+        arm = parse_arm_spec(spec, interfaces)
+    except FlagError as error:
+        raise StudyError(str(error)) from None
+    _refuse_per_run(arm.flags, f"arm {spec!r}")
+    for token in arm.flags:
         if token.split("=")[0] in ARM_FIXED_FLAGS:
             raise StudyError(f"arm {spec!r} sets {token.split('=')[0]}: the arms are compared "
                              f"at equal iterations, so each trains the recipe's tokens per "
                              f"iteration; set it in the recipe or a factor's level")
-    return Arm(name, interface, tuple(flags))
-
-
-def _check_name(name: str, what: str) -> None:
-    if not ARM_NAME.fullmatch(name):
-        raise StudyError(f"{what}: the name {name!r} must be letters, digits and "
-                         f"_.@=+- (it names a folder)")
+    return arm
 
 
 def _refuse_per_run(flags, what: str) -> None:
@@ -285,13 +260,13 @@ def parse_factors(fields: dict) -> tuple[Factor, ...]:
         raise StudyError("factors must be tables [factors.NAME] of LEVEL = \"--flags\"")
     factors, names = [], []
     for factor, levels in fields.items():
-        _check_name(factor, f"factor {factor!r}")
+        check_name(factor, f"factor {factor!r}", StudyError)
         if not isinstance(levels, dict) or not levels:
             raise StudyError(f"factor {factor!r} needs levels: LEVEL = \"--flags\"")
         parsed = []
         for level, flags in levels.items():
             what = f"level {level!r} of factor {factor!r}"
-            _check_name(level, what)
+            check_name(level, what, StudyError)
             if not isinstance(flags, (str, list)):
                 raise StudyError(f"{what}: give its flags as a string or a list (in "
                                  f"TOML a level name with a dot, such as lr1.6e-2, needs "

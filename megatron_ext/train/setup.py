@@ -93,29 +93,22 @@ def input_table_overrides(training: TrainingConfig) -> Optional[dict]:
 
 def resolve_layers(config: RunConfig, device: str) -> tuple[str, bool]:
     """``(transformer_impl, sequence_parallel)``: the transformer layers, attention, FP8 and
-    sequence parallelism for ``device``, settled as Megatron-LM settles them
-    (megatron/training/arguments.py): Transformer Engine layers by default on a GPU where TE
-    imports (local layers otherwise, said in the log), sequence parallelism turned off with a
-    warning at TP=1; the checks of what these layers run (which need the machine where
-    ``--transformer-impl`` is left to it) and, on a GPU, those of
+    sequence parallelism for ``device``, settled by the rule the planner shares
+    (:meth:`~megatron_ext.config.run_config.RunConfig.settle_layers`) with whether TE
+    imports here: the GPU's default layers said in the log, sequence parallelism turned off
+    at TP=1 with a warning; on a GPU, the checks of
     :mod:`megatron_ext.runtime.device_checks`."""
     model, parallel = config.model, config.parallel
-    impl, sequence_parallel = model.transformer_impl, parallel.sequence_parallel
-    if impl is None:
-        te = device == "cuda" and transformer_engine_imports()
-        impl = "transformer_engine" if te else "local"
-        if device == "cuda":
-            log(f"[fixedcode] --transformer-impl {impl} (the default on a GPU: "
-                + ("Transformer Engine imports)" if te else
-                   "Transformer Engine does not import; pip install '.[gpu]' for it)"))
-    elif impl == "transformer_engine" and device == "cpu":
-        raise FlagError("--transformer-impl transformer_engine needs a GPU (Transformer "
-                        "Engine's layers run on CUDA only); use --transformer-impl local")
-    config.check_layers(impl, device)  # what these layers cannot run, on this device
-    if sequence_parallel and parallel.tensor_model_parallel_size == 1:
+    chosen = model.transformer_impl is None and device == "cuda"  # the GPU's default
+    te = chosen and transformer_engine_imports()
+    impl, sequence_parallel = config.settle_layers(device, te)
+    if chosen:
+        log(f"[fixedcode] --transformer-impl {impl} (the default on a GPU: "
+            + ("Transformer Engine imports)" if te else
+               "Transformer Engine does not import; pip install '.[gpu]' for it)"))
+    if parallel.sequence_parallel and not sequence_parallel:
         log("[fixedcode] warning: --sequence-parallel turned off: it splits activations over "
             "tensor-parallel ranks, and --tensor-model-parallel-size is 1 (as in Megatron-LM)")
-        sequence_parallel = False
     if device == "cuda":
         capability = torch.cuda.get_device_capability()
         check_cuda_connections(parallel.tensor_model_parallel_size, sequence_parallel,

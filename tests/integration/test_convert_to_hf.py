@@ -31,6 +31,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM  
 from conftest import REPO, TINY_MODEL, TINY_RUN, run_pretrain  # noqa: E402
 from helpers.gpt2_bpe import gpt2_bpe_files  # noqa: E402
 from helpers.saves import Opaque, rewrite_common  # noqa: E402
+from helpers.codes import new_code
 from megatron_ext.codes import schemes  # noqa: E402
 from megatron_ext.hf import modeling_fixedcode  # noqa: E402
 from megatron_ext.hf.configuration_fixedcode import FixedCodeLlamaConfig  # noqa: E402
@@ -167,7 +168,7 @@ def card(hf_dir: str) -> tuple[dict, str]:
                                                 ("01", 0.37, torch.bfloat16)])
 def test_hf_code_equals_megatron_ext_codes(scheme, tiling, values, scale, dtype):
     """12 bits at width 40: the last block truncated."""
-    code = schemes.FixedCode.create(scheme, num_bits=12, values=values, scale=scale, seed=5,
+    code = new_code(scheme, num_bits=12, values=values, scale=scale, seed=5,
                                   tiling=tiling, vocab_size=4096, hidden_size=40)
     config = FixedCodeLlamaConfig(hidden_size=40, num_attention_heads=4, vocab_size=4096,
                                   fixed_code=code.to_dict())
@@ -185,7 +186,7 @@ def test_hf_code_equals_megatron_ext_codes(scheme, tiling, values, scale, dtype)
                                   "and absent otherwise"),
 ])
 def test_config_with_an_inconsistent_code_is_refused(change, message):
-    code = {**schemes.FixedCode.create("gf2").to_dict(), **change}
+    code = {**new_code("gf2").to_dict(), **change}
     with pytest.raises(Exception, match=message):
         FixedCodeLlamaConfig(hidden_size=64, num_attention_heads=4, vocab_size=512,
                              fixed_code=code)
@@ -196,7 +197,7 @@ def test_config_with_an_inconsistent_code_is_refused(change, message):
     ({"vocab_size": 1024}, "fixed_code table has 512 entries, vocab_size is 1024"),
 ])
 def test_config_whose_code_does_not_fit_the_model_is_refused(change, message):
-    code = schemes.FixedCode.create("random", tiling="recode", vocab_size=512, hidden_size=64)
+    code = new_code("random", tiling="recode", vocab_size=512, hidden_size=64)
     shape = {"hidden_size": 64, "num_attention_heads": 4, "vocab_size": 512, **change}
     with pytest.raises(Exception, match=message):
         FixedCodeLlamaConfig(fixed_code=code.to_dict(), **shape)

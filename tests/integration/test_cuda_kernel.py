@@ -22,6 +22,7 @@ import torch.utils.cpp_extension
 
 from megatron_ext.codes import cuda_extension, kernels
 from megatron_ext.codes.schemes import SCHEMES, TILINGS, FixedCode
+from helpers.codes import new_code
 
 REPO = Path(__file__).resolve().parents[2]
 KERNEL = cuda_extension.CSRC / "fixed_code.cu"
@@ -64,7 +65,7 @@ def fast_inputs(code: FixedCode, hidden: int, device="cpu"):
 
 
 def make(scheme, tiling, num_bits, hidden, **kw) -> FixedCode:
-    return FixedCode.create(scheme, num_bits=num_bits, tiling=tiling, seed=5,
+    return new_code(scheme, num_bits=num_bits, tiling=tiling, seed=5,
                             vocab_size=min(3000, 2 ** num_bits), hidden_size=hidden, **kw)
 
 
@@ -102,7 +103,7 @@ def test_auto_on_cpu_ids_uses_torch_without_building(monkeypatch):
         raise AssertionError("auto tried to build the CUDA extension for CPU ids")
     monkeypatch.setattr(cuda_extension, "load", no_build)
     monkeypatch.setattr(cuda_extension, "available", no_build)
-    code = FixedCode.create("gf2", num_bits=8, seed=1)
+    code = new_code("gf2", num_bits=8, seed=1)
     ids = torch.randint(0, 256, (5, 3))
     out = kernels.fixed_code_forward(code, ids, *fast_inputs(code, 32), 32, torch.bfloat16,
                                      "auto")
@@ -110,7 +111,7 @@ def test_auto_on_cpu_ids_uses_torch_without_building(monkeypatch):
 
 
 def test_unknown_impl_is_refused():
-    code = FixedCode.create("binary", num_bits=8)
+    code = new_code("binary", num_bits=8)
     with pytest.raises(ValueError, match="unknown fixed-code implementation 'triton'"):
         kernels.fixed_code_forward(code, torch.zeros(2, dtype=torch.long), *fast_inputs(code, 8),
                                    8, torch.float32, "triton")

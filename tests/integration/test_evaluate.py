@@ -25,7 +25,7 @@ from transformers import (AutoModelForCausalLM, AutoTokenizer, LlamaConfig,  # n
                           LlamaForCausalLM)
 
 from conftest import TINY_RUN, run_pretrain  # noqa: E402
-from megatron_ext.codes.schemes import FixedCode  # noqa: E402
+from helpers.codes import new_code  # noqa: E402
 from megatron_ext.hf.configuration_fixedcode import FixedCodeLlamaConfig  # noqa: E402
 from megatron_ext.hf.model_card import read_card, render  # noqa: E402
 from megatron_ext.hf.modeling_fixedcode import FixedCodeLlamaForCausalLM  # noqa: E402
@@ -144,7 +144,7 @@ def models(tmp_path_factory, tokenizer_model):
     for arm, model in (
             ("learned", lambda: LlamaForCausalLM(LlamaConfig(**shape))),
             ("binary", lambda: FixedCodeLlamaForCausalLM(FixedCodeLlamaConfig(
-                fixed_code=FixedCode.create("binary").to_dict(), **shape)))):
+                fixed_code=new_code("binary").to_dict(), **shape)))):
         torch.manual_seed(len(dirs))
         dirs[arm] = str(root / arm)
         model().save_pretrained(dirs[arm])

@@ -221,6 +221,31 @@ def test_sequence_parallel_is_turned_off_at_tp1_and_kept_at_tp2(te_imports, caps
         assert resolve_layers(args, "cuda") == ("transformer_engine" if te else "local", True)
 
 
+@pytest.mark.parametrize("flags", [
+    [], ["--transformer-impl", "local"], ["--transformer-impl", "transformer_engine"],
+    ["--sequence-parallel"], ["--tensor-model-parallel-size", "2", "--sequence-parallel"],
+    ["--bf16", "--fp32-residual-connection", "--transformer-impl", "local"],
+    ["--bf16", "--fp32-residual-connection"],
+    ["--transformer-impl", "local", "--fp8-format", "hybrid"]])
+def test_the_plan_settles_the_layers_the_run_settles(te_imports, flags):
+    """Issue 58: tools/plan.py plans a GPU run (Transformer Engine importing) with the
+    layers and sequence parallelism the run settles at start-up for the same flags, and
+    refuses what the run refuses, with its message."""
+    from megatron_ext.launch import plan
+    te_imports(True)
+    try:
+        run = resolve_layers(gpu_args(*flags), "cuda")
+    except FlagError as error:
+        run = f"refused: {error}"
+    try:
+        planned = plan.gpu_layers(plan.run_config(TINY_RUN + ["--train-iters", "1", *flags]))
+    except FlagError as error:
+        planned = f"refused: {error}"
+    assert planned == run
+    refused = flags[-1:] == ["hybrid"] or flags == ["--bf16", "--fp32-residual-connection"]
+    assert str(run).startswith("refused: ") == refused, run
+
+
 def test_tensor_parallelism_on_a_gpu_needs_one_cuda_connection(te_imports, monkeypatch):
     te_imports(False)
     monkeypatch.delenv("CUDA_DEVICE_MAX_CONNECTIONS")

@@ -78,14 +78,14 @@ def test_input_rms_and_the_matching_code_scale():
 
 def test_show_code_prints_the_rows_of_the_configured_code(capsys):
     from helpers.code_reference import py_row
-    from megatron_ext.codes.schemes import FixedCode
+    from helpers.codes import new_code
     from tools.param_report import main
     flags = ["--input-interface", "random", "--code-tiling", "recode", "--code-bits", "12",
              "--code-seed", "7"]
     main(SMALL + flags + ["--show-code", "3"])
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("# random code, 12 bits, recode tiling, pm1 x 1; vocabulary 512")
-    code = FixedCode.create("random", num_bits=12, tiling="recode", seed=7, vocab_size=512,
+    code = new_code("random", num_bits=12, tiling="recode", seed=7, vocab_size=512,
                             hidden_size=40)
     assert len(lines) == 5
     for t, line in enumerate(lines[2:]):
@@ -143,3 +143,19 @@ def test_the_state_bytes_bench_prints_every_arm_at_the_reference_shape(monkeypat
         ["frozen", "binary", "gf2", "permuted", "random"], "1,711,376,384")}
     assert "| binary | 1,711,376,384 | 3.19 | 6.38 | 19.13 | 28.69 | 1.69 | 5.6 |" \
         in out.getvalue()
+
+
+@pytest.mark.parametrize("mlp, ffn", [("--no-swiglu", 4 * 128), ("--swiglu", 320)])
+def test_an_arm_that_widens_the_model_gets_the_ffn_size_of_its_width(mlp, ffn):
+    """Issue 58: ``w:learned@--hidden-size=128`` over a width-40 shape is counted as the run
+    with --hidden-size 128 starts, --ffn-hidden-size 4 x 128 (with --swiglu 2/3 of that, to
+    a multiple of 64), not the shape's 4 x 40 carried over."""
+    import json
+    counts = json.loads(run_report(*SMALL, mlp, "--json", "--arms",
+                                   "w:learned@--hidden-size=128"))
+    wide = json.loads(run_report(*SMALL, mlp, "--hidden-size", "128", "--json",
+                                 "--arms", "learned"))
+    assert counts["w"] == wide["learned"]
+    L, d, V = 2, 128, 512
+    up = 2 if mlp == "--swiglu" else 1
+    assert counts["w"]["backbone"] == L * (4 * d * d + (up + 1) * d * ffn + 2 * d) + d

@@ -28,7 +28,7 @@ from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 from conftest import TINY_RUN, run_pretrain  # noqa: E402
 from helpers.indexed_data import null_vocab_size  # noqa: E402
 from helpers.saves import rewrite_common  # noqa: E402
-from megatron_ext.codes.schemes import FixedCode  # noqa: E402
+from helpers.codes import new_code  # noqa: E402
 from megatron_ext.hf.configuration_fixedcode import FixedCodeLlamaConfig  # noqa: E402
 from megatron_ext.hf.modeling_fixedcode import FixedCodeLlamaForCausalLM  # noqa: E402
 from megatron_ext.hf.tokenizer import hf_tokenizer  # noqa: E402
@@ -68,7 +68,7 @@ def export(folder: Path, arm: str, vocab: int, tokenizer, tiling: str = "repeat"
     else:
         FixedCodeLlamaConfig.register_for_auto_class()
         FixedCodeLlamaForCausalLM.register_for_auto_class("AutoModelForCausalLM")
-        code = FixedCode.create(arm, tiling=tiling, vocab_size=vocab, hidden_size=64)
+        code = new_code(arm, tiling=tiling, vocab_size=vocab, hidden_size=64)
         model = FixedCodeLlamaForCausalLM(FixedCodeLlamaConfig(fixed_code=code.to_dict(),
                                                                **shape))
     model.save_pretrained(folder)
@@ -216,7 +216,7 @@ def _zipf_sample(features, seed: int = 0, width: int = 128, sample: int = 8192):
     if features == "table":
         X = torch.from_numpy(rng.standard_normal((vocab, width)))[ids]
     else:
-        X = 2.0 * FixedCode.create("binary").code_bits(ids).double() - 1
+        X = 2.0 * new_code("binary").code_bits(ids).double() - 1
     split = Split(drawn, seed)
     targets = Targets(drawn, split, corpus, 64, 16, seed)
     row, _ = fit_layer(X, X, targets, split, None)

@@ -108,7 +108,8 @@ def test_an_arm_with_flags_of_its_own_is_submitted_under_its_name(tmp_path):
                 f"    {line}" in scripts[name].splitlines(), (name, line)
     refused = dry_run("--recipe", str(RECIPE), "--run-dir", str(run_dir),
                       "--arms", "learned,tabled")
-    assert refused.returncode == 2 and "unknown arm(s) ['tabled']" in refused.stderr
+    assert refused.returncode == 2 and \
+        "error: --arms: arm 'tabled': unknown input interface 'tabled'" in refused.stderr
 
 
 def test_gpu_container_script_requests_gpus_and_runs_in_the_image(tmp_path):

@@ -4,8 +4,10 @@ dry run, and bad study definitions refused naming the problem."""
 
 from __future__ import annotations
 
+import getpass
 import json
 import math
+import os
 import re
 from pathlib import Path
 
@@ -232,6 +234,98 @@ def test_slurm_dry_run_prints_one_job_per_run_and_writes_nothing(recipe, tmp_pat
     assert "    --input-interface binary\n    --code-scale 0.02\n    --seed 2\n" in out
     assert f"    --save {study_dir}/small/seed2/checkpoints" in out
     assert not study_dir.exists()
+
+
+FAKE_SLURM = {
+    # each records its arguments, one call a line, in FAKE_DIR/NAME.calls
+    "squeue": """#!/bin/bash
+echo "$*" >> "$FAKE_DIR/squeue.calls"
+if [[ -n $FAKE_SQUEUE_FAILS ]]; then
+  echo "slurm_load_jobs error: Unable to contact slurm controller (connect failure)" >&2
+  exit 1
+fi
+printf '%b' "$FAKE_SQUEUE_JOBS"
+""",
+    "sbatch": """#!/bin/bash
+echo "$*" >> "$FAKE_DIR/sbatch.calls"
+echo "$((100 + $(wc -l < "$FAKE_DIR/sbatch.calls")))"
+"""}
+
+
+@pytest.fixture
+def fake_slurm(tmp_path, monkeypatch):
+    """Stand-ins for squeue and sbatch on PATH; ``calls(name)``: the arguments of each call
+    of ``name``, in order."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in FAKE_SLURM.items():
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_DIR", str(bin_dir))
+    monkeypatch.delenv("FAKE_SQUEUE_FAILS", raising=False)
+    monkeypatch.setenv("FAKE_SQUEUE_JOBS", "")
+
+    def calls(name):
+        path = bin_dir / f"{name}.calls"
+        return path.read_text().splitlines() if path.exists() else []
+    return calls
+
+
+def submit_study(recipe, study_dir, *extra):
+    study.main(["run", str(study_dir), "--recipe", str(recipe), "--arms",
+                "learned,binary", "--seeds", "1,2", "--launcher", "slurm",
+                "--gpus-per-node", "0", "--ntasks-per-node", "2", *extra])
+
+
+@pytest.mark.integration
+def test_a_dry_run_asks_no_queue(recipe, tmp_path, fake_slurm, capsys):
+    """Issue 58: a dry run on a login node whose Slurm controller is down printed its
+    scripts after one ~9 s squeue per run; it asks none now, and says so."""
+    submit_study(recipe, tmp_path / "study", "--dry-run")
+    assert fake_slurm("squeue") == [] and fake_slurm("sbatch") == []
+    out = capsys.readouterr().out
+    assert "# dry run: the queue is not asked (squeue)" in out
+    assert len(re.findall(r"^# ===== ", out, flags=re.M)) == 4
+
+
+@pytest.mark.integration
+def test_a_queue_that_cannot_be_asked_stops_the_submission_before_any_sbatch(
+        recipe, tmp_path, fake_slurm, monkeypatch):
+    """'Could not ask' is not 'not queued': a controller briefly down would have had the
+    study resubmit its queued runs."""
+    monkeypatch.setenv("FAKE_SQUEUE_FAILS", "1")
+    with pytest.raises(SystemExit) as stop:
+        submit_study(recipe, tmp_path / "study")
+    user = getpass.getuser()
+    assert str(stop.value) == (
+        f"error: squeue --noheader --user {user} --format '%i %j' failed (exit 1): "
+        f"slurm_load_jobs error: Unable to contact slurm controller (connect failure); "
+        f"nothing was submitted (which runs are queued is not known); retry when the Slurm "
+        f"controller answers")
+    assert fake_slurm("squeue") == [f"--noheader --user {user} --format %i %j"]
+    assert fake_slurm("sbatch") == []
+
+
+@pytest.mark.integration
+def test_the_queue_is_asked_once_per_study_and_queued_runs_are_not_resubmitted(
+        recipe, tmp_path, fake_slurm, monkeypatch, capsys):
+    study_dir = tmp_path / "study"
+    monkeypatch.setenv("FAKE_SQUEUE_JOBS", "77 study-binary-seed1\n78 other-learned-seed1\n")
+    submit_study(recipe, study_dir)
+    assert len(fake_slurm("squeue")) == 1
+    submitted = [call.split()[-1] for call in fake_slurm("sbatch")]
+    assert submitted == [str(study_dir / run / "job.sbatch") for run in
+                         ("learned/seed1", "learned/seed2", "binary/seed2")]
+    out = capsys.readouterr().out
+    assert "binary seed 1: queued or running as job 77" in out
+    assert "learned seed 1: job 101" in out and "binary seed 2: job 103" in out
+    # rerun: the jobs submitted are queued now, and nothing is submitted again
+    monkeypatch.setenv("FAKE_SQUEUE_JOBS", "".join(
+        f"{i} study-{run}\n" for i, run in ((101, "learned-seed1"), (102, "learned-seed2"),
+                                            (77, "binary-seed1"), (103, "binary-seed2"))))
+    submit_study(recipe, study_dir)
+    assert len(fake_slurm("squeue")) == 2 and len(fake_slurm("sbatch")) == 3
 
 
 # --------------------------------------------------------------------------- end to end

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from helpers.code_reference import py_bits, py_values
+from helpers.codes import new_code
 from megatron_ext.codes.schemes import (SCHEMES, TILINGS, FixedCode, bits_of, draw_gf2_affine,
                                         gf2_inverse, gf2_rank, ids_of)
 
@@ -17,7 +18,7 @@ CASES = [(s, t) for s in SCHEMES for t in TILINGS]
 
 
 def make(scheme, tiling, seed=11, num_bits=16, hidden=40, vocab=VOCAB, **kw) -> FixedCode:
-    return FixedCode.create(scheme, num_bits=num_bits, seed=seed, tiling=tiling,
+    return new_code(scheme, num_bits=num_bits, seed=seed, tiling=tiling,
                             vocab_size=vocab, hidden_size=hidden, **kw)
 
 
@@ -124,29 +125,30 @@ def test_gf2_rank_detects_singular_matrix():
     with pytest.raises(ValueError, match="singular"):
         gf2_inverse(A)
     with pytest.raises(ValueError, match="not invertible"):
-        FixedCode(scheme="gf2", num_bits=4, A=A, b=torch.zeros(4, dtype=torch.uint8))
+        FixedCode(scheme="gf2", num_bits=4, values="pm1", scale=1.0, tiling="repeat", A=A,
+                  b=torch.zeros(4, dtype=torch.uint8))
 
 
 def test_value_mapping_and_scale():
     ids = torch.tensor([5])  # bits 1,0,1,0,...
-    pm1 = FixedCode.create("binary", num_bits=4, values="pm1", scale=2.0).encode(ids, 4)
-    zero_one = FixedCode.create("binary", num_bits=4, values="01", scale=2.0).encode(ids, 4)
+    pm1 = new_code("binary", num_bits=4, values="pm1", scale=2.0).encode(ids, 4)
+    zero_one = new_code("binary", num_bits=4, values="01", scale=2.0).encode(ids, 4)
     assert pm1.tolist() == [[2.0, -2.0, 2.0, -2.0]]
     assert zero_one.tolist() == [[2.0, 0.0, 2.0, 0.0]]
 
 
 def test_vocab_larger_than_code_is_a_clear_error():
-    code = FixedCode.create("binary", num_bits=16)
+    code = new_code("binary", num_bits=16)
     code.check_vocab(65536)
     with pytest.raises(ValueError, match=r"70000 tokens does not fit a 16-bit code.*65536"):
         code.check_vocab(70000)
     with pytest.raises(ValueError, match=r"70000 tokens does not fit a 16-bit code"):
-        FixedCode.create("random", num_bits=16, vocab_size=70000)
+        new_code("random", num_bits=16, vocab_size=70000)
 
 
 def test_width_rules_name_the_flags():
     with pytest.raises(ValueError, match=r"--hidden-size 8 is smaller than --code-bits 16"):
-        FixedCode.create("binary").encode(torch.tensor([1]), 8)
+        new_code("binary").encode(torch.tensor([1]), 8)
     code = make("binary", "recode", hidden=64)
     code.check_width(49)  # 4 blocks of 16, the last truncated to 1 position
     with pytest.raises(ValueError, match=r"drawn for 4 blocks of 16 bits, but --hidden-size 80 "
@@ -180,4 +182,22 @@ TABLE = torch.tensor([2, 0, 1, 3])
 ])
 def test_bad_code_options_are_refused(kwargs, match):
     with pytest.raises(ValueError, match=match):
-        FixedCode(**kwargs)
+        FixedCode(**{"num_bits": 16, "values": "pm1", "scale": 1.0, "tiling": "repeat",
+                     **kwargs})
+
+
+def test_the_code_options_take_their_defaults_from_the_flags_alone():
+    """Issue 58: --code-seed defaulted to 1234 at its flag and to 0 in ``FixedCode.create``,
+    so a code drawn without the flags differed from a run's. The options have no default in
+    the codes; the ``--code-*`` flags' declarations are the only ones."""
+    import inspect
+    from megatron_ext.codes.schemes import build_code
+    from megatron_ext.config.model_config import ModelConfig
+    for function, names in ((FixedCode.create, ("num_bits", "values", "scale", "seed", "tiling")),
+                            (FixedCode, ("num_bits", "values", "scale", "tiling"))):
+        parameters = inspect.signature(function).parameters
+        assert [n for n in names if parameters[n].default is not inspect.Parameter.empty] == []
+    flags = ModelConfig().replace(input_interface="gf2", hidden_size=40)
+    drawn = build_code(flags, VOCAB)
+    assert drawn == make("gf2", "repeat", seed=flags.code_seed, num_bits=flags.code_bits)
+    assert drawn != make("gf2", "repeat", seed=0, num_bits=flags.code_bits)

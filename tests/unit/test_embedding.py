@@ -19,6 +19,7 @@ from megatron_ext.codes.embedding import FixedCodeEmbedding
 from megatron_ext.model.provider import fusions, model_provider, transformer_config
 from megatron_ext.runtime.errors import FlagError
 from helpers.small_model import SMALL, SMALL_VOCAB, VOCAB, small_args
+from helpers.codes import new_code
 
 
 
@@ -39,7 +40,7 @@ def embedding_config(**kw) -> TransformerConfig:
                                                    ("recode", 12, torch.bfloat16)])
 def test_embedding_equals_reference(cpu_dist, scheme, tiling, num_bits, dtype):
     """Every scheme and tiling; 12 bits tile 64 positions as 5 blocks and 4 truncated."""
-    code = FixedCode.create(scheme, num_bits=num_bits, tiling=tiling, vocab_size=VOCAB,
+    code = new_code(scheme, num_bits=num_bits, tiling=tiling, vocab_size=VOCAB,
                             hidden_size=64, values="01" if dtype == torch.float32 else "pm1",
                             scale=0.5, seed=2)
     config = embedding_config(params_dtype=dtype, bf16=dtype == torch.bfloat16)
@@ -54,7 +55,7 @@ def test_embedding_equals_reference(cpu_dist, scheme, tiling, num_bits, dtype):
 
 def test_sequence_parallel_ranks_compute_their_own_slices(cpu_dist):
     """Under SP each TP rank returns exactly its slice of the full [s, b, h] output."""
-    code = FixedCode.create("random", seed=4, tiling="recode", vocab_size=VOCAB, hidden_size=64)
+    code = new_code("random", seed=4, tiling="recode", vocab_size=VOCAB, hidden_size=64)
     ids = torch.randint(0, VOCAB, (2, 8))
     full = FixedCodeEmbedding(embedding_config(), VOCAB, 8, code=code)(ids, None)
 
@@ -76,7 +77,7 @@ def test_sequence_parallel_ranks_compute_their_own_slices(cpu_dist):
 
 
 def test_embedding_dropout_as_in_megatron(cpu_dist):
-    code = FixedCode.create("binary")
+    code = new_code("binary")
     emb = FixedCodeEmbedding(embedding_config(hidden_dropout=0.5), VOCAB, 8, code=code)
     ids = torch.randint(0, VOCAB, (4, 8))
     emb.eval()
@@ -90,7 +91,7 @@ def test_embedding_dropout_as_in_megatron(cpu_dist):
 
 @pytest.mark.parametrize("bad", [-1, VOCAB])
 def test_out_of_range_ids_are_a_clear_error(cpu_dist, bad):
-    emb = FixedCodeEmbedding(embedding_config(), VOCAB, 8, code=FixedCode.create("binary"))
+    emb = FixedCodeEmbedding(embedding_config(), VOCAB, 8, code=new_code("binary"))
     ids = torch.tensor([[1, 2, bad]])
     with pytest.raises(ValueError, match=rf"token id {bad} is outside the vocabulary \[0, {VOCAB}\)"):
         emb(ids, None)
@@ -99,7 +100,7 @@ def test_out_of_range_ids_are_a_clear_error(cpu_dist, bad):
 def test_learned_positions_are_refused(cpu_dist):
     with pytest.raises(ValueError, match="learned_absolute"):
         FixedCodeEmbedding(embedding_config(), VOCAB, 8, "learned_absolute",
-                           code=FixedCode.create("binary"))
+                           code=new_code("binary"))
 
 
 def test_fixed_code_with_tied_weights_is_a_clear_error():

@@ -136,11 +136,11 @@ def test_the_errors_a_user_meets_in_the_codes_and_the_split_are_typed():
     ``error:`` line (they were a ValueError and RuntimeErrors)."""
     import torch
     from megatron_ext.codes import cuda_extension, kernels
-    from megatron_ext.codes.schemes import FixedCode
+    from helpers.codes import new_code
     from megatron_ext.datasets.split_checks import split_ranges
     with pytest.raises(FlagError, match=re.escape("--split 0,0: give one to three")):
         split_ranges("0,0", 10)
-    code = FixedCode.create("binary")
+    code = new_code("binary")
     inputs = (code, torch.arange(4), torch.zeros(0, dtype=torch.int64),
               kernels.lookup_tables(code, 16), 16, torch.float32)
     with pytest.raises(DeviceError, match="--fixed-code-impl cuda needs the token ids on a GPU"):

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from conftest import TINY_RUN
+from helpers.codes import new_code
 from megatron_ext.codes.embedding import FixedCodeEmbedding, tiling_matrix
-from megatron_ext.codes.schemes import FixedCode
 from megatron_ext.model.param_count import count_arms
 from megatron_ext.codes.schemes import build_code
 from megatron_ext.model.provider import model_provider
@@ -100,7 +100,7 @@ def test_the_code_projection_starts_as_the_tiling(cpu_dist, scheme, dtype):
                                   "--code-bits", "10"] + (["--bf16"] if dtype != torch.float32
                                                           else []))
     config = transformer_config(args, on_cpu=True)
-    code = FixedCode.create(scheme, num_bits=10, seed=3, vocab_size=V)
+    code = new_code(scheme, num_bits=10, seed=3, vocab_size=V)
     ids = torch.randint(0, V, (2, 32), generator=torch.Generator().manual_seed(1))
     tiled = FixedCodeEmbedding(config, V, 32, code=code, impl="torch")
     mapped = FixedCodeEmbedding(config, V, 32, code=code, impl="torch", projection=True)
@@ -213,7 +213,7 @@ def test_param_report_refuses_an_arm_spec_that_training_refuses(cpu_dist):
     args = parse_model_config(SHAPE, "count")[0]
     with pytest.raises(FixedcodeError, match=re.escape("--input-table-rank 128 is outside")):
         count_arms(args, ["factorized@--input-table-rank=128"])
-    with pytest.raises(FixedcodeError, match=re.escape("--arms binary@--no-such-flag")):
+    with pytest.raises(FixedcodeError, match=re.escape("arm 'binary@--no-such-flag'")):
         count_arms(args, ["binary@--no-such-flag"])
 
 
@@ -221,7 +221,7 @@ def test_a_fresh_hugging_face_model_with_a_code_projection_starts_as_the_tiling(
     """What the probes' random initialisation of an exported map arm builds."""
     from megatron_ext.hf.configuration_fixedcode import FixedCodeLlamaConfig
     from megatron_ext.hf.modeling_fixedcode import FixedCodeLlamaForCausalLM
-    code = FixedCode.create("binary", num_bits=10)
+    code = new_code("binary", num_bits=10)
     config = FixedCodeLlamaConfig(fixed_code=code.to_dict(), code_projection=True,
                                   hidden_size=H, intermediate_size=128, num_hidden_layers=1,
                                   num_attention_heads=4, num_key_value_heads=4, vocab_size=V,

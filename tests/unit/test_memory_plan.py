@@ -15,6 +15,7 @@ from megatron_ext.launch import plan
 from megatron_ext.launch.plan import Cluster, check_fits, plan_run
 from megatron_ext.metrics.flops import flops_per_token, peak_flops
 from megatron_ext.model import memory
+from megatron_ext.config.arms import parse_arm
 from megatron_ext.model.param_count import count_arms
 from megatron_ext.runtime.errors import FlagError, LaunchError
 from pretrain_fixedcode import parse_args
@@ -52,8 +53,7 @@ def test_whole_model_parameters_are_the_built_modules(cpu_dist, arm):
                        "--train-iters", "1"])
     counted = count_arms(args, [arm])[arm]
     one = plan.run_config(["--preset", "smollm2-1.7b", "--bf16", "--mock-data",
-                           "--train-iters", "1", "--input-interface", arm.split("@")[0],
-                           *[t for f in arm.split("@")[1:] for t in f.split("=")]])
+                           "--train-iters", "1", *parse_arm(arm).training_flags()])
     planned = memory.stage_parameters(one, 49152, 0)
     assert planned.trained == counted["total"]
     state = memory.state_bytes(one, 49152, 1, 0)
@@ -211,12 +211,10 @@ def test_submit_prints_the_plan_and_refuses_before_writing(tmp_path, capsys):
     assert not (tmp_path / "runs").exists()
 
 
-def test_a_studys_dry_run_prints_its_plan_with_branches(tmp_path, capsys, monkeypatch):
+def test_a_studys_dry_run_prints_its_plan_with_branches(tmp_path, capsys):
     """Every cell and arm, its seeds as runs alike; a budget's branch counts the iterations
-    it trains (from its branch point), and the total sums them all. (No queue is asked which
-    runs are queued: squeue is the launcher's, tested with Slurm.)"""
-    from megatron_ext.study import launch
-    monkeypatch.setattr(launch, "queued_job", lambda name: None)
+    it trains (from its branch point), and the total sums them all. (A dry run asks no
+    queue: tests/integration/test_study.py.)"""
     recipe = tmp_path / "r.args"
     recipe.write_text(" ".join(TINY[:-2] + ["--train-iters", "40", "--lr-decay-style", "WSD",
                                             "--lr-wsd-decay-iters", "8",
