@@ -48,24 +48,53 @@ import json
 import os
 import re
 import statistics
+import shutil
 import subprocess
 import sys
+import sysconfig
 import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
-# Run Megatron-LM's script with the module that needs triton stubbed when triton is missing.
+# Run Megatron-LM's script with this venv. Without triton (CPU torch), every megatron module whose
+# import fails on triton (GPU kernels, which preprocessing never calls) is left as an empty
+# stub; on Python 3.11, main's ``typing.override`` (3.12) is the identity. Nothing else changes.
 RUN_MEGATRON_LM = """
-import importlib.util, runpy, sys, types
+import importlib.abc, importlib.machinery, importlib.util, runpy, sys, typing
 if importlib.util.find_spec("triton") is None:
-    stub = types.ModuleType("megatron.core.transformer.custom_layers.batch_invariant_kernels")
     def stub_attribute(name):
         if name.startswith("__"):
             raise AttributeError(name)
         return lambda *args, **kwargs: None
-    stub.__getattr__ = stub_attribute
-    sys.modules[stub.__name__] = stub
+
+    class StubOnTriton(importlib.abc.Loader):
+        def __init__(self, loader):
+            self.loader = loader
+
+        def create_module(self, spec):
+            return self.loader.create_module(spec)
+
+        def exec_module(self, module):
+            try:
+                self.loader.exec_module(module)
+            except ModuleNotFoundError as error:
+                if (error.name or "").split(".")[0] != "triton":
+                    raise
+                module.__getattr__ = stub_attribute
+
+    class Megatron(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path, target=None):
+            if name.split(".")[0] != "megatron":
+                return None
+            spec = importlib.machinery.PathFinder.find_spec(name, path)
+            if spec is not None and spec.loader is not None:
+                spec.loader = StubOnTriton(spec.loader)
+            return spec
+
+    sys.meta_path.insert(0, Megatron())
+if not hasattr(typing, "override"):
+    typing.override = lambda function: function
 script, sys.argv = sys.argv[1], sys.argv[1:]
 runpy.run_path(script, run_name="__main__")
 """
@@ -108,11 +137,66 @@ def rich_scene(scene: str, rng) -> str:
     return text
 
 
+def stdlib_sources() -> list[str]:
+    """The source files of this Python's standard library (site-packages aside), one document
+    each, in path order: real text not written for the benchmark, code with its docstrings and
+    comments, as SmolLM-Corpus's python-edu shards hold (the 4 files that are not UTF-8 and
+    those empty after stripping are left out)."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    texts = []
+    for path in sorted(root.rglob("*.py")):
+        if "site-packages" in path.parts:
+            continue
+        try:
+            text = path.read_bytes().decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+        if text.strip():
+            texts.append(text)
+    return texts
+
+
+# --corpora stdlib-parquet: Parquet shards as FineWeb-Edu and SmolLM-Corpus ship them: a ``text``
+# column, row groups of 1,000 documents (datatrove's ParquetWriter batch), snappy (pyarrow's
+# default), one shard per 250 MB of text (at least 4), named as Hugging Face names them.
+ROW_GROUP = 1000
+
+
+def parquet_folder(source: str) -> str:
+    """The folder of Parquet shards beside ``source`` (the same documents as that JSONL)."""
+    return source.removesuffix(".jsonl") + "-parquet"
+
+
+def write_parquet_shards(folder: str, texts: list[str]) -> None:
+    import pyarrow
+    import pyarrow.parquet
+    shards = max(4, round(sum(map(len, texts)) / 250e6))
+    os.makedirs(folder)
+    per_shard = -(-len(texts) // shards)
+    for shard in range(shards):
+        table = pyarrow.table({"text": texts[shard * per_shard:(shard + 1) * per_shard]})
+        pyarrow.parquet.write_table(
+            table, f"{folder}/train-{shard:05d}-of-{shards:05d}.parquet", row_group_size=ROW_GROUP)
+
+
 def make_corpus(path: Path, megabytes: float, corpus: str = "plays") -> int:
     """JSONL of the scenes (the rich corpus's, with ``corpus="rich"``), repeated whole until the
-    file holds ``megabytes``; its documents."""
+    file holds ``megabytes``; its documents. ``corpus="stdlib-parquet"``: the standard library's
+    files, cycled until the JSONL holds ``megabytes`` (cut at a document), and the same documents
+    as Parquet shards in :func:`parquet_folder`."""
     import random
     rng = random.Random(0)
+    if corpus == "stdlib-parquet":
+        sources, texts, size = stdlib_sources(), [], 0
+        with open(path, "wb") as f:
+            while size < megabytes * 1e6:
+                text = sources[len(texts) % len(sources)]
+                line = (json.dumps({"text": text}, ensure_ascii=False) + "\n").encode()
+                f.write(line)
+                texts.append(text)
+                size += len(line)
+        write_parquet_shards(parquet_folder(str(path)), texts)
+        return len(texts)
     texts = scenes() if corpus == "plays" else [rich_scene(s, rng) for s in scenes() * 2]
     block = "".join(json.dumps({"text": s}, ensure_ascii=corpus == "plays") + "\n"
                     for s in texts).encode()
@@ -206,12 +290,15 @@ class Commands:
         self.tokenizer_type, self.model, self.workers = tokenizer_type, model, args.workers
         self.env = env
         self.megatron_lm = None if args.recreated else args.megatron_lm
-        self.main, self.python312 = args.megatron_lm_main, args.python312
+        self.main, self.python_main = args.megatron_lm_main, args.python_main or sys.executable
+        self.datatrove = args.datatrove_python
         self.sentencepiece = tokenizer_type in ("GPTSentencePieceTokenizer",
                                                 "SentencePieceTokenizer")
 
     def available(self, which: str) -> bool:
-        return which != "fast" or bool(self.main and self.python312 and not self.sentencepiece)
+        """The fast tool needs main, datatrove its Python; both take byte-level BPE only."""
+        needs = {"fast": self.main, "datatrove": self.datatrove}
+        return which not in needs or bool(needs[which] and not self.sentencepiece)
 
     def _flags(self, source: str, prefix: str) -> list[str]:
         return ["--input", source, "--output-prefix", prefix, "--tokenizer-type",
@@ -234,10 +321,14 @@ class Commands:
             return ([python, __file__, "--recreated-child", *self._flags(source, prefix),
                      "--workers", str(workers)], {**self.env, "PYTHONPATH": str(REPO)})
         if which == "fast":
-            return ([self.python312, "-c", RUN_MEGATRON_LM,
+            return ([self.python_main, "-c", RUN_MEGATRON_LM,
                      os.path.join(self.main, "tools/preprocess_data_fast.py"),
                      *self._flags(source, prefix), "--use-gigatoken"],
                     {**self.env, "PYTHONPATH": self.main})
+        if which == "datatrove":
+            return ([self.datatrove, str(REPO / "bench/datatrove_worker.py"), source,
+                     os.path.join(self.model, "tokenizer.json"), f"{prefix}_datatrove",
+                     str(workers)], self.env)
         dtype = "uint16" if self.vocab_size() < 65500 else "int32"
         kind = "sentencepiece" if self.sentencepiece else "hf"
         return ([python, "-c", BARE_GIGATOKEN, kind, self.model, source,
@@ -256,7 +347,7 @@ class Commands:
     def refusal(self, tmp: str) -> str:
         """The fast tool's last error line on a sentencepiece model."""
         tiny = f"{tmp}/tiny.jsonl"
-        done = subprocess.run([self.python312, "-c", RUN_MEGATRON_LM,
+        done = subprocess.run([self.python_main, "-c", RUN_MEGATRON_LM,
                                os.path.join(self.main, "tools/preprocess_data_fast.py"),
                                *self._flags(tiny, f"{tmp}/refused"), "--use-gigatoken"],
                               env={**self.env, "PYTHONPATH": self.main}, capture_output=True,
@@ -271,10 +362,61 @@ def same_outputs(which: str, a: str, b: str) -> bool:
                for ext in extensions)
 
 
+def datatrove_compared(ours: str, folder: str, eod: int) -> tuple[str, str]:
+    """datatrove's outputs (one ``{rank:05d}_tokens`` dataset per task in ``folder``) against
+    ours, read as megatron.core IndexedDatasets: the table's cell and what differs, measured."""
+    import collections
+    import struct
+
+    import numpy as np
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    def documents(prefix):
+        if not os.path.getsize(f"{prefix}.bin"):  # a task without documents: megatron.core
+            return None, []                       # cannot map its empty .bin
+        data = IndexedDataset(prefix)
+        return data, [np.asarray(data[i], dtype=np.int64).tobytes() for i in range(len(data))]
+
+    def version(prefix):
+        with open(f"{prefix}.idx", "rb") as f:
+            return struct.unpack("<Q", f.read(17)[9:17])[0]
+
+    mine, our_documents = documents(f"{ours}_text_document")
+    files = sorted(os.path.join(folder, name).removesuffix(".idx")
+                   for name in os.listdir(folder) if name.endswith("_tokens.idx"))
+    theirs, dtypes, per_task = [], set(), []
+    for prefix in files:
+        data, texts = documents(prefix)
+        theirs += texts
+        per_task.append(len(texts))
+        if texts:
+            dtypes.add(np.dtype(data.index.dtype).name)
+    written = [prefix for prefix, n in zip(files, per_task) if n]
+    if len(written) == 1 and all(filecmp.cmp(f"{ours}_text_document.{ext}", f"{written[0]}.{ext}",
+                                             shallow=False) for ext in ("bin", "idx")):
+        cell = "bytes True"
+    elif theirs == our_documents:
+        cell = "bytes False, ids True, same order"
+    elif collections.Counter(theirs) == collections.Counter(our_documents):
+        cell = "bytes False, ids True, other order"
+    else:
+        cell = "False"
+    empty = sum(not os.path.getsize(f"{prefix}.bin") for prefix in files)
+    eod_last = all(np.frombuffer(d, dtype=np.int64)[-1] == eod for d in theirs)
+    detail = (f"{len(files)} datasets (one per task; documents per task {per_task}; {empty} "
+              f"with an empty .bin megatron.core cannot open), dtype "
+              f"{'/'.join(sorted(dtypes))} (ours {np.dtype(mine.index.dtype).name}), .idx "
+              f"version {sorted({version(p) for p in files})} (ours {version(f'{ours}_text_document')}), "
+              f"EOD last in every document: {eod_last}, documents {len(theirs):,} (ours "
+              f"{len(our_documents):,})")
+    return cell, detail
+
+
 def remove_outputs(prefix: str) -> None:
     for ext in ("bin", "idx", "bin.json"):
         if os.path.exists(f"{prefix}_text_document.{ext}"):
             os.remove(f"{prefix}_text_document.{ext}")
+    shutil.rmtree(f"{prefix}_datatrove", ignore_errors=True)
 
 
 def startup(commands: Commands, tmp: str, reps: int) -> None:
@@ -304,43 +446,84 @@ def recreated_child() -> None:
                           flags.tokenizer_model, int(flags.workers))
 
 
+# Which commands also read the Parquet shards of --corpora stdlib-parquet (the others: its JSONL).
+READS_PARQUET = ("ours", "ours-reference", "datatrove")
+
+
+def label(which: str, workers: int, kind: str) -> str:
+    flag = {"ours": "--workers", "ours-reference": "--workers", "classic": "--workers",
+            "datatrove": "tasks"}.get(which)
+    return which + (f" {flag} {workers}" if flag else "") + (" (Parquet)" if kind == "parquet"
+                                                              else "")
+
+
 def compare(commands: Commands, tokenizer: str, size: float, reps: int, tmp: str,
-            runs: list[tuple[str, int]], corpus: str) -> None:
-    """The commands on ``corpus`` of ``size`` MB, taking turns ``reps`` times: the table rows."""
+            runs: list[tuple[str, int]], corpus: str) -> dict:
+    """The commands on ``corpus`` of ``size`` MB, taking turns ``reps`` times: the table rows;
+    the medians by (command, workers, input kind)."""
     source = f"{tmp}/{corpus}{size:g}.jsonl"
     documents = make_corpus(Path(source), size, corpus)
     gb = os.path.getsize(source) / 1e9
-    runs = [(which, workers) for which, workers in runs if commands.available(which)]
+    kinds = ("jsonl", "parquet") if corpus == "stdlib-parquet" else ("jsonl",)
+    runs = [(which, workers, kind) for which, workers in runs if commands.available(which)
+            for kind in kinds if kind == "jsonl" or which in READS_PARQUET]
+    inputs = {"jsonl": source, "parquet": parquet_folder(source)}
     results = {run: [] for run in runs}
     identical = dict.fromkeys(runs, True)
+    differences = {}
+    ours = f"{tmp}/{'{}{}{}'.format(*runs[0])}"
     for _ in range(reps):
-        for which, workers in runs:
-            prefix = f"{tmp}/{which}{workers}"
-            result = timed(*commands.command(which, source, prefix, workers))
+        for which, workers, kind in runs:
+            prefix = f"{tmp}/{which}{workers}{kind}"
+            result = timed(*commands.command(which, inputs[kind], prefix, workers))
             if which == "gigatoken":
                 with open(f"{prefix}_text_document.bin.json", encoding="utf-8") as f:
                     result.update(json.load(f))
-            results[which, workers].append(result)
-        ours = f"{tmp}/ours{runs[0][1]}"
-        for which, workers in runs[1:]:
-            identical[which, workers] &= same_outputs(which, ours, f"{tmp}/{which}{workers}")
-        for which, workers in runs:
-            remove_outputs(f"{tmp}/{which}{workers}")
+            results[which, workers, kind].append(result)
+        for run in runs[1:]:
+            prefix = f"{tmp}/{'{}{}{}'.format(*run)}"
+            if run[0] == "datatrove":
+                identical[run], differences[run] = datatrove_compared(
+                    ours, f"{prefix}_datatrove", commands.eod())
+            else:
+                identical[run] &= same_outputs(run[0], ours, prefix)
+        for run in runs:
+            remove_outputs(f"{tmp}/{'{}{}{}'.format(*run)}")
     median = {run: {k: statistics.median(r[k] for r in results[run]) for k in results[run][0]}
               for run in runs}
-    ours = median[runs[0]]
-    for (which, workers), m in median.items():
-        label = which + (f" --workers {workers}" if which in ("ours", "ours-reference", "classic")
-                         else "")
+    first = median[runs[0]]
+    for run, m in median.items():
         encode = f" (encode {m['encode_cpu']:.1f})" if "encode_cpu" in m else ""
-        same = "—" if (which, workers) == runs[0] else \
-            ("ids " if which == "gigatoken" else "") + str(identical[which, workers])
-        print(f"| {tokenizer} | {corpus} | {gb * 1e3:,.0f} MB | {documents:,} | {reps} | {label} | "
-              f"{m['wall']:.1f} | {m['cpu']:.1f}{encode} | {m['cpu'] / gb:.1f} | "
+        same = "—" if run == runs[0] else \
+            ("ids " if run[0] == "gigatoken" else "") + str(identical[run])
+        print(f"| {tokenizer} | {corpus} | {gb * 1e3:,.0f} MB | {documents:,} | {reps} | "
+              f"{label(*run)} | {m['wall']:.1f} | {m['cpu']:.1f}{encode} | {m['cpu'] / gb:.1f} | "
               f"{gb * 1e3 / m['wall']:.1f} | {gb * 1e3 / m['cpu']:.1f} | {m['peak_mb']:,.0f} | "
-              f"{m['wall'] / ours['wall']:.2f}× | {m['cpu'] / ours['cpu']:.2f}× | {same} |",
+              f"{m['wall'] / first['wall']:.2f}× | {m['cpu'] / first['cpu']:.2f}× | {same} |",
               flush=True)
+    for run, detail in differences.items():
+        print(f"  {label(*run)}: {detail}", flush=True)
     os.remove(source)
+    shutil.rmtree(inputs["parquet"], ignore_errors=True)
+    return {"tokenizer": tokenizer, "corpus": corpus, "mb": gb * 1e3, "median": median}
+
+
+def ratios(measured: dict, workers: int) -> str:
+    """One row of the targets' table: the others' wall over ours' (ours with ``workers``, on the
+    same input kind), and ours' CPU over the bare encode's (its command, its encode call)."""
+    median = measured["median"]
+
+    def over_ours(which: str, kind: str = "jsonl") -> str:
+        ours, other = median.get(("ours", workers, kind)), median.get((which, workers, kind))
+        return f"{other['wall'] / ours['wall']:.2f}×" if ours and other else "—"
+
+    ours, bare = median.get(("ours", workers, "jsonl")), next(
+        (m for (w, _, _), m in median.items() if w == "gigatoken"), None)
+    cpu = (f"{ours['cpu'] / bare['cpu']:.2f}× | {ours['cpu'] / bare['encode_cpu']:.2f}×"
+           if ours and bare else "— | —")
+    return (f"| {measured['tokenizer']} | {measured['corpus']} | {measured['mb']:,.0f} MB | "
+            f"{over_ours('fast')} | {over_ours('classic')} | {over_ours('datatrove')} | "
+            f"{over_ours('datatrove', 'parquet')} | {cpu} |")
 
 
 def long_words(commands: Commands, megabytes: float, reps: int, tmp: str) -> None:
@@ -376,11 +559,16 @@ def main() -> None:
                         help="compare with the re-created flow even with --megatron-lm")
     parser.add_argument("--megatron-lm-main", metavar="DIR",
                         help="a Megatron-LM checkout of main, for preprocess_data_fast.py")
-    parser.add_argument("--python312", metavar="PYTHON",
-                        help="the Python that runs --megatron-lm-main (3.12, megatron-core 0.19's "
-                             "packages, gigatoken)")
-    parser.add_argument("--commands", nargs="+", default=["ours", "classic", "fast", "gigatoken"],
-                        choices=["ours", "ours-reference", "classic", "fast", "gigatoken"],
+    parser.add_argument("--python-main", "--python312", dest="python_main", metavar="PYTHON",
+                        help="the Python that runs --megatron-lm-main (default: this one, with "
+                             "typing.override shimmed on 3.11; or a 3.12 with torch and gigatoken)")
+    parser.add_argument("--datatrove-python", metavar="PYTHON",
+                        help="a Python with datatrove (and pyarrow, orjson, tokenizers): runs "
+                             "bench/datatrove_worker.py (without it datatrove is not run)")
+    parser.add_argument("--commands", nargs="+",
+                        default=["ours", "classic", "fast", "datatrove", "gigatoken"],
+                        choices=["ours", "ours-reference", "classic", "fast", "datatrove",
+                                 "gigatoken"],
                         help="what to run (ours first: the others are compared with it)")
     parser.add_argument("--sizes-mb", type=float, nargs="+", default=[88, 1000])
     parser.add_argument("--reps", type=int, default=3,
@@ -390,10 +578,13 @@ def main() -> None:
     parser.add_argument("--tokenizers", nargs="+", choices=TOKENIZERS, default=list(TOKENIZERS),
                         help="the tokenizers to compare with, each trained on the plays "
                              "(default: both)")
-    parser.add_argument("--corpora", nargs="+", choices=("plays", "rich"), default=["plays", "rich"],
+    parser.add_argument("--corpora", nargs="+", choices=("plays", "rich", "stdlib-parquet"),
+                        default=["plays", "rich", "stdlib-parquet"],
                         help="plays: the scenes of the plays; rich: the plays with curly quotes, "
                              "dashes, guillemets, multilingual paragraphs and 4%% of the "
-                             "documents holding special-token text (default: both)")
+                             "documents holding special-token text; stdlib-parquet: this "
+                             "Python's standard library sources, one document per file, as "
+                             "Parquet shards and as JSONL (default: all three)")
     parser.add_argument("--long-words", type=float, metavar="MB",
                         help="also: ours on MB of 100 KB documents without spaces and of prose")
     parser.add_argument("--tmp", help="folder for corpora and outputs (default: a temporary one)")
@@ -408,7 +599,9 @@ def main() -> None:
             for workers in (args.workers if which.startswith("ours") else args.workers[-1:])]
     print(measure.machine())
     classic = "re-created" if args.recreated or not args.megatron_lm else args.megatron_lm
-    print(f"classic: {classic}; fast: {args.megatron_lm_main or 'not run'}")
+    print(f"classic: {classic}; fast: {args.megatron_lm_main or 'not run'}"
+          f"{' with ' + args.python_main if args.python_main else ''}; datatrove: "
+          f"{args.datatrove_python or 'not run'}")
     with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
         with open(f"{tmp}/tiny.jsonl", "w", encoding="utf-8") as f:
             f.writelines(json.dumps({"text": s}) + "\n" for s in scenes()[:5])
@@ -431,11 +624,19 @@ def main() -> None:
               "CPU s/GB | MB/s | MB/s per core (MB per CPU s) | peak MB | wall / ours | "
               "CPU / ours | same bytes as ours |")
         print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
-        for size in args.sizes_mb:
-            for corpus in args.corpora:
-                for name, commands in made:
-                    compare(commands, name, size, args.reps if size < 500 else 1, tmp, runs,
+        measured = [compare(commands, name, size, args.reps if size < 500 else 1, tmp, runs,
                             corpus)
+                    for size in args.sizes_mb for corpus in args.corpora
+                    for name, commands in made]
+        print(f"\nTargets, side by side: each command's wall over ours' (ours --workers "
+              f"{args.workers[-1]} on the same input; above 1 ours is faster), and ours' CPU "
+              f"over the bare encode's (its command; its encode call alone)")
+        print("\n| tokenizer | corpus | input | fast / ours | classic / ours | datatrove / ours "
+              "(JSONL) | datatrove / ours (Parquet) | ours CPU / bare encode | ours CPU / "
+              "encode call |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for m in measured:
+            print(ratios(m, args.workers[-1]), flush=True)
         if args.long_words:
             print("\n| tokenizer | command (--workers 1) | documents of 100 KB | prose CPU s | "
                   "no spaces CPU s | ratio |")
