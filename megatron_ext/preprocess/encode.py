@@ -2,9 +2,9 @@
 the worker to its own token files in the work folder.
 
 Each ``--workers`` process runs :func:`encode_task` on whole tasks, single-threaded: spans of
-files it reads itself, or batches the main process read (compressed inputs, tables), each cut
-into batches of about 0.5 MB that :func:`encode_batch` encodes. The tokens of a task are appended
-to the worker's file of each key (``worker-PID_KEY.bin``), and the task's answer names where
+uncompressed files and pieces of the others (megatron_ext/preprocess/pieces.py), which it reads
+itself, each cut into batches of about 0.5 MB that :func:`encode_batch` encodes. The tokens of a
+task are appended to the worker's file of each key (``worker-PID_KEY.bin``), and the task's answer names where
 (:class:`WrittenKey`), with the index of its documents and its counts: the main process, which
 orders the answers, moves no token. Texts are
 encoded by gigatoken where it gives the reference library's ids (``--encoder``:
@@ -35,6 +35,7 @@ from ..datasets.tokenizer import (GPT2BPETokenizer, HuggingFaceTokenizer, NullTo
                                   SentencePieceTokenizer)
 from .byte_level import ByteLevelWordEncoder
 from .gigatoken_encoder import GigatokenEncoder
+from .pieces import Piece
 from .readers import Batch, BadInput, Span, parse_unit, unit_bytes
 from .word_cache import WordCachedEncoder
 
@@ -297,10 +298,10 @@ def _token_file(key: str):
 
 
 def _encoded_batches(source) -> Iterator[EncodedBatch]:
-    """A task's source (a Span or a Batch) encoded batch by batch; a span's lines numbered on
+    """A task's source (a Span or a Piece) encoded batch by batch; a span's lines numbered on
     from its first as its blocks are split."""
-    if isinstance(source, Batch):
-        yield encode_batch(source)
+    if isinstance(source, Piece):
+        yield from map(encode_batch, source.batches(_worker_state[1]))
         return
     line = source.first_line
     for block in source.blocks():
@@ -311,7 +312,7 @@ def _encoded_batches(source) -> Iterator[EncodedBatch]:
 
 def encode_task(sources: list) -> TaskResult:
     """Encode a task's sources (:class:`~megatron_ext.preprocess.readers.Span`\\ s and
-    :class:`~megatron_ext.preprocess.readers.Batch`\\ es, in input order), append the tokens to
+    :class:`~megatron_ext.preprocess.pieces.Piece`\\ s, in input order), append the tokens to
     this worker's token files, and answer where they are."""
     tokenizer, keys, *_ = _worker_state
     dtype = optimal_dtype(tokenizer.vocab_size)

@@ -28,6 +28,7 @@ import gzip
 import io
 import json
 import os
+import zlib
 from typing import Iterator, Optional
 
 import msgspec
@@ -146,8 +147,8 @@ def count_newlines(path: str, start: int, end: int) -> int:
 
 
 def ranged(path: str) -> bool:
-    """Whether the workers read ``path`` themselves, by :class:`Span`: an uncompressed JSONL or
-    text input (the others are read by the main process, decompressed or decoded)."""
+    """Whether the workers read ``path`` by :class:`Span`: an uncompressed JSONL or text input
+    (the others by the pieces of megatron_ext/preprocess/pieces.py)."""
     return input_kind(path) in ("jsonl", "text") and _strip_compression(path) == path
 
 
@@ -248,6 +249,7 @@ class InputFile:
     """A binary stream of an input file's decompressed bytes; :meth:`position` is on disk."""
 
     def __init__(self, path: str):
+        self.path = path
         self._raw = open(path, "rb")
         ext = os.path.splitext(path)[1]
         if ext == ".gz":
@@ -268,7 +270,18 @@ class InputFile:
 
     def units(self, text_document: str, jsonl: bool, after_line: int) -> Iterator:
         """One whole text file as a unit (``text_document="file"``), else blocks of lines:
-        ``(first line number, bytes of whole lines)``, about BATCH_BYTES each."""
+        ``(first line number, bytes of whole lines)``, about BATCH_BYTES each. Data that cannot
+        be decompressed (a damaged zstd frame, a truncated gzip file) ends the run naming the
+        file and the last line read whole."""
+        self._line = after_line
+        try:
+            yield from self._units(text_document, jsonl, after_line)
+        except (OSError, EOFError, zlib.error, zstandard.ZstdError) as e:
+            raise DataError(f"{self.path}: cannot be decompressed after line {self._line:,} "
+                            f"(a damaged or truncated {os.path.splitext(self.path)[1]} file: "
+                            f"{e})") from None
+
+    def _units(self, text_document: str, jsonl: bool, after_line: int) -> Iterator:
         if not jsonl and text_document == "file":
             if after_line < 1:
                 yield 1, self.stream.read()
@@ -284,6 +297,7 @@ class InputFile:
                 block += self.stream.readline()
             yield first, block
             first += block.count(b"\n") + (not block.endswith(b"\n"))
+            self._line = first - 1
 
 
 class TableFile:
@@ -303,7 +317,9 @@ class TableFile:
         self.path, self.kind, self.keys = path, kind, keys
         self.size = os.path.getsize(path)
         self._errors = (pyarrow.ArrowException, OSError, ValueError)
-        self._raw = open(path, "rb")
+        # an Arrow stream memory-mapped: record batches skipped (a worker's later ones) are not
+        # copied
+        self._raw = open(path, "rb") if kind == "parquet" else pyarrow.memory_map(path)
         try:
             if kind == "parquet":
                 import pyarrow.parquet
@@ -332,11 +348,29 @@ class TableFile:
     def close(self) -> None:
         self._raw.close()
 
-    def _record_batches(self, after_row: int) -> Iterator:
-        """``(first row number - 1, record batch)`` from the batch holding row ``after_row + 1``."""
+    def chunks(self) -> list[tuple[int, int]]:
+        """``(rows, bytes on disk)`` of each row group (Parquet: its compressed column chunks)
+        or record batch (Arrow), in order: what the main process cuts into the workers'
+        pieces (megatron_ext/preprocess/pieces.py)."""
+        if self.kind == "parquet":
+            metadata = self._parquet.metadata
+            return [(group.num_rows, sum(group.column(c).total_compressed_size
+                                         for c in range(group.num_columns)))
+                    for group in map(metadata.row_group, range(metadata.num_row_groups))]
+        chunks, offset = [], self._raw.tell()
+        for first, batch in self._record_batches(0):
+            chunks.append((batch.num_rows, self._raw.tell() - offset))
+            offset = self._raw.tell()
+        return chunks
+
+    def _record_batches(self, after_row: int, groups: Optional[tuple[int, int]] = None
+                        ) -> Iterator:
+        """``(first row number - 1, record batch)`` from the batch holding row ``after_row + 1``,
+        of the row groups (record batches) ``groups`` = ``(start, stop)`` only, if given."""
+        start_group, stop_group = groups or (0, None)
         if self.kind == "arrow":
             first, number = 0, 0
-            while True:
+            while stop_group is None or number < stop_group:
                 try:
                     batch = self._stream.read_next_batch()
                 except StopIteration:
@@ -344,14 +378,16 @@ class TableFile:
                 except self._errors as e:
                     raise DataError(f"{self.path}: record batch {number} (after row "
                                     f"{first:,}) cannot be read ({e})") from None
-                if first + batch.num_rows > after_row:
+                if first + batch.num_rows > after_row and number >= start_group:
                     yield first, batch
                 first, number = first + batch.num_rows, number + 1
+            return
         metadata = self._parquet.metadata
         first = 0
-        for group in range(metadata.num_row_groups):
+        stop_group = metadata.num_row_groups if stop_group is None else stop_group
+        for group in range(stop_group):
             rows = metadata.row_group(group).num_rows
-            if first + rows > after_row:
+            if first + rows > after_row and group >= start_group:
                 start = first
                 try:
                     for batch in self._parquet.iter_batches(
@@ -365,8 +401,11 @@ class TableFile:
                        f"(rows {first + 1:,}-{first + rows:,}) cannot be read ({e})") from None
             first += rows
 
-    def units(self, text_document: str, jsonl: bool, after_line: int) -> Iterator:
-        for first, batch in self._record_batches(after_line):
+    def units(self, text_document: str, jsonl: bool, after_line: int,
+              groups: Optional[tuple[int, int]] = None) -> Iterator:
+        """``(row number, {column: value})`` of each row after ``after_line``, of the row
+        groups (record batches) ``groups`` only, if given."""
+        for first, batch in self._record_batches(after_line, groups):
             columns = [batch.column(key).to_pylist() for key in self.keys]
             for offset, values in enumerate(zip(*columns)):
                 row = first + offset + 1
@@ -389,15 +428,18 @@ def open_input(path: str, keys: list[str]):
 
 
 def file_batches(index: int, path: str, text_document: str, keys: list[str],
-                 after_line: int = 0) -> Iterator[Batch]:
+                 after_line: int = 0, groups: Optional[tuple[int, int]] = None
+                 ) -> Iterator[Batch]:
     """Batches of units of input ``index``, ``path``, after ``after_line`` lines (rows), read in
-    this process."""
+    this process (of a table, the row groups or record batches ``groups`` only, if given)."""
     kind = input_kind(path)
     f = open_input(path, keys)
     blocks = kind == "jsonl" or (kind == "text" and text_document == "line")
+    units_of = f.units(text_document, kind == "jsonl", after_line, *(
+        [groups] if kind in TABLE_KINDS else []))
     try:
         units, size, reported, end_line = [], 0, 0, after_line
-        for line, raw in f.units(text_document, kind == "jsonl", after_line):
+        for line, raw in units_of:
             if blocks:
                 end_line = line + raw.count(b"\n") - raw.endswith(b"\n")
                 yield Batch(index, path, kind, [], end_line, f.position() - reported,

@@ -1,11 +1,11 @@
 """The work of tools/preprocess_data.py's worker pool, planned and run in input order by the main
 process.
 
-A *task* is a list of sources in input order, about ``task_bytes`` of input: :class:`Span`\\ s of
-uncompressed JSONL and text files, which the worker reads itself (the main process only cuts
-the files after a line end: a seek and a short read per span), or :class:`Batch`\\ es that the
-main process read (compressed files, Parquet and Arrow tables: decompressed or decoded here, at
-most MEMORY_TASK_BYTES a task). A worker encodes a task (:func:`~.encode.encode_task`), appends
+A *task* is a list of sources in input order, about ``task_bytes`` of input, which the worker
+reads itself: :class:`Span`\\ s of uncompressed JSONL and text files (the main process only cuts
+the files after a line end: a seek and a short read per span) and :class:`~.pieces.Piece`\\ s of
+the others (whole compressed files, runs of Parquet row groups or Arrow record batches, planned
+from the file's footer or batch sizes: megatron_ext/preprocess/pieces.py). A worker encodes a task (:func:`~.encode.encode_task`), appends
 its tokens to its own files and answers with where they are, the index of the documents and the
 counts; :func:`run_in_order` hands the answers back in input order, with at most ``window``
 tasks in flight.
@@ -23,11 +23,11 @@ import collections
 from typing import Iterator, Optional
 
 from .encode import TaskResult, encode_task
-from .readers import Batch, Span, count_newlines, file_batches, ranged, spans, unit_bytes
+from .pieces import pieces
+from .readers import Span, count_newlines, ranged, spans
 
 TASK_BYTES = 16 << 20  # input bytes of a task at most
 MIN_TASK_BYTES = 4 << 10
-MEMORY_TASK_BYTES = 4 << 20  # of a task whose input passes through the main process
 
 
 def task_bytes(input_bytes: int, workers: int, part_tokens: int) -> int:
@@ -35,10 +35,6 @@ def task_bytes(input_bytes: int, workers: int, part_tokens: int) -> int:
     small parts (a part ends after a task: a task of at most ``part_tokens`` bytes holds about a
     quarter of that many tokens or less)."""
     return max(MIN_TASK_BYTES, min(TASK_BYTES, input_bytes // (8 * workers), part_tokens))
-
-
-def _batch_bytes(batch: Batch) -> int:
-    return len(batch.block) or sum(unit_bytes(raw) for _, raw in batch.units)
 
 
 def plan_tasks(paths: list[str], text_document: str, keys: list[str], start_input: int,
@@ -59,10 +55,10 @@ def plan_tasks(paths: list[str], text_document: str, keys: list[str], start_inpu
                     yield sources
                     sources, held = [], 0
             continue
-        for batch in file_batches(index, path, text_document, keys, skip):
-            sources.append(batch)
-            held += _batch_bytes(batch)
-            if held >= min(size, MEMORY_TASK_BYTES):
+        for piece in pieces(index, path, text_document, keys, skip, size):
+            sources.append(piece)
+            held += piece.disk_bytes
+            if held >= size:
                 yield sources
                 sources, held = [], 0
     if sources:
@@ -76,8 +72,7 @@ def run_in_order(pool, tasks: Iterator[list], window: int) -> Iterator[TaskResul
     running = collections.deque()
     next_line = {}  # input index: the first line of the span that continues it
     while True:
-        while len(planned) < window and not (
-                planned and any(isinstance(s, Batch) for s in planned[-1][0])):
+        while len(planned) < window:
             sources = next(tasks, None)
             if sources is None:
                 break
