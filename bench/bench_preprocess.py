@@ -263,14 +263,20 @@ with open(sys.argv[1], "w") as f:
 """
 
 
+class CommandFailed(Exception):
+    """A timed command exited with an error (its status and the last line it printed)."""
+
+
 def timed(command: list[str], env: dict) -> dict:
     """Run ``command``: wall seconds, CPU seconds (it and its waited-for children), and the
     largest peak RSS of its processes in MB."""
     with tempfile.NamedTemporaryFile(suffix=".json") as report:
         subprocess.run([sys.executable, "-c", TIMER, report.name, *command], env=env, check=True)
         result = json.load(open(report.name, encoding="utf-8"))
-    if result.pop("returncode"):
-        raise SystemExit(f"{' '.join(command)} failed:\n{result['stderr']}")
+    if returncode := result.pop("returncode"):
+        last = (result["stderr"].strip().splitlines() or ["(nothing)"])[-1]
+        killed = " (killed: out of memory?)" if returncode in (-9, 137) else ""
+        raise CommandFailed(f"exit status {returncode}{killed}, last line: {last[:200]}")
     del result["stderr"]
     return result
 
@@ -482,18 +488,28 @@ def compare(commands: Commands, tokenizer: str, size: float, reps: int, tmp: str
     inputs = {"jsonl": source, "parquet": parquet_folder(source)}
     results = {run: [] for run in runs}
     identical = dict.fromkeys(runs, True)
-    differences = {}
+    differences, failed = {}, {}
     ours = f"{tmp}/{'{}{}{}'.format(*runs[0])}"
     for _ in range(reps):
         for which, workers, kind in runs:
             prefix = f"{tmp}/{which}{workers}{kind}"
-            result = timed(*commands.command(which, inputs[kind], prefix, workers))
+            if (which, workers, kind) in failed:
+                continue
+            try:
+                result = timed(*commands.command(which, inputs[kind], prefix, workers))
+            except CommandFailed as error:
+                if (which, workers, kind) == runs[0]:
+                    raise SystemExit(f"{label(*runs[0])} failed: {error}")
+                failed[which, workers, kind] = str(error)  # the others go on: a row says so
+                continue
             if which == "gigatoken":
                 with open(f"{prefix}_text_document.bin.json", encoding="utf-8") as f:
                     result.update(json.load(f))
             results[which, workers, kind].append(result)
         for run in runs[1:]:
             prefix = f"{tmp}/{'{}{}{}'.format(*run)}"
+            if run in failed:
+                continue
             if run[0] == "datatrove":
                 identical[run], differences[run] = datatrove_compared(
                     ours, f"{prefix}_datatrove", commands.eod())
@@ -502,7 +518,7 @@ def compare(commands: Commands, tokenizer: str, size: float, reps: int, tmp: str
         for run in runs:
             remove_outputs(f"{tmp}/{'{}{}{}'.format(*run)}")
     median = {run: {k: statistics.median(r[k] for r in results[run]) for k in results[run][0]}
-              for run in runs}
+              for run in runs if run not in failed}
     first = median[runs[0]]
     for run, m in median.items():
         encode = f" (encode {m['encode_cpu']:.1f})" if "encode_cpu" in m else ""
@@ -513,6 +529,9 @@ def compare(commands: Commands, tokenizer: str, size: float, reps: int, tmp: str
               f"{gb * 1e3 / m['wall']:.1f} | {gb * 1e3 / m['cpu']:.1f} | {m['peak_mb']:,.0f} | "
               f"{m['wall'] / first['wall']:.2f}× | {m['cpu'] / first['cpu']:.2f}× | {same} |",
               flush=True)
+    for run, error in failed.items():
+        print(f"| {tokenizer} | {corpus} | {gb * 1e3:,.0f} MB | {documents:,} | {reps} | "
+              f"{label(*run)} | failed: {error} |", flush=True)
     for run, detail in differences.items():
         print(f"  {label(*run)}: {detail}", flush=True)
     os.remove(source)
