@@ -384,28 +384,36 @@ def datatrove_compared(ours: str, folder: str, eod: int) -> tuple[str, str]:
     """datatrove's outputs (one ``{rank:05d}_tokens`` dataset per task in ``folder``) against
     ours, read as megatron.core IndexedDatasets: the table's cell and what differs, measured."""
     import collections
+    import hashlib
     import struct
 
     import numpy as np
     from megatron.core.datasets.indexed_dataset import IndexedDataset
 
     def documents(prefix):
+        """The dataset, a digest of each document's ids (as int64: the same whatever the
+        dtype; digests keep 1 GB of tokens out of memory), and each document's last id."""
         if not os.path.getsize(f"{prefix}.bin"):  # a task without documents: megatron.core
-            return None, []                       # cannot map its empty .bin
-        data = IndexedDataset(prefix)
-        return data, [np.asarray(data[i], dtype=np.int64).tobytes() for i in range(len(data))]
+            return None, [], []                   # cannot map its empty .bin
+        data, digests, ends = IndexedDataset(prefix), [], []
+        for i in range(len(data)):
+            ids = np.asarray(data[i], dtype=np.int64)
+            digests.append(hashlib.blake2b(ids.tobytes(), digest_size=16).digest())
+            ends.append(int(ids[-1]))
+        return data, digests, ends
 
     def version(prefix):
         with open(f"{prefix}.idx", "rb") as f:
             return struct.unpack("<Q", f.read(17)[9:17])[0]
 
-    mine, our_documents = documents(f"{ours}_text_document")
+    mine, our_documents, _ = documents(f"{ours}_text_document")
     files = sorted(os.path.join(folder, name).removesuffix(".idx")
                    for name in os.listdir(folder) if name.endswith("_tokens.idx"))
-    theirs, dtypes, per_task = [], set(), []
+    theirs, last, dtypes, per_task = [], [], set(), []
     for prefix in files:
-        data, texts = documents(prefix)
+        data, texts, ends = documents(prefix)
         theirs += texts
+        last += ends
         per_task.append(len(texts))
         if texts:
             dtypes.add(np.dtype(data.index.dtype).name)
@@ -420,7 +428,7 @@ def datatrove_compared(ours: str, folder: str, eod: int) -> tuple[str, str]:
     else:
         cell = "False"
     empty = sum(not os.path.getsize(f"{prefix}.bin") for prefix in files)
-    eod_last = all(np.frombuffer(d, dtype=np.int64)[-1] == eod for d in theirs)
+    eod_last = all(end == eod for end in last)
     detail = (f"{len(files)} datasets (one per task; documents per task {per_task}; {empty} "
               f"with an empty .bin megatron.core cannot open), dtype "
               f"{'/'.join(sorted(dtypes))} (ours {np.dtype(mine.index.dtype).name}), .idx "
