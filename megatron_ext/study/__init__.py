@@ -6,4 +6,4 @@ final ones probed with ``[probes]`` (``probing``), compared across seeds with in
 against compute with a power-law fit (``scaling``, ``fit``), each arm at its best level of a
 tuned factor such as the learning rate (``tuning``), and reported (``report``); every
 interval the reports print is simulated from a known truth by the calibration suite
-(``calibration``). ``tools/study.py`` and ``tools/calibrate.py`` are the command lines."""
+(``calibration``, a folder of its own). ``tools/study.py`` and ``tools/calibrate.py`` are the command lines."""

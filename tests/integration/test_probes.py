@@ -41,7 +41,7 @@ from megatron_ext.probes.models import (check_held_out, check_text_tokenizer,  #
 from megatron_ext.probes.run import (Split, Targets, draws, fit_layer, num_bits,  # noqa: E402
                                      run_probes)
 from megatron_ext.probes.settings import ESTIMATOR, ProbeSettings  # noqa: E402
-from megatron_ext.study.calibration import zipf_text  # noqa: E402
+from megatron_ext.study.calibration.probes import zipf_text  # noqa: E402
 from megatron_ext.probes.text import jsonl_documents  # noqa: E402
 from megatron_ext.datasets.tokenizer import NullTokenizer, build_tokenizer  # noqa: E402
 from megatron_ext.runtime.errors import DataError, FixedcodeError, FlagError  # noqa: E402

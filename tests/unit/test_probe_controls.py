@@ -24,7 +24,7 @@ from megatron_ext.probes.models import ModelInfo
 from megatron_ext.probes.run import combine, draws, fit_layer, make_draws, versus_baseline
 from megatron_ext.probes.settings import ProbeSettings
 from megatron_ext.runtime.errors import DataError, FlagError
-from megatron_ext.study.calibration import zipf_text
+from megatron_ext.study.calibration.probes import zipf_text
 
 
 def test_a_position_whose_window_crosses_into_another_document_is_never_drawn():
@@ -204,7 +204,7 @@ def test_a_representation_of_types_only_reads_no_selectivity_on_any_text():
     offsets 12.7 to 24.4 times its variance, and the chi-square exceeds its 0.999 quantile
     with probability 0.94 to 0.99 (an offset the same on every text: 0.9999 or more); at the
     nominal rate, with probability 0.001."""
-    from megatron_ext.study.calibration import probe_text, probed_selectivity
+    from megatron_ext.study.calibration.probes import probe_text, probed_selectivity
     rng = np.random.default_rng(4)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)   # tiny solves: threads only add overhead
@@ -255,9 +255,9 @@ def test_the_frequency_mark_flags_every_cell_a_frequency_only_representation_rea
     probe seeds as a study's runs are, every cell whose selectivity the frequency-only
     baseline reaches (its mean, paired by seed, at least the cell's) is printed with ‡, for
     states of the frequencies in another form than the baseline's features
-    (calibration.frequency_states) and for those features themselves (always marked); a
+    (calibration.probes.frequency_states) and for those features themselves (always marked); a
     code (the ids' bits in noise: a known signal) is never marked."""
-    from megatron_ext.study.calibration import against_frequency, exact_order_text
+    from megatron_ext.study.calibration.probes import against_frequency, exact_order_text
     from megatron_ext.study.probing import _cell, arm_summary
     rng = np.random.default_rng(7)
     reached, threads = {"frequency": 0, "baseline": 0, "code": 0}, torch.get_num_threads()
