@@ -21,8 +21,10 @@ from megatron_ext.probes import frequency
 from megatron_ext.probes.collect import draw_sample
 from megatron_ext.probes.frequency import Unigrams
 from megatron_ext.probes.models import ModelInfo
-from megatron_ext.probes.run import combine, draws, fit_layer, make_draws, versus_baseline
+from megatron_ext.probes.run import combine, draws, versus_baseline
+from megatron_ext.probes.scoring import fit_layer
 from megatron_ext.probes.settings import ProbeSettings
+from megatron_ext.probes.targets import make_draws
 from megatron_ext.runtime.errors import DataError, FlagError
 from megatron_ext.study.calibration.probes import zipf_text
 
@@ -175,7 +177,7 @@ def test_control_types_swap_neighbours_in_training_frequency_and_vary_with_the_s
     """No type keeps its own label (an odd count too), each takes the label of a type at
     most two places away in training frequency, and the pairing varies with the seed even
     where no two counts tie."""
-    from megatron_ext.probes.run import control_types
+    from megatron_ext.probes.targets import control_types
     types = np.arange(101) * 3
     counts = np.random.default_rng(0).permutation(1000)[:101] + 1   # distinct
     rank = {t: r for r, t in enumerate(types[np.argsort(-counts)])}

@@ -54,12 +54,13 @@ def probed_selectivity(rng, text, signal: float, probe_seeds: int) -> np.ndarray
     current and the previous ids' bits scaled by ``signal`` in unit noise; its own sample
     of positions, and the mean over ``probe_seeds`` probe seeds (split, control pairing,
     halves of the types), each scored by the probes' own
-    :func:`~megatron_ext.probes.run.fit_layer` (ridge fixed at 0.01, K = 8), as a study's
+    :func:`~megatron_ext.probes.scoring.fit_layer` (ridge fixed at 0.01, K = 8), as a study's
     run is."""
     import torch
     from ...codes.schemes import bits_of
     from ...probes.collect import draw_sample
-    from ...probes.run import fit_layer, make_draws
+    from ...probes.scoring import fit_layer
+    from ...probes.targets import make_draws
     windows, documents, unigrams = text
     sample = draw_sample(windows, documents, 768, int(rng.integers(1 << 31)))
     table = rng.standard_normal((len(unigrams.counts), PROBE_WIDTH))
@@ -138,7 +139,7 @@ def against_frequency(rng, text, states: str, probe_seeds: int) -> np.ndarray:
     the frequency-only baseline]``: its own sample and probe seeds, the states and the
     baseline's features (:func:`megatron_ext.probes.frequency.features`) scored on the same
     draws, as a study's run and its baseline row are, by
-    :func:`~megatron_ext.probes.run.held_out_types` (the selectivity ``fit_layer`` reports;
+    :func:`~megatron_ext.probes.scoring.held_out_types` (the selectivity ``fit_layer`` reports;
     ridge fixed at 0.01, K = 8), each the mean over the probe seeds. ``states``:
     ``"frequency"`` (:func:`frequency_states`), ``"baseline"`` (the baseline's features
     themselves) or ``"code"`` (a random vector per type and the current and previous ids'
@@ -147,7 +148,8 @@ def against_frequency(rng, text, states: str, probe_seeds: int) -> np.ndarray:
     from ...codes.schemes import bits_of
     from ...probes.collect import draw_sample
     from ...probes.frequency import features
-    from ...probes.run import held_out_types, make_draws
+    from ...probes.scoring import held_out_types
+    from ...probes.targets import make_draws
     windows, documents, unigrams = text
     sample = draw_sample(windows, documents, 768, int(rng.integers(1 << 31)))
     baseline = features(unigrams, sample.current, sample.previous)
