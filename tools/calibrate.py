@@ -1,4 +1,4 @@
-"""The calibration suite (megatron_ext/study/calibration.py): every interval a study report
+"""The calibration suite (megatron_ext/study/calibration/): every interval a study report
 prints, simulated from a known truth across the scenarios that break intervals, with its
 coverage or false-positive rate and the band it must lie in. Writes ``calibration.json``
 and ``calibration.md`` (the table, with the command, machine and time) into
@@ -24,7 +24,7 @@ from typing import Optional, Sequence
 
 from megatron_ext.runtime.errors import StudyError, exits_on_error
 from megatron_ext.runtime.files import write_text
-from megatron_ext.study import calibration
+from megatron_ext.study.calibration import suite
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -35,7 +35,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                              "in widens below 2000 (default 2000)")
     parser.add_argument("--seed", type=int, default=0, help="the simulations' seed")
     parser.add_argument("--check", nargs="+", metavar="CHECK",
-                        choices=sorted({c for c, *_ in calibration.SCENARIOS}),
+                        choices=sorted({c for c, *_ in suite.SCENARIOS}),
                         help="only these checks (default: all)")
     parser.add_argument("--output-dir", type=Path,
                         help="write calibration.json and calibration.md there")
@@ -48,7 +48,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         if args.trials < 1:
             raise StudyError(f"--trials must be at least 1, got {args.trials}")
         start = time.monotonic()
-        result = calibration.run(args.trials, args.seed, args.check)
+        result = suite.run(args.trials, args.seed, args.check)
         result["generated"] = {
             # an absolute path of this machine is shown by its last part only
             "command": "python tools/calibrate.py " + shlex.join(
@@ -58,7 +58,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
             "seconds": round(time.monotonic() - start, 1)}
         g = result["generated"]
         text = "\n".join([f"`{g['command']}` ({g['time']}, {g['machine']}, {g['seconds']} s):",
-                          ""] + calibration.markdown(result)) + "\n"
+                          ""] + suite.markdown(result)) + "\n"
         print(text, end="")
         if args.output_dir:
             args.output_dir.mkdir(parents=True, exist_ok=True)

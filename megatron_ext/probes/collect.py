@@ -6,7 +6,7 @@ window a fixed random sample of token positions is drawn (each has a previous to
 context and a next token to predict) among those whose context lies inside one document: a
 position in a document that began after the window's start would see the end of another
 document before it, so it is never drawn. The sample is split into the documents that train
-the probes and those that score them by :class:`megatron_ext.probes.run.Split` (once per
+the probes and those that score them by :class:`megatron_ext.probes.targets.Split` (once per
 probe seed). The models then run over the windows that hold sampled positions, batch by
 batch; hooks on the input (``embed_tokens``) and on every decoder layer copy the sampled
 positions out of each layer's output as it is made and keep nothing else, so memory is

@@ -18,18 +18,24 @@ from ..metrics.intervals import t_interval
 from ..metrics.reporting import MISSING, colours, number, pyplot, save_figure
 from ..runtime.files import write_text
 
-# (key, column title) of the main table. Bit probes show accuracy; chance, the control
-# task's accuracy and the unseen-type accuracy have their own columns.
-COLUMNS = (("ridge", "ridge λ"), ("id_bits", "id bits"), ("id_bits_control", "id control"),
-           ("id_bits_selectivity", "id sel."), ("id_bits_unseen", "id unseen"),
-           ("id_topk", "id top-K"), ("prev_bits", "prev bits"),
-           ("prev_bits_control", "prev control"), ("prev_bits_selectivity", "prev sel."),
-           ("prev_bits_unseen", "prev unseen"), ("prev_topk", "prev top-K"),
-           ("lens_loss", "lens loss"), ("lens_acc", "lens acc"),
-           ("readout_loss", "read-out loss"), ("readout_acc", "read-out acc"))
+# Each metric's label in a table, for every report that prints it (this one and a study's,
+# megatron_ext/study/probing.py).
+LABELS = {"ridge": "ridge λ", "id_bits": "id bits", "id_bits_control": "id control",
+          "id_bits_selectivity": "id sel.", "id_bits_unseen": "id unseen",
+          "id_bits_position_transfer": "id transfer", "id_topk": "id top-K",
+          "prev_bits": "prev bits", "prev_bits_control": "prev control",
+          "prev_bits_selectivity": "prev sel.", "prev_bits_unseen": "prev unseen",
+          "prev_bits_position_transfer": "prev transfer", "prev_topk": "prev top-K",
+          "lens_loss": "lens loss", "lens_acc": "lens acc", "readout_loss": "read-out loss",
+          "readout_acc": "read-out acc"}
+# The main table's columns. Bit probes show accuracy; chance, the control task's accuracy
+# and the unseen-type accuracy have their own columns, position transfer a table of its own.
+COLUMNS = ("ridge", "id_bits", "id_bits_control", "id_bits_selectivity", "id_bits_unseen",
+           "id_topk", "prev_bits", "prev_bits_control", "prev_bits_selectivity",
+           "prev_bits_unseen", "prev_topk", "lens_loss", "lens_acc", "readout_loss",
+           "readout_acc")
 LENS = ("lens_loss", "lens_acc", "readout_loss", "readout_acc")  # none for the baseline
-TRANSFER = (("id_bits", "id bits"), ("id_topk", "id top-K"), ("prev_bits", "prev bits"),
-            ("prev_topk", "prev top-K"))
+TRANSFER = ("id_bits", "id_topk", "prev_bits", "prev_topk")  # the position transfer's tasks
 PANELS = (("id_bits", "current token: id bits accuracy"),
           ("id_topk", "current token: top-K accuracy"),
           ("prev_bits", "previous token: id bits accuracy"),
@@ -128,11 +134,11 @@ def markdown(result: dict) -> str:
         lines += ["**Held-out check overridden (`allow_train_text`)**: these tokens may be "
                   "training text of the models.", ""]
     lines += [chance_line(chance), "",
-              "| model | layer | " + " | ".join(t for _, t in COLUMNS) + " |",
+              "| model | layer | " + " | ".join(LABELS[key] for key in COLUMNS) + " |",
               "|---|---|" + "---:|" * len(COLUMNS)]
     lines.append(f"| {BASELINE} | — | " + " | ".join(
         _cell(result["frequency_baseline"], key) if key not in LENS else MISSING
-        for key, _ in COLUMNS) + " |")
+        for key in COLUMNS) + " |")
     notes, reasons = {}, set()
     for name, entry in result["models"].items():
         for init, suffix in INITS:
@@ -141,21 +147,21 @@ def markdown(result: dict) -> str:
                     notes.setdefault(row["note"], []).append(f"{name}{suffix}")
                 reasons |= set(row.get("trivial", {}).values())
                 lines.append(f"| {name}{suffix} | {_layer(row)} | "
-                             + " | ".join(_cell(row, key) for key, _ in COLUMNS) + " |")
+                             + " | ".join(_cell(row, key) for key in COLUMNS) + " |")
     lines += ["", SELECTIVITY_NOTE + " † Layer 0 is the input to the first layer, not a learned "
               "representation: " + "; ".join(f"{note} ({', '.join(n)})"
                                              for note, n in notes.items()) + ".",
               "", trivial_note(reasons), "",
               "Position transfer: probes fitted on positions < S/2, scored on positions ≥ S/2 "
-              "(chance: " + ", ".join(f"{t} {number(chance[f'{k}_position_transfer'])}"
-                                      for k, t in TRANSFER) + ").",
-              "", "| model | layer | " + " | ".join(t for _, t in TRANSFER) + " |",
+              "(chance: " + ", ".join(f"{LABELS[k]} {number(chance[f'{k}_position_transfer'])}"
+                                      for k in TRANSFER) + ").",
+              "", "| model | layer | " + " | ".join(LABELS[k] for k in TRANSFER) + " |",
               "|---|---|" + "---:|" * len(TRANSFER)]
     for name, entry in result["models"].items():
         for init, suffix in INITS:
             for row in entry[init]:
                 lines.append(f"| {name}{suffix} | {_layer(row)} | " + " | ".join(
-                    _cell(row, f"{t}_position_transfer") for t, _ in TRANSFER) + " |")
+                    _cell(row, f"{t}_position_transfer") for t in TRANSFER) + " |")
     if result["cka"]:
         layers = max(len(p["trained"]) for p in result["cka"])
         lines += ["", "Debiased linear CKA on the scoring tokens: trained (random "

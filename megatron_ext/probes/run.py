@@ -37,14 +37,14 @@ Controls, computed with every score:
 * **calibrated control tasks** (after Hewitt & Liang 2019): each token type gets the id
   bits of the type next to it in the **training corpus's unigram frequency**
   (:mod:`.frequency`; the sample's types sorted by it and swapped in pairs,
-  :func:`control_types`), so the control labels keep the task's frequency structure (BPE
+  :func:`.targets.control_types`), so the control labels keep the task's frequency structure (BPE
   ids are ordered by frequency: the high bits of frequent tokens are skewed). Every bit
   accuracy stands next to its own chance (the training majority of each bit, scored);
-* **selectivity on held-out types** (:func:`held_out_types`): the types are cut into two
-  halves alike in frequency (:func:`type_halves`, whole control pairs), and each half's
+* **selectivity on held-out types** (:func:`.scoring.held_out_types`): the types are cut into two
+  halves alike in frequency (:func:`.targets.type_halves`, whole control pairs), and each half's
   rows (current and previous token both of it) are scored by a probe fitted on the other
   half's, every document; ``selectivity`` is the task's informedness there (true-positive
-  minus false-positive rate per bit, each type counted once: :func:`informedness`) minus
+  minus false-positive rate per bit, each type counted once: :func:`.scoring.informedness`) minus
   the control task's. A representation that holds only the types of the tokens (a random
   vector each: all a probe can do is memorise them) gives the scored types predictions
   independent of their labels, so it reads 0 in expectation **on every text**, and one
@@ -80,9 +80,7 @@ import time
 from typing import Callable, Optional, Sequence
 
 import numpy as np
-import torch
 
-from ..codes.schemes import bits_of
 from ..datasets.held_out import tokens_sha256
 from ..metrics.intervals import t_interval
 from ..runtime.errors import DataError, FlagError
@@ -92,13 +90,9 @@ from .collect import Sample, draw_sample, hidden_states, memory_bound
 from .frequency import Unigrams
 from .models import ModelInfo, difference, id_bits_carried, input_note, random_twin
 from .report import beats_baseline
+from .scoring import fit_layer
 from .settings import ESTIMATOR, SELECTIVITY, ProbeSettings
-
-BIT_TASKS = ("id_bits", "id_bits_control", "prev_bits", "prev_bits_control")
-CLASS_TASKS = ("id_topk", "prev_topk")
-CONTROL_BIN = 2     # types of about the same frequency whose labels a control task permutes
-CV_FOLDS = 3        # folds of training documents that choose the ridge penalty
-SCORED = ("id_bits", "id_topk", "prev_bits", "prev_topk")  # compared with the random init
+from .targets import BIT_TASKS, CLASS_TASKS, SCORED, Draw, make_draws
 
 
 def num_bits(models: Sequence[ModelInfo]) -> int:
@@ -113,193 +107,6 @@ def draws(settings: ProbeSettings, run_key: int = 0) -> tuple[int, list[int]]:
     state = np.random.SeedSequence([settings.seed, run_key]).generate_state(
         settings.probe_seeds + 1)
     return int(state[0]), [int(s) for s in state[1:]]
-
-
-def control_bins(types: np.ndarray, counts: np.ndarray, seed: int
-                 ) -> tuple[np.ndarray, np.ndarray, np.random.Generator]:
-    """The control tasks' bins: ``(order, bin of each place in it, the generator)``: the
-    positions of ``types`` sorted by ``counts`` (their training-corpus counts; ties in random
-    order), cut into consecutive bins of :data:`CONTROL_BIN` (the first bin longer by a random
-    0 .. CONTROL_BIN - 1, so that the bins vary with ``seed``; a last bin of one joins the one
-    before it). The generator, drawn from ``seed``, continues for the pairing."""
-    rng = np.random.default_rng([seed, 1])
-    order = np.lexsort((rng.random(len(types)), -counts))
-    n = len(order)
-    edges = [0, *range(CONTROL_BIN + int(rng.integers(CONTROL_BIN)), n, CONTROL_BIN), n]
-    if len(edges) > 2 and edges[-1] - edges[-2] == 1:
-        del edges[-2]
-    starts, stops = np.asarray(edges[:-1]), np.asarray(edges[1:])
-    return order, np.repeat(np.arange(len(starts)), stops - starts), rng
-
-
-def control_types(types: np.ndarray, counts: np.ndarray, seed: int) -> np.ndarray:
-    """Each type's control type: within each bin of :func:`control_bins` every type takes
-    the next one's place in a random cycle (no type keeps its own label: that would leak the
-    task into the control). Bins of 2 (swaps of neighbours in frequency) match frequencies
-    best: on a random table over a Zipf vocabulary, bins of 32 make the control easier by
-    0.02."""
-    order, bin_of, rng = control_bins(types, counts, seed)
-    n = len(order)
-    starts = np.flatnonzero(np.r_[True, bin_of[1:] != bin_of[:-1]])
-    stops = np.r_[starts[1:], n]
-    cycle = order[np.lexsort((rng.random(n), bin_of))]   # each bin's types in random order
-    following = np.arange(1, n + 1)
-    following[stops - 1] = starts                        # the last of a bin: its first
-    out = np.empty_like(types)
-    out[cycle] = types[cycle[following]]
-    return out
-
-
-def type_halves(types: np.ndarray, counts: np.ndarray, seed: int) -> np.ndarray:
-    """Which half of the types each of ``types`` is in (bool), for the held-out-type
-    selectivity: whole bins of :func:`control_bins` (a type with its control partners, so
-    that each half's control labels are its own task labels relabelled), of every two
-    consecutive bins one in each half at random (the halves alike in frequency). A
-    function of the counts and ``seed`` only, never of a representation."""
-    order, bin_of, _ = control_bins(types, counts, seed)
-    out = np.empty(len(types), dtype=bool)
-    if len(order):
-        flip = np.random.default_rng([seed, 4]).random(bin_of[-1] // 2 + 1) < 0.5
-        out[order] = (bin_of % 2 == 1) ^ flip[bin_of // 2]
-    return out
-
-
-class Split:
-    """One probe seed's split of the sample, by document: the rows of half of the documents
-    (drawn with ``seed``) train, the others score (as boolean tensors; ``train_rows``
-    numpy), and the cross-validation folds (whole training documents) that choose the ridge
-    penalty; ``document_folds``: every row's fold, all documents in :data:`CV_FOLDS` folds
-    (for the held-out-type fits, which read every document)."""
-
-    def __init__(self, sample: Sample, seed: int):
-        names = np.unique(sample.document)
-        rng = np.random.default_rng([seed, 3])
-        train = np.isin(sample.document, rng.permutation(names)[: len(names) // 2])
-        self.train_rows = train
-        self.train, self.score = torch.from_numpy(train), torch.from_numpy(~train)
-        self.early_train = torch.from_numpy(train & sample.early)
-        self.late_score = torch.from_numpy(~train & ~sample.early)
-        self.following = torch.from_numpy(sample.following)
-        docs = np.unique(sample.document[train])
-        fold_of = dict(zip(np.random.default_rng([seed, 2]).permutation(docs).tolist(),
-                           itertools.cycle(range(min(CV_FOLDS, len(docs))))))
-        self.folds = np.array([fold_of[d] for d in sample.document[train].tolist()])
-        fold_of = dict(zip(np.random.default_rng([seed, 5]).permutation(names).tolist(),
-                           itertools.cycle(range(min(CV_FOLDS, len(names))))))
-        self.document_folds = np.array([fold_of[d] for d in sample.document.tolist()])
-
-
-class Targets:
-    """The labels of the sampled tokens under one probe seed's ``split``: ``matrix`` [n,
-    columns] (±1 bits, one-hot classes), each task's ``columns`` slice, the training
-    majority of every column (``majority``), the bits that vary in the training rows
-    (``varying``) and the classes. The control pairing orders the types by ``unigrams``
-    (the training corpus's counts), drawn with ``seed``; ``halves``: the rows whose current
-    and previous tokens are both of the first half of the types, and those whose are both
-    of the second (:func:`type_halves`, from the same counts and ``seed``)."""
-
-    def __init__(self, sample: Sample, split: Split, unigrams: Unigrams, top_k: int,
-                 bits: int, seed: int):
-        train = split.train_rows
-        types = np.unique(np.concatenate([sample.current, sample.previous]))
-        shuffled = control_types(types, unigrams.of(types), seed)
-        control = lambda ids: shuffled[np.searchsorted(types, ids)]  # noqa: E731
-        second = type_halves(types, unigrams.of(types), seed)
-        current, previous = (second[np.searchsorted(types, ids)]
-                             for ids in (sample.current, sample.previous))
-        self.halves = [~current & ~previous, current & previous]
-        self.tokens = {"id_bits": sample.current, "prev_bits": sample.previous}
-        ids = {"id_bits": sample.current, "id_bits_control": control(sample.current),
-               "prev_bits": sample.previous, "prev_bits_control": control(sample.previous)}
-        self.classes, self.top = {}, {}
-        for task, tokens in (("id_topk", sample.current), ("prev_topk", sample.previous)):
-            kinds, kind_counts = np.unique(tokens[train], return_counts=True)
-            top = kinds[np.argsort(-kind_counts, kind="stable")[:top_k]]
-            self.top[task] = top
-            by_id = np.argsort(top)
-            place = by_id[np.minimum(np.searchsorted(top[by_id], tokens), len(top) - 1)]
-            self.classes[task] = np.where(top[place] == tokens, place, len(top))
-        blocks = {task: 2.0 * bits_of(torch.from_numpy(v), bits).double() - 1
-                  for task, v in ids.items()}
-        for task in CLASS_TASKS:
-            blocks[task] = torch.nn.functional.one_hot(torch.from_numpy(self.classes[task]),
-                                                       len(self.top[task]) + 1).double()
-        self.columns, start = {}, 0
-        for task, block in blocks.items():
-            self.columns[task] = slice(start, start + block.shape[1])
-            start += block.shape[1]
-        self.matrix = torch.cat(list(blocks.values()), dim=1)
-        rows = torch.from_numpy(train)
-        self.majority = self.matrix[rows].mean(0)
-        self.varying = {task: (self.matrix[rows, self.columns[task]].std(0) > 0)
-                        for task in BIT_TASKS}
-        self.unseen = {task: torch.from_numpy(~train & ~np.isin(v, v[train]))
-                       for task, v in self.tokens.items()}
-
-    def score(self, task: str, predicted: torch.Tensor, rows: torch.Tensor
-              ) -> Optional[float]:
-        """Accuracy of ``predicted`` (all columns, for ``rows``) on ``task``."""
-        if not bool(rows.any()):
-            return None
-        if task in BIT_TASKS:
-            correct = self._bits_correct(task, predicted, rows)
-            return None if correct is None else float(correct.mean())
-        truth, guess = self.matrix[rows, self.columns[task]], predicted[:, self.columns[task]]
-        k = len(self.top[task])
-        inside = torch.from_numpy(self.classes[task])[rows] < k
-        if not bool(inside.any()):
-            return None
-        return float((guess[inside, :k].argmax(-1) == truth[inside, :k].argmax(-1))
-                     .double().mean())
-
-    def corrected(self, task: str, predicted: torch.Tensor, rows: torch.Tensor
-                  ) -> Optional[float]:
-        """The chance-corrected bit accuracy: ``(acc - chance) / (1 - chance)`` per bit
-        (chance: the training majority of the bit, scored on ``rows``), averaged over the
-        bits whose chance is below 1."""
-        correct = self._bits_correct(task, predicted, rows)
-        base = self._bits_correct(task, self.guess(rows), rows)
-        if correct is None:
-            return None
-        acc, chance = correct.mean(0), base.mean(0)
-        room = chance < 1
-        if not bool(room.any()):
-            return None
-        return float(((acc - chance)[room] / (1 - chance[room])).mean())
-
-    def guess(self, rows: torch.Tensor) -> torch.Tensor:
-        """The chance predictor: every column's training mean, for ``rows``."""
-        return self.majority.expand(int(rows.sum()), -1)
-
-    def chance(self, rows: torch.Tensor, tasks: Sequence[str] = BIT_TASKS + CLASS_TASKS
-               ) -> dict:
-        """Each task's accuracy when always guessing its most frequent training label."""
-        return {task: self.score(task, self.guess(rows), rows) for task in tasks}
-
-    def all_chances(self, split: Split) -> dict:
-        """Every chance the report prints: on the scoring tokens, the unseen types and the
-        late positions."""
-        chance = self.chance(split.score)
-        chance.update({f"{t}_unseen": self.chance(self.unseen[t], (t,))[t] for t in self.unseen})
-        chance.update({f"{t}_position_transfer": c for t, c in
-                       self.chance(split.late_score, SCORED).items()})
-        return chance
-
-    def _bits_correct(self, task: str, predicted: torch.Tensor, rows: torch.Tensor
-                      ) -> Optional[torch.Tensor]:
-        varying = self.varying[task]
-        if not bool(varying.any()) or not bool(rows.any()):
-            return None
-        truth, guess = self.matrix[rows, self.columns[task]], predicted[:, self.columns[task]]
-        return ((guess > 0) == (truth > 0))[:, varying].double()
-
-
-@dataclasses.dataclass
-class Draw:
-    """One probe seed: its seed, split and targets."""
-    seed: int
-    split: Split
-    targets: Targets
 
 
 def run_probes(models: Sequence[ModelInfo], windows: np.ndarray, documents: np.ndarray,
@@ -371,16 +178,6 @@ def run_probes(models: Sequence[ModelInfo], windows: np.ndarray, documents: np.n
     return result
 
 
-def make_draws(sample: Sample, unigrams: Unigrams, top_k: int, bits: int,
-               seeds: Sequence[int]) -> list[Draw]:
-    """The split and the targets of each probe seed."""
-    out = []
-    for seed in seeds:
-        split = Split(sample, seed)
-        out.append(Draw(seed, split, Targets(sample, split, unigrams, top_k, bits, seed)))
-    return out
-
-
 def _split_counts(sample: Sample, probe: Sequence[Draw]) -> dict:
     """The rows of each set, one number per probe seed."""
     return {"train_documents": [int(len(np.unique(sample.document[d.split.train_rows])))
@@ -437,7 +234,7 @@ def versus_baseline(row: dict, baseline: dict) -> None:
 
 def probe_layer(model, states, layer, probe: Sequence[Draw], penalty: Optional[float]) -> dict:
     """Every probe of one layer's states (``states[layer]``) under each probe seed
-    (:func:`fit_layer`, then the next-token read-outs through the model's own norm and
+    (:func:`.scoring.fit_layer`, then the next-token read-outs through the model's own norm and
     head), combined (:func:`combine`)."""
     device = states.device
     target = probe[0].split.following.to(device)
@@ -452,108 +249,6 @@ def probe_layer(model, states, layer, probe: Sequence[Draw], penalty: Optional[f
         row["readout_loss"], row["readout_acc"] = float(loss.mean()), float(hit.mean())
         rows.append(row)
     return combine(rows)
-
-
-def fit_layer(X: torch.Tensor, last: torch.Tensor, targets: Targets, split: Split,
-              penalty: Optional[float]) -> tuple[dict, torch.Tensor]:
-    """The token-identity probes of states ``X`` (``[sample, hidden]``) and the linear
-    read-out to ``last`` (the last layer's states): ``(row, read-out of the scoring rows)``.
-    ``penalty`` None: chosen by cross-validation over the training documents (each
-    held-out-type fit of the selectivity chooses its own, :func:`held_out_types`)."""
-    device = X.device
-    on = lambda rows: rows.to(device)  # noqa: E731
-    labels = targets.matrix.to(device)
-    width = labels.shape[1]
-    train, score = split.train, split.score
-    fixed = penalty
-    if penalty is None:
-        penalty = (fit.choose_penalty(X[on(train)], labels[on(train)], split.folds)
-                   if len(np.unique(split.folds)) > 1 else fit.PENALTIES[1])
-    fitted = fit.ridge(X[on(train)], torch.cat([labels[on(train)], last[on(train)].double()],
-                                                1), penalty)
-    main = fitted(X[on(score)]).cpu()
-    unseen = {t: fitted(X[on(rows)])[:, :width].cpu() for t, rows in targets.unseen.items()}
-    shifted = fit.ridge(X[on(split.early_train)], labels[on(split.early_train)],
-                        penalty)(X[on(split.late_score)]).cpu()
-    row = {"layer": None, "ridge": penalty}
-    held = held_out_types(X, targets, split, fixed)
-    for task in BIT_TASKS + CLASS_TASKS:
-        row[task] = targets.score(task, main[:, :width], score)
-    for task in ("id_bits", "prev_bits"):
-        corrected = [targets.corrected(t, main[:, :width], score)
-                     for t in (task, f"{task}_control")]
-        row[f"{task}_corrected"], row[f"{task}_control_corrected"] = corrected
-        row[f"{task}_held_out"], row[f"{task}_control_held_out"] = held[task]
-        row[f"{task}_selectivity"] = None if None in held[task] else (held[task][0]
-                                                                      - held[task][1])
-        row[f"{task}_unseen"] = targets.score(task, unseen[task], targets.unseen[task])
-    for task in SCORED:
-        row[f"{task}_position_transfer"] = targets.score(task, shifted, split.late_score)
-    return row, main[:, width:].float()
-
-
-def held_out_types(X: torch.Tensor, targets: Targets, split: Split,
-                   penalty: Optional[float]) -> dict:
-    """The id and previous-token bits, and their control tasks', read on token types the
-    probe never trained on: ``{task: (task, control)}`` informedness (:func:`informedness`),
-    each the mean over the two halves of the types (:func:`type_halves`) of a ridge probe
-    fitted on the rows whose current and previous tokens are both of the other half (every
-    document; ``penalty`` None: chosen by cross-validation over those rows' documents) and
-    scored on the rows whose two tokens are both of this half. A representation that holds
-    only the types of the current and previous tokens (whatever it memorised of them) gives
-    the scored rows predictions independent of their labels, so each reads 0 in
-    expectation on any text (a half of the types for one token only would leave the other
-    token's memorised types to carry the text's co-occurrences across); the control tasks
-    relabel within each half by training frequency, so one that only knows frequency reads
-    about the same on both."""
-    device = X.device
-    parts = [targets.columns[t] for t in BIT_TASKS]     # the matrix's first columns
-    labels = targets.matrix[:, :parts[-1].stop]
-    read: dict = {"id_bits": [], "prev_bits": []}
-    for scored, train in (targets.halves, targets.halves[::-1]):
-        folds = split.document_folds[train]
-        if not train.any() or not scored.any():
-            continue
-        rows, held = torch.from_numpy(train), torch.from_numpy(scored)
-        chosen = penalty if penalty is not None else (
-            fit.choose_penalty(X[rows.to(device)], labels[rows].to(device), folds)
-            if len(np.unique(folds)) > 1 else fit.PENALTIES[1])
-        guess = fit.ridge(X[rows.to(device)], labels[rows].to(device), chosen)(
-            X[held.to(device)]).cpu()
-        varying = labels[rows].std(0) > 0
-        for task, pair in zip(read, (parts[:2], parts[2:])):
-            values = [informedness(guess[:, p], labels[held, p], targets.tokens[task][scored],
-                                   varying[p]) for p in pair]
-            if None not in values:
-                read[task].append(values)
-    return {task: tuple(float(x) for x in np.mean(pairs, axis=0)) if pairs else (None, None)
-            for task, pairs in read.items()}
-
-
-def informedness(predicted: torch.Tensor, labels: torch.Tensor, tokens: np.ndarray,
-                 columns: torch.Tensor) -> Optional[float]:
-    """Bit predictions (``predicted`` > 0) against ``labels`` (±1), ``[rows, bits]``: the
-    true-positive minus the false-positive rate of each bit (2 x balanced accuracy - 1),
-    each token type (``tokens``) counted once by its share of rows predicted 1, averaged
-    over the ``columns`` (bool) whose label both values take among the types. 0 in
-    expectation for predictions independent of the labels however skewed a bit is, 1 for
-    perfect ones; None where no column qualifies."""
-    kinds, inverse = np.unique(tokens, return_inverse=True)
-    index = torch.from_numpy(inverse)
-    count = torch.bincount(index, minlength=len(kinds)).double()[:, None]
-
-    def by_type(values: torch.Tensor) -> torch.Tensor:
-        return torch.zeros(len(kinds), values.shape[1], dtype=torch.float64).index_add_(
-            0, index, values.double()) / count
-
-    share, positive = by_type(predicted > 0), by_type(labels > 0) > 0.5
-    ones = positive.sum(0)
-    used = columns & (ones > 0) & (ones < len(kinds))
-    if not bool(used.any()):
-        return None
-    hit = (share * positive).sum(0) / ones.clamp_min(1)
-    false = (share * ~positive).sum(0) / (len(kinds) - ones).clamp_min(1)
-    return float((hit - false)[used].mean())
 
 
 def mark_trivial(entry: dict, info: ModelInfo, scored: float) -> None:

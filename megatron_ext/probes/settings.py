@@ -17,7 +17,7 @@ HELD_OUT_GROUP = "held-out text (one of)"
 
 # The selectivities each layer is read against the frequency-only baseline by.
 SELECTIVITY = ("id_bits_selectivity", "prev_bits_selectivity")
-# How they are estimated (megatron_ext.probes.run.held_out_types), recorded with every
+# How they are estimated (megatron_ext.probes.scoring.held_out_types), recorded with every
 # result: a study's cached probes made by another estimator are computed again.
 ESTIMATOR = "held-out types, informedness, task minus control"
 

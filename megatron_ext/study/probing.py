@@ -27,7 +27,9 @@ from typing import Optional
 from ..checkpoint.layout import completed_iterations, iteration_name
 from ..datasets.held_out import cut_documents, indexed_documents
 from ..metrics.reporting import mean_interval, signed_range
-from ..probes.report import beats_baseline
+from ..probes.report import (BASELINE, INITS, LABELS, SELECTIVITY_NOTE, beats_baseline,
+                             chance_line, trivial_note)
+from ..probes.report import plot as plot_layers
 from ..probes.settings import ESTIMATOR, SELECTIVITY
 from ..runtime.files import write_json
 
@@ -35,16 +37,15 @@ from . import power
 from .spec import Study, run_dir
 from .stats import holm, paired_difference, t_interval
 
-METRICS = (("id_bits", "id bits"), ("id_bits_control", "id control"),
-           ("id_bits_selectivity", "id sel."), ("id_bits_unseen", "id unseen"),
-           ("id_bits_position_transfer", "id transfer"), ("id_topk", "id top-K"),
-           ("prev_bits", "prev bits"), ("prev_bits_control", "prev control"),
-           ("prev_bits_selectivity", "prev sel."), ("prev_bits_unseen", "prev unseen"),
-           ("prev_bits_position_transfer", "prev transfer"), ("prev_topk", "prev top-K"),
-           ("lens_loss", "lens loss"), ("readout_loss", "read-out loss"))
+# The table's columns (labelled by :data:`megatron_ext.probes.report.LABELS`): the probe
+# tool's, with position transfer beside the bits and without the per-seed ridge and the
+# read-outs' accuracies.
+METRICS = ("id_bits", "id_bits_control", "id_bits_selectivity", "id_bits_unseen",
+           "id_bits_position_transfer", "id_topk", "prev_bits", "prev_bits_control",
+           "prev_bits_selectivity", "prev_bits_unseen", "prev_bits_position_transfer",
+           "prev_topk", "lens_loss", "readout_loss")
 # Compared between every two arms, paired by seed, per layer (trained models).
-PAIRED = (("id_bits_selectivity", "Δ id sel."), ("prev_bits_selectivity", "Δ prev sel."),
-          ("readout_loss", "Δ read-out loss"))
+PAIRED = ("id_bits_selectivity", "prev_bits_selectivity", "readout_loss")
 PLOTTED = ("id_bits", "id_topk", "prev_bits", "prev_topk", "lens_loss", "readout_loss")
 
 
@@ -121,12 +122,12 @@ def arm_summary(arm: str, records: dict) -> dict:
              # marked when every seed's row is
              "trivial": {t: why for t, why in rows[0].get("trivial", {}).items()
                          if all(t in row.get("trivial", {}) for row in rows)},
-             **{m: t_interval([row[m] for row in rows]) for m, _ in METRICS
+             **{m: t_interval([row[m] for row in rows]) for m in METRICS
                 if all(row.get(m) is not None for row in rows)}}
             for layer, rows in enumerate(zip(*per_seed))]
     entry["frequency_baseline"] = {
         m: t_interval([r["frequency_baseline"][m] for r in records.values()])
-        for m, _ in METRICS if all(r["frequency_baseline"].get(m) is not None
+        for m in METRICS if all(r["frequency_baseline"].get(m) is not None
                                    for r in records.values())}
     for layer, row in enumerate(entry["trained"]):
         row["versus_frequency"] = {}
@@ -137,7 +138,7 @@ def arm_summary(arm: str, records: dict) -> dict:
                     and r["frequency_baseline"].get(m) is not None]
             if gaps:
                 row["versus_frequency"][m] = beats_baseline(gaps)
-    entry["by_seed"] = {seed: [{m: row.get(m) for m, _ in PAIRED}
+    entry["by_seed"] = {seed: [{m: row.get(m) for m in PAIRED}
                                for row in r["models"][arm]["trained"]]
                         for seed, r in records.items()}
     return entry
@@ -154,7 +155,7 @@ def differences(summary: dict) -> list[dict]:
             rows = []
             for layer in range(layers):
                 row = {"layer": layer}
-                for m, _ in PAIRED:
+                for m in PAIRED:
                     values = [({s: v[layer][m] for s, v in side.items()
                                 if v[layer][m] is not None}) for side in (y, x)]
                     row[m] = paired_difference(*values)
@@ -164,7 +165,6 @@ def differences(summary: dict) -> list[dict]:
 
 
 def markdown(study: Study, summary: dict, final: int) -> str:
-    from ..probes.report import BASELINE, SELECTIVITY_NOTE, chance_line, trivial_note
     settings = study.probes
     chance = next(iter(summary.values()))["chance"]
     lines = [f"## Probes at the common final iteration ({final:,})", "",
@@ -185,14 +185,14 @@ def markdown(study: Study, summary: dict, final: int) -> str:
     lines += [chance_line(chance) + " Position transfer (fitted on positions < S/2, scored "
               f"on the rest) chance: id bits {_fmt_chance(chance, 'id_bits')}, prev bits "
               f"{_fmt_chance(chance, 'prev_bits')}.", "",
-              "| arm | layer | " + " | ".join(t for _, t in METRICS) + " |",
+              "| arm | layer | " + " | ".join(LABELS[m] for m in METRICS) + " |",
               "|---|---|" + "---:|" * len(METRICS)]
     baseline = next(iter(summary.values()))["frequency_baseline"]
-    lines.append(f"| {BASELINE} | — | " + " | ".join(_cell(baseline, m) for m, _ in METRICS)
+    lines.append(f"| {BASELINE} | — | " + " | ".join(_cell(baseline, m) for m in METRICS)
                  + " |")
     notes, reasons = {}, set()
     for arm, entry in summary.items():
-        for init, suffix in (("trained", ""), ("random_init", " · random init")):
+        for init, suffix in INITS:
             for row in entry[init]:
                 layer = str(row["layer"])
                 if "note" in row:
@@ -200,13 +200,13 @@ def markdown(study: Study, summary: dict, final: int) -> str:
                     notes.setdefault(row["note"], set()).add(arm)
                 reasons |= set(row.get("trivial", {}).values())
                 lines.append(f"| {arm}{suffix} | {layer} | " + " | ".join(
-                    _cell(row, m) for m, _ in METRICS) + " |")
+                    _cell(row, m) for m in METRICS) + " |")
     lines += ["", SELECTIVITY_NOTE, "", "† " + "; ".join(f"{note} ({', '.join(sorted(arms))})"
                                                     for note, arms in notes.items()) + ".",
               "", trivial_note(reasons), "", "![probes per layer](probes.png)", ""]
     pairs = differences(summary)
     if pairs:
-        members = [row[m] for pair in pairs for row in pair["layers"] for m, _ in PAIRED]
+        members = [row[m] for pair in pairs for row in pair["layers"] for m in PAIRED]
         adjusted = iter(holm([None if d is None else d["p"] for d in members]))
         tested = sum(d is not None and d["p"] is not None for d in members)
         lines += ["### Probes: differences between arms, paired by seed", "",
@@ -218,17 +218,17 @@ def markdown(study: Study, summary: dict, final: int) -> str:
                   f"when its Holm p < 0.05. Beside each, at 95%"
                   + (f" and, after the `/`, at Holm's 0.05/{tested}" if tested > 1 else "")
                   + f". {power.NOTE}", "",
-                  "| b − a | layer | " + " | ".join(t for _, t in PAIRED) + " | "
-                  + " | ".join(f"80% expected power: {t}" for _, t in PAIRED) + " |",
+                  "| b − a | layer | " + " | ".join(f"Δ {LABELS[m]}" for m in PAIRED) + " | "
+                  + " | ".join(f"80% expected power: Δ {LABELS[m]}" for m in PAIRED) + " |",
                   "|---|---|" + "---:|" * (2 * len(PAIRED))]
         for pair in pairs:
             for row in pair["layers"]:
                 cells = []
-                for m, _ in PAIRED:
+                for m in PAIRED:
                     p_holm = next(adjusted)
                     cells.append(signed_range(row[m], 3) + ("" if p_holm is None else
                                                             f" (Holm p {p_holm:.2g})"))
-                cells += [power.cell(row[m], 3, family=tested) for m, _ in PAIRED]
+                cells += [power.cell(row[m], 3, family=tested) for m in PAIRED]
                 lines.append(f"| {pair['b']} − {pair['a']} | {row['layer']} | "
                              + " | ".join(cells) + " |")
         lines.append("")
@@ -251,13 +251,12 @@ def _cell(row: dict, metric: str) -> str:
 
 
 def plot(summary: dict, path: Path) -> None:
-    from ..probes.report import plot as plot_layers
     curves = []
     for arm, entry in summary.items():
         for init, style in (("trained", "-"), ("random_init", "--")):
             rows = entry[init]
             curves.append({
-                "label": arm if init == "trained" else f"{arm} · random init", "group": arm,
+                "label": f"{arm}{dict(INITS)[init]}", "group": arm,
                 "style": style,
                 "trivial": {m: [m in r.get("trivial", {}) for r in rows] for m in PLOTTED},
                 "values": {m: [r[m]["mean"] if m in r else None for r in rows] for m in PLOTTED},

@@ -479,7 +479,7 @@ def write_report(study: Study, study_dir: Path) -> dict:
     if not study.factors and not study.budgets:
         return _write_cell(study, study_dir, study_dir.name, collect(study, study_dir),
                            generated)
-    from . import scaling
+    from .scaling import analysis, figures, section
     runs = {level: collect(cell, study_dir / level) for level, cell in study.cells()}
     summaries = {level: _write_cell(cell, study_dir / level, f"{study_dir.name}/{level}",
                                     runs[level], generated)
@@ -502,10 +502,10 @@ def write_report(study: Study, study_dir: Path) -> dict:
             from . import tuning
             point_runs, point_summaries, choices = tuning.choose(study, runs, summaries)
             lines += tuning.markdown(study, choices)
-        result = scaling.analyse(study, point_runs, point_summaries)
+        result = analysis.analyse(study, point_runs, point_summaries)
         if result["points"]:
-            scaling.plot(study, point_summaries, result, study_dir)
-            lines += scaling.markdown(study, result)
+            figures.plot(study, point_summaries, result, study_dir)
+            lines += section.markdown(study, result)
     summary = {"levels": summaries, "scaling": result, "tuned": choices}
     write_text(study_dir / "STUDY.md", "\n".join(lines) + "\n")
     write_text(study_dir / "study.json", json.dumps(

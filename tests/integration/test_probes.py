@@ -38,10 +38,11 @@ from megatron_ext.probes.collect import draw_sample  # noqa: E402
 from megatron_ext.probes.frequency import Unigrams, training_unigrams  # noqa: E402
 from megatron_ext.probes.models import (check_held_out, check_text_tokenizer,  # noqa: E402
                                          describe)
-from megatron_ext.probes.run import (Split, Targets, draws, fit_layer, num_bits,  # noqa: E402
-                                     run_probes)
+from megatron_ext.probes.run import draws, num_bits, run_probes  # noqa: E402
+from megatron_ext.probes.scoring import fit_layer  # noqa: E402
 from megatron_ext.probes.settings import ESTIMATOR, ProbeSettings  # noqa: E402
-from megatron_ext.study.calibration import zipf_text  # noqa: E402
+from megatron_ext.probes.targets import Split, Targets  # noqa: E402
+from megatron_ext.study.calibration.probes import zipf_text  # noqa: E402
 from megatron_ext.probes.text import jsonl_documents  # noqa: E402
 from megatron_ext.datasets.tokenizer import NullTokenizer, build_tokenizer  # noqa: E402
 from megatron_ext.runtime.errors import DataError, FixedcodeError, FlagError  # noqa: E402

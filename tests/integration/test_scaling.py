@@ -13,7 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from megatron_ext.study import evaluation, fit, scaling, spec
+from megatron_ext.launch.slurm import REPO
+from megatron_ext.study import evaluation, fit, spec
+from megatron_ext.study.scaling import analysis, figures, section, target
 from megatron_ext.study.report import write_report
 from megatron_ext.runtime.errors import StudyError
 from tools import study as study_tool
@@ -438,20 +440,20 @@ def test_a_sizes_by_budgets_study_extrapolates_its_joint_law_to_the_papers_model
                 "parameters": {"total": int(n) + 10, "non_embedding": int(n)}}}}
                 for s in (1, 2, 3)} for arm in ("learned", "binary")}
             summaries[level] = {"final_iteration": 1, "final_tokens": int(d)}
-    result = scaling.analyse(study, runs, summaries)
+    result = analysis.analyse(study, runs, summaries)
     fits = result["fits"]
     assert result["axes"] == ["N", "D"] and fits["extrapolated"]
-    assert result["target"] == {"N": scaling.paper_parameters(), "D": 100e9}
+    assert result["target"] == {"N": target.paper_parameters(), "D": 100e9}
     assert 1.6e9 < result["target"]["N"] < 1.8e9
     assert fits["arms"]["learned"]["fit"]["alpha"] == pytest.approx(0.3, abs=0.05)
     assert fits["arms"]["binary"]["gap_at_target"]["value"] == pytest.approx(0.3, abs=0.05)
-    text = "\n".join(scaling.markdown(study, result))
+    text = "\n".join(section.markdown(study, result))
     assert "is an extrapolation over 2.8 orders of magnitude in parameters and 5.3 in tokens" \
         in text
     assert "| arm | α | β | E | A | B | loss at N = 1.71e+09, D = 1e+11 |" in text
     assert "| arm − learned | g_N (per decade of parameters) | g_D (per decade of " in text
-    assert len(scaling._fit_lines(study, result)) == 4
-    scaling.plot(study, {}, result, tmp_path)
+    assert len(figures._fit_lines(study, result)) == 4
+    figures.plot(study, {}, result, tmp_path)
     assert (tmp_path / "loss_vs_flops.png").read_bytes().startswith(b"\x89PNG")
 
 
@@ -531,7 +533,7 @@ def test_a_parameter_at_its_bound_is_flagged_never_a_zero_width_interval(recipe,
     assert learned["fit"]["at_bound"] == {"E": "E = 0"}
     assert learned["E"]["low"] is None and learned["at_target"]["low"] is None
     study = build(recipe, {"size": SIZES})
-    text = "\n".join(scaling.markdown(study, {"points": {}, "fits": fits, "axes": ["compute"],
+    text = "\n".join(section.markdown(study, {"points": {}, "fits": fits, "axes": ["compute"],
                                               "target": {"compute": 1e21},
                                               "orders_of_magnitude": {"compute": 3.0},
                                               "task_gaps": {}}))
@@ -542,7 +544,21 @@ def test_a_parameter_at_its_bound_is_flagged_never_a_zero_width_interval(recipe,
 def test_the_papers_compute_is_its_recipes_flops_per_token_times_its_tokens():
     """The 1.7B shape at 100B tokens: within 10% of 6·N·D with N = 1.7e9 (the causal
     attention and the logits add a little, the input embedding counts nothing)."""
-    assert scaling.paper_compute() == pytest.approx(6 * 1.7e9 * 100e9, rel=0.1)
+    assert target.paper_compute() == pytest.approx(6 * 1.7e9 * 100e9, rel=0.1)
+
+
+def test_the_papers_model_is_the_shape_of_the_papers_recipe():
+    """The fit extrapolates to the ``smollm2-1.7b`` preset: every flag of the paper's recipe
+    that shapes the model (what the FLOPs and the parameters count) is the preset's."""
+    from megatron_ext.config.arguments import read_training_flags
+    recipe = read_training_flags(spec.read_study_recipe(
+        str(REPO / "examples/smollm2_1p7b/recipe.args"))).model
+    model = target.paper_config().model
+    shape = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
+             "num_query_groups", "kv_channels", "seq_length", "swiglu", "disable_bias_linear",
+             "untie_embeddings_and_output_weights", "normalization", "position_embedding_type",
+             "make_vocab_size_divisible_by")
+    assert {f: getattr(recipe, f) for f in shape} == {f: getattr(model, f) for f in shape}
 
 
 def test_study_with_factors_round_trips_through_settle(recipe, tmp_path):

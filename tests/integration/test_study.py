@@ -184,7 +184,7 @@ def test_a_rebuilt_copy_of_the_training_prefix_is_refused_by_content(recipe, tmp
 def test_probe_differences_pair_every_two_arms_by_seed():
     from megatron_ext.study.probing import PAIRED, differences
     def arm(values):  # {seed: value of every metric at layers 0 and 1}
-        return {"by_seed": {s: [{m: v + layer for m, _ in PAIRED} for layer in (0, 1)]
+        return {"by_seed": {s: [{m: v + layer for m in PAIRED} for layer in (0, 1)]
                             for s, v in values.items()}}
     summary = {"learned": arm({1: 0.0, 2: 0.0, 3: 0.0}), "binary": arm({1: 1.0, 2: 2.0, 3: 3.0}),
                "gf2": arm({1: 1.0, 2: 1.0, 9: 5.0})}

@@ -1,4 +1,4 @@
-"""The calibration suite (megatron_ext/study/calibration.py, tools/calibrate.py) at a reduced
+"""The calibration suite (megatron_ext/study/calibration/, tools/calibrate.py) at a reduced
 trial count: every printed interval's coverage, and the false-positive rates, inside the
 band stated for that count; the bands (a power row's 0.75-0.90, a false positive "at most"
 row's upper end only); the tuned factor's seed split; the tool's files.
@@ -18,7 +18,9 @@ import math
 import numpy as np
 import pytest
 
-from megatron_ext.study import calibration
+from megatron_ext.study import power
+from megatron_ext.study.calibration import suite
+from megatron_ext.study.calibration.power import gap_of_interest_by_seed
 from megatron_ext.study.spec import split_seeds
 from megatron_ext.study.tuning import best_level
 from tools import calibrate
@@ -27,8 +29,8 @@ TRIALS = 40
 
 
 def test_the_band_is_the_stated_tolerance_for_the_trial_count():
-    assert calibration.tolerance(2000) == 0.02            # the full run: 0.93-0.97
-    assert calibration.tolerance(TRIALS) == pytest.approx(3 * math.sqrt(0.95 * 0.05 / TRIALS))
+    assert suite.tolerance(2000) == 0.02            # the full run: 0.93-0.97
+    assert suite.tolerance(TRIALS) == pytest.approx(3 * math.sqrt(0.95 * 0.05 / TRIALS))
 
 
 QUICK = ["t by seed", "downstream", "fit", "fit L(N, D)", "tuned", "probes", "equivalence",
@@ -37,13 +39,13 @@ QUICK = ["t by seed", "downstream", "fit", "fit L(N, D)", "tuned", "probes", "eq
 
 @pytest.fixture(scope="module")
 def quick():
-    return calibration.run(TRIALS, seed=1, checks=QUICK)
+    return suite.run(TRIALS, seed=1, checks=QUICK)
 
 
 # the two tests of the module's `quick` run: on one worker, so that it is simulated once
 @pytest.mark.xdist_group("calibration")
 def test_every_printed_interval_is_within_its_band_at_a_reduced_trial_count(quick):
-    assert {c for c, *_ in calibration.SCENARIOS} == {*QUICK, "power", "frequency mark"}
+    assert {c for c, *_ in suite.SCENARIOS} == {*QUICK, "power", "frequency mark"}
     asserted = [r for r in quick["rows"] if r["within"] is not None]
     checks = {r["check"] for r in asserted}
     assert checks == set(QUICK)
@@ -51,8 +53,8 @@ def test_every_printed_interval_is_within_its_band_at_a_reduced_trial_count(quic
     assert not outside, outside
     # the crossed interval is there in every downstream scenario, with 2 to 5 seeds
     crossed = [r for r in asserted if r["interval"] == "by seed and item (crossed)"]
-    assert len(crossed) == sum(c == "downstream" and label != calibration.ITEMS_DOMINATE
-                               for c, label, *_ in calibration.SCENARIOS)
+    assert len(crossed) == sum(c == "downstream" and label != suite.ITEMS_DOMINATE
+                               for c, label, *_ in suite.SCENARIOS)
 
 
 @pytest.mark.xdist_group("calibration")
@@ -72,15 +74,15 @@ def test_a_power_row_must_read_75_to_90_percent_and_an_at_most_row_no_more_than_
     rates = {"p low": ("power", 0.74), "p in": ("power", 0.80), "p high": ("power", 0.905),
              "p counted": ("power", 0.70, 30), "fp at most": ("fp_at_most", 0.0),
              "fp over": ("fp_at_most", 0.08)}
-    monkeypatch.setattr(calibration, "SCENARIOS", [
+    monkeypatch.setattr(suite, "SCENARIOS", [
         ("check", "scenario", lambda rng, trials: rates, {})])
-    rows = {r["interval"]: r for r in calibration.run(2000)["rows"]}
+    rows = {r["interval"]: r for r in suite.run(2000)["rows"]}
     assert (rows["p in"]["low"], rows["p in"]["high"]) == pytest.approx((0.75, 0.90))
     assert [rows[k]["within"] for k in ("p low", "p in", "p high")] == [False, True, False]
     assert rows["p counted"]["trials"] == 30 and rows["p counted"]["within"]   # 3 SE at 30
     assert (rows["fp at most"]["low"], rows["fp at most"]["high"]) == pytest.approx((0, 0.07))
     assert rows["fp at most"]["within"] and not rows["fp over"]["within"]
-    wide = {r["interval"]: r for r in calibration.run(40)["rows"]}["p in"]
+    wide = {r["interval"]: r for r in suite.run(40)["rows"]}["p in"]
     half = 3 * math.sqrt(0.825 * 0.175 / 40)
     assert (wide["low"], wide["high"]) == pytest.approx((0.825 - half, 1.0))   # capped at 1
 
@@ -91,9 +93,9 @@ def test_an_agreement_row_must_read_within_3_hundredths_or_its_3_standard_errors
     the scenario gives where they are wider."""
     rates = {"in": ("agreement", 0.029, 2000, 0.02), "over": ("agreement", -0.031, 2000, 0.02),
              "wide": ("agreement", 0.1, 40, 0.15)}
-    monkeypatch.setattr(calibration, "SCENARIOS", [
+    monkeypatch.setattr(suite, "SCENARIOS", [
         ("check", "scenario", lambda rng, trials: rates, {})])
-    rows = {r["interval"]: r for r in calibration.run(2000)["rows"]}
+    rows = {r["interval"]: r for r in suite.run(2000)["rows"]}
     assert (rows["in"]["low"], rows["in"]["high"]) == pytest.approx((-0.03, 0.03))
     assert [rows[k]["within"] for k in ("in", "over", "wide")] == [True, False, True]
     assert (rows["wide"]["low"], rows["wide"]["high"]) == pytest.approx((-0.15, 0.15))
@@ -104,13 +106,13 @@ def test_the_gap_of_interest_check_fails_a_printed_power_off_by_a_tenth(monkeypa
     drawn from the prior it assumes, agrees with the share of fresh studies that detect the
     gap (the quick run above); a figure 0.1 too high is caught at 400 trials (its band
     there about ±0.05)."""
-    expected = calibration.power.expected_detection
-    monkeypatch.setattr(calibration.power, "expected_detection",
+    expected = power.expected_detection
+    monkeypatch.setattr(power, "expected_detection",
                         lambda gap, parts: expected(gap, parts) + 0.1)
     rng = np.random.default_rng(3)
-    found = calibration.gap_of_interest_by_seed(rng, 400, seeds=5, gap=0.03)
+    found = gap_of_interest_by_seed(rng, 400, seeds=5, gap=0.03)
     _, difference, _, error = found["printed minus detected"]
-    assert abs(difference) > max(calibration.AGREEMENT, error)
+    assert abs(difference) > max(suite.AGREEMENT, error)
 
 
 def test_the_seeds_split_into_selection_and_reported():

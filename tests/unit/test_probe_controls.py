@@ -21,10 +21,12 @@ from megatron_ext.probes import frequency
 from megatron_ext.probes.collect import draw_sample
 from megatron_ext.probes.frequency import Unigrams
 from megatron_ext.probes.models import ModelInfo
-from megatron_ext.probes.run import combine, draws, fit_layer, make_draws, versus_baseline
+from megatron_ext.probes.run import combine, draws, versus_baseline
+from megatron_ext.probes.scoring import fit_layer
 from megatron_ext.probes.settings import ProbeSettings
+from megatron_ext.probes.targets import make_draws
 from megatron_ext.runtime.errors import DataError, FlagError
-from megatron_ext.study.calibration import zipf_text
+from megatron_ext.study.calibration.probes import zipf_text
 
 
 def test_a_position_whose_window_crosses_into_another_document_is_never_drawn():
@@ -175,7 +177,7 @@ def test_control_types_swap_neighbours_in_training_frequency_and_vary_with_the_s
     """No type keeps its own label (an odd count too), each takes the label of a type at
     most two places away in training frequency, and the pairing varies with the seed even
     where no two counts tie."""
-    from megatron_ext.probes.run import control_types
+    from megatron_ext.probes.targets import control_types
     types = np.arange(101) * 3
     counts = np.random.default_rng(0).permutation(1000)[:101] + 1   # distinct
     rank = {t: r for r, t in enumerate(types[np.argsort(-counts)])}
@@ -204,7 +206,7 @@ def test_a_representation_of_types_only_reads_no_selectivity_on_any_text():
     offsets 12.7 to 24.4 times its variance, and the chi-square exceeds its 0.999 quantile
     with probability 0.94 to 0.99 (an offset the same on every text: 0.9999 or more); at the
     nominal rate, with probability 0.001."""
-    from megatron_ext.study.calibration import probe_text, probed_selectivity
+    from megatron_ext.study.calibration.probes import probe_text, probed_selectivity
     rng = np.random.default_rng(4)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)   # tiny solves: threads only add overhead
@@ -255,9 +257,9 @@ def test_the_frequency_mark_flags_every_cell_a_frequency_only_representation_rea
     probe seeds as a study's runs are, every cell whose selectivity the frequency-only
     baseline reaches (its mean, paired by seed, at least the cell's) is printed with ‡, for
     states of the frequencies in another form than the baseline's features
-    (calibration.frequency_states) and for those features themselves (always marked); a
+    (calibration.probes.frequency_states) and for those features themselves (always marked); a
     code (the ids' bits in noise: a known signal) is never marked."""
-    from megatron_ext.study.calibration import against_frequency, exact_order_text
+    from megatron_ext.study.calibration.probes import against_frequency, exact_order_text
     from megatron_ext.study.probing import _cell, arm_summary
     rng = np.random.default_rng(7)
     reached, threads = {"frequency": 0, "baseline": 0, "code": 0}, torch.get_num_threads()

@@ -145,7 +145,8 @@ def test_the_scaling_table_prints_the_gap_of_interest_beside_each_levels_loss_ga
     the comparison's gap of interest and the seeds for 80%, as the family table's does."""
     from helpers.recipes import TINY_RECIPE
     from pathlib import Path
-    from megatron_ext.study import power, scaling, spec
+    from megatron_ext.study import power, spec
+    from megatron_ext.study.scaling import section
     recipe = tmp_path / "recipe.args"
     recipe.write_text(TINY_RECIPE + "--tokenizer-type NullTokenizer --vocab-size 511\n")
     study = spec.build_study({"recipe": str(recipe), "arms": ["learned", "binary", "frozen"],
@@ -159,7 +160,7 @@ def test_the_scaling_table_prints_the_gap_of_interest_beside_each_levels_loss_ga
     result = {"points": {"L1": {"compute": 1e15, "tokens": 4096, "loss": loss,
                                 "parameters": {"learned": {"non_embedding": 10, "total": 20}}}},
               "task_gaps": [], "axes": ["compute"], "fits": None, "refused": "one level"}
-    text = "\n".join(scaling.markdown(study, result))
+    text = "\n".join(section.markdown(study, result))
     row = next(line for line in text.splitlines() if line.startswith("| L1 |"))
     for arm, gap in (("binary", math.log(1.033)), ("frozen", 0.2)):
         cell = power.cell(paired_difference(loss[arm], loss["learned"]), gap=gap)
