@@ -66,10 +66,10 @@ demo-mcore019: $(STAMP19)
 test: test-mcore016 test-mcore019
 
 test-mcore016: $(STAMP) $(STAMP_ENGINES)
-	FIXEDCODE_ENGINES=$(CURDIR)/$(ENGINES)/bin/python $(BIN)/python $(PYTEST)
+	FIXEDCODE_LEG=1 FIXEDCODE_ENGINES=$(CURDIR)/$(ENGINES)/bin/python $(BIN)/python $(PYTEST)
 
 test-mcore019: $(STAMP19) $(STAMP)
-	$(VENV19)/bin/python $(PYTEST)
+	FIXEDCODE_LEG=2 $(VENV19)/bin/python $(PYTEST)
 
 # The cp312 wheels bench/gpu_check.sh installs on a bare GPU image (bench/gpu_wheels.txt),
 # into .whl/ (git-ignored); run where pip can reach the index, then carry .whl/ to the GPU.

@@ -67,6 +67,30 @@ class TierMarks:
                 item.add_marker(getattr(pytest.mark, folder))
 
 
+LEG = os.environ.get("FIXEDCODE_LEG")  # `make test`'s leg: 1 (megatron-core 0.16), 2 (0.19)
+
+
+class OneLeg:
+    """``make test`` runs the suite once per megatron-core release (Makefile: FIXEDCODE_LEG=1,
+    2). A test marked ``one_leg(N, why)`` does not depend on that release (``why`` says how:
+    no megatron-core in it, or what of it the other tests cover on both legs), so it runs on
+    leg N alone and is skipped, naming that leg, on the other; outside ``make test`` (no
+    FIXEDCODE_LEG) it runs."""
+
+    def pytest_collection_modifyitems(self, items):
+        for item in items:
+            mark = item.get_closest_marker("one_leg")
+            if mark is None:
+                continue
+            leg, why = mark.args
+            if leg not in (1, 2) or not why:
+                raise pytest.UsageError(f"{item.nodeid}: one_leg takes the leg (1 or 2) and why")
+            if LEG is not None and LEG != str(leg):
+                item.add_marker(pytest.mark.skip(
+                    reason=f"independent of megatron-core's release ({why}): `make test` runs "
+                           f"it on leg {leg}"))
+
+
 @contextlib.contextmanager
 def environment_kept() -> Iterator[None]:
     saved = dict(os.environ)
@@ -144,6 +168,7 @@ def pytest_configure(config):
     of an in-process run imported them again (about 5 s of CPU each, 6 workers for a run with
     validation and a test split)."""
     config.pluginmanager.register(TierMarks(), "fixedcode-tiers")
+    config.pluginmanager.register(OneLeg(), "fixedcode-one-leg")
     import multiprocessing
     multiprocessing.set_start_method("forkserver", force=True)
     multiprocessing.set_forkserver_preload(["torch", "megatron.core"])

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
+import time
 from typing import Callable, ContextManager, Optional
 
 import torch
@@ -51,12 +53,14 @@ def validation_loss(batches: Batches, forward_step, valid_dataset, ddp,
     loader = iter(build_loader(valid_dataset, batches.micro_batch_size, batches.num_workers, 0))
     totals, reason = [], None
     with torch.no_grad():
-        for _ in range(batches.global_batches):
+        for batch in range(batches.global_batches):
             losses = get_forward_backward_func()(
                 forward_step_func=forward_step, data_iterator=loader, model=[ddp],
                 num_microbatches=batches.num_microbatches, seq_length=batches.seq_length,
                 micro_batch_size=batches.micro_batch_size, forward_only=True)
             totals.extend(losses)
+            if batch == 0:  # test hook: hold the validation open (a window for a signal)
+                time.sleep(float(os.environ.get("FIXEDCODE_TEST_VALIDATION_SECONDS", "0")))
             reason = exits.signalled()
             if reason:
                 break

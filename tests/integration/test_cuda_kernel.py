@@ -37,6 +37,8 @@ def find_nvcc() -> str | None:
 
 
 @pytest.mark.integration
+@pytest.mark.one_leg(2, "nvcc on our CUDA source: no megatron-core in it; leg 2's torch is the "
+                        "CUDA build")
 def test_kernel_compiles_with_nvcc_for_sm90(tmp_path):
     nvcc = find_nvcc()
     if nvcc is None:

@@ -353,11 +353,11 @@ def untimed_metrics(run_dir: Path) -> list[dict]:
 
 
 # The real-Slurm recipe: tiny_cpu.args with a periodic checkpoint every SAVE_EVERY
-# iterations and a validation of EVAL_ITERS batches (about 3 s on two idle cores) at
-# EVAL_AT and at the end. The preempted job stops mid-training at SAVE_EVERY + 2 or a little
+# iterations and a validation of EVAL_ITERS batches at EVAL_AT and at the end, each held open
+# HOLD_VALIDATION s after its first batch (FIXEDCODE_TEST_VALIDATION_SECONDS). The preempted job stops mid-training at SAVE_EVERY + 2 or a little
 # later (the signal takes a moment; any iteration before EVAL_AT will do), in the validation
 # at EVAL_AT, and in the save at SAVE_AT (not a validation iteration).
-TRAIN_ITERS, SAVE_EVERY, EVAL_AT, EVAL_ITERS = 30, 9, 25, 100
+TRAIN_ITERS, SAVE_EVERY, EVAL_AT, EVAL_ITERS, HOLD_VALIDATION = 30, 9, 25, 5, 5
 SAVE_AT = 27
 
 
@@ -380,6 +380,8 @@ OUTSIDE_CANCEL = re.compile(
 
 
 @pytest.mark.timeout(1200)
+@pytest.mark.one_leg(1, "Slurm's requeue and the batch script's signals; the save on a signal "
+                        "and the resume are test_training's, on both legs")
 def test_preempted_job_requeues_resumes_and_ends_with_the_uninterrupted_loss(
         slurm_env, tmp_path):
     """Two jobs of one recipe: one runs straight through; the other is preempted four times
@@ -419,7 +421,8 @@ def test_preempted_job_requeues_resumes_and_ends_with_the_uninterrupted_loss(
 
 def preemption_scenario(slurm_env, root: Path) -> None:
     """The scenario of the test above, in the folder ``root``."""
-    env = {**slurm_env, "FIXEDCODE_TEST_SAVE_SECONDS": f"3@{SAVE_AT}"}  # sbatch passes it on
+    env = {**slurm_env, "FIXEDCODE_TEST_SAVE_SECONDS": f"3@{SAVE_AT}",  # sbatch passes them on
+           "FIXEDCODE_TEST_VALIDATION_SECONDS": str(HOLD_VALIDATION)}
     deadline = time.monotonic() + 540   # ~2.5 min on an idle 2-core machine; slack for a busy one
     root.mkdir()
     recipe = write_recipe(root / "recipe.args")

@@ -353,10 +353,12 @@ def test_exit_signal_during_start_up_exits_zero_without_a_save(tmp_path):
 @pytest.mark.integration
 def test_exit_signal_during_validation_saves_and_the_resumed_run_validates_first(tmp_path):
     ckpt = tmp_path / "ckpt"
-    run = SIGNAL_RUN + ["--train-iters", "6", "--eval-interval", "3", "--eval-iters", "300",
+    run = SIGNAL_RUN + ["--train-iters", "6", "--eval-interval", "3", "--eval-iters", "4",
                         "--save", ckpt, "--load", ckpt]
     straight = run_pretrain(run[:run.index("--save")] + run[run.index("--load") + 2:])
-    rc, out, _ = signal_run(run, signal.SIGUSR1, when="iteration        3/", delay=0.2)
+    # the validation at 3 held open 3 s after its first batch: the signal lands inside it
+    rc, out, _ = signal_run(run, signal.SIGUSR1, when="iteration        3/", delay=0.2,
+                            env={"FIXEDCODE_TEST_VALIDATION_SECONDS": "3"})
     assert rc == 0, out[-2000:]
     assert "received SIGUSR1: validation at iteration 3 stopped; the resumed run validates " \
            "first" in out

@@ -42,8 +42,13 @@ def quick():
     return suite.run(TRIALS, seed=1, checks=QUICK)
 
 
-# the two tests of the module's `quick` run: on one worker, so that it is simulated once
+# the two tests of the module's `quick` run: on one worker, so that it is simulated once, and
+# on one leg of `make test` (the simulation holds no megatron-core)
+QUICK_RUN = "simulated statistics: no megatron-core in them"
+
+
 @pytest.mark.xdist_group("calibration")
+@pytest.mark.one_leg(2, QUICK_RUN)
 def test_every_printed_interval_is_within_its_band_at_a_reduced_trial_count(quick):
     assert {c for c, *_ in suite.SCENARIOS} == {*QUICK, "power", "frequency mark"}
     asserted = [r for r in quick["rows"] if r["within"] is not None]
@@ -58,6 +63,7 @@ def test_every_printed_interval_is_within_its_band_at_a_reduced_trial_count(quic
 
 
 @pytest.mark.xdist_group("calibration")
+@pytest.mark.one_leg(2, QUICK_RUN)
 def test_the_suite_separates_a_miscalibrated_interval(quick):
     """The choice made on the reported seeds is measured (not asserted) beside the split
     one; the family of 3 sizes, unadjusted, misses far more often than 5%."""
