@@ -354,9 +354,10 @@ def untimed_metrics(run_dir: Path) -> list[dict]:
 
 # The real-Slurm recipe: tiny_cpu.args with a periodic checkpoint every SAVE_EVERY
 # iterations and a validation of EVAL_ITERS batches at EVAL_AT and at the end, each held open
-# HOLD_VALIDATION s after its first batch (FIXEDCODE_TEST_VALIDATION_SECONDS). The preempted job stops mid-training at SAVE_EVERY + 2 or a little
-# later (the signal takes a moment; any iteration before EVAL_AT will do), in the validation
-# at EVAL_AT, and in the save at SAVE_AT (not a validation iteration).
+# HOLD_VALIDATION s after its first batch (FIXEDCODE_TEST_VALIDATION_SECONDS). The preempted
+# job stops mid-training at SAVE_EVERY + 2 or a little later (the signal takes a moment; any
+# iteration before EVAL_AT will do), in the validation at EVAL_AT, and in the save at SAVE_AT
+# (not a validation iteration).
 TRAIN_ITERS, SAVE_EVERY, EVAL_AT, EVAL_ITERS, HOLD_VALIDATION = 30, 9, 25, 5, 5
 SAVE_AT = 27
 
