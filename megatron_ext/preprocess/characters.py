@@ -6,11 +6,13 @@ gigatoken classes as the reference library does, and none its normalizer would c
 The cost is linear in the text and independent of how many characters have been checked: ASCII
 text (all of it checked at once) passes on ``str.isascii``; other text is searched by one compiled
 class of the admitted characters of the Basic Multilingual Plane, which Python's ``re`` matches
-through a bitmap; a text holding a character outside it (not admitted, not checked yet, or beyond
-the BMP, unless a table admitted it: those are few runs of code points) is checked as the set of
-its characters. A regex class of arbitrary characters would be matched item by item: the check
-then grows with the characters met, which made the byte-level encoder quadratic on text with
-thousands of distinct characters (issue #51).
+through a bitmap (given the text's UTF-8, which the encoder hands gigatoken anyway, only its
+characters beyond ASCII are searched: issue #56, the search of whole texts cost more than a third
+of gigatoken's encode on multilingual web text); a text holding a character outside it (not
+admitted, not checked yet, or beyond the BMP, unless a table admitted it: those are few runs of
+code points) is checked as the set of its characters. A regex class of arbitrary characters
+would be matched item by item: the check then grows with the characters met, which made the
+byte-level encoder quadratic on text with thousands of distinct characters (issue #51).
 
 A check can start from a table (:func:`table`: of :data:`TABLE_CHARACTERS`, every character of
 the BMP but the surrogates and the emoji blocks, those admitted), computed once per tokenizer
@@ -25,6 +27,7 @@ import re
 from typing import Callable, Iterable, Optional
 
 BMP = 0x10000
+_ASCII = bytes(range(128))
 RECOMPILE_AFTER = 64  # newly admitted BMP characters before the class is compiled again
 TABLE_CHARACTERS = "".join(chr(c) for c in [*range(0xD800), *range(0xE000, BMP),
                                             *range(0x1F000, 0x1FB00)])
@@ -81,9 +84,15 @@ class CharacterCheck:
         inside = _ranges(sorted([c for c in self.admitted if ord(c) < BMP] + self._beyond))
         return re.compile(f"[^{inside}]" if inside else "(?s:.)")
 
-    def admits(self, text: str) -> bool:
-        if self.ascii and text.isascii():
-            return True
+    def admits(self, text: str, utf8: Optional[bytes] = None) -> bool:
+        """``utf8``: the text's UTF-8, if at hand; where every ASCII character is admitted, only
+        the others are then searched (its bytes but the ASCII ones: no ASCII byte is part of a
+        longer character), a few percent of web text's characters."""
+        if self.ascii:
+            if text.isascii():
+                return True
+            if utf8 is not None:
+                text = utf8.translate(None, _ASCII).decode("utf-8")
         if self._outside.search(text) is None:
             return True
         characters = set(text)

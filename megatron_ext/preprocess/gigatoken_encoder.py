@@ -250,13 +250,14 @@ class GigatokenEncoder:
         gigatoken classes as the reference does; None where no character is checked."""
         return None if self.characters is None else table(self.characters.check)
 
-    def admits(self, text: str) -> bool:
-        """Whether gigatoken gives the reference library's ids for ``text`` (module docstring)."""
+    def admits(self, text: str, utf8: Optional[bytes] = None) -> bool:
+        """Whether gigatoken gives the reference library's ids for ``text`` (module docstring);
+        ``utf8``: its UTF-8, if at hand (the character check then searches fewer characters)."""
         if self.special.found(text):
             return False
         if self.stripped is not None and not self._ends_agree(text):
             return False
-        return self.characters is None or self.characters.admits(text)
+        return self.characters is None or self.characters.admits(text, utf8)
 
     def _ends_agree(self, text: str) -> bool:
         """Whether the text's ends, mapped and past the spaces both strip, are not whitespace
@@ -270,8 +271,13 @@ class GigatokenEncoder:
                     break
         return True
 
-    def encode_with_gigatoken(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        """gigatoken's ids of every text, admitted or not (:meth:`encode` takes the admitted)."""
+    def encode_with_gigatoken(self, texts: list[str], utf8: Optional[list] = None
+                              ) -> tuple[np.ndarray, np.ndarray]:
+        """gigatoken's ids of every text, admitted or not (:meth:`encode` takes the admitted);
+        ``utf8``: each text's UTF-8 or None, if at hand, which gigatoken then encodes as it is
+        (the same ids) instead of encoding the text to UTF-8 again."""
+        if utf8 is not None and not self.digits:
+            texts = [text if raw is None else raw for text, raw in zip(texts, utf8)]
         if self.digits:
             pieces, owner = [], []
             for i, text in enumerate(texts):
@@ -293,16 +299,22 @@ class GigatokenEncoder:
     def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The ids of all ``texts`` concatenated (int32), the count of each text's (int64), and
         which texts the reference encoded (bool)."""
-        by_reference = np.fromiter((not self.admits(text) for text in texts), bool, len(texts))
+        # the UTF-8 of each text beyond ASCII, made once for the check and gigatoken (an ASCII
+        # text is its own UTF-8: gigatoken reads it without a copy)
+        utf8 = [None if text.isascii() else text.encode("utf-8") for text in texts]
+        by_reference = np.fromiter((not self.admits(text, raw) for text, raw in zip(texts, utf8)),
+                                   bool, len(texts))
         self._bound_memory()
         if not by_reference.any():
-            return *self.encode_with_gigatoken(texts), by_reference
+            return *self.encode_with_gigatoken(texts, utf8), by_reference
         fast = np.flatnonzero(~by_reference)
         slow = np.flatnonzero(by_reference)
         lengths = np.zeros(len(texts), np.int64)
         pieces = [None] * len(texts)
-        for where, encode in ((fast, self.encode_with_gigatoken), (slow, self.reference)):
-            tokens, counts = encode([texts[i] for i in where])
+        encoded = ((fast, self.encode_with_gigatoken([texts[i] for i in fast],
+                                                     [utf8[i] for i in fast])),
+                   (slow, self.reference([texts[i] for i in slow])))
+        for where, (tokens, counts) in encoded:
             lengths[where] = counts
             for i, ids in zip(where, np.split(tokens, np.cumsum(counts)[:-1])):
                 pieces[i] = ids

@@ -471,12 +471,14 @@ def _decode(raw: bytes, line: int) -> str:
                        f"bytes {raw[e.start:e.end]!r}") from None
 
 
-def _texts_of(value, key: str, line: int) -> list[str]:
+def _texts_of(value, key: str, line: int, surrogates: bool = False) -> list[str]:
+    """The texts of a key's value; ``surrogates``: the value may hold lone surrogates (``json``
+    decodes ``"\\ud800"`` to one, which is no UTF-8 text; msgspec and UTF-8 bytes cannot)."""
     texts = [value] if isinstance(value, str) else value
     if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
         raise BadInput(line, "not text", f"key {key!r} holds {type(value).__name__}, "
                        "not a string or a list of strings")
-    for text in texts:
+    for text in texts if surrogates else ():
         if not text.isascii():
             try:
                 text.encode("utf-8")
@@ -496,7 +498,7 @@ def parse_unit(raw, line: int, kind: str, keys: list[str]) -> dict[str, list[str
     whose verdict and message stand."""
     if kind in TABLE_KINDS:
         return {key: _texts_of(raw[key], key, line) for key in keys}
-    record = None
+    record, surrogates = None, False
     if kind == "jsonl":
         try:
             record = _JSON.decode(raw)
@@ -506,6 +508,7 @@ def parse_unit(raw, line: int, kind: str, keys: list[str]) -> dict[str, list[str
         text = _decode(raw, line)
         if kind == "text":
             return {keys[0]: [text]}
+        surrogates = True
         try:
             record = json.loads(text)
         except json.JSONDecodeError as e:
@@ -518,7 +521,7 @@ def parse_unit(raw, line: int, kind: str, keys: list[str]) -> dict[str, list[str
     for key in keys:
         if key not in record:
             raise BadInput(line, "missing key", repr(key))
-        texts[key] = _texts_of(record[key], key, line)
+        texts[key] = _texts_of(record[key], key, line, surrogates)
     return texts
 
 

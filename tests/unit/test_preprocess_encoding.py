@@ -178,6 +178,19 @@ def test_character_check_asks_once_per_character_in_linear_time():
     assert time.process_time() - start < 0.5
 
 
+def test_character_check_given_the_utf8_searches_only_beyond_ascii(tokenizer_files, texts):
+    """Handed a text's UTF-8 (which the encoder hands gigatoken too), the check searches only its
+    characters beyond ASCII, with the same verdicts: on the breaker texts, against the byte-level
+    BPE's check, and where the one character refused is ASCII (then the whole text is searched)."""
+    byte_level = encode.gigatoken_encoder(build_tokenizer(**tokenizer_files["SmolLM2"]))
+    verdicts = [byte_level.characters.admits(text) for text in texts]
+    assert 0 < sum(verdicts) < len(texts)
+    assert [byte_level.characters.admits(text, text.encode()) for text in texts] == verdicts
+    no_x = CharacterCheck(lambda character: character != "x")
+    assert not no_x.ascii
+    assert not no_x.admits("naïve x", "naïve x".encode()) and no_x.admits("naïve", b"na\xc3\xafve")
+
+
 def test_encoding_time_is_linear_in_a_long_word(tokenizer_files):
     """A text without spaces costs four times as much at four times the length, on both
     encoders: a word of letters (gigatoken's), and one of thousands of distinct characters that
@@ -222,8 +235,8 @@ def test_verify_fraction_samples_by_file_and_line_and_names_a_difference(tokeniz
 
     real = encode._gigatoken.encode_with_gigatoken
 
-    def off_by_one_on_line_7(texts):
-        tokens, lengths = real(texts)
+    def off_by_one_on_line_7(texts, utf8=None):
+        tokens, lengths = real(texts, utf8)
         if any(text.endswith(" 7") for text in texts):
             tokens = tokens.copy()
             tokens[sum(lengths[:[t.endswith(" 7") for t in texts].index(True)])] += 1
