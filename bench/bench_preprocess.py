@@ -40,6 +40,9 @@ other scripts and special-token text in 4% of the documents (:func:`rich_scene`)
 on 3.11.7), one document per file, cycled to the asked size, as Parquet shards (a ``text``
 column, row groups of 1,000 rows, at least 4 shards: :func:`write_parquet_shards`) and as one
 JSONL of the same documents: ours and datatrove run on both, the JSONL-only tools on the JSONL.
+``--compressed zst gz``: ours also on each corpus's JSONL cut at a line into shards (one per
+125 MB, at least 8) of ``.jsonl.zst`` (a zstd frame each, level 3, as DCLM ships them) or
+``.jsonl.gz`` (level 6), read in name order: the same documents, its bytes compared with ours.
 Tokenizers (``--tokenizers``), each of 8,192 tokens trained on the plays by
 tools/train_tokenizer.py: a sentencepiece BPE (``GPTSentencePieceTokenizer``) and a Hugging Face
 byte-level BPE, the paper's kind (``HuggingFaceTokenizer``, a ``tokenizer.json`` folder).
@@ -189,6 +192,41 @@ def write_parquet_shards(folder: str, texts: list[str]) -> None:
         table = pyarrow.table({"text": texts[shard * per_shard:(shard + 1) * per_shard]})
         pyarrow.parquet.write_table(
             table, f"{folder}/train-{shard:05d}-of-{shards:05d}.parquet", row_group_size=ROW_GROUP)
+
+
+# --compressed: the JSONL as shards as DCLM ships its ``.jsonl.zst`` (one zstd frame a file, level
+# 3, zstd's default) or gzip'd (level 6, gzip's default), one shard per 125 MB (at least 8).
+COMPRESSION_LEVELS = {"zst": 3, "gz": 6}
+
+
+def compressed_shards(source: str, compression: str) -> str:
+    """The glob of :func:`write_compressed_shards`' shards of ``source`` (``--input`` takes it)."""
+    return source.removesuffix(".jsonl") + f"-{compression}/*.jsonl.{compression}"
+
+
+def write_compressed_shards(source: str, compression: str) -> None:
+    """``source``'s lines, in order, cut at a line into shards of ``.jsonl.<compression>``."""
+    import gzip
+    import zstandard
+    folder = os.path.dirname(compressed_shards(source, compression))
+    os.makedirs(folder)
+    shards = max(8, round(os.path.getsize(source) / 125e6))
+    per_shard = -(-os.path.getsize(source) // shards)
+    level = COMPRESSION_LEVELS[compression]
+    with open(source, "rb") as lines:
+        for shard in range(shards):
+            path = f"{folder}/shard-{shard:05d}.jsonl.{compression}"
+            with open(path, "wb") as raw:
+                out = gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=level, mtime=0) \
+                    if compression == "gz" else \
+                    zstandard.ZstdCompressor(level=level).stream_writer(raw, closefd=False)
+                with out:
+                    held = 0
+                    for line in lines:
+                        out.write(line)
+                        held += len(line)
+                        if held >= per_shard:
+                            break
 
 
 def make_corpus(path: Path, megabytes: float, corpus: str = "plays") -> int:
@@ -499,28 +537,37 @@ def recreated_child() -> None:
                           flags.tokenizer_model, int(flags.workers))
 
 
-# Which commands also read the Parquet shards of --corpora stdlib-parquet (the others: its JSONL).
+# Which commands also read the Parquet shards of --corpora stdlib-parquet and the compressed
+# shards of --compressed (the others: the JSONL).
 READS_PARQUET = ("ours", "ours-reference", "datatrove")
+READS_COMPRESSED = ("ours", "ours-reference")
+KIND_LABELS = {"parquet": "Parquet", "zst": ".jsonl.zst shards", "gz": ".jsonl.gz shards"}
 
 
 def label(which: str, workers: int, kind: str) -> str:
     flag = {"ours": "--workers", "ours-reference": "--workers", "classic": "--workers",
             "datatrove": "tasks"}.get(which)
-    return which + (f" {flag} {workers}" if flag else "") + (" (Parquet)" if kind == "parquet"
-                                                              else "")
+    return which + (f" {flag} {workers}" if flag else "") + (
+        f" ({KIND_LABELS[kind]})" if kind in KIND_LABELS else "")
 
 
 def compare(commands: Commands, tokenizer: str, size: float, reps: int, tmp: str,
-            runs: list[tuple[str, int]], corpus: str) -> dict:
-    """The commands on ``corpus`` of ``size`` MB, taking turns ``reps`` times: the table rows;
-    the medians by (command, workers, input kind)."""
+            runs: list[tuple[str, int]], corpus: str, compressed: list[str]) -> dict:
+    """The commands on ``corpus`` of ``size`` MB (and, for those that read them, its Parquet
+    shards and its ``compressed`` shards), taking turns ``reps`` times: the table rows; the
+    medians by (command, workers, input kind)."""
     source = f"{tmp}/{corpus}{size:g}.jsonl"
     documents = make_corpus(Path(source), size, corpus)
     gb = os.path.getsize(source) / 1e9
-    kinds = ("jsonl", "parquet") if corpus == "stdlib-parquet" else ("jsonl",)
+    for compression in compressed:
+        write_compressed_shards(source, compression)
+    kinds = ("jsonl", "parquet")[:1 + (corpus == "stdlib-parquet")] + tuple(compressed)
     runs = [(which, workers, kind) for which, workers in runs if commands.available(which)
-            for kind in kinds if kind == "jsonl" or which in READS_PARQUET]
-    inputs = {"jsonl": source, "parquet": parquet_folder(source)}
+            for kind in kinds if kind == "jsonl" or which in (
+                READS_PARQUET if kind == "parquet" else READS_COMPRESSED)]
+    inputs = {"jsonl": source, "parquet": parquet_folder(source),
+              **{compression: compressed_shards(source, compression)
+                 for compression in compressed}}
     results = {run: [] for run in runs}
     identical = dict.fromkeys(runs, True)
     differences, failed = {}, {}
@@ -571,6 +618,8 @@ def compare(commands: Commands, tokenizer: str, size: float, reps: int, tmp: str
         print(f"  {label(*run)}: {detail}", flush=True)
     os.remove(source)
     shutil.rmtree(inputs["parquet"], ignore_errors=True)
+    for compression in compressed:
+        shutil.rmtree(os.path.dirname(inputs[compression]))
     return {"tokenizer": tokenizer, "corpus": corpus, "mb": gb * 1e3, "median": median}
 
 
@@ -653,6 +702,12 @@ def main() -> None:
                              "documents holding special-token text; stdlib-parquet: this "
                              "Python's standard library sources, one document per file, as "
                              "Parquet shards and as JSONL (default: all three)")
+    parser.add_argument("--compressed", nargs="+", choices=tuple(COMPRESSION_LEVELS),
+                        default=[],
+                        help="also ours on each corpus's JSONL as shards compressed so (zst: "
+                             "one zstd frame a shard, as DCLM ships them; gz: gzip level 6), "
+                             "one per 125 MB, at least 8, its bytes compared with ours on the "
+                             "JSONL (default: none)")
     parser.add_argument("--long-words", type=float, metavar="MB",
                         help="also: ours on MB of 100 KB documents without spaces and of prose")
     parser.add_argument("--tmp", help="folder for corpora and outputs (default: a temporary one)")
@@ -695,7 +750,7 @@ def main() -> None:
               "CPU / ours | same bytes as ours |")
         print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
         measured = [compare(commands, name, size, args.reps if size < 500 else 1, tmp, runs,
-                            corpus)
+                            corpus, args.compressed)
                     for size in args.sizes_mb for corpus in args.corpora
                     for name, commands in made]
         print(f"\nTargets, side by side: each command's wall over ours' (ours --workers "
