@@ -178,18 +178,26 @@ def _documents(tokens: np.ndarray, lengths: np.ndarray, text_document: np.ndarra
     """The documents ``keep`` of one key: ``text_document`` maps each text (``lengths`` ids in
     ``tokens``) to its document, ``sequences`` counts the texts with ids of each document."""
     kept_text = (lengths > 0) & keep[text_document]
-    tokens = tokens[np.repeat(kept_text, lengths)]
+    if not keep.all():  # a text without ids holds no tokens: only dropped documents take any out
+        tokens = tokens[np.repeat(kept_text, lengths)]
     lengths = lengths[kept_text]
     sequences = sequences[keep]
-    if eod is not None and len(sequences):
-        last = np.cumsum(sequences) - 1
-        tokens = np.insert(tokens, np.cumsum(lengths)[last], np.int32(eod))
-        lengths[last] += 1
+    with_eod = eod is not None and len(sequences) > 0
+    largest = max(int(tokens.max()) if len(tokens) else -1, eod if with_eod else -1)
     # in the output dtype here, in parallel, rather than in the main process (and half the bytes
     # through the pipe for uint16); ids that do not fit stay int32 for the writer to refuse
-    largest = int(tokens.max()) if len(tokens) else -1
-    if largest <= np.iinfo(dtype).max:
-        tokens = tokens.astype(dtype)
+    out_dtype = dtype if largest <= np.iinfo(dtype).max else np.int32
+    if with_eod:  # the EOD after each document's last text, in one pass with the cast
+        last = np.cumsum(sequences) - 1
+        at = np.cumsum(lengths)[last] + np.arange(len(last))
+        lengths[last] += 1
+        out = np.empty(len(tokens) + len(last), out_dtype)
+        ids = np.ones(len(out), bool)
+        ids[at] = False
+        out[ids], out[at] = tokens, eod
+        tokens = out
+    else:
+        tokens = tokens.astype(out_dtype, copy=False)
     return EncodedKey(tokens=tokens, sequence_lengths=lengths, sequences_per_document=sequences,
                       max_token_id=largest)
 
