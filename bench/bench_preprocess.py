@@ -688,8 +688,8 @@ def main() -> None:
                                  "gigatoken"],
                         help="what to run (ours first: the others are compared with it)")
     parser.add_argument("--sizes-mb", type=float, nargs="+", default=[88, 1000])
-    parser.add_argument("--reps", type=int, default=3,
-                        help="runs of each command per size below 500 MB (1 above)")
+    parser.add_argument("--reps", type=int,
+                        help="runs of each command per size (default: 3 below 500 MB, 1 above)")
     parser.add_argument("--workers", type=int, nargs="+", default=[2],
                         help="--workers of ours (each a row) and of the classic tool (the last)")
     parser.add_argument("--tokenizers", nargs="+", choices=TOKENIZERS, default=list(TOKENIZERS),
@@ -749,8 +749,8 @@ def main() -> None:
               "CPU s/GB | MB/s | MB/s per core (MB per CPU s) | peak MB | wall / ours | "
               "CPU / ours | same bytes as ours |")
         print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
-        measured = [compare(commands, name, size, args.reps if size < 500 else 1, tmp, runs,
-                            corpus, args.compressed)
+        measured = [compare(commands, name, size, args.reps or (3 if size < 500 else 1), tmp,
+                            runs, corpus, args.compressed)
                     for size in args.sizes_mb for corpus in args.corpora
                     for name, commands in made]
         print(f"\nTargets, side by side: each command's wall over ours' (ours --workers "
@@ -767,7 +767,7 @@ def main() -> None:
                   "no spaces CPU s | ratio |")
             print("|---|---|---|---|---|---|", flush=True)
             for name, commands in made:
-                long_words(commands, args.long_words, args.reps, tmp)
+                long_words(commands, args.long_words, args.reps or 3, tmp)
     print(f"\nload average at the end: {', '.join(f'{x:.1f}' for x in os.getloadavg())}")
 
 
