@@ -287,32 +287,48 @@ def _recreated_encode(line: str) -> list[int]:
 
 # Runs a command and writes what it measured as JSON to a file. A small process of its own runs
 # it: a child's peak RSS starts at its parent's when the parent forks it (the benchmark has
-# trained a tokenizer and imported torch), and at this one's, about 10 MB, from here.
+# trained a tokenizer and imported torch), and at this one's, about 10 MB, from here. The
+# command runs in a session of its own: past the time limit (argv[2] seconds) it is killed with
+# every process it started (a pool whose worker the kernel killed for memory waits forever).
 TIMER = """
-import json, resource, subprocess, sys, time
+import json, os, resource, signal, subprocess, sys, time
 start = time.perf_counter()
-done = subprocess.run(sys.argv[2:], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+child = subprocess.Popen(sys.argv[3:], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                         start_new_session=True)
+try:
+    stderr = child.communicate(timeout=float(sys.argv[2]))[1]
+    returncode = child.returncode
+except subprocess.TimeoutExpired:
+    os.killpg(child.pid, signal.SIGKILL)
+    stderr, returncode = child.communicate()[1], "timeout"
 wall = time.perf_counter() - start
 usage = resource.getrusage(resource.RUSAGE_CHILDREN)
 with open(sys.argv[1], "w") as f:
     json.dump({"wall": wall, "cpu": usage.ru_utime + usage.ru_stime,
-               "peak_mb": usage.ru_maxrss / 1024, "returncode": done.returncode,
-               "stderr": done.stderr.decode(errors="replace")[-4000:]}, f)
+               "peak_mb": usage.ru_maxrss / 1024, "returncode": returncode,
+               "stderr": stderr.decode(errors="replace")[-4000:]}, f)
 """
+
+
+COMMAND_TIMEOUT = 1800.0  # seconds, --command-timeout
 
 
 class CommandFailed(Exception):
     """A timed command exited with an error (its status and the last line it printed)."""
 
 
-def timed(command: list[str], env: dict) -> dict:
+def timed(command: list[str], env: dict, limit: float = COMMAND_TIMEOUT) -> dict:
     """Run ``command``: wall seconds, CPU seconds (it and its waited-for children), and the
-    largest peak RSS of its processes in MB."""
+    largest peak RSS of its processes in MB; past ``limit`` seconds it fails, killed."""
     with tempfile.NamedTemporaryFile(suffix=".json") as report:
-        subprocess.run([sys.executable, "-c", TIMER, report.name, *command], env=env, check=True)
+        subprocess.run([sys.executable, "-c", TIMER, report.name, str(limit), *command], env=env,
+                       check=True)
         result = json.load(open(report.name, encoding="utf-8"))
     if returncode := result.pop("returncode"):
         last = (result["stderr"].strip().splitlines() or ["(nothing)"])[-1]
+        if returncode == "timeout":
+            raise CommandFailed(f"still running after {limit:g} s (--command-timeout), killed "
+                                f"with its processes; last line: {last[:200]}")
         killed = " (killed: out of memory?)" if returncode in (-9, 137) else ""
         raise CommandFailed(f"exit status {returncode}{killed}, last line: {last[:200]}")
     del result["stderr"]
@@ -344,6 +360,7 @@ class Commands:
 
     def __init__(self, args, tokenizer_type: str, model: str, env: dict):
         self.tokenizer_type, self.model, self.workers = tokenizer_type, model, args.workers
+        self.timeout = args.command_timeout
         self.env = env
         self.megatron_lm = None if args.recreated else args.megatron_lm
         self.main, self.python_main = args.megatron_lm_main, args.python_main or sys.executable
@@ -578,7 +595,8 @@ def compare(commands: Commands, tokenizer: str, size: float, reps: int, tmp: str
             if (which, workers, kind) in failed:
                 continue
             try:
-                result = timed(*commands.command(which, inputs[kind], prefix, workers))
+                result = timed(*commands.command(which, inputs[kind], prefix, workers),
+                               commands.timeout)
             except CommandFailed as error:
                 if (which, workers, kind) == runs[0]:
                     raise SystemExit(f"{label(*runs[0])} failed: {error}")
@@ -708,6 +726,9 @@ def main() -> None:
                              "one zstd frame a shard, as DCLM ships them; gz: gzip level 6), "
                              "one per 125 MB, at least 8, its bytes compared with ours on the "
                              "JSONL (default: none)")
+    parser.add_argument("--command-timeout", type=float, default=COMMAND_TIMEOUT, metavar="S",
+                        help="seconds a command may run before it is killed with its processes "
+                             "and its row says so (default %(default).0f)")
     parser.add_argument("--long-words", type=float, metavar="MB",
                         help="also: ours on MB of 100 KB documents without spaces and of prose")
     parser.add_argument("--tmp", help="folder for corpora and outputs (default: a temporary one)")
