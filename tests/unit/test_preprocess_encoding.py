@@ -114,7 +114,26 @@ def test_gigatoken_route_gives_the_reference_ids_on_text_built_to_break_tokenize
     assert not by_reference[-len(SCENES):].any()  # the play's scenes: all gigatoken's
     alone = split_ids(*encoder.encode_with_gigatoken(texts))
     wrong = [i for i, ids in enumerate(alone) if ids != expected[i]]
-    assert wrong and by_reference[wrong].all()
+    cut = [encoder.added is not None and encoder.special.found(texts[i]) for i in wrong]
+    assert wrong and (by_reference[wrong] | cut).all()
+
+
+def test_a_byte_level_text_holding_added_tokens_is_cut_at_them(tokenizer_files):
+    """SmolLM2's special tokens in a text (one the start of another, beside digits and words):
+    the text is cut at them, leftmost-longest, gigatoken encodes the stretches between and the
+    ids are the library's; one that also holds a character the libraries class apart, and
+    sentencepiece's special text, go to the reference."""
+    tokenizer = build_tokenizer(**tokenizer_files["SmolLM2"])
+    encoder = encode.gigatoken_encoder(tokenizer)
+    texts = ["<repo_name>x 12<repo<|im_start|>", "a <|im_end|>", "<file_sep>", "naïve <repo",
+             "<repo_nam café", "\U0003265d's <|im_end|>", PLAIN]
+    tokens, lengths, by_reference = encoder.encode(texts)
+    assert split_ids(tokens, lengths) == [tokenizer.tokenize(text) for text in texts]
+    assert by_reference.tolist() == [False] * 5 + [True, False]
+    assert split_ids(*encoder.cut_at_added_tokens(texts[:5])) == [
+        tokenizer.tokenize(text) for text in texts[:5]]
+    llama = encode.gigatoken_encoder(build_tokenizer(**tokenizer_files["llama"]))
+    assert llama.added is None and llama.encode(["a </s> b", "a b"])[2].tolist() == [True, False]
 
 
 def test_a_tokenizer_gigatoken_cannot_load_is_the_references(tokenizer_files, texts):
