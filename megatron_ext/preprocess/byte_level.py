@@ -98,12 +98,17 @@ class ByteLevelWordEncoder:
                     pre_tokenizer={**BYTE_LEVEL, "use_regex": False, "trim_offsets": False})
         return cls(tokenizer, words, added, Tokenizer.from_str(json.dumps(spec)))
 
+    def cut(self, text: str) -> list[str]:
+        """``text`` cut at its added tokens as the library cuts it (leftmost-longest): stretch,
+        token, stretch, ..., stretch."""
+        return [text] if self.added is None else self.added.split(text)
+
     def split(self, text: str) -> list[str]:
         """``text``'s words, an added token being a word of its own."""
         if self.added is None or not self.added.search(text):
             return self.words.findall(text)
         words = []
-        for i, stretch in enumerate(self.added.split(text)):
+        for i, stretch in enumerate(self.cut(text)):
             if i % 2:
                 words.append(stretch)  # an added token
             elif stretch:

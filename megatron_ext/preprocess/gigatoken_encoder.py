@@ -60,6 +60,7 @@ MAX_CACHE_BYTES = 256 << 20  # per worker process: growth of its resident memory
 CHECK_MEMORY_EVERY = 16  # batches
 _DIGIT = regex.compile(r"(\p{N})")
 _NORMAL_PIECE = 1  # sentencepiece ModelProto.SentencePiece.Type
+GIGATOKEN, CUT, REFERENCE = 0, 1, 2  # a text's route: whole, cut at its added tokens, reference
 
 
 def gigatoken_version() -> Optional[str]:
@@ -162,11 +163,11 @@ class GigatokenEncoder:
 
     def __init__(self, build: Callable, backend, reference: Callable, special: _SpecialText,
                  characters: Optional[CharacterCheck] = None, digits: bool = False,
-                 stripped: Optional[dict] = None, added: Optional[ByteLevelWordEncoder] = None):
+                 stripped: Optional[dict] = None, words: Optional[ByteLevelWordEncoder] = None):
         self.build, self.backend, self.reference = build, backend, reference
         self.special, self.characters, self.digits = special, characters, digits
         self.stripped = stripped  # the character map, when sentencepiece strips spaces
-        self.added = added  # cuts a text at its added tokens as the library does, if it can
+        self.words = words  # cuts a text at its added tokens as the library does, if it can
         self.batches = 0
         self.memory = _resident_bytes()
 
@@ -218,7 +219,7 @@ class GigatokenEncoder:
         characters = CharacterCheck(lambda c: words.agrees(c) and gigatoken_agrees(c), table)
         special = _SpecialText([token["content"] for token in spec.get("added_tokens") or []])
         return cls(build, backend, reference, special, characters=characters, digits=digits,
-                   added=words if words.added is not None else None)
+                   words=words if words.added is not None else None)
 
     @classmethod
     def _for_sentencepiece(cls, gigatoken, tokenizer, reference, table):
@@ -258,13 +259,22 @@ class GigatokenEncoder:
         return None if self.characters is None else table(self.characters.check)
 
     def admits(self, text: str, utf8: Optional[bytes] = None) -> bool:
-        """Whether gigatoken gives the reference library's ids for ``text`` (module docstring);
-        ``utf8``: its UTF-8, if at hand (the character check then searches fewer characters)."""
-        if self.special.found(text):
-            return False
+        """Whether gigatoken gives the reference library's ids for ``text`` whole (module
+        docstring); ``utf8``: its UTF-8, if at hand (the character check then searches fewer
+        characters)."""
+        return self._route(text, utf8) == GIGATOKEN
+
+    def _route(self, text: str, utf8: Optional[bytes]) -> int:
+        """GIGATOKEN, CUT (at its added tokens, gigatoken then encoding the stretches) or
+        REFERENCE (module docstring)."""
+        special = self.special.found(text)
+        if special and self.words is None:
+            return REFERENCE
         if self.stripped is not None and not self._ends_agree(text):
-            return False
-        return self.characters is None or self.characters.admits(text, utf8)
+            return REFERENCE
+        if self.characters is not None and not self.characters.admits(text, utf8):
+            return REFERENCE
+        return CUT if special else GIGATOKEN
 
     def _ends_agree(self, text: str) -> bool:
         """Whether the text's ends, mapped and past the spaces both strip, are not whitespace
@@ -309,11 +319,11 @@ class GigatokenEncoder:
         docstring)."""
         ids = []
         for text in texts:
-            parts = self.added.added.split(text)  # stretch, token, stretch, ..., stretch
+            parts = self.words.cut(text)  # stretch, token, stretch, ..., stretch
             tokens, lengths = self.encode_with_gigatoken(parts[::2])
             stretches = np.split(tokens, np.cumsum(lengths)[:-1])
             ids.append(np.concatenate([stretches[j // 2] if j % 2 == 0 else
-                                       np.array(self.added.added_ids[part], np.int32)
+                                       np.array(self.words.added_ids[part], np.int32)
                                        for j, part in enumerate(parts)]))
         lengths = np.fromiter(map(len, ids), np.int64, len(ids))
         return (np.concatenate(ids).astype(np.int32) if ids else np.zeros(0, np.int32)), lengths
@@ -324,19 +334,13 @@ class GigatokenEncoder:
         # the UTF-8 of each text beyond ASCII, made once for the check and gigatoken (an ASCII
         # text is its own UTF-8: gigatoken reads it without a copy)
         utf8 = [None if text.isascii() else text.encode("utf-8") for text in texts]
-        by_reference = np.fromiter((not self.admits(text, raw) for text, raw in zip(texts, utf8)),
-                                   bool, len(texts))
+        route = np.fromiter((self._route(text, raw) for text, raw in zip(texts, utf8)), np.int8,
+                            len(texts))
         self._bound_memory()
-        if not by_reference.any():
+        by_reference = route == REFERENCE
+        if not route.any():
             return *self.encode_with_gigatoken(texts, utf8), by_reference
-        # of the others, those refused only for their added tokens are cut at them
-        at_added = by_reference & np.fromiter(
-            (self.added is not None and self.special.found(text)
-             and (self.characters is None or self.characters.admits(text, raw))
-             for text, raw in zip(texts, utf8)), bool, len(texts))
-        by_reference &= ~at_added
-        fast = np.flatnonzero(~by_reference & ~at_added)
-        cut, slow = np.flatnonzero(at_added), np.flatnonzero(by_reference)
+        fast, cut, slow = (np.flatnonzero(route == way) for way in (GIGATOKEN, CUT, REFERENCE))
         lengths = np.zeros(len(texts), np.int64)
         pieces = [None] * len(texts)
         encoded = ((fast, self.encode_with_gigatoken([texts[i] for i in fast],

@@ -114,7 +114,7 @@ def test_gigatoken_route_gives_the_reference_ids_on_text_built_to_break_tokenize
     assert not by_reference[-len(SCENES):].any()  # the play's scenes: all gigatoken's
     alone = split_ids(*encoder.encode_with_gigatoken(texts))
     wrong = [i for i, ids in enumerate(alone) if ids != expected[i]]
-    cut = [encoder.added is not None and encoder.special.found(texts[i]) for i in wrong]
+    cut = [encoder.words is not None and encoder.special.found(texts[i]) for i in wrong]
     assert wrong and (by_reference[wrong] | cut).all()
 
 
@@ -133,7 +133,7 @@ def test_a_byte_level_text_holding_added_tokens_is_cut_at_them(tokenizer_files):
     assert split_ids(*encoder.cut_at_added_tokens(texts[:5])) == [
         tokenizer.tokenize(text) for text in texts[:5]]
     llama = encode.gigatoken_encoder(build_tokenizer(**tokenizer_files["llama"]))
-    assert llama.added is None and llama.encode(["a </s> b", "a b"])[2].tolist() == [True, False]
+    assert llama.words is None and llama.encode(["a </s> b", "a b"])[2].tolist() == [True, False]
 
 
 def test_a_tokenizer_gigatoken_cannot_load_is_the_references(tokenizer_files, texts):
